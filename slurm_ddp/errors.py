@@ -1,0 +1,44 @@
+"""Errors of slurm_ddp. A leaf module: imports nothing from the package.
+
+Each class carries the process exit code the CLI uses for it; only ``slurm_ddp.cli``
+turns an error into an exit code and a one-line message. A user's mistake is a
+``UserError`` (exit 2, no traceback); anything else that escapes is a bug.
+"""
+
+
+class SlurmDDPError(Exception):
+    """Base class of every error slurm_ddp raises on purpose."""
+
+    exit_code = 1
+
+
+class UserError(SlurmDDPError):
+    """Bad input from the user (config, arguments, files): exit 2, one line."""
+
+    exit_code = 2
+
+
+class ConfigError(UserError):
+    """The job config is invalid: names the key, what was given and what is valid."""
+
+
+class EnvironmentMismatch(UserError):
+    """SLURM's variables disagree with the job config (nodes, tasks per node)."""
+
+
+class ClusterError(SlurmDDPError):
+    """A cluster command (sbatch, scontrol, squeue) failed or is missing."""
+
+    exit_code = 3
+
+
+class SandboxUnavailable(SlurmDDPError):
+    """The private Slurm sandbox cannot start here; the message says why and what to install."""
+
+    exit_code = 4
+
+
+class CheckpointError(SlurmDDPError):
+    """A checkpoint could not be written or no valid checkpoint could be read."""
+
+    exit_code = 5
