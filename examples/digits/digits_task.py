@@ -1,0 +1,92 @@
+"""Digits: a small CNN with BatchNorm on scikit-learn's bundled handwritten digits.
+
+The data are the 1,797 8×8 grey-level images of the UCI "optdigits" test set that ship
+inside the scikit-learn wheel (``sklearn.datasets.load_digits``): no download. Split
+(fixed, documented): ``train_test_split(test_size=360, stratify=labels, random_state=0)``
+→ 1,437 training and 360 evaluation images. Pixels (0..16) are scaled to [0, 1].
+
+Training augmentation (``args.augment``, default true): a random shift of up to one
+pixel in each direction (zero-filled), drawn from torch's global RNG — which the worker
+seeds per rank and saves in every checkpoint, so a resumed run draws the same shifts.
+
+Nothing here is distributed: the worker does that.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import Dataset, TensorDataset
+
+from slurm_ddp.task import Task
+
+EVAL_SIZE = 360
+SPLIT_SEED = 0
+
+
+def load_split():
+    """``(x_train [1437,1,8,8] float32, y_train [1437] int64, x_eval [360,1,8,8], y_eval [360])``."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    digits = load_digits()
+    x = torch.tensor(digits.images, dtype=torch.float32).unsqueeze(1) / 16.0
+    y = torch.tensor(digits.target, dtype=torch.int64)
+    idx_train, idx_eval = train_test_split(
+        torch.arange(len(y)).numpy(), test_size=EVAL_SIZE, stratify=y.numpy(), random_state=SPLIT_SEED
+    )
+    return x[idx_train], y[idx_train], x[idx_eval], y[idx_eval]
+
+
+class ShiftAugmented(Dataset):
+    """Images shifted by a random (dy, dx) in {-1, 0, 1}², zero-filled."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor, max_shift: int = 1):
+        self.x, self.y, self.max_shift = x, y, max_shift
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int):
+        dy, dx = torch.randint(-self.max_shift, self.max_shift + 1, (2,)).tolist()
+        img = F.pad(self.x[i], (1, 1, 1, 1))
+        img = img[:, 1 + dy : 9 + dy, 1 + dx : 9 + dx]
+        return img, self.y[i]
+
+
+class DigitsNet(nn.Module):
+    """[B, 1, 8, 8] → [B, 10] logits: three 3×3 conv+BatchNorm+ReLU blocks, one 2×2 max-pool."""
+
+    def __init__(self, width: int = 32):
+        super().__init__()
+
+        def block(cin: int, cout: int) -> nn.Sequential:
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU())
+
+        self.features = nn.Sequential(
+            block(1, width), block(width, 2 * width), nn.MaxPool2d(2), block(2 * width, 2 * width)
+        )
+        self.head = nn.Linear(2 * width, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x).mean(dim=(2, 3)))
+
+
+class DigitsTask(Task):
+    """``train.args``: ``width`` (default 32), ``augment`` (default true)."""
+
+    def build_model(self) -> nn.Module:
+        return DigitsNet(width=int(self.args.get("width", 32)))
+
+    def build_datasets(self):
+        x_tr, y_tr, x_ev, y_ev = load_split()
+        train = ShiftAugmented(x_tr, y_tr) if self.args.get("augment", True) else TensorDataset(x_tr, y_tr)
+        return train, TensorDataset(x_ev, y_ev)
+
+    def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(model.parameters(), lr=self.train.lr, weight_decay=1e-4)
+
+    def build_scheduler(self, optimizer: torch.optim.Optimizer):
+        # Cosine decay to 0 over the run (stepped once per optimizer step).
+        return torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=self.train.max_steps)

@@ -1,0 +1,140 @@
+"""Submission backends: ``sbatch``, ``submitit`` and ``local``. Side effects: files, processes.
+
+Every submission is ``plan_submit()`` (pure apart from reading an existing run directory's
+config: what would be submitted, printable with ``--dry-run``) then the backend's
+``schedule(plan)``, which writes the run directory and starts the job.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ..checkpoint import atomic_write_text
+from ..config import JobConfig, dump_config, read_yaml, config_from_dict
+from ..errors import ConfigError, UserError
+from ..render import RenderedJob, render
+
+BACKENDS = ("sbatch", "submitit", "local")
+SCRIPT_NAME = "job.sbatch"
+CONFIG_NAME = "config.yaml"
+JOBS_NAME = "jobs.jsonl"
+
+
+def default_run_dir(cfg: JobConfig, base: str = "runs") -> str:
+    """``./runs/<name>`` with the name reduced to safe path characters."""
+    return os.path.abspath(os.path.join(base, re.sub(r"[^A-Za-z0-9_.+-]", "_", cfg.name)))
+
+
+@dataclass(frozen=True)
+class SubmitPlan:
+    """Everything a backend needs; ``describe()`` is what ``submit --dry-run`` prints."""
+
+    cfg: JobConfig
+    backend: str
+    run_dir: str
+    rendered: RenderedJob
+    command: Tuple[str, ...]  #: what schedule() runs (sbatch argv; informative for local/submitit)
+    resuming: bool = False  #: the run directory already holds this config's run
+
+    @property
+    def script_path(self) -> str:
+        return os.path.join(self.run_dir, SCRIPT_NAME)
+
+    def describe(self) -> str:
+        head = [
+            f"# backend: {self.backend}",
+            f"# run directory: {self.run_dir}" + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
+            f"# command: {shlex.join(self.command)}",
+            f"# script ({self.script_path}):",
+        ]
+        return "\n".join(head) + "\n" + self.rendered.script
+
+
+def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
+    """True when ``run_dir`` holds a run of this same config (a resume), False when new.
+
+    Raises ``UserError`` when it belongs to a different config.
+    """
+    existing = Path(run_dir) / CONFIG_NAME
+    if not existing.exists():
+        if Path(run_dir).exists() and not Path(run_dir).is_dir():
+            raise UserError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
+        return False
+    try:
+        old = config_from_dict(read_yaml(existing))
+    except ConfigError as e:
+        raise UserError(f"run directory {run_dir!r} holds an unreadable {CONFIG_NAME} ({e}); choose another --run-dir") from None
+    if old.config_hash() != cfg.config_hash():
+        changed = _changed_keys(old.to_dict(), cfg.to_dict())
+        raise UserError(
+            f"run directory {run_dir!r} belongs to a different config (changed: {', '.join(changed) or '?'}); "
+            "resuming it would mix two runs. Use another --run-dir, or restore those values to resume"
+        )
+    return True
+
+
+def _changed_keys(a: Any, b: Any, prefix: str = "") -> List[str]:
+    if isinstance(a, dict) and isinstance(b, dict):
+        out: List[str] = []
+        for k in sorted(set(a) | set(b)):
+            out += _changed_keys(a.get(k), b.get(k), f"{prefix}.{k}" if prefix else k)
+        return out
+    return [] if a == b else [prefix]
+
+
+def plan_submit(
+    cfg: JobConfig,
+    backend: str,
+    run_dir: Optional[str] = None,
+    *,
+    command: Optional[Sequence[str]] = None,
+    python: Optional[str] = None,
+) -> SubmitPlan:
+    """Build the dry-run object for ``backend``. Raises ``UserError`` for a bad backend or run dir."""
+    if backend not in BACKENDS:
+        raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
+    resuming = check_run_dir(cfg, run_dir)
+    rendered = render(cfg, run_dir, command=command, python=python)
+    if backend == "sbatch":
+        argv: Tuple[str, ...] = ("sbatch", "--parsable", *rendered.sbatch_args, os.path.join(run_dir, SCRIPT_NAME))
+    elif backend == "local":
+        argv = ("slurm-ddp", "local launcher", f"{cfg.slurm.world_size} ranks", "python", "-m", "slurm_ddp.worker",
+                "--run-dir", run_dir)
+    else:
+        argv = ("submitit.SlurmExecutor", "python", "-m", "slurm_ddp.worker", "--run-dir", run_dir)
+    return SubmitPlan(cfg=cfg, backend=backend, run_dir=run_dir, rendered=rendered, command=argv, resuming=resuming)
+
+
+def prepare_run_dir(plan: SubmitPlan) -> Path:
+    """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``."""
+    rd = Path(plan.run_dir)
+    (rd / "logs").mkdir(parents=True, exist_ok=True)
+    (rd / "checkpoints").mkdir(exist_ok=True)
+    if not (rd / CONFIG_NAME).exists():
+        atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
+    atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
+    os.chmod(rd / SCRIPT_NAME, 0o755)
+    return rd
+
+
+def record_job(run_dir: str, **record: Any) -> None:
+    """Append one submission to ``RUN_DIR/jobs.jsonl`` (backend, job id, time)."""
+    record.setdefault("time", time.time())
+    with open(os.path.join(run_dir, JOBS_NAME), "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def read_jobs(run_dir: str) -> List[Dict[str, Any]]:
+    """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
+    p = Path(run_dir) / JOBS_NAME
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

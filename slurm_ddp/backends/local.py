@@ -1,0 +1,156 @@
+"""The ``local`` backend: ``nodes × tasks_per_node`` ranks on this machine, as srun would start them.
+
+Each rank gets the task variables srun sets (``SLURM_PROCID``, ``SLURM_LOCALID``,
+``SLURM_NODEID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``, …; see
+``slurm_ddp.env.synthetic_slurm_env``), so the worker runs the same code path as on a
+cluster. Like srun, the launcher forwards SIGUSR2/SIGTERM (and the configured signal) to
+every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
+SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
+Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Dict, List, Optional
+
+from .. import PREEMPTED_EXIT_CODE
+from ..env import synthetic_slurm_env
+from ..rendezvous import choose_port
+from . import SubmitPlan, prepare_run_dir, read_jobs, record_job
+
+KILL_GRACE_S = 10.0
+
+
+def rank_environ(plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int,
+                 base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment of ``rank``: ``base`` (default os.environ) without its SLURM_* variables,
+    plus the config's ``environment.env`` and srun's task variables."""
+    s = plan.cfg.slurm
+    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
+    env.update(plan.cfg.environment.env)
+    env.update(synthetic_slurm_env(
+        rank=rank, nodes=s.nodes, tasks_per_node=s.tasks_per_node, job_id=job_id,
+        cpus_per_task=s.cpus_per_task, restart_count=restart,
+        node_names=[f"local{i}" for i in range(s.nodes)]))
+    env.update({
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "SLURM_DDP_RUN_DIR": plan.run_dir,
+        "SLURM_DDP_BACKEND": "local",
+        "PYTHONUNBUFFERED": "1",
+    })
+    return env
+
+
+def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
+    with open(log_path, "ab") as f:
+        for line in iter(src.readline, b""):
+            f.write(line)
+            f.flush()
+            if echo is not None:
+                echo.write(line.decode(errors="replace"))
+                echo.flush()
+
+
+class LocalJob:
+    """The ranks of one local launch; ``wait()`` returns the job's exit status."""
+
+    def __init__(self, plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None):
+        self.plan = plan
+        self.echo = echo
+        self.python = python or plan.cfg.environment.python or sys.executable
+        self.procs: List[subprocess.Popen] = []
+        self.threads: List[threading.Thread] = []
+        self.job_id = str(os.getpid())
+        self._interrupts = 0
+
+    def start(self) -> "LocalJob":
+        rd = prepare_run_dir(self.plan)
+        restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
+        record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
+        port = choose_port(self.job_id)
+        for rank in range(self.plan.cfg.slurm.world_size):
+            env = rank_environ(self.plan, rank, self.job_id, port, restart)
+            log_path = rd / "logs" / f"rank-{rank}.log"
+            cmd = [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
+            # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
+            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+            t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None),
+                                 daemon=True)
+            t.start()
+            self.procs.append(p)
+            self.threads.append(t)
+        return self
+
+    def send(self, sig: int) -> None:
+        """Send ``sig`` to every rank still running."""
+        for p in self.procs:
+            if p.poll() is None:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        if signum == signal.SIGINT:
+            self._interrupts += 1
+            if self._interrupts == 1:
+                print("slurm-ddp: interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)",
+                      file=sys.stderr, flush=True)
+                self.send(signal.SIGTERM)
+            else:
+                self.send(signal.SIGKILL)
+            return
+        self.send(signum)
+
+    def wait(self) -> int:
+        """Wait for all ranks; kill the rest when one fails. Returns 0, 75 (preempted) or the failure's status."""
+        sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+        sigs.add(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
+        originals = {}
+        if threading.current_thread() is threading.main_thread():
+            originals = {s: signal.signal(s, self._on_signal) for s in sigs}
+        failed: Optional[tuple] = None
+        kill_at: Optional[float] = None
+        try:
+            while True:
+                codes = [p.poll() for p in self.procs]
+                if failed is None:
+                    for rank, c in enumerate(codes):
+                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE):
+                            failed = (rank, c)
+                            print(f"slurm-ddp: rank {rank} exited with status {c}; stopping the other ranks "
+                                  f"(see {self.plan.run_dir}/logs/rank-{rank}.log)", file=sys.stderr, flush=True)
+                            self.send(signal.SIGTERM)
+                            kill_at = time.monotonic() + KILL_GRACE_S
+                            break
+                if all(c is not None for c in codes):
+                    break
+                if kill_at is not None and time.monotonic() > kill_at:
+                    self.send(signal.SIGKILL)
+                    kill_at = None
+                time.sleep(0.1)
+        finally:
+            for s, h in originals.items():
+                signal.signal(s, h)
+        for t in self.threads:
+            t.join(timeout=5)
+        codes = [p.returncode for p in self.procs]
+        if failed is not None:
+            return failed[1] if failed[1] > 0 else 128 - failed[1]
+        if any(c == PREEMPTED_EXIT_CODE for c in codes):
+            return PREEMPTED_EXIT_CODE
+        return max(codes) if codes else 0
+
+
+def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None) -> int:
+    """Run the job's ranks here and wait; returns the job's exit status."""
+    return LocalJob(plan, echo=echo, python=python).start().wait()

@@ -1,0 +1,499 @@
+"""The job config: one YAML file → a typed, validated, frozen ``JobConfig``.
+
+Side effects: ``load_config`` reads one file; everything else is pure. Imports no torch.
+
+Keys follow sbatch's long option names with ``_`` for ``-`` (``cpus_per_task`` is
+``--cpus-per-task``) and carry their unit where a number has one (``mem_gb``,
+``signal_delay_s``). Every mistake raises :class:`~slurm_ddp.errors.ConfigError` with a
+one-line message that names the key, says what was given and what is valid.
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import hashlib
+import json
+import os
+import re
+import signal as _signal
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Mapping, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+
+import yaml
+
+from .errors import ConfigError
+
+# sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
+# "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
+_TIME_PATTERNS = (
+    (re.compile(r"^(\d+)$"), ("m",)),
+    (re.compile(r"^(\d+):(\d+)$"), ("m", "s")),
+    (re.compile(r"^(\d+):(\d+):(\d+)$"), ("h", "m", "s")),
+    (re.compile(r"^(\d+)-(\d+)$"), ("d", "h")),
+    (re.compile(r"^(\d+)-(\d+):(\d+)$"), ("d", "h", "m")),
+    (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("d", "h", "m", "s")),
+)
+_TIME_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)"
+
+#: Signals a job may ask for before its time limit. USR2 is the default because NCCL
+#: may install its own handler for USR1 (submitit makes the same choice).
+VALID_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "URG")
+
+# A value that goes into an "#SBATCH --flag=value" line. sbatch reads those lines itself,
+# so no shell quoting applies there; a newline would end the comment and turn the rest
+# into shell code, and whitespace or quotes are split by sbatch. So such values are
+# restricted to one token without quotes or control characters.
+_SBATCH_TOKEN = re.compile(r"^[^\s'\"`\\]+$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+_SBATCH_FLAG = re.compile(r"^[a-z][a-z0-9_-]*$")
+_TASK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+
+
+def parse_time_s(value: Union[str, int]) -> int:
+    """Parse a SLURM time limit into seconds.
+
+    Accepts what ``sbatch --time`` accepts (see sbatch(1), option ``--time``): an int or
+    ``"minutes"``, ``"MM:SS"``, ``"HH:MM:SS"``, ``"D-HH"``, ``"D-HH:MM"``,
+    ``"D-HH:MM:SS"``. Raises ``ValueError`` for anything else, including ``0``.
+    """
+    if isinstance(value, bool):
+        raise ValueError("a boolean is not a time")
+    if isinstance(value, int):
+        text = str(value)
+    elif isinstance(value, str):
+        text = value.strip()
+    else:
+        raise ValueError(f"expected a string, got {type(value).__name__}")
+    for pattern, units in _TIME_PATTERNS:
+        m = pattern.match(text)
+        if m:
+            seconds = sum(int(g) * _TIME_UNIT_S[u] for g, u in zip(m.groups(), units))
+            if seconds <= 0:
+                raise ValueError("a time limit must be longer than 0")
+            return seconds
+    raise ValueError(f"not a SLURM time: {text!r}")
+
+
+# --------------------------------------------------------------------------- sections
+# Each field's metadata may hold: "min" (numbers), "choices", "check" (callable
+# returning an error string or None), "doc".
+
+
+def _meta(doc: str, **kw: Any) -> dict:
+    return {"doc": doc, **kw}
+
+
+def _check_sbatch_token(v: Any) -> Optional[str]:
+    if v is not None and not _SBATCH_TOKEN.match(str(v)):
+        return "one token without whitespace, quotes, backslashes or backticks"
+    return None
+
+
+def _check_time(v: Any) -> Optional[str]:
+    try:
+        parse_time_s(v)
+    except ValueError:
+        return TIME_FORMATS
+    return None
+
+
+def _check_signal(v: Any) -> Optional[str]:
+    name = str(v).upper().removeprefix("SIG")
+    return None if name in VALID_SIGNALS else ", ".join(VALID_SIGNALS)
+
+
+def _check_task(v: Any) -> Optional[str]:
+    return None if _TASK_PATH.match(v) else "an import path 'package.module:Attribute', e.g. 'digits_task:DigitsTask'"
+
+
+def _check_name(v: Any) -> Optional[str]:
+    if not v.strip():
+        return "a non-empty string"
+    if any(ord(c) < 32 or ord(c) == 127 for c in v):
+        return "a string without control characters (newlines, tabs)"
+    return None
+
+
+@dataclass(frozen=True)
+class SlurmConfig:
+    """The allocation, as sbatch options (sbatch(1); field ``x_y`` is flag ``--x-y``)."""
+
+    partition: Optional[str] = field(default=None, metadata=_meta("--partition", check=_check_sbatch_token))
+    account: Optional[str] = field(default=None, metadata=_meta("--account", check=_check_sbatch_token))
+    qos: Optional[str] = field(default=None, metadata=_meta("--qos", check=_check_sbatch_token))
+    nodes: int = field(default=1, metadata=_meta("--nodes: number of nodes", min=1))
+    tasks_per_node: int = field(default=1, metadata=_meta("--ntasks-per-node: ranks per node", min=1))
+    gpus_per_node: int = field(default=0, metadata=_meta("--gpus-per-node; 0 = CPU job (gloo)", min=0))
+    cpus_per_task: int = field(default=1, metadata=_meta("--cpus-per-task: CPUs per rank", min=1))
+    mem_gb: Optional[float] = field(default=None, metadata=_meta("--mem in GB per node", min=0.001))
+    time: str = field(default="01:00:00", metadata=_meta("--time: wall-clock limit", check=_check_time))
+    constraint: Optional[str] = field(default=None, metadata=_meta("--constraint", check=_check_sbatch_token))
+    exclusive: bool = field(default=False, metadata=_meta("--exclusive"))
+    extra: Mapping[str, Union[str, int, float, bool]] = field(
+        default_factory=dict, metadata=_meta("other sbatch flags: {flag-name: value}; true = flag without value")
+    )
+
+    @property
+    def time_s(self) -> int:
+        """The time limit in seconds."""
+        return parse_time_s(self.time)
+
+    @property
+    def world_size(self) -> int:
+        """Number of ranks: ``nodes × tasks_per_node``."""
+        return self.nodes * self.tasks_per_node
+
+
+@dataclass(frozen=True)
+class EnvironmentConfig:
+    """What runs before the ranks start, and the variables they get."""
+
+    setup: Tuple[str, ...] = field(default=(), metadata=_meta("shell lines run in the batch script before srun"))
+    env: Mapping[str, str] = field(default_factory=dict, metadata=_meta("environment variables exported to every rank"))
+    python: Optional[str] = field(
+        default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """What the shared DDP worker trains and how."""
+
+    task: str = field(default="", metadata=_meta("import path of the task: 'module:Class'", check=_check_task))
+    pythonpath: Tuple[str, ...] = field(
+        default=(), metadata=_meta("directories put on sys.path to import the task; default: the YAML's directory")
+    )
+    max_steps: int = field(default=1000, metadata=_meta("optimizer steps to train", min=1))
+    batch_size: int = field(default=32, metadata=_meta("samples per rank per step", min=1))
+    lr: float = field(default=1e-3, metadata=_meta("learning rate", min=0.0))
+    seed: int = field(default=0, metadata=_meta("seed of weights, data order and augmentation"))
+    eval_every: int = field(default=0, metadata=_meta("evaluate every N steps; 0 = only at the end", min=0))
+    log_every: int = field(default=50, metadata=_meta("log loss and steps/s every N steps", min=1))
+    num_workers: int = field(default=0, metadata=_meta("DataLoader worker processes per rank", min=0))
+    pg_timeout_s: int = field(
+        default=600, metadata=_meta("seconds a collective may wait for a peer before the job fails", min=1)
+    )
+    backend: str = field(default="auto", metadata=_meta("process-group backend", choices=("auto", "gloo", "nccl")))
+    args: Mapping[str, Any] = field(default_factory=dict, metadata=_meta("task-specific arguments"))
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    """When rank 0 saves and how many checkpoints it keeps."""
+
+    every_steps: int = field(default=100, metadata=_meta("save every N steps; 0 = only on preemption", min=0))
+    keep_last: int = field(default=2, metadata=_meta("checkpoints kept (the newest valid one is never deleted)", min=1))
+
+
+@dataclass(frozen=True)
+class RequeueConfig:
+    """The signal plan: which signal arrives how long before the time limit, and requeue cap."""
+
+    signal: str = field(default="USR2", metadata=_meta("signal sent before the time limit", check=_check_signal))
+    signal_delay_s: int = field(default=120, metadata=_meta("seconds before the time limit", min=1, max=65535))
+    max_requeues: int = field(default=3, metadata=_meta("times the job requeues itself", min=0))
+
+    @property
+    def signal_name(self) -> str:
+        """The signal without its SIG prefix, upper case (``"USR2"``)."""
+        return self.signal.upper().removeprefix("SIG")
+
+
+@dataclass(frozen=True)
+class JobConfig:
+    """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``."""
+
+    name: str = field(default="", metadata=_meta("job name", check=_check_name))
+    slurm: SlurmConfig = field(default_factory=SlurmConfig)
+    environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    requeue: RequeueConfig = field(default_factory=RequeueConfig)
+
+    def to_dict(self) -> dict:
+        """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""
+        return _to_plain(self)
+
+    def config_hash(self) -> str:
+        """sha256 (hex, 16 chars) of the config's canonical JSON; identifies a run directory's config."""
+        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _to_plain(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in fields(obj)}
+    if isinstance(obj, Mapping):
+        return {k: _to_plain(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_to_plain(v) for v in obj]
+    return obj
+
+
+def _freeze(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- building
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Union:
+        names = [_type_name(a) for a in get_args(tp) if a is not type(None)]
+        return " or ".join(names)
+    if origin in (tuple, Tuple, Sequence, list):
+        return "a list of strings"
+    if origin in (Mapping, dict, collections.abc.Mapping) or tp in (dict, Mapping):
+        return "a mapping"
+    return _TYPE_NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against ``tp``; returns the (frozen) value or raises ConfigError."""
+    origin = get_origin(tp)
+    if origin is Union:
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, a, value)
+            except ConfigError as e:
+                errors.append(e)
+        raise _bad(key, value, _type_name(tp))
+    if origin in (tuple, Tuple):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise _bad(key, value, "a list of strings")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _bad(f"{key}[{i}]", item, "a string")
+        return tuple(value)
+    if origin in (Mapping, dict, collections.abc.Mapping):
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise _bad(key, value, "a mapping")
+        kt, vt = get_args(tp)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _bad(key, k, "mapping keys that are strings")
+            out[k] = v if vt is Any else _coerce(f"{key}.{k}", vt, v)
+        return _freeze(out)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad(key, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(key, value, "a number")
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _bad(key, value, "a string")
+        return str(value)
+    raise TypeError(f"unsupported config type {tp!r}")  # a bug in this module, not user input
+
+
+def _bad(key: str, value: Any, valid: str, hint: str = "") -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    msg = f"config key '{key}': got {shown}, expected {valid}"
+    return ConfigError(msg + (f" (hint: {hint})" if hint else ""))
+
+
+def _unknown(key: str, given: str, valid: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(given, valid, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    where = f"'{key}.{given}'" if key else f"'{given}'"
+    return ConfigError(f"unknown config key {where}; valid keys: {', '.join(valid)}{hint}")
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise _bad(prefix or "<top level>", data, "a mapping of keys")
+    hints = get_type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    for k in data:
+        if k not in known:
+            raise _unknown(prefix, str(k), known)
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        value = data[f.name]
+        if dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, value, key)
+            continue
+        value = _coerce(key, tp, value)
+        meta = f.metadata
+        if value is not None and "min" in meta and value < meta["min"]:
+            raise _bad(key, value, f"a value >= {meta['min']}")
+        if value is not None and "max" in meta and value > meta["max"]:
+            raise _bad(key, value, f"a value <= {meta['max']}")
+        if "choices" in meta and value not in meta["choices"]:
+            raise _bad(key, value, "one of " + ", ".join(meta["choices"]))
+        if value is not None and "check" in meta:
+            problem = meta["check"](value)
+            if problem:
+                raise _bad(key, value, problem)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _cross_checks(cfg: JobConfig) -> None:
+    s, r = cfg.slurm, cfg.requeue
+    if not cfg.name:
+        raise ConfigError("config key 'name' is missing; give the job a name, e.g. name: digits")
+    if not cfg.train.task:
+        raise ConfigError("config key 'train.task' is missing; expected an import path 'module:Class'")
+    if r.signal_delay_s >= s.time_s:
+        raise _bad(
+            "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
+        )
+    if s.gpus_per_node and s.tasks_per_node != s.gpus_per_node:
+        raise _bad(
+            "slurm.tasks_per_node",
+            s.tasks_per_node,
+            f"one task per GPU ({s.gpus_per_node}, from slurm.gpus_per_node)",
+            "DDP runs one process per GPU; set tasks_per_node equal to gpus_per_node",
+        )
+    if cfg.train.backend == "nccl" and not s.gpus_per_node:
+        raise _bad("train.backend", "nccl", "gloo or auto for a CPU job", "set slurm.gpus_per_node to use nccl")
+    for k, v in s.extra.items():
+        if not _SBATCH_FLAG.match(k):
+            raise _bad(f"slurm.extra.{k}", k, "an sbatch long option name without dashes, e.g. mail-type")
+        if not isinstance(v, bool) and _check_sbatch_token(v):
+            raise _bad(f"slurm.extra.{k}", v, _check_sbatch_token(v))
+    for k in cfg.environment.env:
+        if not _ENV_NAME.match(k):
+            raise _bad(f"environment.env.{k}", k, "a variable name of letters, digits and _")
+    for k, v in cfg.environment.env.items():
+        if not isinstance(v, str):
+            raise _bad(f"environment.env.{k}", v, "a string")
+
+
+def config_from_dict(data: Any, base_dir: Union[str, os.PathLike, None] = None) -> JobConfig:
+    """Validate a plain mapping (parsed YAML) into a frozen ``JobConfig``.
+
+    ``base_dir`` (the YAML file's directory) resolves relative ``train.pythonpath``
+    entries and is the default ``pythonpath``. Raises ``ConfigError``.
+    """
+    if isinstance(data, Mapping) and isinstance(data.get("environment"), Mapping):
+        env = data["environment"].get("env")
+        if isinstance(env, Mapping):  # numbers in env values are written as strings
+            data = {**data, "environment": {**data["environment"], "env": {
+                k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in env.items()
+            }}}
+    cfg = _build(JobConfig, data, "")
+    _cross_checks(cfg)
+    if base_dir is not None:
+        base = Path(base_dir).resolve()
+        paths = cfg.train.pythonpath or (".",)
+        resolved = tuple(str((base / p).resolve()) for p in paths)
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pythonpath=resolved))
+    return cfg
+
+
+def apply_overrides(data: Any, overrides: Sequence[str]) -> dict:
+    """Apply ``--set section.key=value`` overrides to parsed YAML (returns a new dict).
+
+    The value is parsed as YAML (``--set slurm.nodes=2`` gives an int, ``=true`` a bool).
+    Raises ``ConfigError`` for a malformed override.
+    """
+    out = json.loads(json.dumps(data if isinstance(data, Mapping) else {}, default=str))
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
+        dotted, raw = item.split("=", 1)
+        parts = [p for p in dotted.strip().split(".")]
+        if not all(parts):
+            raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        node = out
+        for p in parts[:-1]:
+            nxt = node.get(p)
+            if not isinstance(nxt, dict):
+                nxt = {}
+                node[p] = nxt
+            node = nxt
+        node[parts[-1]] = value
+    return out
+
+
+def read_yaml(path: Union[str, os.PathLike]) -> Any:
+    """Parse a YAML file with ``yaml.safe_load``; errors name the file, line and column."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigError(f"job file not found: {str(p)!r}; give the path of a YAML job file") from None
+    except IsADirectoryError:
+        raise ConfigError(f"job file {str(p)!r} is a directory; give the path of a YAML job file") from None
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError(f"cannot read job file {str(p)!r}: {e}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).splitlines()[0]
+        raise ConfigError(f"YAML syntax error in {str(p)!r}{where}: {problem}") from None
+
+
+def load_config(path: Union[str, os.PathLike], overrides: Sequence[str] = ()) -> JobConfig:
+    """Read ``path`` (YAML), apply ``--set`` overrides, validate. Raises ``ConfigError``."""
+    data = read_yaml(path)
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return config_from_dict(data, base_dir=Path(path).parent)
+
+
+def dump_config(cfg: JobConfig) -> str:
+    """YAML text of ``cfg`` that ``load_config`` reads back into an equal config."""
+    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+
+
+def describe_keys() -> str:
+    """A reference of every config key with its default and meaning (for the README/--help)."""
+    lines = []
+    for sect in fields(JobConfig):
+        hints = get_type_hints(JobConfig)
+        tp = hints[sect.name]
+        if dataclasses.is_dataclass(tp):
+            lines.append(f"{sect.name}:")
+            for f in fields(tp):
+                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                lines.append(f"  {f.name}: {default!r}  # {f.metadata.get('doc', '')}")
+        else:
+            lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")
+    return "\n".join(lines)

@@ -1,0 +1,224 @@
+"""SLURM variables → the distributed environment of one rank. Pure: takes a ``Mapping``.
+
+``DistEnv.from_slurm(os.environ)`` gives RANK, LOCAL_RANK, WORLD_SIZE, NODE_RANK,
+LOCAL_WORLD_SIZE and MASTER_ADDR/PORT from what ``srun`` sets for each task (srun(1),
+"OUTPUT ENVIRONMENT VARIABLES"): ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID``,
+``SLURM_NTASKS``, ``SLURM_NNODES``, ``SLURM_JOB_NODELIST``, ``SLURM_TASKS_PER_NODE``,
+``SLURM_JOB_ID``. Nothing here writes ``os.environ``; ``DistEnv.torch_env()`` returns
+the variables PyTorch's ``env://`` rendezvous reads, for the caller to apply.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, List, Mapping, Optional
+
+import hostlist
+
+from .errors import EnvironmentMismatch, UserError
+
+if TYPE_CHECKING:
+    from .config import JobConfig
+
+#: Range MASTER_PORT falls back to when the batch script did not export one:
+#: ``PORT_BASE + job_id % PORT_SPAN`` (the convention Lightning's SLURMEnvironment uses:
+#: every rank computes the same port without talking). Below the Linux ephemeral range
+#: (32768-60999, /proc/sys/net/ipv4/ip_local_port_range) so it rarely collides with
+#: client sockets.
+PORT_BASE = 15000
+PORT_SPAN = 15000
+
+
+def expand_nodelist(nodelist: str) -> List[str]:
+    """Expand a SLURM hostlist (``"gpu-[001-004]"``, ``"a[1-2],b3"``) into host names, in order.
+
+    Uses python-hostlist, the same syntax ``scontrol show hostnames`` accepts.
+    Raises ``UserError`` for a malformed list.
+    """
+    try:
+        hosts = hostlist.expand_hostlist(nodelist)
+    except hostlist.BadHostlist as e:
+        raise UserError(f"bad SLURM nodelist {nodelist!r}: {e}") from None
+    if not hosts:
+        raise UserError(f"empty SLURM nodelist {nodelist!r}")
+    return hosts
+
+
+def expand_tasks_per_node(spec: str) -> List[int]:
+    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` → ``[2, 2, 2, 1]``); srun(1) format."""
+    counts: List[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            raise UserError(f"bad SLURM_TASKS_PER_NODE {spec!r}: expected e.g. '2(x3),1'")
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return counts
+
+
+def fallback_port(job_id: str) -> int:
+    """Deterministic port from the job id: ``PORT_BASE + int(job_id) % PORT_SPAN``.
+
+    Only used when the batch script exported no MASTER_PORT (e.g. a bare ``srun``).
+    A non-numeric id hashes its digits to 0.
+    """
+    digits = re.sub(r"\D", "", job_id or "") or "0"
+    return PORT_BASE + int(digits[-9:]) % PORT_SPAN
+
+
+@dataclass(frozen=True)
+class DistEnv:
+    """Where one rank sits in the job. Every rank computes the same values for shared fields."""
+
+    rank: int  #: global rank, 0 … world_size-1 (SLURM_PROCID)
+    local_rank: int  #: rank on this node, 0 … local_world_size-1 (SLURM_LOCALID)
+    world_size: int  #: number of ranks in the job (SLURM_NTASKS)
+    node_rank: int  #: index of this node in the allocation (SLURM_NODEID)
+    num_nodes: int  #: nodes in the allocation (SLURM_NNODES)
+    local_world_size: int  #: ranks on this node (from SLURM_TASKS_PER_NODE)
+    master_addr: str  #: host of rank 0: the first host of SLURM_JOB_NODELIST, unless MASTER_ADDR is set
+    master_port: int  #: rendezvous port: MASTER_PORT if set, else fallback_port(job id)
+    job_id: str  #: SLURM_JOB_ID (with SLURM_ARRAY_JOB_ID_TASK when an array task)
+    hostname: str  #: this node's name (SLURMD_NODENAME), "" when unknown
+    restart_count: int  #: SLURM_RESTART_COUNT: how often the job was requeued
+
+    @classmethod
+    def from_slurm(cls, environ: Mapping[str, str]) -> "DistEnv":
+        """Derive the rank's environment from SLURM's task variables.
+
+        Raises ``UserError`` naming the missing variable when this is not a SLURM task
+        (run under ``srun`` or the local backend).
+        """
+
+        def need(name: str) -> str:
+            if name not in environ or environ[name] == "":
+                raise UserError(
+                    f"{name} is not set: this process is not a SLURM task; start it with srun "
+                    "(the rendered sbatch script does) or `slurm-ddp submit --backend local`"
+                )
+            return environ[name]
+
+        def as_int(name: str, value: str) -> int:
+            try:
+                return int(value)
+            except ValueError:
+                raise UserError(f"{name}={value!r} is not an integer") from None
+
+        rank = as_int("SLURM_PROCID", need("SLURM_PROCID"))
+        local_rank = as_int("SLURM_LOCALID", need("SLURM_LOCALID"))
+        world_size = as_int("SLURM_NTASKS", need("SLURM_NTASKS"))
+        node_rank = as_int("SLURM_NODEID", environ.get("SLURM_NODEID", "0"))
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        hosts = expand_nodelist(nodelist) if nodelist else []
+        num_nodes = as_int("SLURM_NNODES", environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or str(len(hosts) or 1))
+        tpn = environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_STEP_TASKS_PER_NODE")
+        if tpn:
+            per_node = expand_tasks_per_node(tpn)
+            local_world_size = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
+        else:
+            local_world_size = world_size // max(num_nodes, 1)
+        job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or "0"
+        master_addr = environ.get("MASTER_ADDR") or (hosts[0] if hosts else "127.0.0.1")
+        port_text = environ.get("MASTER_PORT")
+        master_port = as_int("MASTER_PORT", port_text) if port_text else fallback_port(job_id)
+        env = cls(
+            rank=rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            node_rank=node_rank,
+            num_nodes=num_nodes,
+            local_world_size=local_world_size,
+            master_addr=master_addr,
+            master_port=master_port,
+            job_id=job_id,
+            hostname=environ.get("SLURMD_NODENAME", ""),
+            restart_count=as_int("SLURM_RESTART_COUNT", environ.get("SLURM_RESTART_COUNT") or "0"),
+        )
+        env._check_ranges()
+        return env
+
+    def _check_ranges(self) -> None:
+        if not 0 <= self.rank < self.world_size:
+            raise UserError(f"SLURM_PROCID={self.rank} is outside 0..SLURM_NTASKS-1={self.world_size - 1}")
+        if not 0 <= self.local_rank < self.local_world_size:
+            raise UserError(
+                f"SLURM_LOCALID={self.local_rank} is outside 0..{self.local_world_size - 1} (tasks on this node)"
+            )
+        if not 1 <= self.master_port <= 65535:
+            raise UserError(f"MASTER_PORT={self.master_port} is not a TCP port (1..65535)")
+
+    @property
+    def is_main(self) -> bool:
+        """True on global rank 0, the rank that logs, saves and requeues."""
+        return self.rank == 0
+
+    def torch_env(self) -> dict:
+        """The variables ``torch.distributed``'s ``env://`` init and torchrun-style code read."""
+        return {
+            "RANK": str(self.rank),
+            "LOCAL_RANK": str(self.local_rank),
+            "WORLD_SIZE": str(self.world_size),
+            "LOCAL_WORLD_SIZE": str(self.local_world_size),
+            "NODE_RANK": str(self.node_rank),
+            "GROUP_RANK": str(self.node_rank),
+            "MASTER_ADDR": self.master_addr,
+            "MASTER_PORT": str(self.master_port),
+        }
+
+    def validate_against(self, cfg: "JobConfig") -> None:
+        """Check the allocation against the config's ``slurm.nodes`` and ``slurm.tasks_per_node``.
+
+        Raises ``EnvironmentMismatch`` that gives both values and a hint.
+        """
+        s = cfg.slurm
+        if self.num_nodes != s.nodes:
+            raise EnvironmentMismatch(
+                f"SLURM_NNODES={self.num_nodes} does not match slurm.nodes={s.nodes}. HINT: the job was "
+                "started with a different --nodes than the config; submit with `slurm-ddp submit` or "
+                f"run srun with --nodes={s.nodes}"
+            )
+        if self.local_world_size != s.tasks_per_node or self.world_size != s.world_size:
+            raise EnvironmentMismatch(
+                f"SLURM gave {self.local_world_size} tasks on this node and {self.world_size} in all, but the "
+                f"config asks slurm.tasks_per_node={s.tasks_per_node} × slurm.nodes={s.nodes} = {s.world_size}. "
+                f"HINT: launch with srun --ntasks-per-node={s.tasks_per_node}, or change slurm.tasks_per_node"
+            )
+
+
+def synthetic_slurm_env(
+    *,
+    rank: int,
+    nodes: int,
+    tasks_per_node: int,
+    job_id: str = "1",
+    nodelist: Optional[str] = None,
+    cpus_per_task: int = 1,
+    restart_count: int = 0,
+    node_names: Optional[List[str]] = None,
+) -> dict:
+    """The task variables srun would give global ``rank`` under block distribution.
+
+    Used by the local backend and ``env --explain``; srun(1) "OUTPUT ENVIRONMENT VARIABLES".
+    """
+    world = nodes * tasks_per_node
+    names = node_names or (expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(nodes)])
+    node_rank = rank // tasks_per_node
+    return {
+        "SLURM_JOB_ID": str(job_id),
+        "SLURM_JOBID": str(job_id),
+        "SLURM_STEP_ID": "0",
+        "SLURM_PROCID": str(rank),
+        "SLURM_LOCALID": str(rank % tasks_per_node),
+        "SLURM_NODEID": str(node_rank),
+        "SLURM_NTASKS": str(world),
+        "SLURM_NPROCS": str(world),
+        "SLURM_NNODES": str(nodes),
+        "SLURM_JOB_NUM_NODES": str(nodes),
+        "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
+        "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
+        "SLURM_JOB_NODELIST": nodelist or hostlist.collect_hostlist(names),
+        "SLURM_NODELIST": nodelist or hostlist.collect_hostlist(names),
+        "SLURMD_NODENAME": names[node_rank],
+        "SLURM_CPUS_PER_TASK": str(cpus_per_task),
+        "SLURM_RESTART_COUNT": str(restart_count),
+    }

@@ -1,0 +1,158 @@
+"""Job config → sbatch script text. Pure: no files written, no cluster, no torch.
+
+The script comes from ``job_templates/sbatch.sh.j2`` (shipped in the wheel as the package
+``slurm_ddp.job_templates``) through jinja2 with ``StrictUndefined``. Every value from
+the config that reaches the shell body goes through the ``q`` filter (``shlex.quote``),
+so quotes, ``$(...)``, backticks, ``;`` and newlines stay inert text. ``#SBATCH`` lines
+are read by sbatch, not by the shell, so values there are restricted to single tokens
+(see ``slurm_ddp.config``); the job name is reduced to a safe token for ``--job-name``.
+``environment.setup`` lines are shell code by design and are written as given.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence
+
+import jinja2
+
+from . import PREEMPTED_EXIT_CODE, __version__
+from .config import JobConfig
+
+TEMPLATE = "sbatch.sh.j2"
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+$")
+
+
+def _template_dir() -> str:
+    try:  # installed wheel, or editable install with the package-dir mapping
+        from importlib.resources import files
+
+        d = files("slurm_ddp.job_templates")
+        if d.joinpath(TEMPLATE).is_file():
+            return str(d)
+    except (ImportError, ModuleNotFoundError, TypeError):
+        pass
+    return str(Path(__file__).resolve().parent.parent / "job_templates")  # source checkout
+
+
+def comment_safe(text: object) -> str:
+    """Text that stays on one comment line: control characters become escapes like ``\\n``."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def sbatch_job_name(name: str) -> str:
+    """``name`` reduced to characters that are safe in ``#SBATCH --job-name=``; others → ``_``."""
+    return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)[:128] or "job"
+
+
+def _env() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.FileSystemLoader(_template_dir()),
+        undefined=jinja2.StrictUndefined,
+        autoescape=False,
+        keep_trailing_newline=True,
+    )
+    env.filters["q"] = lambda v: shlex.quote(str(v))
+    env.filters["comment"] = comment_safe
+    return env
+
+
+def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
+    """The ``#SBATCH`` options for ``cfg``, sorted by flag name (deterministic, golden-testable).
+
+    Names follow sbatch(1) long options. ``--signal=B:SIG@delay`` and ``--requeue`` are
+    always present; ``--output`` only when ``run_dir`` is a safe single token.
+    """
+    s, r = cfg.slurm, cfg.requeue
+    flags = {
+        "job-name": sbatch_job_name(cfg.name),
+        "nodes": str(s.nodes),
+        "ntasks-per-node": str(s.tasks_per_node),
+        "cpus-per-task": str(s.cpus_per_task),
+        "time": s.time,
+        "signal": f"B:{r.signal_name}@{r.signal_delay_s}",
+        "requeue": None,
+        "open-mode": "append",
+    }
+    if s.gpus_per_node:
+        flags["gpus-per-node"] = str(s.gpus_per_node)
+    if s.mem_gb is not None:
+        flags["mem"] = f"{int(round(s.mem_gb * 1024))}M"
+    for key in ("partition", "account", "qos", "constraint"):
+        value = getattr(s, key)
+        if value is not None:
+            flags[key] = str(value)
+    if s.exclusive:
+        flags["exclusive"] = None
+    if run_dir is not None and _SAFE_TOKEN.match(run_dir):
+        flags["output"] = f"{run_dir}/logs/batch-%j.out"
+    for key, value in s.extra.items():
+        key = key.replace("_", "-")
+        if value is False:
+            flags.pop(key, None)
+        else:
+            flags[key] = None if value is True else str(value)
+    return [f"--{k}" if v is None else f"--{k}={v}" for k, v in sorted(flags.items())]
+
+
+def srun_flags(cfg: JobConfig) -> List[str]:
+    """Options of the ``srun`` that starts one worker per task (srun(1))."""
+    s = cfg.slurm
+    return [
+        "--kill-on-bad-exit=1",
+        f"--nodes={s.nodes}",
+        f"--ntasks-per-node={s.tasks_per_node}",
+        f"--cpus-per-task={s.cpus_per_task}",
+        "--open-mode=append",
+    ]
+
+
+@dataclass(frozen=True)
+class RenderedJob:
+    """What ``submit`` would hand to sbatch: the script text and where it goes."""
+
+    script: str
+    run_dir: str
+    sbatch_args: tuple  #: extra sbatch argv (``--output`` when it could not go in the script)
+
+
+def render(
+    cfg: JobConfig,
+    run_dir: str,
+    *,
+    command: Optional[Sequence[str]] = None,
+    python: Optional[str] = None,
+    version: str = __version__,
+) -> RenderedJob:
+    """Render the sbatch script for ``cfg`` writing into ``run_dir`` (an absolute path).
+
+    ``command`` is recorded in the header (default ``sys.argv``); ``python`` is the
+    interpreter of the ranks (default ``environment.python``, else ``sys.executable``).
+    """
+    run_dir = os.path.abspath(run_dir)
+    flags = sbatch_flags(cfg, run_dir)
+    output_in_script = any(f.startswith("--output=") for f in flags)
+    text = _env().get_template(TEMPLATE).render(
+        name=cfg.name,
+        version=version,
+        command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
+        config_hash=cfg.config_hash(),
+        sbatch_flags=flags,
+        output_in_script=output_in_script,
+        signal=cfg.requeue.signal_name,
+        signal_delay_s=cfg.requeue.signal_delay_s,
+        max_requeues=cfg.requeue.max_requeues,
+        preempted_exit_code=PREEMPTED_EXIT_CODE,
+        run_dir=run_dir,
+        python=python or cfg.environment.python or sys.executable,
+        env=sorted(cfg.environment.env.items()),
+        setup=list(cfg.environment.setup),
+        srun_flags=srun_flags(cfg),
+    )
+    extra = () if output_in_script else (f"--output={run_dir}/logs/batch-%j.out",)
+    return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)

@@ -1,0 +1,58 @@
+"""Choose MASTER_ADDR and a free MASTER_PORT on the node that runs the batch shell.
+
+``python -m slurm_ddp.rendezvous`` prints ``ADDR PORT``. The batch shell runs on the
+first node of the allocation, where rank 0 (the c10d TCPStore server) lives, so a port
+probed free here is free where it is needed. Probing starts at the port derived from
+the job id (``slurm_ddp.env.fallback_port``) so reruns tend to pick the same port.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from typing import Mapping
+
+from .env import expand_nodelist, fallback_port
+
+
+def port_is_free(port: int, host: str = "") -> bool:
+    """True when a TCP socket can bind ``port`` on all interfaces right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True
+
+
+def choose_port(job_id: str, tries: int = 64) -> int:
+    """First free port from ``fallback_port(job_id)`` upwards; an ephemeral one if none is."""
+    start = fallback_port(job_id)
+    for i in range(tries):
+        port = start + i
+        if port <= 65535 and port_is_free(port):
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+def choose(environ: Mapping[str, str]) -> tuple:
+    """``(MASTER_ADDR, MASTER_PORT)`` for the job in ``environ``; user-set values win."""
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
+    addr = environ.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else socket.gethostname())
+    port_text = environ.get("MASTER_PORT")
+    port = int(port_text) if port_text else choose_port(environ.get("SLURM_JOB_ID", "0"))
+    return addr, port
+
+
+def main() -> int:
+    addr, port = choose(os.environ)
+    print(addr, port)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,768 @@
+"""A private, real Slurm cluster on one machine: ``SlurmSandbox``.
+
+One private ``munged``, one ``slurmctld`` and N ``slurmd`` "nodes" (``n1`` .. ``nN``),
+each node in its own network namespace with its own hostname and its own address on a
+private bridge, so that ranks of a job talk over a real (virtual) network. Everything
+lives under one directory (``root``): configuration, logs, state, and a state file
+(``sandbox.json``) with the PIDs of the daemons, so that another process can re-attach
+with :meth:`SlurmSandbox.load` and stop it. Unix sockets (munge, slurmstepd) live in a
+short directory under ``/tmp`` because socket paths are limited to 108 bytes.
+
+Needs root and Debian's ``slurmctld``, ``slurmd``, ``slurm-client``, ``munge``,
+``iproute2`` and ``util-linux`` packages (see :func:`check_prerequisites`)::
+
+    with SlurmSandbox("/tmp/cluster", nodes=2) as sb:
+        out = sb.run(["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True)
+        # out.stdout == "n1\\nn2\\n" (in some order)
+
+Network layout of a sandbox with id ``ID`` and subnet ``10.A.B.0/24``:
+
+* a bridge ``sdbID`` in the host namespace with address ``10.A.B.253``: the ``srun`` /
+  ``sbatch`` clients of this machine reach the controller and the nodes through it;
+* the controller ``ctl`` (slurmctld) lives in namespace ``sdID-ctl`` at ``10.A.B.254``;
+* node ``nI`` lives in namespace ``sdID-nI`` (``/run/netns``), interface ``eth0`` with
+  address ``10.A.B.I/24``, no default route; its ``/etc/hosts`` (bind-mounted in a
+  private mount namespace) maps ``ctl`` and every ``nJ`` to their addresses, so a job
+  may use ``MASTER_ADDR=n1``.
+
+No NAT, no default route: traffic stays on the bridge and in the namespaces. Every
+daemon is started with its own session and stopped by PID; ``down()`` also stops every
+process still left inside the nodes' namespaces (job steps, tasks).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import ipaddress
+import json
+import os
+import random
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+from slurm_ddp.errors import SandboxUnavailable
+
+__all__ = ["SlurmSandbox", "check_prerequisites", "STATE_FILE"]
+
+#: Name of the state file inside the sandbox root.
+STATE_FILE = "sandbox.json"
+
+# Binaries the sandbox runs, and the Debian package that provides each.
+_REQUIRED = {
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    "sbatch": "slurm-client",
+    "srun": "slurm-client",
+    "scontrol": "slurm-client",
+    "sinfo": "slurm-client",
+    "squeue": "slurm-client",
+    "scancel": "slurm-client",
+    "munged": "munge",
+    "ip": "iproute2",
+    "nsenter": "util-linux",
+    "unshare": "util-linux",
+    "mount": "mount",
+}
+_SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/local/bin", "/usr/bin", "/bin")
+_INSTALL_HINT = (
+    "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge iproute2 util-linux"
+)
+_CONTROLLER_HOST = "ctl"
+_SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
+_LOCK_PATH = "/tmp/slurm-ddp-sandbox.lock"
+_PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-60999)
+
+
+def _which(name: str) -> Optional[str]:
+    path = os.environ.get("PATH", "")
+    found = shutil.which(name, path=os.pathsep.join([path, *_SBIN]))
+    return found
+
+
+def check_prerequisites() -> List[str]:
+    """Return human-readable problems that stop a sandbox from starting; empty = OK."""
+    problems: List[str] = []
+    if not hasattr(os, "geteuid") or os.geteuid() != 0:
+        uid = os.geteuid() if hasattr(os, "geteuid") else "?"
+        problems.append(
+            f"not running as root (uid {uid}): the Slurm sandbox creates network namespaces "
+            "and starts slurmd as root; run it as root (e.g. in a disposable VM or container)"
+        )
+    missing: Dict[str, List[str]] = {}
+    for binary, package in _REQUIRED.items():
+        if _which(binary) is None:
+            missing.setdefault(package, []).append(binary)
+    for package, binaries in missing.items():
+        problems.append(
+            f"missing {', '.join(binaries)} (Debian package {package}): "
+            f"apt-get install -y --no-install-recommends {package}"
+        )
+    if not os.path.exists("/proc/self/ns/net"):
+        problems.append("this kernel has no network namespaces (/proc/self/ns/net is missing)")
+    return problems
+
+
+# --------------------------------------------------------------------------- processes
+
+
+def _proc_starttime(pid: int) -> Optional[int]:
+    """Start time of ``pid`` (clock ticks since boot), None if it does not exist or is a zombie."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            data = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    # comm may contain spaces and parentheses: split after the last ')'
+    rest = data[data.rfind(")") + 2 :].split()
+    if not rest or rest[0] in ("Z", "X"):
+        return None
+    try:
+        return int(rest[19])
+    except (IndexError, ValueError):
+        return None
+
+
+def _alive(pid: Optional[int], starttime: Optional[int]) -> bool:
+    if not pid:
+        return False
+    with contextlib.suppress(ChildProcessError, OSError):
+        os.waitpid(pid, os.WNOHANG)  # reap if it is our child
+    st = _proc_starttime(pid)
+    return st is not None and (starttime is None or st == starttime)
+
+
+def _kill(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(pid, sig)
+
+
+def _sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.CompletedProcess:
+    proc = subprocess.run(list(args), capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise subprocess.CalledProcessError(proc.returncode, list(args), proc.stdout, proc.stderr)
+    return proc
+
+
+def _port_free(port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind(("0.0.0.0", port))
+        except OSError:
+            return False
+    return True
+
+
+def _free_ports(count: int, taken: set) -> List[int]:
+    rng = random.SystemRandom()
+    ports: List[int] = []
+    for _ in range(2000):
+        if len(ports) == count:
+            break
+        # a consecutive block keeps the config readable; fall back to any free port
+        start = rng.randrange(_PORT_RANGE[0], _PORT_RANGE[1] - count)
+        block = [start + i for i in range(count - len(ports))]
+        for p in block:
+            if p not in taken and p not in ports and _port_free(p):
+                ports.append(p)
+    if len(ports) < count:
+        raise SandboxUnavailable(f"found no {count} free TCP ports in {_PORT_RANGE}")
+    return ports
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    return "\n".join(text[-lines:])
+
+
+# --------------------------------------------------------------------------- sandbox
+
+
+class SlurmSandbox:
+    """A private Slurm cluster (``munged`` + ``slurmctld`` + N ``slurmd``) on this machine.
+
+    ``root``: directory for everything (created). ``nodes``: number of nodes ``n1..nN``.
+    ``cpus_per_node``: CPUs each node advertises (may exceed the real cores).
+    ``name``: short id (lowercase letters/digits, ≤ 8) used in interface, namespace and
+    cluster names; random when omitted.
+    """
+
+    def __init__(
+        self,
+        root: "str | os.PathLike",
+        nodes: int = 2,
+        cpus_per_node: int = 2,
+        name: Optional[str] = None,
+    ) -> None:
+        if not 1 <= int(nodes) <= 200:
+            raise ValueError(f"nodes must be 1..200, got {nodes}")
+        if int(cpus_per_node) < 1:
+            raise ValueError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
+        self.root = Path(root).absolute()
+        self.num_nodes = int(nodes)
+        self.cpus_per_node = int(cpus_per_node)
+        self.id = self._make_id(name)
+        self.real_memory_mb = 1000
+        self._state: Dict[str, Any] = {}
+        self._procs: Dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------------ naming
+
+    @staticmethod
+    def _make_id(name: Optional[str]) -> str:
+        if name is None:
+            return secrets.token_hex(3)
+        if re.fullmatch(r"[a-z0-9]{1,8}", name):
+            return name
+        return hashlib.sha1(name.encode()).hexdigest()[:6]
+
+    @property
+    def node_names(self) -> List[str]:
+        return [f"n{i}" for i in range(1, self.num_nodes + 1)]
+
+    @property
+    def bridge(self) -> str:
+        return f"sdb{self.id}"
+
+    def netns(self, node: str) -> str:
+        """Name of the network namespace of ``node`` (``n1``.., or ``ctl`` for slurmctld), under /run/netns."""
+        return f"sd{self.id}-{node}"
+
+    def _veth(self, node: str) -> str:
+        return f"sd{self.id}h{'c' if node == _CONTROLLER_HOST else node[1:]}"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def short_dir(self) -> Path:
+        return Path(self._state.get("short_dir") or f"{_SHORT_BASE}/sdsb-{self.id}")
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    def node_addr(self, node: str) -> str:
+        """IPv4 address of ``node`` (e.g. ``n1``) on the sandbox bridge."""
+        return f"{self._state['subnet']}.{int(node[1:])}"
+
+    @property
+    def controller_addr(self) -> str:
+        """Address of slurmctld (in its own namespace)."""
+        return f"{self._state['subnet']}.254"
+
+    @property
+    def host_addr(self) -> str:
+        """Address of this machine (the host namespace) on the sandbox bridge."""
+        return f"{self._state['subnet']}.253"
+
+    # ------------------------------------------------------------------ client side
+
+    @property
+    def env(self) -> Dict[str, str]:
+        """Variables a Slurm client needs to talk to this sandbox (merge into a copy of os.environ)."""
+        return {"SLURM_CONF": str(self.slurm_conf), "SLURM_DDP_SANDBOX": str(self.root)}
+
+    def client_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """``base`` (default os.environ) without SLURM_* variables of an enclosing job, plus :attr:`env`."""
+        base = dict(os.environ if base is None else base)
+        out = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+        out.update(self.env)
+        return out
+
+    def run(self, *args: Any, **kw: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run`` with :attr:`env` merged into the environment (``env=`` or os.environ)."""
+        kw["env"] = self.client_env(kw.get("env"))
+        return subprocess.run(*args, **kw)
+
+    # ------------------------------------------------------------------ state file
+
+    def _save_state(self) -> None:
+        self._state.update(
+            id=self.id,
+            nodes=self.num_nodes,
+            cpus_per_node=self.cpus_per_node,
+            root=str(self.root),
+            slurm_conf=str(self.slurm_conf),
+        )
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._state, indent=2, sort_keys=True))
+        os.replace(tmp, self.state_path)
+
+    @classmethod
+    def load(cls, root: "str | os.PathLike") -> "SlurmSandbox":
+        """Re-attach to a sandbox started earlier (possibly by another process) in ``root``."""
+        path = Path(root).absolute() / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SandboxUnavailable(f"no sandbox state file {path}: nothing was started in {root}") from None
+        sb = cls(root, nodes=state["nodes"], cpus_per_node=state["cpus_per_node"], name=state["id"])
+        sb._state = state
+        return sb
+
+    def _record_pid(self, key: str, proc: subprocess.Popen) -> None:
+        self._procs[key] = proc
+        self._state.setdefault("pids", {})[key] = proc.pid
+        self._state.setdefault("starttimes", {})[key] = _proc_starttime(proc.pid)
+        self._save_state()
+
+    def _live_pids(self) -> Dict[str, int]:
+        pids = self._state.get("pids", {})
+        starts = self._state.get("starttimes", {})
+        return {k: p for k, p in pids.items() if _alive(p, starts.get(k))}
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> Dict[str, Any]:
+        """Where the sandbox stands: ``up``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
+        live = self._live_pids()
+        expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)}
+        up = bool(self._state.get("pids")) and expected <= set(live)
+        states: Dict[str, str] = {}
+        if up:
+            with contextlib.suppress(Exception):
+                states = self._node_states(timeout=10)
+        nodes = []
+        for n in self.node_names:
+            nodes.append(
+                {
+                    "name": n,
+                    "addr": self.node_addr(n) if "subnet" in self._state else None,
+                    "netns": self.netns(n),
+                    "state": states.get(n, "down" if not up else "unknown"),
+                    "pid": live.get(f"slurmd-{n}"),
+                }
+            )
+        return {
+            "up": up,
+            "id": self.id,
+            "root": str(self.root),
+            "nodes": nodes,
+            "pids": live,
+            "slurm_conf": str(self.slurm_conf),
+            "log_dir": str(self.log_dir),
+            "controller": (
+                f"{self.controller_addr}:{self._state['ports']['slurmctld']}" if "ports" in self._state else None
+            ),
+            "subnet": f"{self._state['subnet']}.0/24" if "subnet" in self._state else None,
+            "bridge": self.bridge,
+            "short_dir": str(self.short_dir),
+            "partitions": ["debug", "high"],
+        }
+
+    def _node_states(self, timeout: float = 10) -> Dict[str, str]:
+        out = self.run(
+            ["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=timeout
+        )
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip())
+        states: Dict[str, str] = {}
+        for line in out.stdout.split():
+            node, _, st = line.partition("|")
+            states[node] = st  # a node in two partitions is listed twice, same state
+        return states
+
+    # ------------------------------------------------------------------ up
+
+    def up(self, timeout_s: float = 60) -> "SlurmSandbox":
+        """Start the cluster and wait until every node is idle; return self.
+
+        Raises :class:`SandboxUnavailable` if this machine cannot run it (not root,
+        packages missing, no network namespaces) or if it did not come up within
+        ``timeout_s`` (whatever did start is stopped first).
+        """
+        problems = check_prerequisites()
+        if problems:
+            raise SandboxUnavailable("; ".join(problems))
+        deadline = time.monotonic() + timeout_s
+        if not self._state and self.state_path.exists():
+            with contextlib.suppress(Exception):
+                self._state = json.loads(self.state_path.read_text())
+                if self._state.get("id"):
+                    self.id = self._state["id"]
+        if self._state.get("pids"):
+            if self.status()["up"]:
+                self._wait_idle(deadline)
+                return self
+            self.down()  # stale or partial: clear it before starting afresh
+        try:
+            with open(_LOCK_PATH, "a") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                self._prepare_files()
+                self._make_network()
+                self._start_daemons(deadline)
+            self._wait_idle(deadline)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.down()
+            raise
+        self._state["started_at"] = time.time()
+        self._save_state()
+        return self
+
+    def _prepare_files(self) -> None:
+        for d in ("etc", "log", "state", "munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        short = Path(f"{_SHORT_BASE}/sdsb-{self.id}")
+        if short.exists():
+            shutil.rmtree(short)
+        short.mkdir(mode=0o755)
+        os.chmod(short, 0o755)  # munged wants o+x on the socket's directory
+        for n in self.node_names:
+            (short / n).mkdir(mode=0o755)
+        self._state["short_dir"] = str(short)
+
+        taken: set = set()
+        ctl_port, *node_ports = _free_ports(1 + self.num_nodes, taken)
+        self._state["ports"] = {"slurmctld": ctl_port, **{n: p for n, p in zip(self.node_names, node_ports)}}
+        self._state["subnet"] = self._pick_subnet()
+        self._save_state()
+
+        key = self.root / "munge" / "munge.key"
+        if key.exists():
+            key.chmod(0o600)
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        os.chmod(self.root / "munge", 0o700)
+
+        hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        names = [(self.host_addr, "sandbox-host"), (self.controller_addr, _CONTROLLER_HOST)]
+        names += [(self.node_addr(n), n) for n in self.node_names]
+        hosts += [f"{a}\t{n}" for a, n in names]
+        # reverse lookups of IPv4-mapped peers (dual-stack servers such as torch's TCPStore)
+        hosts += [f"::ffff:{a}\t{n}" for a, n in names]
+        (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+        (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        self.slurm_conf.write_text(self._render_conf())
+
+    def _pick_subnet(self) -> str:
+        text = _sh("ip", "-4", "-o", "addr", "show").stdout + _sh("ip", "-4", "route", "show", "table", "all").stdout
+        used = []
+        for addr, plen in re.findall(r"\b(\d+\.\d+\.\d+\.\d+)(?:/(\d+))?", text):
+            with contextlib.suppress(ValueError):
+                used.append(ipaddress.ip_network(f"{addr}/{plen or 32}", strict=False))
+        h = int(hashlib.sha1(self.id.encode()).hexdigest(), 16)
+        span = 56 * 256  # 10.200.0.0 - 10.255.255.0
+        for k in range(span):
+            idx = (h + k) % span
+            net = ipaddress.ip_network(f"10.{200 + idx // 256}.{idx % 256}.0/24")
+            if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
+                return str(net.network_address).rsplit(".", 1)[0]
+        raise SandboxUnavailable("no free 10.x.y.0/24 subnet found for the sandbox bridge")
+
+    def _render_conf(self) -> str:
+        r, s = self.root, self.short_dir
+        ports = self._state["ports"]
+        node_lines = [
+            f"NodeName={n} NodeHostname={n} NodeAddr={self.node_addr(n)} Port={ports[n]} "
+            f"CPUs={self.cpus_per_node} RealMemory={self.real_memory_mb} State=UNKNOWN"
+            for n in self.node_names
+        ]
+        all_nodes = f"n[1-{self.num_nodes}]" if self.num_nodes > 1 else "n1"
+        lines = [
+            "# Written by slurm_ddp.sandbox: a private cluster; do not edit while it runs.",
+            f"ClusterName=sdb{self.id}",
+            f"SlurmctldHost={_CONTROLLER_HOST}({self.controller_addr})",
+            f"SlurmctldPort={ports['slurmctld']}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={s}/munge.sock,cred_expire=5",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={s}/%n",
+            f"SlurmctldPidFile={r}/state/slurmctld.pid",
+            f"SlurmdPidFile={r}/state/slurmd-%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={r}/log/jobcomp.txt",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",
+            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            "KillWait=5",
+            "JobRequeue=1",
+            "ReturnToService=2",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "SlurmctldTimeout=30",
+            "SlurmdTimeout=60",
+            "MailProg=/bin/true",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            *node_lines,
+            f"PartitionName=debug Nodes={all_nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
+            f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
+        ]
+        return "\n".join(lines) + "\n"
+
+    # ------------------------------------------------------------------ network
+
+    def _make_network(self) -> None:
+        br = self.bridge
+        self._state["network"] = {"bridge": br, "netns": []}
+        self._save_state()
+        if _sh("ip", "link", "show", br, check=False).returncode == 0:
+            raise SandboxUnavailable(f"bridge {br} already exists: another sandbox uses id {self.id!r}; pick another name")
+        res = _sh("ip", "link", "add", br, "type", "bridge", check=False)
+        if res.returncode != 0:
+            raise SandboxUnavailable(
+                f"cannot create bridge {br} ({res.stderr.strip()}): the sandbox needs CAP_NET_ADMIN "
+                "and the kernel's bridge support; run as root on a VM or a privileged container"
+            )
+        self._state["network"]["bridge_created"] = True
+        self._save_state()
+        _sh("ip", "addr", "add", f"{self.host_addr}/24", "dev", br)
+        _sh("ip", "link", "set", br, "up")
+        for n in [_CONTROLLER_HOST, *self.node_names]:
+            ns, veth = self.netns(n), self._veth(n)
+            addr = self.controller_addr if n == _CONTROLLER_HOST else self.node_addr(n)
+            res = _sh("ip", "netns", "add", ns, check=False)
+            if res.returncode != 0:
+                raise SandboxUnavailable(
+                    f"cannot create network namespace {ns} ({res.stderr.strip()}): "
+                    "the sandbox needs `ip netns` (CAP_SYS_ADMIN); run as root on a VM or a privileged container"
+                )
+            self._state["network"]["netns"].append(ns)
+            self._save_state()
+            _sh("ip", "link", "add", veth, "type", "veth", "peer", "name", f"{veth}p", "netns", ns)
+            _sh("ip", "link", "set", veth, "master", br, "up")
+            _sh("ip", "-n", ns, "link", "set", f"{veth}p", "name", "eth0")
+            _sh("ip", "-n", ns, "addr", "add", f"{addr}/24", "dev", "eth0")
+            _sh("ip", "-n", ns, "link", "set", "eth0", "up")
+            _sh("ip", "-n", ns, "link", "set", "lo", "up")
+
+    # ------------------------------------------------------------------ daemons
+
+    def _daemon_env(self) -> Dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+        env["SLURM_CONF"] = str(self.slurm_conf)
+        env["PATH"] = os.pathsep.join([env.get("PATH", ""), *_SBIN])
+        return env
+
+    def _spawn(self, key: str, argv: List[str]) -> subprocess.Popen:
+        out = open(self.log_dir / f"{key}.out", "ab")
+        try:
+            proc = subprocess.Popen(
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self._daemon_env(),
+                start_new_session=True,  # = setsid: own session, no controlling terminal
+                close_fds=True,
+            )
+        finally:
+            out.close()
+        self._record_pid(key, proc)
+        return proc
+
+    def _isolated(self, hostname: str, argv: List[str]) -> List[str]:
+        """argv run with its own hostname and the sandbox's /etc/hosts (private UTS + mount namespaces).
+
+        unshare and sh exec in place, so the PID Popen returns is the daemon's own PID.
+        """
+        script = 'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+        return [
+            _which("unshare"), "--uts", "--mount", "--propagation", "private",
+            "/bin/sh", "-c", script, "sh", hostname, str(self.root / "etc" / "hosts"), *argv,
+        ]  # fmt: skip
+
+    def _start_daemons(self, deadline: float) -> None:
+        short = self.short_dir
+        sock = short / "munge.sock"
+        m = self.root / "munge"
+        self._spawn(
+            "munged",
+            [
+                _which("munged"), "-F", "--force",
+                f"--socket={sock}", f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={self.log_dir / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
+            ],
+        )  # fmt: skip
+        self._wait_for(lambda: sock.exists(), deadline, "munged to create its socket", ["munged"])
+
+        conf = str(self.slurm_conf)
+        argv = [_which("nsenter"), f"--net=/run/netns/{self.netns(_CONTROLLER_HOST)}", "--"]
+        self._spawn("slurmctld", argv + self._isolated(_CONTROLLER_HOST, [_which("slurmctld"), "-D", "-f", conf]))
+        addr = (self.controller_addr, self._state["ports"]["slurmctld"])
+
+        def ctld_listening() -> bool:
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                return s.connect_ex(addr) == 0
+
+        self._wait_for(ctld_listening, deadline, f"slurmctld to listen on {addr[0]}:{addr[1]}", ["slurmctld"])
+        for n in self.node_names:
+            argv = [_which("nsenter"), f"--net=/run/netns/{self.netns(n)}", "--"]
+            argv += self._isolated(n, [_which("slurmd"), "-D", "-N", n, "-f", conf])
+            self._spawn(f"slurmd-{n}", argv)
+
+    def _dead_daemon(self, keys: Optional[List[str]] = None) -> Optional[str]:
+        starts = self._state.get("starttimes", {})
+        for key, pid in self._state.get("pids", {}).items():
+            if keys is not None and key not in keys:
+                continue
+            if not _alive(pid, starts.get(key)):
+                return key
+        return None
+
+    def _failure(self, what: str, key: Optional[str]) -> SandboxUnavailable:
+        """One line: what went wrong, the last lines of the relevant logs, where the logs are."""
+        names = [key] if key else ["munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)]
+        hints = []
+        for k in names:
+            log = "munged.log" if k == "munged" else f"{k}.log"
+            for p in (self.log_dir / log, self.log_dir / f"{k}.out"):
+                last = [ln.strip() for ln in _tail(p, 40).splitlines() if ln.strip()]
+                errs = [ln for ln in last if "error" in ln.lower() or "fatal" in ln.lower()] or last
+                if errs:
+                    hints.append(f"{p.name}: " + " | ".join(errs[-2:]))
+        detail = f" ({'; '.join(hints[:4])})" if hints else ""
+        return SandboxUnavailable(f"Slurm sandbox in {self.root}: {what}{detail}; see logs in {self.log_dir}")
+
+    def _wait_for(self, cond, deadline: float, what: str, keys: Optional[List[str]] = None) -> None:
+        while True:
+            if cond():
+                return
+            dead = self._dead_daemon(keys)
+            if dead:
+                raise self._failure(f"{dead} exited while waiting for {what}", dead)
+            if time.monotonic() > deadline:
+                raise self._failure(f"timed out waiting for {what}", None)
+            time.sleep(0.05)
+
+    def _wait_idle(self, deadline: float) -> None:
+        want = set(self.node_names)
+        last: Dict[str, str] = {}
+
+        def all_idle() -> bool:
+            nonlocal last
+            try:
+                last = self._node_states(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception:
+                return False
+            return want <= set(last) and all(last[n] == "idle" for n in want)
+
+        try:
+            self._wait_for(all_idle, deadline, "all nodes to be idle")
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(f"{e} (node states: {last or 'none'})") from None
+
+    # ------------------------------------------------------------------ down
+
+    def down(self, timeout_s: float = 10) -> None:
+        """Stop every daemon (SIGTERM in parallel, SIGKILL after ``timeout_s``) and every process
+        left in the nodes' namespaces, then delete the namespaces, the bridge and the socket dir.
+        Safe to call twice, after a partial start, and from another process (see :meth:`load`)."""
+        if not self._state and self.state_path.exists():
+            with contextlib.suppress(Exception):
+                self._state = json.loads(self.state_path.read_text())
+        pids = self._state.get("pids", {})
+        starts = self._state.get("starttimes", {})
+        netns = list(self._state.get("network", {}).get("netns", []))
+
+        node_netns = [ns for ns in netns if not ns.endswith(f"-{_CONTROLLER_HOST}")]
+
+        def ns_pids(namespaces: List[str]) -> List[int]:
+            found: List[int] = []
+            for ns in namespaces:
+                res = _sh("ip", "netns", "pids", ns, check=False)
+                found += [int(p) for p in res.stdout.split() if p.isdigit()]
+            return [p for p in found if p != os.getpid()]
+
+        def stop(group: Dict[str, int], extra: List[int], grace: float) -> None:
+            targets = {k: p for k, p in group.items() if _alive(p, starts.get(k))}
+            for p in targets.values():
+                _kill(p, signal.SIGTERM)
+            for p in extra:  # job steps and tasks: no grace at teardown (slurmstepd ignores SIGTERM)
+                _kill(p, signal.SIGKILL)
+            end = time.monotonic() + grace
+            while time.monotonic() < end:
+                if not any(_alive(p, starts.get(k)) for k, p in targets.items()) and not any(
+                    _alive(p, None) for p in extra
+                ):
+                    break
+                time.sleep(0.05)
+            for k, p in targets.items():
+                if _alive(p, starts.get(k)):
+                    _kill(p, signal.SIGKILL)
+            for p in extra:
+                if _alive(p, None):
+                    _kill(p, signal.SIGKILL)
+
+        slurm = {k: p for k, p in pids.items() if k != "munged"}
+        daemon_pids = set(pids.values())
+        stop(slurm, [p for p in ns_pids(node_netns) if p not in daemon_pids], timeout_s)
+        leftovers = ns_pids(netns)  # job steps/tasks that outlived slurmd, slurmctld's helpers
+        for p in leftovers:
+            _kill(p, signal.SIGKILL)
+        stop({k: p for k, p in pids.items() if k == "munged"}, [], min(timeout_s, 5))
+        self._wait_gone(pids, starts, leftovers, 5)
+        for proc in self._procs.values():
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=1)
+        self._procs.clear()
+
+        for ns in netns:
+            _sh("ip", "netns", "del", ns, check=False)
+        net = self._state.get("network", {})
+        if net.get("bridge_created") or _sh("ip", "link", "show", self.bridge, check=False).returncode == 0:
+            if net:  # only a bridge this sandbox recorded as its own
+                _sh("ip", "link", "del", self.bridge, check=False)
+        short = self._state.get("short_dir")
+        if short and Path(short).name.startswith("sdsb-"):
+            shutil.rmtree(short, ignore_errors=True)
+        if self._state:
+            self._state.pop("pids", None)
+            self._state.pop("starttimes", None)
+            self._state.pop("network", None)
+            self._state["stopped_at"] = time.time()
+            with contextlib.suppress(OSError):
+                self._save_state()
+
+    @staticmethod
+    def _wait_gone(pids: Dict[str, int], starts: Dict[str, Any], extra: List[int], grace: float) -> None:
+        end = time.monotonic() + grace
+        while time.monotonic() < end:
+            if not any(_alive(p, starts.get(k)) for k, p in pids.items()) and not any(_alive(p, None) for p in extra):
+                return
+            time.sleep(0.05)
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> "SlurmSandbox":
+        return self.up()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        return f"SlurmSandbox(root={str(self.root)!r}, nodes={self.num_nodes}, id={self.id!r})"

@@ -1,0 +1,106 @@
+"""The preemption flag: signal handlers that only set a flag; ranks agree at a step boundary.
+
+Side effects: installs signal handlers (main thread only) and restores the originals.
+Checkpoint I/O or ``scontrol`` inside a handler can deadlock (it interrupts arbitrary code,
+e.g. a collective or a lock held by the allocator; cf. Lightning issue #21406), so the
+handler records the signal and returns. The training loop calls :meth:`PreemptionFlag.sync`
+once per step: an all-reduce (MAX) of the flag, so every rank stops at the same step even
+when only some of them received the signal.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from types import FrameType
+from typing import Callable, Dict, Iterable, Optional, Union
+
+SignalSpec = Union[str, int, signal.Signals]
+
+
+def to_signal(spec: SignalSpec) -> signal.Signals:
+    """``"USR2"``, ``"SIGUSR2"`` or ``12`` → ``signal.SIGUSR2``. Raises ``ValueError``."""
+    if isinstance(spec, signal.Signals):
+        return spec
+    if isinstance(spec, int):
+        return signal.Signals(spec)
+    name = spec.upper()
+    if not name.startswith("SIG"):
+        name = "SIG" + name
+    try:
+        return signal.Signals[name]
+    except KeyError:
+        raise ValueError(f"unknown signal {spec!r}") from None
+
+
+class PreemptionFlag:
+    """Set by SIGUSR2/SIGTERM (or the signals given); read and agreed on by the training loop.
+
+    Usage::
+
+        flag = PreemptionFlag(["USR2", "TERM"]).install()
+        for batch in loader:
+            ...
+            if flag.sync():          # collective: every rank must call it at the same step
+                save_checkpoint(); break
+        flag.restore()
+    """
+
+    def __init__(self, signals: Iterable[SignalSpec] = ("USR2", "TERM")):
+        self.signals = tuple(dict.fromkeys(to_signal(s) for s in signals))
+        self._received: Optional[signal.Signals] = None
+        self._originals: Dict[signal.Signals, Union[Callable, int, None]] = {}
+
+    # -- handler side: only records -----------------------------------------
+    def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
+        if self._received is None:
+            self._received = signal.Signals(signum)
+
+    def install(self) -> "PreemptionFlag":
+        """Install the handlers, remembering the previous ones. Main thread only (Python's rule)."""
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionFlag.install() must run in the main thread")
+        for sig in self.signals:
+            self._originals[sig] = signal.signal(sig, self._handler)
+        return self
+
+    def restore(self) -> None:
+        """Put back the handlers that were installed before ``install()``."""
+        for sig, original in self._originals.items():
+            signal.signal(sig, original if original is not None else signal.SIG_DFL)
+        self._originals.clear()
+
+    def __enter__(self) -> "PreemptionFlag":
+        return self.install()
+
+    def __exit__(self, *exc: object) -> None:
+        self.restore()
+
+    # -- loop side ------------------------------------------------------------
+    @property
+    def received(self) -> Optional[signal.Signals]:
+        """The first signal received on this rank, or None."""
+        return self._received
+
+    def set(self, sig: SignalSpec = "USR2") -> None:
+        """Raise the flag by hand (e.g. a time budget ran out)."""
+        self._received = to_signal(sig)
+
+    def sync(self, group: object = None, device: object = None) -> bool:
+        """True on every rank when any rank received a signal. A collective (all-reduce MAX).
+
+        Without an initialized ``torch.distributed`` process group it returns the local flag.
+        ``device`` is where the one-element tensor lives (``cuda:LOCAL_RANK`` with NCCL).
+        """
+        import torch
+        import torch.distributed as dist
+
+        local = self._received is not None
+        if not (dist.is_available() and dist.is_initialized()):
+            return local
+        t = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
+        agreed = bool(t.item())
+        if agreed and self._received is None:
+            self._received = self.signals[0] if self.signals else signal.SIGUSR2
+        return agreed

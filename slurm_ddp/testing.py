@@ -1,0 +1,74 @@
+"""pytest plugin: a real, private Slurm cluster for tests.
+
+Enable it in the root ``conftest.py`` of your tests::
+
+    pytest_plugins = ["slurm_ddp.testing"]
+
+and ask for the session-scoped ``slurm_sandbox`` fixture::
+
+    import pytest
+
+    @pytest.mark.slurm
+    def test_two_nodes(slurm_sandbox):
+        out = slurm_sandbox.run(["srun", "-N2", "-n2", "hostname"],
+                                capture_output=True, text=True, timeout=60)
+        assert sorted(out.stdout.split()) == ["n1", "n2"]
+
+The fixture starts a 2-node :class:`slurm_ddp.sandbox.SlurmSandbox` (nodes ``n1``,
+``n2``, 2 CPUs each, partitions ``debug`` (default) and ``high`` (preempts ``debug``
+by requeue)) under a pytest temporary directory, yields it, and stops it at the end of
+the session. Clients reach it through ``slurm_sandbox.env`` (``SLURM_CONF``), which
+``slurm_sandbox.run`` merges in for you; jobs inherit sbatch's environment.
+
+If this machine cannot run the sandbox (not root, Slurm/munge/iproute2 missing, no
+network namespaces), the tests that use the fixture are skipped with the reason —
+unless the environment variable ``SLURM_DDP_REQUIRE_SLURM=1`` is set, in which case
+they fail with it (use that in CI where Slurm tests must run).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Iterator
+
+import pytest
+
+from slurm_ddp.errors import SandboxUnavailable
+from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
+
+__all__ = ["slurm_sandbox", "sandbox_unavailable"]
+
+#: Nodes and CPUs per node of the session sandbox.
+SANDBOX_NODES = 2
+SANDBOX_CPUS_PER_NODE = 2
+
+
+def _required() -> bool:
+    return os.environ.get("SLURM_DDP_REQUIRE_SLURM", "").strip().lower() in ("1", "true", "yes")
+
+
+def sandbox_unavailable(reason: str) -> None:
+    """Skip the current test because of ``reason``, or fail if SLURM_DDP_REQUIRE_SLURM=1."""
+    message = f"Slurm sandbox unavailable: {reason}"
+    if _required():
+        pytest.fail(message + " (SLURM_DDP_REQUIRE_SLURM=1 makes this a failure)", pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
+    """A running 2-node Slurm sandbox for the whole test session (see module docstring)."""
+    problems = check_prerequisites()
+    if problems:
+        sandbox_unavailable("; ".join(problems))
+    sandbox = SlurmSandbox(
+        tmp_path_factory.mktemp("slurm-sandbox"), nodes=SANDBOX_NODES, cpus_per_node=SANDBOX_CPUS_PER_NODE
+    )
+    try:
+        sandbox.up(timeout_s=60)
+    except SandboxUnavailable as e:
+        sandbox_unavailable(str(e))
+    try:
+        yield sandbox
+    finally:
+        sandbox.down()
