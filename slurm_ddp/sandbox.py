@@ -280,9 +280,12 @@ class SlurmSandbox:
         return {"SLURM_CONF": str(self.slurm_conf), "SLURM_DDP_SANDBOX": str(self.root)}
 
     def client_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
-        """``base`` (default os.environ) without SLURM_* variables of an enclosing job, plus :attr:`env`."""
-        base = dict(os.environ if base is None else base)
-        out = {k: v for k, v in base.items() if not k.startswith(("SLURM_", "SBATCH_", "SRUN_"))}
+        """``base`` plus :attr:`env`. Without ``base``: os.environ minus its SLURM_* variables (those
+        of an enclosing job, e.g. SLURM_JOB_ID, would make srun think it runs inside that job)."""
+        if base is None:
+            out = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        else:
+            out = dict(base)
         out.update(self.env)
         return out
 
@@ -395,20 +398,35 @@ class SlurmSandbox:
         deadline = time.monotonic() + timeout_s
         if not self._state and self.state_path.exists():
             with contextlib.suppress(Exception):
-                self._state = json.loads(self.state_path.read_text())
-                if self._state.get("id"):
-                    self.id = self._state["id"]
+                state = json.loads(self.state_path.read_text())
+                if state.get("pids"):  # started earlier, maybe by another process: attach
+                    self._state, self.id = state, state["id"]
         if self._state.get("pids"):
+            wanted = (self.num_nodes, self.cpus_per_node)
+            self.num_nodes, self.cpus_per_node = self._state["nodes"], self._state["cpus_per_node"]
             if self.status()["up"]:
+                if (self.num_nodes, self.cpus_per_node) != wanted:
+                    raise SandboxUnavailable(
+                        f"a sandbox with {self.num_nodes} nodes x {self.cpus_per_node} CPUs already runs in "
+                        f"{self.root}; stop it first (slurm-ddp sandbox down) to start one with "
+                        f"{wanted[0]} x {wanted[1]}"
+                    )
                 self._wait_idle(deadline)
                 return self
             self.down()  # stale or partial: clear it before starting afresh
-        try:
-            with open(_LOCK_PATH, "a") as lock:
-                fcntl.flock(lock, fcntl.LOCK_EX)
+            self.num_nodes, self.cpus_per_node = wanted
+        with open(_LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # ports, subnet and names are chosen one sandbox at a time
+            self._check_id_free()
+            try:
                 self._prepare_files()
                 self._make_network()
                 self._start_daemons(deadline)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.down()
+                raise
+        try:
             self._wait_idle(deadline)
         except BaseException:
             with contextlib.suppress(Exception):
@@ -418,11 +436,24 @@ class SlurmSandbox:
         self._save_state()
         return self
 
+    def _check_id_free(self) -> None:
+        prefix = f"sd{self.id}-"
+        in_use = _sh("ip", "link", "show", self.bridge, check=False).returncode == 0 or any(
+            line.split()[0].startswith(prefix) for line in _sh("ip", "netns", "list", check=False).stdout.splitlines()
+        )
+        if in_use:
+            raise SandboxUnavailable(
+                f"sandbox id {self.id!r} is in use (bridge {self.bridge} or namespaces {prefix}* exist): "
+                "stop that sandbox (slurm-ddp sandbox down) or choose another name"
+            )
+
     def _prepare_files(self) -> None:
+        # every start is a fresh cluster: slurmctld refuses state saved under another ClusterName
+        shutil.rmtree(self.root / "state", ignore_errors=True)
         for d in ("etc", "log", "state", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         short = Path(f"{_SHORT_BASE}/sdsb-{self.id}")
-        if short.exists():
+        if short.exists():  # left by a sandbox with this id that was not stopped (its bridge is gone)
             shutil.rmtree(short)
         short.mkdir(mode=0o755)
         os.chmod(short, 0o755)  # munged wants o+x on the socket's directory
@@ -529,8 +560,6 @@ class SlurmSandbox:
         br = self.bridge
         self._state["network"] = {"bridge": br, "netns": []}
         self._save_state()
-        if _sh("ip", "link", "show", br, check=False).returncode == 0:
-            raise SandboxUnavailable(f"bridge {br} already exists: another sandbox uses id {self.id!r}; pick another name")
         res = _sh("ip", "link", "add", br, "type", "bridge", check=False)
         if res.returncode != 0:
             raise SandboxUnavailable(
@@ -734,9 +763,8 @@ class SlurmSandbox:
         for ns in netns:
             _sh("ip", "netns", "del", ns, check=False)
         net = self._state.get("network", {})
-        if net.get("bridge_created") or _sh("ip", "link", "show", self.bridge, check=False).returncode == 0:
-            if net:  # only a bridge this sandbox recorded as its own
-                _sh("ip", "link", "del", self.bridge, check=False)
+        if net.get("bridge_created"):  # only a bridge this sandbox made
+            _sh("ip", "link", "del", net.get("bridge", self.bridge), check=False)
         short = self._state.get("short_dir")
         if short and Path(short).name.startswith("sdsb-"):
             shutil.rmtree(short, ignore_errors=True)

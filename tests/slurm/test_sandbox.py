@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import slurm_ddp
+from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
 pytestmark = pytest.mark.slurm
@@ -216,6 +217,9 @@ def test_second_sandbox_coexists_and_down_leaves_nothing(slurm_sandbox, tmp_path
         st = sb.status()
         assert st["up"] and st["controller"] != slurm_sandbox.status()["controller"]
         assert sb.bridge != slurm_sandbox.bridge
+        with pytest.raises(SandboxUnavailable, match="in use"):  # same id twice: refused, nothing harmed
+            SlurmSandbox(tmp_path / "clash", nodes=1, name=sb.id).up(timeout_s=30)
+        assert sb.status()["up"]
         out = sb.run(["srun", "-N1", "hostname"], capture_output=True, text=True, timeout=60)
         assert out.stdout.split() == ["n1"], out.stderr
         # a running job: down() must also stop its slurmstepd and task
