@@ -43,7 +43,7 @@ from .runtime import (
 
 log = logging.getLogger("slurm_ddp.worker")
 FINISHED = "FINISHED"
-#: "JOB_ID RESTART_COUNT STEP" of the last stop for preemption (the batch script reads it)
+#: "JOB_ID RESTART_COUNT STEP SIGNAL" of the last stop for preemption (the batch script reads it)
 PREEMPTED = "PREEMPTED"
 FINAL_MODEL = "final_model.pt"
 
@@ -246,7 +246,7 @@ class Trainer:
                     self.metrics.write(event="preempted", step=self.step, signal=sig)
                     if self.denv.is_main:  # read by the batch script, even if srun's status is lost
                         atomic_write_text(self.run_dir / PREEMPTED,
-                                          f"{self.denv.job_id} {self.denv.restart_count} {self.step}\n")
+                                          f"{self.denv.job_id} {self.denv.restart_count} {self.step} {sig}\n")
                     return PREEMPTED_EXIT_CODE
                 if self.step >= tc.max_steps:
                     break

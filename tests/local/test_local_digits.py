@@ -1,0 +1,149 @@
+"""The main job end to end on the local backend: 2 real gloo ranks train the digits example.
+
+Covers: training to >= 97 % eval accuracy, per-rank logs, metrics.jsonl, periodic
+checkpoints, SIGUSR2 to the `slurm-ddp submit` process → checkpoint at the step boundary
+and exit 75, and a second `submit` that resumes from that step (not step 0) and finishes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+
+pytestmark = pytest.mark.local
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+MAX_STEPS = 300
+SETS = [
+    f"train.max_steps={MAX_STEPS}",
+    "train.eval_every=100",
+    "train.log_every=10",
+    "checkpoint.every_steps=40",
+    "checkpoint.keep_last=2",
+]
+
+
+def submit_cmd(run_dir: Path) -> list:
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "local", "--run-dir", str(run_dir)]
+    for s in SETS:
+        cmd += ["--set", s]
+    return cmd
+
+
+def read_metrics(run_dir: Path) -> list:
+    p = run_dir / "metrics.jsonl"
+    if not p.exists():
+        return []
+    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
+
+
+def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen = None) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        if proc is not None and proc.poll() is not None:
+            raise AssertionError(f"process exited with {proc.returncode} while waiting for {what}")
+        time.sleep(0.2)
+    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+
+
+def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    # First submit: stop it with SIGUSR2 once it passed the first periodic checkpoint, mid-interval.
+    proc = subprocess.Popen(submit_cmd(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: any(m.get("event") == "train" and m["step"] >= 50 for m in read_metrics(run_dir)),
+                 240, "step 50", proc)
+        proc.send_signal(signal.SIGUSR2)
+        out, _ = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == PREEMPTED_EXIT_CODE, out
+    assert "stopped for preemption" in out
+
+    stopped_step = int((run_dir / "PREEMPTED").read_text().split()[2])
+    assert 50 <= stopped_step < MAX_STEPS
+    events = read_metrics(run_dir)
+    assert [e["step"] for e in events if e["event"] == "preempted"] == [stopped_step]
+    ckpts = sorted(p.name for p in (run_dir / "checkpoints").glob("step-*.json"))
+    assert f"step-{stopped_step:08d}.json" in ckpts
+    assert len(ckpts) <= 2  # keep_last
+    assert not (run_dir / "FINISHED").exists()
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert f"rank {rank}/2 local_rank {rank}/2" in log
+    assert (run_dir / "job.sbatch").exists() and (run_dir / "config.yaml").exists()
+
+    # Second submit, same run dir: resumes at the saved step and finishes.
+    done = subprocess.run(submit_cmd(run_dir), capture_output=True, text=True, timeout=400)
+    assert done.returncode == 0, done.stdout + done.stderr
+    rank0 = (run_dir / "logs" / "rank-0.log").read_text()
+    m = re.findall(r"resumed from checkpoint of step (\d+)", rank0)
+    assert m == [str(stopped_step)], rank0[-3000:]
+    assert "restart 1" in rank0  # SLURM_RESTART_COUNT of the second launch
+
+    events = read_metrics(run_dir)
+    train_steps = [e["step"] for e in events if e["event"] == "train"]
+    # No step trained twice (0 steps lost, none redone) and none skipped.
+    assert train_steps == list(range(10, MAX_STEPS + 1, 10))
+    evals = [e for e in events if e["event"] == "eval"]
+    assert evals[-1]["step"] == MAX_STEPS and evals[-1]["eval_samples"] == 360
+    assert all("loss" in e and "eval_accuracy" in e for e in evals)
+    finished = json.loads((run_dir / "FINISHED").read_text())
+    assert finished["step"] == MAX_STEPS
+    assert finished["eval_accuracy"] >= 0.97, finished
+
+    # final_model.pt is a plain state_dict of the unwrapped model that loads into the task's model.
+    sys.path.insert(0, str(JOB.parent))
+    try:
+        from digits_task import DigitsNet
+    finally:
+        sys.path.remove(str(JOB.parent))
+    state = torch.load(run_dir / "final_model.pt", weights_only=True)
+    assert not any(k.startswith("module.") for k in state)
+    DigitsNet(width=32).load_state_dict(state)
+
+    # A third submit of a finished run exits at once without training again.
+    again = subprocess.run(submit_cmd(run_dir), capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0
+    assert len([e for e in read_metrics(run_dir) if e["event"] == "train"]) == len(train_steps)
+
+
+def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
+    """A task that fails on one rank ends the whole local job with that rank's status, naming it."""
+    task_dir = tmp_path / "task"
+    task_dir.mkdir()
+    (task_dir / "bad_task.py").write_text(
+        "import os\n"
+        "from digits_task import DigitsTask\n"
+        "class BadTask(DigitsTask):\n"
+        "    def build_datasets(self):\n"
+        "        if os.environ['SLURM_PROCID'] == '1':\n"
+        "            raise RuntimeError('rank 1 cannot read its data')\n"
+        "        return super().build_datasets()\n"
+    )
+    cmd = submit_cmd(tmp_path / "run") + [
+        "--set", "train.task=bad_task:BadTask",
+        "--set", f"train.pythonpath=[{task_dir}, {JOB.parent}]",
+        "--set", "train.pg_timeout_s=60",
+    ]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
+    assert res.returncode not in (0, PREEMPTED_EXIT_CODE)
+    assert "rank 1 exited with status" in res.stderr
+    assert "stopping the other ranks" in res.stderr
+    assert "rank 1 cannot read its data" in (tmp_path / "run" / "logs" / "rank-1.log").read_text()

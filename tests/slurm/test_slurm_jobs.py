@@ -1,0 +1,272 @@
+"""The real-Slurm tier: the digits job through sbatch and submitit on the 2-node sandbox.
+
+Covers 2-node DDP training, one node × 2 tasks, USR2 at the steps and at the batch shell,
+max_requeues, requeue of a finished run, partition preemption (SIGTERM → checkpoint →
+Slurm requeues → resume), the submitit path, and the real ``--signal=B:USR2@…`` path
+before a short time limit. Every wait has its own timeout. Timings measured on the way
+(sbatch→first step, signal→checkpoint committed, requeue→resumed step, steps lost) are
+printed (``pytest -s``) and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import pytest
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+
+
+# --------------------------------------------------------------------------- helpers
+def wait_for(pred: Callable[[], object], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "") -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diag()}")
+
+
+def metrics(run_dir: Path) -> List[dict]:
+    p = run_dir / "metrics.jsonl"
+    if not p.exists():
+        return []
+    out = []
+    for line in p.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass  # a line being written
+    return out
+
+
+def train_steps(run_dir: Path) -> List[int]:
+    return [m["step"] for m in metrics(run_dir) if m["event"] == "train"]
+
+
+def logs(run_dir: Path) -> str:
+    parts = []
+    for p in sorted((run_dir / "logs").glob("*")) if (run_dir / "logs").exists() else []:
+        parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-3000:]}")
+    sub = run_dir / "submitit"
+    if sub.exists():
+        for p in sorted(sub.rglob("*.out"))[-4:]:
+            parts.append(f"==> {p} <==\n{p.read_text(errors='replace')[-3000:]}")
+    return "\n".join(parts)
+
+
+def record_timing(name: str, seconds: float) -> None:
+    line = f"TIMING {name}: {seconds:.2f} s"
+    print(line)
+    out = os.environ.get("SLURM_DDP_TIMINGS")
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+class Job:
+    def __init__(self, sandbox, run_dir: Path, job_id: str):
+        self.sb, self.run_dir, self.id = sandbox, run_dir, job_id
+
+    def show(self) -> Dict[str, str]:
+        r = self.sb.run(["scontrol", "show", "job", "-o", self.id], capture_output=True, text=True, timeout=20)
+        return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+    def state(self) -> str:
+        return self.show().get("JobState", "?")
+
+    def restarts(self) -> int:
+        return int(self.show().get("Restarts", "0") or 0)
+
+    def scancel(self, *args: str) -> None:
+        r = self.sb.run(["scancel", *args, self.id], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+
+    def wait_step(self, step: int, timeout_s: float = 180) -> None:
+        wait_for(lambda: any(s >= step for s in train_steps(self.run_dir)), timeout_s, f"job {self.id} step {step}",
+                 lambda: f"{self.show()}\n{logs(self.run_dir)}")
+
+    def wait_finished(self, timeout_s: float = 300) -> dict:
+        wait_for(lambda: (self.run_dir / "FINISHED").exists(), timeout_s, f"job {self.id} to finish",
+                 lambda: f"{self.show()}\n{logs(self.run_dir)}")
+        wait_for(lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED"), 60, f"job {self.id} to end")
+        return json.loads((self.run_dir / "FINISHED").read_text())
+
+    def wait_ended(self, timeout_s: float = 120) -> str:
+        wait_for(lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout_s,
+                 f"job {self.id} to end", lambda: f"{self.show()}\n{logs(self.run_dir)}")
+        return self.state()
+
+
+def submit(sandbox, run_dir: Path, *sets: str, backend: str = "sbatch") -> Job:
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", backend, "--run-dir", str(run_dir)]
+    for s in ("train.max_steps=200", "train.eval_every=0", "train.log_every=10", "checkpoint.every_steps=50",
+              "slurm.time=00:10:00", *sets):
+        cmd += ["--set", s]
+    r = sandbox.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return Job(sandbox, run_dir, m.group(1))
+
+
+def preempted_step(run_dir: Path) -> int:
+    return int((run_dir / "PREEMPTED").read_text().split()[2])
+
+
+def check_resumed(job: Job, stopped: int) -> None:
+    """Rank 0 resumed from exactly the step it stopped at; no step trained twice or skipped."""
+    rank0 = (job.run_dir / "logs" / "rank-0.log").read_text()
+    assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)], rank0[-4000:]
+    steps = train_steps(job.run_dir)
+    assert steps == sorted(set(steps)) and steps[-1] == 200, steps
+
+
+def signal_and_measure(job: Job, *scancel_args: str, at_step: int = 40) -> int:
+    """Send a signal once training passed ``at_step``; returns the step the ranks stopped at."""
+    job.wait_step(at_step)
+    t_signal = time.time()
+    job.scancel(*scancel_args)
+    wait_for(lambda: (job.run_dir / "PREEMPTED").exists(), 90, "the preemption checkpoint",
+             lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    ck = [m for m in metrics(job.run_dir) if m["event"] == "checkpoint" and m["reason"].startswith("preemption")]
+    assert ck, metrics(job.run_dir)[-5:]
+    record_timing(f"signal→checkpoint committed ({' '.join(scancel_args)})", ck[-1]["time"] - t_signal)
+    stopped = preempted_step(job.run_dir)
+    last_trained = max(s for s in train_steps(job.run_dir) if s <= stopped) if train_steps(job.run_dir) else 0
+    assert stopped >= last_trained  # the saved step is the last completed step
+    return stopped
+
+
+def measure_resume(job: Job) -> None:
+    ev = metrics(job.run_dir)
+    pre = [m for m in ev if m["event"] == "preempted"][-1]
+    res = [m for m in ev if m["event"] == "resume" and m["time"] > pre["time"]][0]
+    record_timing("checkpoint→resumed step (requeue + restart)", res["time"] - pre["time"])
+    record_timing("steps lost per preemption", res["step"] - pre["step"])
+    assert res["step"] == pre["step"]
+
+
+# --------------------------------------------------------------------------- tests
+def test_two_nodes_signal_at_steps_then_finished_requeue(slurm_sandbox, tmp_path: Path) -> None:
+    t_submit = time.time()
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1")
+    job.wait_step(10)
+    first = [m for m in metrics(job.run_dir) if m["event"] == "train"][0]
+    record_timing("sbatch→first logged step (10 steps)", first["time"] - t_submit)
+
+    stopped = signal_and_measure(job, "--signal=USR2")
+    wait_for(lambda: job.restarts() >= 1, 60, "the job to requeue itself", lambda: logs(job.run_dir))
+    finished = job.wait_finished()
+    assert finished["eval_accuracy"] >= 0.97, finished
+    check_resumed(job, stopped)
+    measure_resume(job)
+
+    hosts = set()
+    for rank in (0, 1):
+        text = (job.run_dir / "logs" / f"rank-{rank}.log").read_text()
+        facts = re.findall(rf"host (\S+) \(\S+\) rank {rank}/2 local_rank 0/1 node_rank {rank} master (\S+):(\d+)", text)
+        assert facts, text[-2000:]
+        hosts.add(facts[0][0])
+        assert facts[0][1] == "n1"
+    assert hosts == {"n1", "n2"}
+    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
+    assert "requeueing (restart 1" in batch
+    assert "process group formed in" in (job.run_dir / "logs" / "rank-0.log").read_text()
+
+    # A finished run that is requeued exits at once without training again.
+    n_train = len(train_steps(job.run_dir))
+    r = slurm_sandbox.run(["scontrol", "requeue", job.id], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: "already finished" in "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out")),
+             90, "the requeued finished job to run", lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    job.wait_ended()
+    assert len(train_steps(job.run_dir)) == n_train
+
+
+def test_one_node_two_tasks_signal_at_batch_shell(slurm_sandbox, tmp_path: Path) -> None:
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=2")
+    stopped = signal_and_measure(job, "--batch", "--signal=USR2")
+    finished = job.wait_finished()
+    assert finished["eval_accuracy"] >= 0.97, finished
+    assert job.restarts() == 1
+    check_resumed(job, stopped)
+    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
+    assert "received SIGUSR2; forwarding it to the ranks" in batch
+    for rank in (0, 1):
+        assert f"rank {rank}/2 local_rank {rank}/2" in (job.run_dir / "logs" / f"rank-{rank}.log").read_text()
+
+
+def test_max_requeues_is_honoured(slurm_sandbox, tmp_path: Path) -> None:
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=1",
+                 "requeue.max_requeues=0", "train.max_steps=100000")
+    signal_and_measure(job, "--signal=USR2", at_step=20)
+    job.wait_ended()
+    assert job.restarts() == 0
+    assert not (job.run_dir / "FINISHED").exists()
+    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
+    assert "max_requeues=0 reached" in batch, batch
+
+
+def test_partition_preemption_requeues_and_resumes(slurm_sandbox, tmp_path: Path) -> None:
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1",
+                 "slurm.partition=debug")
+    job.wait_step(40)
+    t0 = time.time()
+    # Needs every CPU of both nodes: the scheduler must preempt the training job.
+    hi = slurm_sandbox.run(
+        ["sbatch", "--parsable", "--partition=high", "--nodes=2", "--ntasks-per-node=2",
+         f"--output={tmp_path}/high-%j.out", "--wrap", "sleep 3"],
+        capture_output=True, text=True, timeout=30)
+    assert hi.returncode == 0, hi.stderr
+    wait_for(lambda: (job.run_dir / "PREEMPTED").exists(), 60, "the preempted job's checkpoint",
+             lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    record_timing("preemption (high job submitted)→checkpoint committed",
+                  [m for m in metrics(job.run_dir) if m["event"] == "preempted"][-1]["time"] - t0)
+    stopped = preempted_step(job.run_dir)
+    assert (job.run_dir / "PREEMPTED").read_text().split()[3] == "SIGTERM"
+    finished = job.wait_finished(timeout_s=300)
+    assert finished["eval_accuracy"] >= 0.97
+    assert job.restarts() >= 1
+    check_resumed(job, stopped)
+    measure_resume(job)
+
+
+def test_submitit_backend_trains_and_requeues(slurm_sandbox, tmp_path: Path) -> None:
+    pytest.importorskip("submitit")
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1", backend="submitit")
+    stopped = signal_and_measure(job, "--signal=USR2")
+    finished = job.wait_finished()
+    assert finished["eval_accuracy"] >= 0.97
+    assert job.restarts() == 1
+    check_resumed(job, stopped)
+
+
+def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
+    """The real path: #SBATCH --signal=B:USR2@60 with --time=2 arrives at the batch shell."""
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=1",
+                 "slurm.time=2", "requeue.signal_delay_s=60", "requeue.max_requeues=1",
+                 "train.max_steps=1000000", "checkpoint.every_steps=0")
+    wait_for(lambda: job.restarts() >= 1, 150, "the time-limit signal to requeue the job",
+             lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    stopped = preempted_step(job.run_dir)
+    wait_for(lambda: re.findall(r"resumed from checkpoint of step (\d+)",
+                                (job.run_dir / "logs" / "rank-0.log").read_text()),
+             90, "the requeued job to resume", lambda: logs(job.run_dir))
+    rank0 = (job.run_dir / "logs" / "rank-0.log").read_text()
+    assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)]
+    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
+    assert "received SIGUSR2" in batch
+    job.scancel()
+    job.wait_ended()
