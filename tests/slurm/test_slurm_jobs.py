@@ -125,9 +125,17 @@ def preempted_step(run_dir: Path) -> int:
     return int((run_dir / "PREEMPTED").read_text().split()[2])
 
 
+def rank_log(run_dir: Path, rank: int) -> str:
+    """Rank ``rank``'s log: logs/rank-N.log (sbatch), or submitit's per-task logs across requeues."""
+    p = run_dir / "logs" / f"rank-{rank}.log"
+    if p.exists():
+        return p.read_text()
+    return "".join(q.read_text() for q in sorted((run_dir / "submitit").glob(f"*/*_{rank}_log.out")))
+
+
 def check_resumed(job: Job, stopped: int) -> None:
     """Rank 0 resumed from exactly the step it stopped at; no step trained twice or skipped."""
-    rank0 = (job.run_dir / "logs" / "rank-0.log").read_text()
+    rank0 = rank_log(job.run_dir, 0)
     assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)], rank0[-4000:]
     steps = train_steps(job.run_dir)
     assert steps == sorted(set(steps)) and steps[-1] == 200, steps
