@@ -148,9 +148,9 @@ class CheckpointManager:
         """
         import torch
 
-        self.directory.mkdir(parents=True, exist_ok=True)
         data_path, manifest_path = self._paths(step)
         try:
+            self.directory.mkdir(parents=True, exist_ok=True)
             size, digest = atomic_write(data_path, lambda f: torch.save(state, f))
             info = CheckpointInfo(
                 step=step,

@@ -29,13 +29,15 @@ from .errors import ConfigError
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
+# Patterns end in \Z, not $: "$" also matches before a trailing newline, and these values
+# go into "#SBATCH" lines, where a newline ends the comment and starts shell code.
 _TIME_PATTERNS = (
-    (re.compile(r"^(\d+)$"), ("m",)),
-    (re.compile(r"^(\d+):(\d+)$"), ("m", "s")),
-    (re.compile(r"^(\d+):(\d+):(\d+)$"), ("h", "m", "s")),
-    (re.compile(r"^(\d+)-(\d+)$"), ("d", "h")),
-    (re.compile(r"^(\d+)-(\d+):(\d+)$"), ("d", "h", "m")),
-    (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)$"), ("d", "h", "m", "s")),
+    (re.compile(r"^(\d+)\Z"), ("m",)),
+    (re.compile(r"^(\d+):(\d+)\Z"), ("m", "s")),
+    (re.compile(r"^(\d+):(\d+):(\d+)\Z"), ("h", "m", "s")),
+    (re.compile(r"^(\d+)-(\d+)\Z"), ("d", "h")),
+    (re.compile(r"^(\d+)-(\d+):(\d+)\Z"), ("d", "h", "m")),
+    (re.compile(r"^(\d+)-(\d+):(\d+):(\d+)\Z"), ("d", "h", "m", "s")),
 )
 _TIME_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)"
@@ -48,10 +50,44 @@ VALID_SIGNALS = ("USR2", "USR1", "TERM", "INT", "HUP", "URG")
 # so no shell quoting applies there; a newline would end the comment and turn the rest
 # into shell code, and whitespace or quotes are split by sbatch. So such values are
 # restricted to one token without quotes or control characters.
-_SBATCH_TOKEN = re.compile(r"^[^\s'\"`\\]+$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-_SBATCH_FLAG = re.compile(r"^[a-z][a-z0-9_-]*$")
-_TASK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$")
+_SBATCH_TOKEN = re.compile(r"^[^\s'\"`\\]+\Z")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_SBATCH_FLAG = re.compile(r"^[a-z][a-z0-9_-]*\Z")
+_TASK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
+
+
+class _YamlLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` without YAML 1.1's base-60 numbers.
+
+    Under YAML 1.1 an unquoted ``time: 1:30:00`` is the integer 5400 and ``10:00`` is 600,
+    which ``slurm.time`` would then read as that many *minutes*. YAML 1.2 dropped base-60
+    numbers; here, as there, such a scalar stays the string it looks like.
+    """
+
+
+def _construct_number_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    if ":" in node.value:  # base-60 ("1:30:00"): keep the text
+        return loader.construct_scalar(node)
+    if node.tag.endswith(":int"):
+        return loader.construct_yaml_int(node)
+    return loader.construct_yaml_float(node)
+
+
+_YamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_number_or_text)
+_YamlLoader.add_constructor("tag:yaml.org,2002:float", _construct_number_or_text)
+
+
+def _yaml_load(text: str) -> Any:
+    return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
+
+
+def _printable(text: object) -> str:
+    """``text`` on one line: control characters (newlines, tabs) become escapes like ``\\n``."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def _empty_mapping() -> Mapping[str, Any]:
+    return MappingProxyType({})
 
 
 def parse_time_s(value: Union[str, int]) -> int:
@@ -59,14 +95,15 @@ def parse_time_s(value: Union[str, int]) -> int:
 
     Accepts what ``sbatch --time`` accepts (see sbatch(1), option ``--time``): an int or
     ``"minutes"``, ``"MM:SS"``, ``"HH:MM:SS"``, ``"D-HH"``, ``"D-HH:MM"``,
-    ``"D-HH:MM:SS"``. Raises ``ValueError`` for anything else, including ``0``.
+    ``"D-HH:MM:SS"``. Raises ``ValueError`` for anything else, including ``0`` and text
+    with surrounding whitespace (the value is written into ``#SBATCH --time=`` as given).
     """
     if isinstance(value, bool):
         raise ValueError("a boolean is not a time")
     if isinstance(value, int):
         text = str(value)
     elif isinstance(value, str):
-        text = value.strip()
+        text = value
     else:
         raise ValueError(f"expected a string, got {type(value).__name__}")
     for pattern, units in _TIME_PATTERNS:
@@ -135,7 +172,8 @@ class SlurmConfig:
     constraint: Optional[str] = field(default=None, metadata=_meta("--constraint", check=_check_sbatch_token))
     exclusive: bool = field(default=False, metadata=_meta("--exclusive"))
     extra: Mapping[str, Union[str, int, float, bool]] = field(
-        default_factory=dict, metadata=_meta("other sbatch flags: {flag-name: value}; true = flag without value")
+        default_factory=_empty_mapping,
+        metadata=_meta("other sbatch flags: {flag-name: value}; true = flag without value"),
     )
 
     @property
@@ -154,7 +192,9 @@ class EnvironmentConfig:
     """What runs before the ranks start, and the variables they get."""
 
     setup: Tuple[str, ...] = field(default=(), metadata=_meta("shell lines run in the batch script before srun"))
-    env: Mapping[str, str] = field(default_factory=dict, metadata=_meta("environment variables exported to every rank"))
+    env: Mapping[str, str] = field(
+        default_factory=_empty_mapping, metadata=_meta("environment variables exported to every rank")
+    )
     python: Optional[str] = field(
         default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
     )
@@ -179,7 +219,7 @@ class TrainConfig:
         default=600, metadata=_meta("seconds a collective may wait for a peer before the job fails", min=1)
     )
     backend: str = field(default="auto", metadata=_meta("process-group backend", choices=("auto", "gloo", "nccl")))
-    args: Mapping[str, Any] = field(default_factory=dict, metadata=_meta("task-specific arguments"))
+    args: Mapping[str, Any] = field(default_factory=_empty_mapping, metadata=_meta("task-specific arguments"))
 
 
 @dataclass(frozen=True)
@@ -320,14 +360,14 @@ def _bad(key: str, value: Any, valid: str, hint: str = "") -> ConfigError:
     shown = repr(value)
     if len(shown) > 60:
         shown = shown[:57] + "..."
-    msg = f"config key '{key}': got {shown}, expected {valid}"
+    msg = f"config key '{_printable(key)}': got {shown}, expected {valid}"
     return ConfigError(msg + (f" (hint: {hint})" if hint else ""))
 
 
 def _unknown(key: str, given: str, valid: Sequence[str]) -> ConfigError:
     close = difflib.get_close_matches(given, valid, n=1)
     hint = f"; did you mean '{close[0]}'?" if close else ""
-    where = f"'{key}.{given}'" if key else f"'{given}'"
+    where = f"'{_printable(key)}.{_printable(given)}'" if key else f"'{_printable(given)}'"
     return ConfigError(f"unknown config key {where}; valid keys: {', '.join(valid)}{hint}")
 
 
@@ -436,7 +476,7 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> dict:
         if not all(parts):
             raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = _yaml_load(raw) if raw.strip() else ""
         except yaml.YAMLError:
             value = raw
         node = out
@@ -451,7 +491,7 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> dict:
 
 
 def read_yaml(path: Union[str, os.PathLike]) -> Any:
-    """Parse a YAML file with ``yaml.safe_load``; errors name the file, line and column."""
+    """Parse a YAML file (safe loading, base-60 numbers kept as text); errors name the file, line and column."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
@@ -462,18 +502,18 @@ def read_yaml(path: Union[str, os.PathLike]) -> Any:
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read job file {str(p)!r}: {e}") from None
     try:
-        return yaml.safe_load(text)
+        return _yaml_load(text)
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"YAML syntax error in {str(p)!r}{where}: {problem}") from None
+        raise ConfigError(f"YAML syntax error in {str(p)!r}{where}: {_printable(problem)}") from None
 
 
 def load_config(path: Union[str, os.PathLike], overrides: Sequence[str] = ()) -> JobConfig:
     """Read ``path`` (YAML), apply ``--set`` overrides, validate. Raises ``ConfigError``."""
     data = read_yaml(path)
-    if overrides:
+    if overrides and (data is None or isinstance(data, Mapping)):  # else config_from_dict reports the top level
         data = apply_overrides(data, overrides)
     return config_from_dict(data, base_dir=Path(path).parent)
 
@@ -492,7 +532,7 @@ def describe_keys() -> str:
         if dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
             for f in fields(tp):
-                default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+                default = f.default if f.default is not dataclasses.MISSING else _to_plain(f.default_factory())
                 lines.append(f"  {f.name}: {default!r}  # {f.metadata.get('doc', '')}")
         else:
             lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")

@@ -25,7 +25,7 @@ from . import PREEMPTED_EXIT_CODE, __version__
 from .config import JobConfig
 
 TEMPLATE = "sbatch.sh.j2"
-_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+$")
+_SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
 
 
 def _template_dir() -> str:

@@ -57,11 +57,16 @@ class PreemptionFlag:
             self._received = signal.Signals(signum)
 
     def install(self) -> "PreemptionFlag":
-        """Install the handlers, remembering the previous ones. Main thread only (Python's rule)."""
+        """Install the handlers, remembering the previous ones. Main thread only (Python's rule).
+
+        Installing twice keeps the handlers from before the first call, so ``restore()``
+        still puts back the originals, not this flag's own handler.
+        """
         if threading.current_thread() is not threading.main_thread():
             raise RuntimeError("PreemptionFlag.install() must run in the main thread")
         for sig in self.signals:
-            self._originals[sig] = signal.signal(sig, self._handler)
+            previous = signal.signal(sig, self._handler)
+            self._originals.setdefault(sig, previous)
         return self
 
     def restore(self) -> None:

@@ -1,0 +1,387 @@
+"""Checkpoints (atomic save, manifest, latest-valid discovery, retention, weights-only load) and
+the preemption flag (a signal only sets a flag; handlers restored; ``sync`` without a group)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import signal
+import time
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from slurm_ddp.checkpoint import CheckpointManager, atomic_write, atomic_write_text  # noqa: E402
+from slurm_ddp.errors import CheckpointError  # noqa: E402
+from slurm_ddp.signals import PreemptionFlag, to_signal  # noqa: E402
+
+LOGGER = "slurm_ddp.checkpoint"
+
+
+def state(step: int) -> dict:
+    g = torch.Generator().manual_seed(step)
+    return {
+        "model": {"weight": torch.randn(4, 3, generator=g), "bias": torch.zeros(4)},
+        "optimizer": {"state": {}, "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+        "step": step,
+        "rng": torch.get_rng_state(),
+        "name": "unit",
+    }
+
+
+def saved(directory: Path, steps, keep_last: int = 10) -> CheckpointManager:
+    mgr = CheckpointManager(directory, keep_last=keep_last, config_hash="cafe")
+    for s in steps:
+        mgr.save(state(s), s, world_size=2)
+    return mgr
+
+
+def flip_byte(path: Path, offset: int = None) -> None:
+    data = bytearray(path.read_bytes())
+    i = len(data) // 2 if offset is None else offset
+    data[i] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+# --------------------------------------------------------------------------- save / latest / load
+
+
+def test_round_trip(tmp_path):
+    mgr = saved(tmp_path / "ckpt", [10])
+    info = mgr.latest()
+    assert info is not None and info.step == 10 and info.world_size == 2 and info.config_hash == "cafe"
+    loaded = mgr.load()
+    expected = state(10)
+    assert torch.equal(loaded["model"]["weight"], expected["model"]["weight"])
+    assert torch.equal(loaded["model"]["bias"], expected["model"]["bias"])
+    assert torch.equal(loaded["rng"], expected["rng"])
+    assert loaded["optimizer"] == expected["optimizer"]
+    assert (loaded["step"], loaded["name"]) == (10, "unit")
+    assert mgr.load(info)["step"] == 10
+
+
+def test_empty_or_missing_directory(tmp_path):
+    mgr = CheckpointManager(tmp_path / "nothing-here")
+    assert mgr.committed() == [] and mgr.latest() is None and mgr.load() is None
+    mgr.prune()  # nothing to do, no error
+
+
+def test_latest_is_the_highest_step(tmp_path):
+    mgr = saved(tmp_path, [5, 100, 20])
+    assert [i.step for i in mgr.committed()] == [5, 20, 100]
+    assert mgr.latest().step == 100
+
+
+def test_manifest_fields(tmp_path):
+    mgr = saved(tmp_path, [7])
+    manifest = json.loads((tmp_path / "step-00000007.json").read_text())
+    data = tmp_path / "step-00000007.pt"
+    assert set(manifest) == {"step", "file", "world_size", "config_hash", "size_bytes", "sha256", "created",
+                             "torch_version"}
+    assert manifest["step"] == 7 and manifest["file"] == "step-00000007.pt"
+    assert manifest["world_size"] == 2 and manifest["config_hash"] == "cafe"
+    assert manifest["size_bytes"] == data.stat().st_size
+    assert manifest["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
+    assert manifest["torch_version"] == torch.__version__
+    assert abs(manifest["created"] - time.time()) < 60
+    info = mgr.latest()
+    assert (info.path, info.manifest, info.size_bytes, info.sha256) == (
+        data, tmp_path / "step-00000007.json", manifest["size_bytes"], manifest["sha256"])
+
+
+class _RunsCode:
+    """Unpickling this calls ``os.mkdir(marker)``: what a malicious checkpoint would do."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (os.mkdir, (self.marker,))
+
+
+def test_load_is_weights_only(tmp_path):
+    marker = tmp_path / "code-ran"
+    mgr = CheckpointManager(tmp_path / "ckpt")
+    mgr.save({"model": {"w": torch.ones(1)}, "payload": _RunsCode(marker)}, 1)
+    assert mgr.latest().step == 1  # a valid file, as far as size and checksum go
+    with pytest.raises(CheckpointError) as ei:
+        mgr.load()
+    assert "step-00000001.pt" in str(ei.value)
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- retention
+
+
+def test_keep_last_keeps_the_newest_n(tmp_path):
+    mgr = saved(tmp_path, [1, 2, 3, 4, 5], keep_last=2)
+    assert [i.step for i in mgr.committed()] == [4, 5]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "step-00000004.json", "step-00000004.pt", "step-00000005.json", "step-00000005.pt"]
+
+
+def test_keep_last_one(tmp_path):
+    mgr = saved(tmp_path, [1, 2, 3], keep_last=1)
+    assert [i.step for i in mgr.committed()] == [3]
+    assert mgr.load()["step"] == 3
+
+
+def test_retention_never_deletes_the_newest_valid_checkpoint(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1, 2, 3], keep_last=3)
+    flip_byte(tmp_path / "step-00000002.pt")
+    flip_byte(tmp_path / "step-00000003.pt")
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    mgr.prune()  # would drop step 1, the only valid one
+    assert [i.step for i in mgr.committed()] == [1, 2, 3]
+    assert mgr.latest().step == 1
+    one = CheckpointManager(tmp_path, keep_last=1)
+    one.prune()
+    assert 1 in [i.step for i in one.committed()]
+    assert one.load()["step"] == 1
+
+
+def test_a_new_save_prunes_what_is_old(tmp_path):
+    mgr = saved(tmp_path, [1, 2, 3], keep_last=3)
+    flip_byte(tmp_path / "step-00000003.pt")
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    mgr.save(state(4), 4)
+    assert [i.step for i in mgr.committed()] == [4]
+
+
+def test_keep_last_must_be_positive(tmp_path):
+    with pytest.raises(ValueError):
+        CheckpointManager(tmp_path, keep_last=0)
+
+
+# --------------------------------------------------------------------------- damaged checkpoints
+
+
+def test_truncated_newest_falls_back_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1, 2])
+    data = tmp_path / "step-00000002.pt"
+    data.write_bytes(data.read_bytes()[: data.stat().st_size // 2])
+    info = mgr.latest()
+    assert info.step == 1
+    assert mgr.load()["step"] == 1
+    warnings = [r for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER]
+    assert any("step 2" in r.getMessage() and "truncated" in r.getMessage() for r in warnings)
+
+
+def test_flipped_byte_falls_back_with_a_warning(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1, 2])
+    flip_byte(tmp_path / "step-00000002.pt")
+    assert mgr.latest().step == 1
+    assert any("step 2" in r.getMessage() and "sha256" in r.getMessage() for r in caplog.records)
+
+
+def test_missing_data_file_falls_back(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1, 2])
+    (tmp_path / "step-00000002.pt").unlink()
+    assert mgr.latest().step == 1
+    assert any("data file missing" in r.getMessage() for r in caplog.records)
+
+
+@pytest.mark.parametrize("text", ["", "{not json", '{"step": 2}', "[]"])
+def test_unreadable_manifest_is_skipped(tmp_path, caplog, text):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1, 2])
+    (tmp_path / "step-00000002.json").write_text(text)
+    assert [i.step for i in mgr.committed()] == [1]
+    assert mgr.latest().step == 1
+    assert any("step-00000002.json" in r.getMessage() for r in caplog.records)
+
+
+def test_all_damaged_means_no_checkpoint(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = saved(tmp_path, [1])
+    flip_byte(tmp_path / "step-00000001.pt")
+    assert mgr.latest() is None and mgr.load() is None
+
+
+def test_leftover_tmp_files_are_ignored(tmp_path):
+    mgr = saved(tmp_path, [3])
+    (tmp_path / ".step-00000009.pt.abc123.tmp").write_bytes(b"half a checkpoint")
+    (tmp_path / ".step-00000009.json.def456.tmp").write_text('{"step": 9}')
+    (tmp_path / "step-00000009.json.tmp").write_text("{}")
+    assert [i.step for i in mgr.committed()] == [3]
+    assert mgr.latest().step == 3 and mgr.load()["step"] == 3
+
+
+def test_old_tmp_files_are_cleaned_when_pruning(tmp_path):
+    mgr = saved(tmp_path, [1], keep_last=1)
+    old = tmp_path / ".step-00000002.pt.zzz.tmp"
+    fresh = tmp_path / ".step-00000003.pt.yyy.tmp"  # maybe being written right now: kept
+    old.write_bytes(b"x")
+    fresh.write_bytes(b"x")
+    os.utime(old, (time.time() - 3600, time.time() - 3600))
+    mgr.save(state(2), 2)
+    assert not old.exists() and fresh.exists()
+
+
+# --------------------------------------------------------------------------- atomic_write
+
+
+def test_atomic_write_returns_size_and_sha256(tmp_path):
+    path = tmp_path / "f.bin"
+    size, digest = atomic_write(path, lambda f: (f.write(b"hello "), f.write(b"world")))
+    assert path.read_bytes() == b"hello world"
+    assert (size, digest) == (11, hashlib.sha256(b"hello world").hexdigest())
+    assert os.listdir(tmp_path) == ["f.bin"]
+
+
+def test_atomic_write_keeps_the_old_file_when_the_writer_raises(tmp_path):
+    path = tmp_path / "f.txt"
+    atomic_write_text(path, "old contents\n")
+
+    def writer(f):
+        f.write(b"new contents, half")
+        raise RuntimeError("disk on fire")
+
+    with pytest.raises(RuntimeError, match="disk on fire"):
+        atomic_write(path, writer)
+    assert path.read_text() == "old contents\n"
+    assert os.listdir(tmp_path) == ["f.txt"]  # the temporary file is gone
+
+
+def test_atomic_write_of_a_new_file_that_fails_leaves_nothing(tmp_path):
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write(tmp_path / "new.bin", lambda f: (_ for _ in ()).throw(KeyboardInterrupt()))
+    assert os.listdir(tmp_path) == []
+
+
+def test_save_into_an_unwritable_place_is_a_checkpoint_error(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    mgr = CheckpointManager(blocker / "ckpt")
+    with pytest.raises(CheckpointError) as ei:
+        mgr.save(state(1), 1)
+    assert "step 1" in str(ei.value)
+
+
+# --------------------------------------------------------------------------- PreemptionFlag
+
+
+@pytest.fixture
+def usr2_original():
+    """A known Python handler for SIGUSR2 during the test; the real original is put back after."""
+    before = signal.getsignal(signal.SIGUSR2)
+
+    def original(signum, frame):  # pragma: no cover - must not be called
+        raise AssertionError("the original handler ran instead of the flag's")
+
+    signal.signal(signal.SIGUSR2, original)
+    yield original
+    signal.signal(signal.SIGUSR2, before)
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.005)
+    return True
+
+
+def test_signal_sets_the_flag(usr2_original):
+    flag = PreemptionFlag(["USR2"]).install()
+    try:
+        assert flag.received is None
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert wait_for(lambda: flag.received is not None)
+        assert flag.received == signal.SIGUSR2
+    finally:
+        flag.restore()
+
+
+def test_only_the_first_signal_is_recorded(usr2_original):
+    before_term = signal.getsignal(signal.SIGTERM)
+    with PreemptionFlag(["USR2", "SIGTERM"]) as flag:
+        os.kill(os.getpid(), signal.SIGUSR2)
+        assert wait_for(lambda: flag.received is not None)
+        os.kill(os.getpid(), signal.SIGTERM)  # handled by the flag: the process lives on
+        time.sleep(0.01)
+        assert flag.received == signal.SIGUSR2
+    assert signal.getsignal(signal.SIGTERM) == before_term
+
+
+def test_restore_puts_back_the_original_handler(usr2_original):
+    flag = PreemptionFlag(["USR2"]).install()
+    assert signal.getsignal(signal.SIGUSR2) != usr2_original
+    flag.restore()
+    assert signal.getsignal(signal.SIGUSR2) is usr2_original
+
+
+def test_restore_after_installing_twice_puts_back_the_original(usr2_original):
+    flag = PreemptionFlag(["USR2"])
+    flag.install()
+    flag.install()
+    flag.restore()
+    assert signal.getsignal(signal.SIGUSR2) is usr2_original
+
+
+def test_context_manager_restores(usr2_original):
+    with PreemptionFlag(["USR2"]):
+        assert signal.getsignal(signal.SIGUSR2) is not usr2_original
+    assert signal.getsignal(signal.SIGUSR2) is usr2_original
+
+
+def test_default_handler_is_restored_as_default():
+    before = signal.getsignal(signal.SIGUSR2)
+    signal.signal(signal.SIGUSR2, signal.SIG_DFL)
+    try:
+        with PreemptionFlag(["USR2"]):
+            pass
+        assert signal.getsignal(signal.SIGUSR2) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGUSR2, before)
+
+
+def test_sync_without_a_process_group_returns_the_local_flag():
+    import torch.distributed as dist
+
+    assert not (dist.is_available() and dist.is_initialized())
+    flag = PreemptionFlag(["USR2"])  # not installed: sync only reads the flag
+    assert flag.sync() is False
+    flag.set("TERM")
+    assert flag.sync() is True and flag.received == signal.SIGTERM
+
+
+def test_install_off_the_main_thread_is_refused():
+    import threading
+
+    errors = []
+    t = threading.Thread(target=lambda: errors.append(_try_install()))
+    t.start()
+    t.join()
+    assert errors and isinstance(errors[0], RuntimeError) and "main thread" in str(errors[0])
+
+
+def _try_install():
+    try:
+        PreemptionFlag(["USR2"]).install()
+    except RuntimeError as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize(
+    "spec, expected",
+    [("USR2", signal.SIGUSR2), ("usr2", signal.SIGUSR2), ("SIGTERM", signal.SIGTERM), (15, signal.SIGTERM),
+     (signal.SIGINT, signal.SIGINT)],
+)
+def test_to_signal(spec, expected):
+    assert to_signal(spec) == expected
+
+
+def test_to_signal_unknown():
+    with pytest.raises(ValueError, match="unknown signal 'USR3'"):
+        to_signal("USR3")

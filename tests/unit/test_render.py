@@ -1,0 +1,398 @@
+"""Rendering: golden sbatch scripts, the #SBATCH header, shell-hostile values executed against
+stub ``srun``/``scontrol``/``sbatch``, and ``render`` on a login node where torch cannot be imported.
+
+Regenerate the golden files after an intended template change with::
+
+    SLURM_DDP_REGEN_GOLDEN=1 python -m pytest tests/unit/test_render.py
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.config import config_from_dict, read_yaml
+from slurm_ddp.errors import ConfigError
+from slurm_ddp.render import render, sbatch_flags
+
+REPO = Path(__file__).resolve().parents[2]
+EXAMPLE = REPO / "examples" / "digits" / "job.yaml"
+GOLDEN = REPO / "tests" / "golden"
+REGEN_ENV = "SLURM_DDP_REGEN_GOLDEN"
+REGEN_COMMAND = f"{REGEN_ENV}=1 python -m pytest tests/unit/test_render.py"
+
+#: Fixed inputs that make a rendering deterministic.
+FIXED = {"command": ["slurm-ddp", "render", "job.yaml"], "python": "/usr/bin/python3", "version": "0.0.0-golden"}
+
+#: A 2-node GPU job with every sbatch-related key set.
+FULL = {
+    "name": "resnet-2node",
+    "slurm": {
+        "partition": "gpu",
+        "account": "proj123",
+        "qos": "high",
+        "nodes": 2,
+        "tasks_per_node": 4,
+        "gpus_per_node": 4,
+        "cpus_per_task": 8,
+        "mem_gb": 64,
+        "time": "2-03:04:05",
+        "constraint": "a100&ib",
+        "exclusive": True,
+        "extra": {"mail-type": "END,FAIL", "mail_user": "me@example.org", "overcommit": True},
+    },
+    "environment": {
+        "setup": ["module load cuda/12.1", "source /opt/venv/bin/activate"],
+        "env": {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": 8, "GREETING": "it's \"quoted\" $HOME"},
+        "python": "/opt/venv/bin/python",
+    },
+    "train": {"task": "mypkg.tasks:ResNet", "backend": "nccl", "max_steps": 10000, "batch_size": 64},
+    "checkpoint": {"every_steps": 500, "keep_last": 3},
+    "requeue": {"signal": "SIGUSR1", "signal_delay_s": 300, "max_requeues": 5},
+}
+
+
+def digits_config():
+    # Without base_dir: train.pythonpath stays as written, so the config hash in the header does
+    # not depend on where this checkout lives.
+    return config_from_dict(read_yaml(EXAMPLE))
+
+
+def bash_n(script: str, tmp_path: Path) -> None:
+    path = tmp_path / "syntax-check.sh"
+    path.write_text(script)
+    out = subprocess.run(["bash", "-n", str(path)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+
+
+def sbatch_lines(script: str) -> list:
+    return [line for line in script.splitlines() if line.startswith("#SBATCH")]
+
+
+def assert_sbatch_header_first(script: str) -> None:
+    """sbatch stops reading #SBATCH lines at the first line that is not a comment or blank."""
+    seen_command = None
+    for line in script.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and seen_command is None:
+            seen_command = line
+        if line.startswith("#SBATCH"):
+            assert seen_command is None, f"{line!r} comes after the shell line {seen_command!r}: sbatch ignores it"
+
+
+def assert_golden(path: Path, text: str) -> None:
+    """Compare ``text`` with the golden file ``path``; rewrite it when SLURM_DDP_REGEN_GOLDEN=1."""
+    if os.environ.get(REGEN_ENV) == "1":
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        return
+    assert path.exists(), f"golden file {path} is missing; create it with: {REGEN_COMMAND}"
+    expected = path.read_text()
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered"))
+    assert text == expected, (
+        f"rendered script differs from {path}. If the change is intended, regenerate with:\n"
+        f"    {REGEN_COMMAND}\n{diff}"
+    )
+
+
+# --------------------------------------------------------------------------- golden files
+
+GOLDEN_CASES = {
+    "digits.sbatch": (digits_config, "/scratch/runs/digits"),
+    "two_node_full.sbatch": (lambda: config_from_dict(FULL), "/scratch/runs/resnet-2node"),
+}
+
+
+@pytest.mark.parametrize("golden", list(GOLDEN_CASES))
+def test_golden_script(golden, tmp_path):
+    make, run_dir = GOLDEN_CASES[golden]
+    rendered = render(make(), run_dir, **FIXED)
+    assert_golden(GOLDEN / golden, rendered.script)
+    bash_n(rendered.script, tmp_path)
+    assert rendered.run_dir == run_dir and rendered.sbatch_args == ()
+
+
+def test_rendering_is_deterministic():
+    a = render(config_from_dict(FULL), "/r", **FIXED).script
+    b = render(config_from_dict(FULL), "/r", **FIXED).script
+    assert a == b
+
+
+def test_golden_mismatch_says_how_to_regenerate(tmp_path, monkeypatch):
+    monkeypatch.delenv(REGEN_ENV, raising=False)
+    path = tmp_path / "x.sbatch"
+    path.write_text("old\n")
+    with pytest.raises(AssertionError) as ei:
+        assert_golden(path, "new\n")
+    assert REGEN_COMMAND in str(ei.value) and "-old" in str(ei.value) and "+new" in str(ei.value)
+    with pytest.raises(AssertionError) as ei:
+        assert_golden(tmp_path / "missing.sbatch", "new\n")
+    assert REGEN_COMMAND in str(ei.value)
+
+
+def test_golden_regenerate_switch(tmp_path, monkeypatch):
+    monkeypatch.setenv(REGEN_ENV, "1")
+    path = tmp_path / "sub" / "x.sbatch"
+    assert_golden(path, "fresh\n")
+    assert path.read_text() == "fresh\n"
+
+
+# --------------------------------------------------------------------------- header and srun
+
+
+@pytest.mark.parametrize("golden", list(GOLDEN_CASES))
+def test_sbatch_lines_sorted_and_complete(golden):
+    make, run_dir = GOLDEN_CASES[golden]
+    cfg = make()
+    script = render(cfg, run_dir, **FIXED).script
+    lines = sbatch_lines(script)
+    names = [line.split()[1].split("=")[0] for line in lines]
+    assert names == sorted(names) and len(names) == len(set(names))
+    assert f"#SBATCH --signal=B:{cfg.requeue.signal_name}@{cfg.requeue.signal_delay_s}" in lines
+    assert "#SBATCH --requeue" in lines
+    assert f"#SBATCH --nodes={cfg.slurm.nodes}" in lines
+    assert f"#SBATCH --ntasks-per-node={cfg.slurm.tasks_per_node}" in lines
+    assert f"#SBATCH --time={cfg.slurm.time}" in lines
+    assert f"#SBATCH --output={run_dir}/logs/batch-%j.out" in lines
+    assert_sbatch_header_first(script)
+    srun = [line for line in script.splitlines() if line.startswith("srun ")]
+    assert len(srun) == 1 and srun[0].startswith("srun --kill-on-bad-exit=1 ")
+    assert f"trap 'forward {cfg.requeue.signal_name}' {cfg.requeue.signal_name}" in script
+
+
+def test_header_records_version_command_and_hash():
+    cfg = digits_config()
+    script = render(cfg, "/r", **FIXED).script
+    head = script.splitlines()[:4]
+    assert head[0] == "#!/bin/bash"
+    assert "0.0.0-golden" in head[1] and "digits" in head[1]
+    assert head[2] == "# Made by: slurm-ddp render job.yaml"
+    assert head[3] == f"# Config hash: {cfg.config_hash()}"
+
+
+def test_full_config_flags():
+    flags = sbatch_flags(config_from_dict(FULL), "/scratch/r")
+    for flag in ["--partition=gpu", "--account=proj123", "--qos=high", "--nodes=2", "--ntasks-per-node=4",
+                 "--gpus-per-node=4", "--cpus-per-task=8", "--mem=65536M", "--time=2-03:04:05",
+                 "--constraint=a100&ib", "--exclusive", "--mail-type=END,FAIL", "--mail-user=me@example.org",
+                 "--overcommit", "--signal=B:USR1@300", "--requeue", "--job-name=resnet-2node"]:
+        assert flag in flags
+    assert flags == sorted(flags, key=lambda f: f.split("=")[0])
+
+
+def test_extra_false_removes_a_flag_and_mem_rounds_to_megabytes(make_config):
+    flags = sbatch_flags(make_config({"slurm": {"mem_gb": 0.5, "extra": {"open-mode": False}}}))
+    assert "--mem=512M" in flags and not any(f.startswith("--open-mode") for f in flags)
+    assert not any(f.startswith("--output") for f in flags)  # no run_dir given
+
+
+@pytest.mark.parametrize("run_dir", ["/scratch/my runs/x", "/scratch/it's", "/tmp/run\n", "/tmp/$(touch X)"])
+def test_unsafe_run_dir_goes_on_the_command_line_not_into_sbatch_lines(make_config, run_dir, tmp_path):
+    rendered = render(make_config(), run_dir, **FIXED)
+    assert not any(line.startswith("#SBATCH --output") for line in sbatch_lines(rendered.script))
+    assert rendered.sbatch_args == (f"--output={run_dir}/logs/batch-%j.out",)
+    assert "(--output is passed on the sbatch command line" in rendered.script
+    assert_sbatch_header_first(rendered.script)
+    bash_n(rendered.script, tmp_path)
+
+
+def test_job_name_is_reduced_to_a_safe_token(make_config):
+    script = render(make_config({"name": "my job; $(touch X) 'q'"}), "/r", **FIXED).script
+    assert "#SBATCH --job-name=my_job____touch_X___q_" in sbatch_lines(script)
+
+
+def test_render_writes_nothing(make_config, tmp_path):
+    run_dir = tmp_path / "run"
+    render(make_config(), str(run_dir), **FIXED)
+    assert not run_dir.exists()
+
+
+# --------------------------------------------------------------------------- hostile values, executed
+
+HOSTILE = {
+    "single-quote": "it's",
+    "double-quote": 'say "hi"',
+    "dollar-paren": "$(touch X)",
+    "backticks": "`touch X`",
+    "semicolon": "; touch X",
+    "newline": "a\ntouch X",
+    "all-at-once": "'\"$(touch X)`touch X`; touch X\ntouch X && touch X | $HOME ${PATH} \\ end",
+}
+
+
+def make_stubs(tmp_path: Path, srun_body: str = "exit 0") -> Path:
+    """``srun``, ``scontrol`` and ``sbatch`` stubs in ``tmp_path/stubs/bin`` that record what they got."""
+    stubs = tmp_path / "stubs"
+    bindir = stubs / "bin"
+    bindir.mkdir(parents=True)
+    q = lambda p: shlex.quote(str(stubs / p))  # noqa: E731
+    (bindir / "srun").write_text(
+        "#!/bin/bash\n"
+        f"printf '%s\\0' \"$@\" > {q('srun.argv')}\n"
+        f"printenv HOSTILE_VALUE > {q('hostile.env')}\n"
+        f"printenv SLURM_DDP_RUN_DIR > {q('run_dir.env')}\n"
+        f"printenv MASTER_ADDR MASTER_PORT > {q('master.env')}\n"
+        f"{srun_body}\n"
+    )
+    for name in ("scontrol", "sbatch"):
+        (bindir / name).write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {q(name + '.argv')}\nexit 0\n")
+    for p in bindir.iterdir():
+        p.chmod(0o755)
+    return stubs
+
+
+def run_script(script: str, tmp_path: Path, stubs: Path, restart_count: int = 0, **popen):
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "HOSTILE_VALUE")}
+    env.update(PATH=f"{stubs / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", SLURM_JOB_ID="4711",
+               SLURM_JOB_NODELIST="node[1-2]", SLURM_RESTART_COUNT=str(restart_count))
+    if popen.pop("background", False):
+        return subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, **popen)
+    return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=60, **popen)
+
+
+def no_marker(tmp_path: Path) -> None:
+    found = [p for p in tmp_path.rglob("X")]
+    assert found == [], f"a hostile value ran as shell code: {found}"
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE.values()), ids=list(HOSTILE))
+def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, hostile):
+    cfg = make_config({
+        "name": "job " + hostile.replace("\n", " "),  # a newline in the name is a config error (below)
+        "environment": {"env": {"HOSTILE_VALUE": hostile}},
+        "train": {"args": {"note": hostile, hostile: hostile}},
+    })
+    run_dir = tmp_path / ("run " + hostile)
+    rendered = render(cfg, str(run_dir), command=["slurm-ddp", "render", hostile], python=sys.executable)
+    bash_n(rendered.script, tmp_path)
+    assert_sbatch_header_first(rendered.script)
+
+    stubs = make_stubs(tmp_path)
+    out = run_script(rendered.script, tmp_path, stubs)
+    assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
+    no_marker(tmp_path)
+    assert (run_dir / "logs").is_dir()  # the run directory arrived byte-identical
+    assert (stubs / "hostile.env").read_bytes() == hostile.encode() + b"\n"
+    assert (stubs / "run_dir.env").read_bytes() == str(run_dir).encode() + b"\n"
+    argv = (stubs / "srun.argv").read_bytes().split(b"\0")[:-1]
+    assert argv[0] == b"--kill-on-bad-exit=1"
+    assert f"--output={run_dir}/logs/rank-%t.log".encode() in argv
+    assert argv[-6:] == [sys.executable.encode(), b"-u", b"-m", b"slurm_ddp.worker", b"--run-dir",
+                         str(run_dir).encode()]
+    master = (stubs / "master.env").read_text().split()
+    assert master[0] == "node1" and 1 <= int(master[1]) <= 65535
+    assert not (stubs / "scontrol.argv").exists()  # not preempted: no requeue
+
+
+def test_newline_in_job_name_is_rejected(make_config):
+    with pytest.raises(ConfigError) as ei:
+        make_config({"name": "job\ntouch X"})
+    msg = str(ei.value)
+    assert "\n" not in msg and "'name'" in msg and "control characters" in msg
+
+
+@pytest.mark.parametrize(
+    "srun_rc, restart_count, requeued, script_rc",
+    [
+        (0, 0, False, 0),
+        (1, 0, False, 1),
+        (PREEMPTED_EXIT_CODE, 0, True, PREEMPTED_EXIT_CODE),
+        (PREEMPTED_EXIT_CODE, 2, True, PREEMPTED_EXIT_CODE),
+        (PREEMPTED_EXIT_CODE, 3, False, PREEMPTED_EXIT_CODE),  # max_requeues=3 reached
+    ],
+)
+def test_requeue_footer_is_bounded(make_config, tmp_path, srun_rc, restart_count, requeued, script_rc):
+    cfg = make_config({"requeue": {"max_requeues": 3}})
+    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
+    stubs = make_stubs(tmp_path, srun_body=f"exit {srun_rc}")
+    out = run_script(rendered.script, tmp_path, stubs, restart_count=restart_count)
+    assert out.returncode == script_rc, out.stdout.decode() + out.stderr.decode()
+    if requeued:
+        assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004711\x00"
+    else:
+        assert not (stubs / "scontrol.argv").exists()
+
+
+def test_batch_shell_forwards_the_signal_to_srun(make_config, tmp_path):
+    cfg = make_config({"requeue": {"signal": "USR2", "max_requeues": 1}})
+    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
+    got = tmp_path / "stubs" / "srun.got"
+    stubs = make_stubs(
+        tmp_path,
+        srun_body=f"trap 'echo USR2 > {shlex.quote(str(got))}; exit {PREEMPTED_EXIT_CODE}' USR2\n"
+        "while :; do sleep 0.05; done",
+    )
+    proc = run_script(rendered.script, tmp_path, stubs, background=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not (stubs / "srun.argv").exists():
+            assert proc.poll() is None, proc.stdout.read().decode()
+            assert time.monotonic() < deadline, "srun stub never started"
+            time.sleep(0.02)
+        time.sleep(0.2)  # let the batch shell reach `wait`
+        proc.send_signal(signal.SIGUSR2)
+        output = proc.communicate(timeout=30)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert got.read_text() == "USR2\n", output
+    assert proc.returncode == PREEMPTED_EXIT_CODE, output
+    assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004711\x00"
+    assert "forwarding it to the ranks" in output
+
+
+# --------------------------------------------------------------------------- no torch on a login node
+
+
+def _no_torch_env(tmp_path: Path) -> dict:
+    fake = tmp_path / "no-torch"
+    (fake / "torch").mkdir(parents=True)
+    (fake / "torch" / "__init__.py").write_text("raise ImportError('torch is not importable on this login node')\n")
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in [str(fake), env.get("PYTHONPATH", "")] if p)
+    return env
+
+
+def test_render_cli_works_where_torch_cannot_be_imported(tmp_path, example_job):
+    env = _no_torch_env(tmp_path)
+    check = subprocess.run([sys.executable, "-c", "import torch"], env=env, capture_output=True, text=True)
+    assert check.returncode != 0 and "not importable" in check.stderr  # the fake really hides torch
+    run_dir = tmp_path / "run"
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "render", str(example_job), "--run-dir", str(run_dir),
+         "--set", "slurm.partition=gpu"],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("#!/bin/bash\n") and "#SBATCH --partition=gpu" in out.stdout
+    assert out.stderr == ""
+    bash_n(out.stdout, tmp_path)
+    assert not run_dir.exists()
+
+
+def test_rendering_in_process_does_not_import_torch(tmp_path, example_job):
+    code = (
+        "import sys, io, contextlib\n"
+        "from slurm_ddp.cli import main\n"
+        "buf = io.StringIO()\n"
+        "with contextlib.redirect_stdout(buf):\n"
+        f"    rc = main(['render', {str(example_job)!r}, '--run-dir', {str(tmp_path / 'run')!r}])\n"
+        "assert rc == 0 and buf.getvalue().startswith('#!/bin/bash')\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'submitit') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
