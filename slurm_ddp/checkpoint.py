@@ -261,3 +261,77 @@ class CheckpointManager:
         for p in self.directory.glob(".step-*.tmp"):  # leftovers of a crash mid-write
             if time.time() - p.stat().st_mtime > 60:
                 p.unlink(missing_ok=True)
+
+
+def snapshot_to_cpu(obj: Any) -> Any:
+    """A copy of a (nested dict/list/tuple) state whose tensors are fresh CPU copies.
+
+    Training may go on mutating the live tensors while the snapshot is written.
+    """
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to("cpu", copy=True)
+    if isinstance(obj, dict):
+        return {k: snapshot_to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [snapshot_to_cpu(v) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(snapshot_to_cpu(v) for v in obj)
+    return obj
+
+
+class AsyncCheckpointer:
+    """Background checkpoint writes on rank 0: snapshot to CPU memory, write in a thread.
+
+    At most one write is in flight: ``save`` first waits for the previous one. An error
+    in the writer is raised (as ``CheckpointError``) by the next ``save``, ``check`` or
+    ``wait`` in the training loop, never lost. ``wait()`` flushes the pending write — call
+    it before a preemption save and before exiting.
+    """
+
+    def __init__(self, manager: CheckpointManager):
+        import threading
+
+        self.manager = manager
+        self._threading = threading
+        self._thread: Optional[Any] = None
+        self._error: Optional[BaseException] = None
+        self.last: Optional[CheckpointInfo] = None
+
+    def _write(self, state: dict, step: int, world_size: int) -> None:
+        try:
+            self.last = self.manager.save(state, step, world_size=world_size)
+        except BaseException as e:  # surfaced in the main loop by check()/wait()
+            self._error = e
+
+    def save(self, state: dict, step: int, world_size: int = 1) -> float:
+        """Snapshot ``state`` and start writing it; returns the seconds the caller was blocked."""
+        t0 = time.perf_counter()
+        self.wait()
+        snapshot = snapshot_to_cpu(state)
+        self._thread = self._threading.Thread(
+            target=self._write, args=(snapshot, step, world_size), name=f"checkpoint-{step}", daemon=True
+        )
+        self._thread.start()
+        return time.perf_counter() - t0
+
+    @property
+    def in_flight(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def check(self) -> None:
+        """Raise the writer's error, if it failed, without waiting."""
+        if self._error is not None:
+            err, self._error = self._error, None
+            if isinstance(err, CheckpointError):
+                raise err
+            raise CheckpointError(f"background checkpoint write failed: {err}") from err
+
+    def wait(self) -> Optional[CheckpointInfo]:
+        """Block until the pending write is committed; raise its error if it failed."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        self.check()
+        return self.last

@@ -198,6 +198,21 @@ class EnvironmentConfig:
     python: Optional[str] = field(
         default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
     )
+    cpu_bind: str = field(
+        default="none",
+        metadata=_meta("pin each rank to its CPUs: none | cores | numa (numa also binds memory)",
+                       choices=("none", "cores", "numa")),
+    )
+    openmp: str = field(
+        default="gnu", metadata=_meta("OpenMP runtime: gnu (libgomp) | intel (preload libiomp5)", choices=("gnu", "intel"))
+    )
+    allocator: str = field(
+        default="system", metadata=_meta("memory allocator: system | jemalloc | tcmalloc (LD_PRELOAD)",
+                                          choices=("system", "jemalloc", "tcmalloc"))
+    )
+    override_env: bool = field(
+        default=False, metadata=_meta("overwrite OMP_*/KMP_* variables the user already set")
+    )
 
 
 @dataclass(frozen=True)
@@ -219,6 +234,26 @@ class TrainConfig:
         default=600, metadata=_meta("seconds a collective may wait for a peer before the job fails", min=1)
     )
     backend: str = field(default="auto", metadata=_meta("process-group backend", choices=("auto", "gloo", "nccl")))
+    grad_accum_steps: int = field(
+        default=1, metadata=_meta("micro-batches per optimizer step (no_sync on all but the last)", min=1)
+    )
+    sync_batchnorm: bool = field(default=False, metadata=_meta("convert BatchNorm to SyncBatchNorm"))
+    amp: str = field(default="none", metadata=_meta("autocast dtype: none | bf16 | fp16 (fp16 uses a GradScaler)",
+                                                    choices=("none", "bf16", "fp16")))
+    channels_last: bool = field(default=False, metadata=_meta("model and 4-D inputs in channels_last memory format"))
+    compile: bool = field(default=False, metadata=_meta("torch.compile the model (opt-in)"))
+    clip_grad_norm: float = field(default=0.0, metadata=_meta("clip the gradient norm to this; 0 = off", min=0.0))
+    deterministic: bool = field(
+        default=False, metadata=_meta("torch.use_deterministic_algorithms; off = cudnn.benchmark on GPU")
+    )
+    pin_memory: bool = field(default=True, metadata=_meta("pinned host memory for batches (GPU jobs only)"))
+    persistent_workers: bool = field(default=False, metadata=_meta("keep DataLoader workers between epochs"))
+    find_unused_parameters: bool = field(default=False, metadata=_meta("DDP option; only for models that need it"))
+    static_graph: bool = field(default=False, metadata=_meta("DDP static_graph option"))
+    gradient_as_bucket_view: bool = field(default=True, metadata=_meta("DDP gradient_as_bucket_view option"))
+    profile_first_step: int = field(default=0, metadata=_meta("first step traced by torch.profiler; 0 = off", min=0))
+    profile_last_step: int = field(default=0, metadata=_meta("last step traced by torch.profiler", min=0))
+    nan_check: bool = field(default=False, metadata=_meta("stop with an error when the loss is NaN/inf"))
     args: Mapping[str, Any] = field(default_factory=_empty_mapping, metadata=_meta("task-specific arguments"))
 
 
@@ -228,6 +263,9 @@ class CheckpointConfig:
 
     every_steps: int = field(default=100, metadata=_meta("save every N steps; 0 = only on preemption", min=0))
     keep_last: int = field(default=2, metadata=_meta("checkpoints kept (the newest valid one is never deleted)", min=1))
+    async_save: bool = field(
+        default=True, metadata=_meta("periodic saves written in the background (preemption saves are synchronous)")
+    )
 
 
 @dataclass(frozen=True)

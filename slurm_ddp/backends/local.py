@@ -49,6 +49,20 @@ def rank_environ(plan: SubmitPlan, rank: int, job_id: str, port: int, restart: i
     return env
 
 
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL it when the launcher dies (prctl PR_SET_PDEATHSIG, Linux).
+
+    Like srun's tasks, the ranks must not outlive the launcher (kill -9 of it, a crashed
+    login shell), or they would train on as orphans holding the run directory.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
     with open(log_path, "ab") as f:
         for line in iter(src.readline, b""):
@@ -82,7 +96,7 @@ class LocalJob:
             cmd = [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True)
+                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
             t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None),
                                  daemon=True)
             t.start()

@@ -9,6 +9,7 @@ the "distributed inference" recipe: split, gather, trim to the dataset length).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 import time
@@ -121,6 +122,136 @@ class ResumableDistributedSampler(DistributedSampler):
         return max(self.num_samples - self.start_index, 0)
 
 
+def batch_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
+    """The seed of one batch's randomness: a pure function of (seed, rank, epoch, batch index).
+
+    A 63-bit mix (splitmix64's finalizer, Steele et al. 2014) so nearby inputs give unrelated seeds.
+    """
+    x = (seed * 0x9E3779B97F4A7C15 + rank * 0xBF58476D1CE4E5B9 + epoch * 0x94D049BB133111EB + batch) % 2**64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (x ^ (x >> 31)) % 2**63
+
+
+class SeededBatchSampler:
+    """Batches of ``(batch_seed, index)`` keys over a ``ResumableDistributedSampler``.
+
+    Yields ``batch_size`` keys per batch (the last partial batch dropped), starting at batch
+    ``start_batch`` of the epoch. With ``SeededDataset`` each batch's random augmentation is
+    drawn from RNGs seeded by ``batch_seed(seed, rank, epoch, b)`` — whichever process
+    (main or DataLoader worker) loads it and however many batches were loaded before. That
+    makes resume exact for any ``num_workers`` without saving worker RNG states.
+    """
+
+    def __init__(self, sampler: ResumableDistributedSampler, batch_size: int, seed: int, rank: int):
+        self.sampler, self.batch_size, self.seed, self.rank = sampler, batch_size, seed, rank
+        self.epoch = 0
+        self.start_batch = 0
+
+    def set_position(self, epoch: int, start_batch: int) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start_batch`` on."""
+        self.epoch, self.start_batch = epoch, start_batch
+        self.sampler.set_epoch(epoch)
+        self.sampler.set_start(start_batch * self.batch_size)
+
+    def batches_per_epoch(self) -> int:
+        return self.sampler.num_samples // self.batch_size
+
+    def __iter__(self) -> Iterator[List[tuple]]:
+        indices = list(iter(self.sampler))
+        for i in range(len(indices) // self.batch_size):
+            b = self.start_batch + i
+            s = batch_seed(self.seed, self.rank, self.epoch, b)
+            yield [(s, idx) for idx in indices[i * self.batch_size:(i + 1) * self.batch_size]]
+
+    def __len__(self) -> int:
+        return len(self.sampler) // self.batch_size
+
+
+class SeededDataset(Dataset):
+    """Wraps a map-style dataset; loads a batch of ``(seed, index)`` keys under that seed.
+
+    Python's ``random``, NumPy's global RNG and torch's CPU RNG are seeded for the batch and
+    restored afterwards, so loading in the main process (``num_workers=0``) leaves the
+    training RNG (dropout …) untouched.
+    """
+
+    def __init__(self, dataset: Dataset):
+        self.dataset = dataset
+
+    def __len__(self) -> int:
+        return len(self.dataset)  # type: ignore[arg-type]
+
+    def __getitem__(self, key: tuple) -> Any:
+        return self.__getitems__([key])[0]
+
+    def __getitems__(self, keys: List[tuple]) -> List[Any]:
+        saved = (random.getstate(), np.random.get_state(), torch.get_rng_state())
+        try:
+            s = keys[0][0]
+            random.seed(s)
+            np.random.seed(s % 2**32)
+            torch.manual_seed(s)
+            return [self.dataset[idx] for _, idx in keys]
+        finally:
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+
+
+def optimizer_step(
+    ddp: torch.nn.Module,
+    micro_batches: List[tuple],
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+    optimizer: torch.optim.Optimizer,
+    *,
+    device: torch.device,
+    scaler: Optional[Any] = None,
+    autocast_dtype: Optional[torch.dtype] = None,
+    clip_grad_norm: float = 0.0,
+    channels_last: bool = False,
+) -> torch.Tensor:
+    """One optimizer step over ``micro_batches`` (gradient accumulation); returns the mean loss (on device).
+
+    Gradients are all-reduced once per step: every micro-batch but the last runs under
+    ``ddp.no_sync()`` (PyTorch DDP docs, "no_sync"). Each micro-batch's loss is divided by
+    their number so the step equals one over the concatenated batch. ``scaler`` is an AMP
+    ``GradScaler`` (fp16); ``clip_grad_norm`` > 0 clips the global gradient norm after
+    unscaling. No host synchronisation happens here.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    n = len(micro_batches)
+    total = torch.zeros((), device=device)
+    non_blocking = device.type == "cuda"
+    for i, (inputs, targets) in enumerate(micro_batches):
+        inputs = inputs.to(device, non_blocking=non_blocking)
+        if channels_last and inputs.dim() == 4:
+            inputs = inputs.contiguous(memory_format=torch.channels_last)
+        targets = targets.to(device, non_blocking=non_blocking)
+        sync = i == n - 1
+        ctx = contextlib.nullcontext() if sync or not hasattr(ddp, "no_sync") else ddp.no_sync()
+        with ctx:
+            with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
+                loss = loss_fn(ddp(inputs), targets) / n
+            (scaler.scale(loss) if scaler is not None else loss).backward()
+        total += loss.detach().float()
+    if scaler is not None:
+        if clip_grad_norm:
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(_params(optimizer), clip_grad_norm)
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        if clip_grad_norm:
+            torch.nn.utils.clip_grad_norm_(_params(optimizer), clip_grad_norm)
+        optimizer.step()
+    return total
+
+
+def _params(optimizer: torch.optim.Optimizer) -> List[torch.Tensor]:
+    return [p for g in optimizer.param_groups for p in g["params"]]
+
+
 def eval_shard(n: int, rank: int, world_size: int) -> range:
     """Contiguous, non-overlapping share of ``range(n)`` for ``rank``; sizes differ by at most one."""
     return range(rank * n // world_size, (rank + 1) * n // world_size)
@@ -141,7 +272,8 @@ def evaluate(
     and ``eval_samples``. A collective: every rank must call it.
     """
     shard = Subset(dataset, eval_shard(len(dataset), denv.rank, denv.world_size))
-    loader = DataLoader(shard, batch_size=batch_size, shuffle=False)
+    # A dedicated generator: the eval iterator draws nothing from the global torch RNG.
+    loader = DataLoader(shard, batch_size=batch_size, shuffle=False, generator=torch.Generator())
     sums: Dict[str, torch.Tensor] = {}
     count = 0
     was_training = model.training

@@ -17,7 +17,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, Optional
 
 import torch
 import torch.distributed as dist
@@ -25,18 +25,21 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from .. import PREEMPTED_EXIT_CODE
-from ..checkpoint import CheckpointManager, atomic_write, atomic_write_text
+from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write, atomic_write_text
 from ..config import JobConfig, load_config
 from ..env import DistEnv
-from ..errors import UserError
+from ..errors import CheckpointError, SlurmDDPError, UserError
 from ..signals import PreemptionFlag
 from ..task import Task, load_task_class
 from .runtime import (
     ResumableDistributedSampler,
+    SeededBatchSampler,
+    SeededDataset,
     capture_rng,
     evaluate,
     gather_to_main,
     init_distributed,
+    optimizer_step,
     restore_rng,
     seed_everything,
 )
@@ -69,6 +72,11 @@ class MetricsWriter:
     def __init__(self, path: Path, enabled: bool):
         self.path = path
         self.enabled = enabled
+        if enabled and path.exists() and path.stat().st_size:
+            with open(path, "rb+") as f:  # a run killed mid-line left no newline: end that line
+                f.seek(-1, os.SEEK_END)
+                if f.read(1) != b"\n":
+                    f.write(b"\n")
 
     def write(self, **record: Any) -> None:
         if not self.enabled:
@@ -86,33 +94,77 @@ class Trainer:
         self.tc = cfg.train
         self.flag = PreemptionFlag([cfg.requeue.signal_name, "TERM"])
         self.ckpt = CheckpointManager(run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.config_hash())
+        self.writer = AsyncCheckpointer(self.ckpt) if denv.is_main and cfg.checkpoint.async_save else None
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl", denv.is_main)
         self.step = 0
         self.epoch = 0
-        self.batch_in_epoch = 0
+        self.batch_in_epoch = 0  # micro-batches of the current epoch already trained
         self.last_loss: Optional[float] = None
+        self.blocked_s = 0.0  # training time blocked by checkpoint saves (rank 0)
+        self.scaler: Optional[Any] = None
+        self.tb: Optional[Any] = None
 
     # ------------------------------------------------------------------ setup
     def build(self) -> None:
         tc, denv = self.tc, self.denv
         task_cls = load_task_class(tc.task, tc.pythonpath)
         self.task: Task = task_cls(tc)
+        if tc.deterministic:
+            torch.use_deterministic_algorithms(True)
+        if self.device.type == "cuda":
+            torch.backends.cudnn.benchmark = not tc.deterministic
         seed_everything(tc.seed)  # same initial weights on every rank
-        model = self.task.build_model().to(self.device)
+        model = self.task.build_model()
+        if tc.sync_batchnorm:
+            if self.device.type == "cuda":
+                model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
+            else:
+                log.warning("train.sync_batchnorm ignored: SyncBatchNorm needs CUDA devices")
+        model = model.to(self.device)
+        if tc.channels_last:
+            model = model.to(memory_format=torch.channels_last)
         self.model = model
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DDP(model, device_ids=device_ids)  # also broadcasts rank 0's weights
+        self.ddp = DDP(  # the constructor broadcasts rank 0's weights and buffers
+            model,
+            device_ids=device_ids,
+            find_unused_parameters=tc.find_unused_parameters,
+            static_graph=tc.static_graph,
+            gradient_as_bucket_view=tc.gradient_as_bucket_view,
+        )
+        self.forward_model: torch.nn.Module = torch.compile(self.ddp) if tc.compile else self.ddp
         self.optimizer = self.task.build_optimizer(model)
         self.scheduler = self.task.build_scheduler(self.optimizer)
+        self.autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[tc.amp]
+        if tc.amp == "fp16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
         self.train_ds, self.eval_ds = self.task.build_datasets()
-        self.sampler = ResumableDistributedSampler(self.train_ds, denv.world_size, denv.rank, seed=tc.seed)
-        if len(self.sampler) // tc.batch_size == 0:
+        sampler = ResumableDistributedSampler(self.train_ds, denv.world_size, denv.rank, seed=tc.seed)
+        self.batches = SeededBatchSampler(sampler, tc.batch_size, tc.seed, denv.rank)
+        if self.batches.batches_per_epoch() < tc.grad_accum_steps:
             raise UserError(
-                f"train.batch_size={tc.batch_size} is larger than a rank's share of the training set "
-                f"({len(self.sampler)} samples); lower it"
+                f"train.batch_size={tc.batch_size} × train.grad_accum_steps={tc.grad_accum_steps} is more than a "
+                f"rank's share of the training set ({sampler.num_samples} samples); lower them"
             )
-        # Different data-order-independent randomness (augmentation, dropout) per rank.
+        self.loader = DataLoader(
+            SeededDataset(self.train_ds),
+            batch_sampler=self.batches,
+            num_workers=tc.num_workers,
+            pin_memory=tc.pin_memory and self.device.type == "cuda",
+            persistent_workers=tc.persistent_workers and tc.num_workers > 0,
+            # A dedicated generator: creating an iterator then draws nothing from the global
+            # torch RNG, whose state is part of the checkpoint.
+            generator=torch.Generator().manual_seed(tc.seed),
+        )
+        # Per-rank randomness of the training step itself (dropout …), restored on resume.
         seed_everything(tc.seed + 1000003 * (denv.rank + 1))
+        if denv.is_main:
+            try:
+                from torch.utils.tensorboard import SummaryWriter
+
+                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            except ImportError:  # tensorboard is optional
+                self.tb = None
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
         """The full training state on rank 0 (None elsewhere). A collective (gathers RNG)."""
@@ -123,6 +175,7 @@ class Trainer:
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict() if self.scheduler is not None else None,
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
             "task": self.task.state_dict(),
             "step": self.step,
             "epoch": self.epoch,
@@ -132,16 +185,26 @@ class Trainer:
             "config_hash": self.cfg.config_hash(),
         }
 
-    def save_checkpoint(self, reason: str) -> None:
-        """Collective: gather state, rank 0 commits it, barrier."""
+    def save_checkpoint(self, reason: str, sync: bool = True) -> None:
+        """Collective: gather the state; rank 0 commits it (in the background unless ``sync``); barrier."""
         t0 = time.perf_counter()
         state = self.state_dict()
         if state is not None:
-            info = self.ckpt.save(state, self.step, world_size=self.denv.world_size)
-            log.info("checkpoint of step %d committed (%s, %.1f MB, %.3f s)", self.step, reason,
-                     info.size_bytes / 1e6, time.perf_counter() - t0)
-            self.metrics.write(event="checkpoint", step=self.step, reason=reason, seconds=time.perf_counter() - t0)
-        dist.barrier()
+            if self.writer is not None and not sync:
+                self.writer.save(state, self.step, world_size=self.denv.world_size)
+                how = "writing in the background"
+            else:
+                if self.writer is not None:
+                    self.writer.wait()  # flush a pending background write first
+                info = self.ckpt.save(state, self.step, world_size=self.denv.world_size)
+                how = f"committed, {info.size_bytes / 1e6:.1f} MB"
+            blocked = time.perf_counter() - t0
+            self.blocked_s += blocked
+            log.info("checkpoint of step %d %s (%s; training blocked %.3f s)", self.step, how, reason, blocked)
+            self.metrics.write(event="checkpoint", step=self.step, reason=reason, blocked_s=blocked,
+                               background=not sync and self.writer is not None)
+        if sync:
+            dist.barrier()
 
     def resume(self) -> None:
         """Load the newest valid checkpoint (every rank reads it) and continue from its step."""
@@ -155,6 +218,8 @@ class Trainer:
         self.optimizer.load_state_dict(state["optimizer"])
         if self.scheduler is not None and state.get("scheduler") is not None:
             self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state.get("task") or {})
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
         if state.get("config_hash") != self.cfg.config_hash():
@@ -164,30 +229,31 @@ class Trainer:
             restore_rng(rngs[self.denv.rank])
         else:
             log.warning(
-                "checkpoint world size %s != current %d: data order and RNG streams cannot continue exactly; "
-                "resuming with fresh per-rank seeds", state.get("world_size"), self.denv.world_size)
+                "checkpoint world size %s != current %d: the data order and random streams cannot continue "
+                "exactly (resume is not bit-exact); resuming with fresh per-rank seeds",
+                state.get("world_size"), self.denv.world_size)
             seed_everything(self.tc.seed + 7919 * (self.step + 1) + self.denv.rank)
+            # The new world size splits an epoch differently: restart the interrupted epoch's order.
+            self.batch_in_epoch = 0
         log.info("resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
                  self.step, self.epoch, self.batch_in_epoch, info.path)
         self.metrics.write(event="resume", step=self.step, restart=self.denv.restart_count)
 
     # ------------------------------------------------------------------ loop
-    def loader(self) -> DataLoader:
-        tc = self.tc
-        self.sampler.set_epoch(self.epoch)
-        self.sampler.set_start(self.batch_in_epoch * tc.batch_size)
-        # A dedicated generator: creating the iterator then draws no number from the
-        # global torch RNG, whose state is part of the checkpoint.
-        gen = torch.Generator().manual_seed(tc.seed * 100003 + self.epoch * 101 + self.denv.rank)
-        return DataLoader(
-            self.train_ds,
-            batch_size=tc.batch_size,
-            sampler=self.sampler,
-            num_workers=tc.num_workers,
-            drop_last=True,
-            pin_memory=self.device.type == "cuda",
-            generator=gen,
-        )
+    def micro_batch_groups(self) -> Iterator[list]:
+        """Groups of ``grad_accum_steps`` micro-batches, epoch after epoch, from the saved position."""
+        accum = self.tc.grad_accum_steps
+        while True:
+            self.batches.set_position(self.epoch, self.batch_in_epoch)
+            group: list = []
+            for batch in self.loader:
+                group.append(batch)
+                if len(group) == accum:
+                    yield group
+                    group = []
+            # a partial group at the end of an epoch is dropped (like drop_last)
+            self.epoch += 1
+            self.batch_in_epoch = 0
 
     def run_eval(self) -> Dict[str, float]:
         if self.eval_ds is None:
@@ -197,33 +263,64 @@ class Trainer:
             shown = " ".join(f"{k}={v:.4f}" for k, v in result.items() if k != "eval_samples")
             log.info("eval at step %d: %s (%d samples)", self.step, shown, result["eval_samples"])
             self.metrics.write(event="eval", step=self.step, loss=self.last_loss, **result)
+            if self.tb is not None:
+                for k, v in result.items():
+                    self.tb.add_scalar(k, v, self.step)
         return result
+
+    def _profiler(self) -> Any:
+        tc = self.tc
+        if not tc.profile_first_step or tc.profile_last_step < tc.profile_first_step:
+            return None
+        from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+        acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if self.device.type == "cuda" else [])
+        wait = max(tc.profile_first_step - self.step - 1, 0)
+        active = tc.profile_last_step - max(tc.profile_first_step, self.step + 1) + 1
+        if active <= 0:
+            return None
+        return profile(
+            activities=acts,
+            schedule=schedule(wait=wait, warmup=0, active=active, repeat=1),
+            on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "profile"), worker_name=f"rank{self.denv.rank}"),
+        )
 
     def train(self) -> int:
         tc, ck = self.tc, self.cfg.checkpoint
-        non_blocking = self.device.type == "cuda"
         loss_sum = torch.zeros((), device=self.device)  # read only every log_every steps: no per-step sync
+        nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         loss_count = 0
         t_log = time.perf_counter()
         step_at_log = self.step
-        log.info("training steps %d..%d, %d ranks × batch %d", self.step + 1, tc.max_steps,
-                 self.denv.world_size, tc.batch_size)
-        while self.step < tc.max_steps:
-            for inputs, targets in self.loader():
-                inputs = inputs.to(self.device, non_blocking=non_blocking)
-                targets = targets.to(self.device, non_blocking=non_blocking)
-                self.optimizer.zero_grad(set_to_none=True)
-                loss = self.task.loss(self.ddp(inputs), targets)
-                loss.backward()
-                self.optimizer.step()
+        log.info("training steps %d..%d: %d ranks × batch %d × %d micro-steps", self.step + 1, tc.max_steps,
+                 self.denv.world_size, tc.batch_size, tc.grad_accum_steps)
+        prof = self._profiler()
+        if prof is not None:
+            prof.start()
+        groups = self.micro_batch_groups()
+        try:
+            while self.step < tc.max_steps:
+                micro = next(groups)
+                loss = optimizer_step(
+                    self.forward_model, micro, self.task.loss, self.optimizer, device=self.device,
+                    scaler=self.scaler, autocast_dtype=self.autocast_dtype, clip_grad_norm=tc.clip_grad_norm,
+                    channels_last=tc.channels_last)
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.step += 1
-                self.batch_in_epoch += 1
-                loss_sum += loss.detach()
+                self.batch_in_epoch += len(micro)
+                loss_sum += loss
                 loss_count += 1
+                if tc.nan_check:
+                    nonfinite |= ~torch.isfinite(loss)
+                if prof is not None:
+                    prof.step()
+                    if self.step >= tc.profile_last_step:
+                        prof.stop()
+                        prof = None
 
                 if self.step % tc.log_every == 0 or self.step == tc.max_steps:
+                    self._check_finite(nonfinite)
                     self.last_loss = float(loss_sum) / loss_count
                     dt = time.perf_counter() - t_log
                     sps = (self.step - step_at_log) / dt if dt > 0 else 0.0
@@ -232,13 +329,19 @@ class Trainer:
                              self.last_loss, sps, eta)
                     self.metrics.write(event="train", step=self.step, epoch=self.epoch, loss=self.last_loss,
                                        steps_per_s=sps, lr=self.optimizer.param_groups[0]["lr"])
+                    if self.tb is not None:
+                        self.tb.add_scalar("loss", self.last_loss, self.step)
+                        self.tb.add_scalar("steps_per_s", sps, self.step)
                     loss_sum.zero_()
                     loss_count = 0
                     t_log, step_at_log = time.perf_counter(), self.step
+                if self.writer is not None:
+                    self.writer.check()  # a failed background write surfaces here
                 if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.max_steps:
                     self.run_eval()
                 if ck.every_steps and self.step % ck.every_steps == 0 and self.step < tc.max_steps:
-                    self.save_checkpoint("periodic")
+                    self._check_finite(nonfinite)  # never checkpoint a diverged model
+                    self.save_checkpoint("periodic", sync=False)
                 if self.flag.sync(device=self.device):
                     sig = self.flag.received.name if self.flag.received else "signal"
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)
@@ -248,19 +351,25 @@ class Trainer:
                         atomic_write_text(self.run_dir / PREEMPTED,
                                           f"{self.denv.job_id} {self.denv.restart_count} {self.step} {sig}\n")
                     return PREEMPTED_EXIT_CODE
-                if self.step >= tc.max_steps:
-                    break
-            else:
-                self.epoch += 1
-                self.batch_in_epoch = 0
+        finally:
+            if prof is not None:
+                prof.stop()
+        self._check_finite(nonfinite)
         return 0
+
+    def _check_finite(self, nonfinite: torch.Tensor) -> None:
+        if self.tc.nan_check and bool(nonfinite):
+            raise TrainingDiverged(
+                f"the loss became NaN or infinite before step {self.step} (train.nan_check); the last good "
+                f"checkpoint is kept in {self.ckpt.directory}. Lower train.lr or enable train.clip_grad_norm")
 
     def finish(self) -> Dict[str, float]:
         result = self.run_eval()
         self.save_checkpoint("final")
         if self.denv.is_main:
             atomic_write(self.run_dir / FINAL_MODEL, lambda f: torch.save(self.model.state_dict(), f))
-            record = {"step": self.step, "world_size": self.denv.world_size, "time": time.time(), **result}
+            record = {"step": self.step, "world_size": self.denv.world_size, "time": time.time(),
+                      "checkpoint_blocked_s": self.blocked_s, **result}
             atomic_write_text(self.run_dir / FINISHED, json.dumps(record) + "\n")
             log.info("finished at step %d; weights in %s", self.step, self.run_dir / FINAL_MODEL)
             self.metrics.write(event="finished", step=self.step, **result)
@@ -282,10 +391,47 @@ class Trainer:
             if status == 0:
                 self.finish()
             return status
+        except dist.DistBackendError as e:
+            raise PeerFailure(self._peer_message(e)) from e
+        except RuntimeError as e:
+            if _is_peer_failure(e):
+                raise PeerFailure(self._peer_message(e)) from e
+            raise
         finally:
             self.flag.restore()
+            if self.writer is not None and self.writer.in_flight:
+                try:
+                    self.writer.wait()
+                except CheckpointError as e:
+                    log.error("%s", e)
+            if self.tb is not None:
+                self.tb.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+
+    def _peer_message(self, e: BaseException) -> str:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        return (f"rank {self.denv.rank} on {self.denv.hostname or socket.gethostname()}: a peer rank stopped "
+                f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
+                f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})")
+
+
+class PeerFailure(SlurmDDPError):
+    """Another rank died or stopped responding during a collective."""
+
+    exit_code = 1
+
+
+class TrainingDiverged(SlurmDDPError):
+    """The loss became NaN/inf (``train.nan_check``)."""
+
+    exit_code = 1
+
+
+def _is_peer_failure(e: BaseException) -> bool:
+    text = str(e).lower()
+    return any(k in text for k in ("timed out", "timeout", "connection closed", "connection reset",
+                                   "broken pipe", "connection refused", "peer"))
 
 
 def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
