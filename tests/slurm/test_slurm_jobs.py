@@ -278,3 +278,30 @@ def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
     assert "received SIGUSR2" in batch
     job.scancel()
     job.wait_ended()
+
+
+def test_killed_rank_ends_the_whole_job(slurm_sandbox, tmp_path: Path) -> None:
+    """kill -9 of one rank on node n2: srun --kill-on-bad-exit stops the others; the logs name it."""
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1",
+                 "train.max_steps=100000", "train.pg_timeout_s=30")
+    job.wait_step(20)
+    pids = subprocess.run(["pgrep", "-f", f"slurm_ddp.worker --run-dir {job.run_dir}"],
+                          capture_output=True, text=True).stdout.split()
+    by_rank = {}
+    for pid in pids:
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        procid = [e for e in env if e.startswith(b"SLURM_PROCID=")]
+        if procid:
+            by_rank[int(procid[0].split(b"=")[1])] = int(pid)
+    assert set(by_rank) == {0, 1}, (pids, by_rank)
+    t0 = time.monotonic()
+    os.kill(by_rank[1], 9)
+    wait_for(lambda: all(not Path(f"/proc/{p}").exists() for p in by_rank.values()), 60,
+             "every rank to exit", lambda: logs(job.run_dir))
+    record_timing("rank killed → every rank gone (Slurm)", time.monotonic() - t0)
+    assert job.wait_ended() == "FAILED"
+    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
+    assert re.search(r"task 1.*(Killed|signal 9)", batch + logs(job.run_dir)), batch
