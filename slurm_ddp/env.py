@@ -111,7 +111,8 @@ class DistEnv:
         nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
         hosts = expand_nodelist(nodelist) if nodelist else []
         num_nodes = as_int("SLURM_NNODES", environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or str(len(hosts) or 1))
-        tpn = environ.get("SLURM_TASKS_PER_NODE") or environ.get("SLURM_STEP_TASKS_PER_NODE")
+        # Inside a step, the step's layout wins over the allocation's (srun(1) sets both).
+        tpn = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
         if tpn:
             per_node = expand_tasks_per_node(tpn)
             local_world_size = per_node[node_rank] if node_rank < len(per_node) else per_node[-1]
