@@ -50,6 +50,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from slurm_ddp.errors import SandboxUnavailable
+from slurm_ddp.rendezvous import port_is_free
 
 __all__ = ["SlurmSandbox", "check_prerequisites", "STATE_FILE"]
 
@@ -152,15 +153,6 @@ def _sh(*args: str, check: bool = True, timeout: float = 20) -> subprocess.Compl
     return proc
 
 
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
-
-
 def _free_ports(count: int, taken: set) -> List[int]:
     rng = random.SystemRandom()
     ports: List[int] = []
@@ -171,7 +163,7 @@ def _free_ports(count: int, taken: set) -> List[int]:
         start = rng.randrange(_PORT_RANGE[0], _PORT_RANGE[1] - count)
         block = [start + i for i in range(count - len(ports))]
         for p in block:
-            if p not in taken and p not in ports and _port_free(p):
+            if p not in taken and p not in ports and port_is_free(p):
                 ports.append(p)
     if len(ports) < count:
         raise SandboxUnavailable(f"found no {count} free TCP ports in {_PORT_RANGE}")
