@@ -37,8 +37,14 @@ class SubmititWorker:
         self.max_requeues = max_requeues
 
     def __call__(self) -> int:
+        import shutil
+
         from ..worker.train import PREEMPTED, main
 
+        if os.environ.get("SLURM_PROCID") == "0" and shutil.which("scontrol") is None:
+            # Reported at start, not when a preemption arrives.
+            print("slurm_ddp: WARNING: scontrol is not on PATH: this job cannot requeue itself after SIGUSR2",
+                  file=sys.stderr, flush=True)
         status = main(self.run_dir)
         if status == PREEMPTED_EXIT_CODE:
             if os.environ.get("SLURM_PROCID") == "0":
