@@ -22,7 +22,7 @@ from .errors import SlurmDDPError, UserError
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
-        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+        self.exit(2, f"slurm-ddp: error: {message} (see {self.prog} --help)\n")
 
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
@@ -46,6 +46,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--backend", choices=["auto", "sbatch", "submitit", "local"], default="auto",
                    help="auto = sbatch when it is on PATH, else local")
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and do nothing else")
+    p.add_argument("--test-only", action="store_true",
+                   help="ask the real controller with 'sbatch --test-only' whether and when the job would start; "
+                        "submits nothing and writes no run directory")
+    p.add_argument("--no-check-task", action="store_true",
+                   help="do not import train.task (in a child process) before submitting")
 
     p = sub.add_parser("sandbox", help="a private Slurm cluster on this machine (root; for rehearsals and CI)")
     p.add_argument("action", choices=["up", "down", "status"])
@@ -53,8 +58,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--nodes", type=int, default=2, help="slurmd nodes to start (up)")
     p.add_argument("--cpus-per-node", type=int, default=2, help="CPUs each node advertises (up)")
 
+    _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
     return parser
+
+
+def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
+    """The login-node verbs on run directories: runs, status, logs, cancel, requeue, plot."""
+    run_help = "run directory (or the name of one under ./runs)"
+    p = sub.add_parser("runs", help="list the runs under a directory, newest first")
+    p.add_argument("dir", nargs="?", default="runs", help="directory that holds run directories (default: ./runs)")
+    p.add_argument("--json", action="store_true", help="print one JSON object per run")
+
+    p = sub.add_parser("status", help="Slurm state of a run's job joined with the run directory's record")
+    p.add_argument("run", help=run_help)
+    p.add_argument("--json", action="store_true", help="print a JSON object")
+
+    p = sub.add_parser("logs", help="a run's logs: one rank, or all ranks interleaved with a [rank N] prefix")
+    p.add_argument("run", help=run_help)
+    p.add_argument("--rank", type=int, metavar="N", help="only rank N's log")
+    p.add_argument("-f", "--follow", action="store_true",
+                   help="keep printing new lines (across requeues too) until the run ends, or Ctrl-C")
+
+    p = sub.add_parser("cancel", help="scancel the run's current job (its ranks checkpoint first)")
+    p.add_argument("run", help=run_help)
+    p = sub.add_parser("requeue", help="scontrol requeue the run's current job (it resumes from its checkpoint)")
+    p.add_argument("run", help=run_help)
+
+    p = sub.add_parser("plot", help="PNG of train loss and eval accuracy against step, restarts marked")
+    p.add_argument("run", help=run_help)
+    p.add_argument("-o", "--output", metavar="PNG", help="where to write it (default: RUN/metrics.png)")
 
 
 def _load(args: argparse.Namespace):
@@ -86,9 +119,21 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     backend = args.backend
     if backend == "auto":
         backend = "sbatch" if shutil.which("sbatch") else "local"
+    if args.test_only:
+        _check_test_only(args, backend)
     plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv))
     if args.dry_run:
         sys.stdout.write(plan.describe())
+        return 0
+    if not args.no_check_task:
+        from .preflight import check_task_imports
+
+        check_task_imports(cfg, cwd_on_path=backend == "local")
+    if args.test_only:
+        from .preflight import sbatch_test_only
+
+        answer = sbatch_test_only(plan)
+        print(f"slurm-ddp: sbatch --test-only accepted the job (nothing submitted, no run directory written): {answer}")
         return 0
     if backend == "sbatch":
         from .backends.sbatch import schedule
@@ -122,6 +167,19 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return status
 
 
+def _check_test_only(args: argparse.Namespace, backend: str) -> None:
+    import shutil
+
+    if args.dry_run:
+        raise UserError("--dry-run and --test-only: choose one (--dry-run prints the script; --test-only asks "
+                        "the controller)")
+    if args.backend not in ("auto", "sbatch"):
+        raise UserError(f"--test-only checks an sbatch submission; it does not apply to --backend {args.backend}")
+    if backend != "sbatch" or not shutil.which("sbatch"):
+        raise UserError("--test-only asks the Slurm controller through sbatch, which is not on PATH here; "
+                        "run it on a login node of the cluster (or use --dry-run)")
+
+
 def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .sandbox import SlurmSandbox
 
@@ -149,6 +207,76 @@ def cmd_config_keys(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 COMMANDS = {"render": cmd_render, "submit": cmd_submit, "sandbox": cmd_sandbox, "config-keys": cmd_config_keys}
+
+
+# --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
+def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+
+    runs = ops.find_runs(args.dir)
+    statuses = ops.runs_status(runs)
+    if args.json:
+        for st in statuses:
+            print(json.dumps(st.to_dict(), default=str))
+        return 0
+    if not statuses:
+        print(f"no runs under {args.dir}")
+        return 0
+    sys.stdout.write(ops.format_runs(statuses))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+
+    st = ops.run_status(ops.read_run(ops.resolve_run(args.run)))
+    if args.json:
+        print(json.dumps(st.to_dict(), default=str))
+    else:
+        sys.stdout.write(ops.format_status(st))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+
+    run = ops.read_run(ops.resolve_run(args.run))
+    if args.rank is not None:
+        ops.check_rank(run, args.rank)
+    write = ops.stream_writer()
+    if not args.follow:
+        ops.show_logs(run, args.rank, write)
+        return 0
+    st = ops.follow_logs(run.path, args.rank, write)
+    print(f"slurm-ddp: run {run.name} ended: {st.describe_state()}", file=sys.stderr)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+
+    print(ops.cancel(ops.read_run(ops.resolve_run(args.run))))
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+
+    print(ops.requeue(ops.read_run(ops.resolve_run(args.run))))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import ops
+    from .plot import plot_run
+
+    path = plot_run(ops.read_run(ops.resolve_run(args.run)), args.output)
+    print(f"wrote {path}")
+    return 0
+
+
+COMMANDS.update({"runs": cmd_runs, "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel,
+                 "requeue": cmd_requeue, "plot": cmd_plot})
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

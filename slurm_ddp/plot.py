@@ -1,0 +1,102 @@
+"""``slurm-ddp plot``: a PNG of a run's train loss and eval accuracy against step.
+
+Side effects: writes one PNG. matplotlib is imported lazily (it is the ``plot`` extra, not a
+dependency) and used through its object API with the Agg canvas: no pyplot, no display, no
+global backend switch. Restarts (the ``resume`` events of ``metrics.jsonl``) are drawn as
+vertical lines at the step training resumed from.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+from .errors import UserError
+from .ops import Run, read_run
+
+DEFAULT_NAME = "metrics.png"
+
+
+def _series(events: List[Dict[str, Any]], key: str) -> Tuple[List[int], List[float]]:
+    xs, ys = [], []
+    for m in events:
+        v, s = m.get(key), m.get("step")
+        if isinstance(v, (int, float)) and not isinstance(v, bool) and isinstance(s, int):
+            xs.append(s)
+            ys.append(float(v))
+    return xs, ys
+
+
+def _eval_key(events: List[Dict[str, Any]]) -> Optional[str]:
+    """``eval_accuracy`` when the run reports it, else its first other eval metric."""
+    keys = [k for m in events for k in m if k.startswith("eval_") and k != "eval_samples"]
+    if "eval_accuracy" in keys:
+        return "eval_accuracy"
+    return keys[0] if keys else None
+
+
+def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, None] = None, *,
+             dpi: int = 100) -> Path:
+    """Write the PNG of ``run`` (a :class:`~slurm_ddp.ops.Run` or its directory) to ``out``
+    (default ``RUN/metrics.png``); returns its path.
+
+    Raises ``UserError`` when matplotlib is missing, the run has no metrics yet, or ``out``
+    cannot be written.
+    """
+    if not isinstance(run, Run):
+        run = read_run(Path(run))
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("plot needs matplotlib, which is not installed here: pip install 'slurm-ddp[plot]'") from None
+
+    train = run.events("train")
+    evals = [m for m in run.metrics if m.get("event") in ("eval", "finished")]
+    if not train and not evals:
+        raise UserError(f"run {run.name!r} has no train or eval metrics yet ({run.path / 'metrics.jsonl'}); "
+                        "plot again once it has logged a step")
+    out_path = Path(out) if out is not None else run.path / DEFAULT_NAME
+
+    fig = Figure(figsize=(8, 6), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax_loss, ax_eval = fig.subplots(2, 1, sharex=True)
+    xs, ys = _series(train, "loss")
+    if xs:
+        ax_loss.plot(xs, ys, color="tab:blue", linewidth=1.2, label="train loss")
+    ax_loss.set_ylabel("train loss")
+    key = _eval_key(evals)
+    if key:
+        ex, ey = _series(evals, key)
+        ax_eval.plot(ex, ey, color="tab:green", marker="o", markersize=3, linewidth=1.2, label=key)
+        ax_eval.set_ylabel(key.replace("_", " "))
+    else:
+        ax_eval.text(0.5, 0.5, "no eval yet", ha="center", va="center", transform=ax_eval.transAxes)
+        ax_eval.set_ylabel("eval")
+    ax_eval.set_xlabel("step")
+    for i, m in enumerate(run.resumes):
+        step = m.get("step")
+        if not isinstance(step, int):
+            continue
+        for ax in (ax_loss, ax_eval):
+            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1,
+                       label="restart" if (i == 0 and ax is ax_loss) else None)
+        ax_loss.annotate(f"restart {m.get('restart', i + 1)}", xy=(step, 1), xycoords=("data", "axes fraction"),
+                         xytext=(3, -12), textcoords="offset points", color="tab:red", fontsize=8)
+    for ax in (ax_loss, ax_eval):
+        ax.grid(True, alpha=0.3)
+    if ax_loss.get_legend_handles_labels()[0]:
+        ax_loss.legend(loc="upper right", fontsize=8)
+    title = f"{run.name}: step {run.step}" + (f"/{run.max_steps}" if run.max_steps else "")
+    if run.restarts:
+        title += f", {run.restarts} restart{'s' if run.restarts > 1 else ''}"
+    fig.suptitle(title)
+    fig.tight_layout()
+    if not out_path.parent.is_dir():
+        raise UserError(f"-o {str(out_path)!r}: directory {str(out_path.parent)!r} does not exist")
+    try:
+        fig.savefig(out_path, format="png")
+    except OSError as e:
+        raise UserError(f"-o {str(out_path)!r}: cannot write the PNG: {e.strerror or e}") from None
+    return out_path

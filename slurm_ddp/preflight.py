@@ -1,0 +1,163 @@
+"""Checks at submit time of what would otherwise fail only inside the job.
+
+Side effects: starts one subprocess per check. ``check_task_imports`` imports the job's
+``train.task`` the way the worker will (the job's interpreter, ``train.pythonpath`` first
+on ``sys.path``, ``environment.env`` set) but in a child process, so that the CLI process
+never imports torch or the user's code. A task that does not import is a ``UserError``
+that says why, in one line, before anything is written or queued. ``sbatch_test_only`` asks the real controller
+whether (and when) it would run the rendered script, without submitting it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Callable, Optional
+
+from .config import JobConfig
+from .errors import ClusterError, UserError
+
+if TYPE_CHECKING:
+    from .backends import SubmitPlan
+
+Runner = Callable[..., subprocess.CompletedProcess]
+
+#: Seconds the import may take (torch alone takes a few on a cold file system).
+TIMEOUT_S = 120.0
+_MARK = "SLURM_DDP_PREFLIGHT "
+
+# Runs in the child: argv = [task, keep_cwd, *pythonpath]. Prints one line "MARK {json}" last.
+# The worker runs as "python -m slurm_ddp.worker" in the directory it was started from: the
+# run directory under sbatch (so the submitting directory is not on its sys.path), the
+# submitting directory under the local backend (keep_cwd=1).
+# slurm_ddp.task (which imports torch) is only consulted when the user's module imported
+# it already: a class that is not a subclass of it cannot be a Task otherwise.
+_CHILD = r"""
+import importlib, json, os, sys, traceback
+MARK = "SLURM_DDP_PREFLIGHT "
+task, keep_cwd, paths = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]
+if not keep_cwd:
+    sys.path[:] = [p for p in sys.path if p not in ("", ".", os.getcwd())]
+for p in reversed(paths):
+    if p not in sys.path:
+        sys.path.insert(0, p)
+module_name, _, attr = task.partition(":")
+def done(error=None, kind="import"):
+    sys.stdout.flush()
+    print("\n" + MARK + json.dumps({"error": error, "kind": kind}), flush=True)
+    sys.exit(0)
+def why(e):
+    text = " ".join(str(e).split())
+    if isinstance(e, SyntaxError) and e.filename:
+        return f"SyntaxError: {e.msg} ({e.filename}, line {e.lineno})"
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({tb[-1].filename}, line {tb[-1].lineno})" if tb and type(e) is not ModuleNotFoundError else ""
+    return f"{type(e).__name__}: {text}{where}"
+try:
+    module = importlib.import_module(module_name)
+except BaseException as e:
+    done(f"cannot import module {module_name!r}: {why(e)}")
+obj = module
+for part in attr.split("."):
+    try:
+        obj = getattr(obj, part)
+    except AttributeError:
+        done(f"module {module_name!r} ({getattr(module, '__file__', '?')}) has no attribute {attr!r}", "attr")
+    except BaseException as e:
+        done(f"reading {attr!r} of module {module_name!r} failed: {why(e)}", "attr")
+base = getattr(sys.modules.get("slurm_ddp.task"), "Task", None)
+if not isinstance(obj, type):
+    done(f"{attr} is a {type(obj).__name__}, not a class derived from slurm_ddp.task.Task", "type")
+if base is None or not issubclass(obj, base):
+    done(f"class {attr} does not derive from slurm_ddp.task.Task (define it as: class {attr.split('.')[-1]}(Task))",
+         "type")
+done()
+"""
+
+
+def _python(cfg: JobConfig) -> str:
+    return cfg.environment.python or sys.executable
+
+
+def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_path: bool = False,
+                       timeout_s: float = TIMEOUT_S, warn: Optional[Callable[[str], None]] = None) -> None:
+    """Import ``cfg.train.task`` in a child process of the job's interpreter.
+
+    ``cwd_on_path``: the current directory is on the worker's ``sys.path`` (local backend: the
+    ranks start here); under sbatch/submitit they start in the run directory, so it is not.
+
+    Raises ``UserError`` (``train.task '…': cannot import module 'm': ModuleNotFoundError: …``)
+    when the import fails, the attribute is missing or it is not a ``Task`` subclass. When the
+    check cannot run here (the job's interpreter is not on this machine, or the import takes
+    longer than ``timeout_s``) it calls ``warn`` with why and returns: the job may still work
+    on the nodes.
+    """
+    warn = warn or (lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr))
+    tc = cfg.train
+    python = _python(cfg)
+    skip = " (skip this check with --no-check-task)"
+    env = dict(os.environ)
+    env.update(cfg.environment.env)
+    argv = [python, "-c", _CHILD, tc.task, "1" if cwd_on_path else "0", *tc.pythonpath]
+    try:
+        proc = run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        warn(f"not checking that train.task {tc.task!r} imports: the job's interpreter {python!r} is not on this "
+             "machine")
+        return
+    except subprocess.TimeoutExpired:
+        warn(f"not checking that train.task {tc.task!r} imports: importing it took longer than {timeout_s:.0f} s")
+        return
+    except OSError as e:
+        warn(f"not checking that train.task {tc.task!r} imports: cannot run {python!r}: {e}")
+        return
+    result = None
+    for line in reversed((proc.stdout or "").splitlines()):
+        if line.startswith(_MARK):
+            try:
+                result = json.loads(line[len(_MARK):])
+            except ValueError:
+                result = None
+            break
+    if result is None:  # the child died before it could answer (a crash at import, os._exit, …)
+        tail = ((proc.stderr or "").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise UserError(f"train.task {tc.task!r}: importing it with {python} failed: "
+                        f"{' '.join(tail.split())}{skip}")
+    if result.get("error"):
+        where = ""
+        if result.get("kind") == "import":
+            where = (f" (searched train.pythonpath={list(tc.pythonpath)}; checked with {python}"
+                     f"{'' if python == sys.executable else ' on this machine'})")
+        raise UserError(f"train.task {tc.task!r}: {result['error']}{where}{skip}")
+
+
+def sbatch_test_only(plan: "SubmitPlan", run: Runner = subprocess.run, *, timeout_s: float = 60.0) -> str:
+    """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
+    (``sbatch: Job N to start at … on nodes … in partition …``).
+
+    Nothing is submitted and no run directory is written: the script goes to a temporary
+    directory, which is removed. Raises ``ClusterError`` when sbatch is missing, does not
+    answer, or refuses the job (its reason included).
+    """
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="slurm-ddp-test-only-") as tmp:
+        script = Path(tmp) / "job.sbatch"
+        script.write_text(plan.rendered.script, encoding="utf-8")
+        script.chmod(0o755)
+        argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
+        try:
+            proc = run(argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"sbatch --test-only did not answer within {timeout_s:.0f} s") from None
+    lines = [" ".join(ln.split()) for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines()
+             if ln.strip()]
+    if proc.returncode != 0:
+        raise ClusterError(f"sbatch --test-only refused the job (exit {proc.returncode}): "
+                           f"{'; '.join(lines) or 'no message'}")
+    return "; ".join(lines) or "no message"

@@ -1,0 +1,147 @@
+"""The login-node verbs against the real Slurm sandbox (which has no accounting: sacct fails).
+
+One digits job that would train for a long time: ``status`` says RUNNING, ``logs --rank 0``
+shows its log, ``logs -f`` follows it, ``requeue`` restarts it (it resumes from its
+checkpoint), ``cancel`` ends it, and ``status`` then says it ended — and ``logs -f`` stops
+by itself. Also ``submit --test-only`` against the real controller.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, List
+
+import pytest
+
+from slurm_ddp.cli import main
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+
+
+def wait_for(pred: Callable[[], object], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "") -> object:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = pred()
+        if value:
+            return value
+        time.sleep(0.25)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diag()}")
+
+
+def events(run_dir: Path, kind: str) -> List[dict]:
+    p = run_dir / "metrics.jsonl"
+    out = []
+    for line in p.read_text().splitlines() if p.exists() else []:
+        try:
+            m = json.loads(line)
+        except ValueError:
+            continue
+        if m.get("event") == kind:
+            out.append(m)
+    return out
+
+
+@pytest.fixture
+def cli(slurm_sandbox, monkeypatch, capsys):
+    """``cli(*argv)`` → (exit status, stdout, stderr) of ``slurm-ddp`` in process, on the sandbox."""
+    for k, v in slurm_sandbox.env.items():
+        monkeypatch.setenv(k, v)
+
+    def call(*argv: str):
+        capsys.readouterr()
+        rc = main(list(argv))
+        out, err = capsys.readouterr()
+        return rc, out, err
+
+    return call
+
+
+def status(cli, run_dir: Path) -> dict:
+    rc, out, err = cli("status", str(run_dir), "--json")
+    assert rc == 0, err
+    return json.loads(out)
+
+
+def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    for s in ("slurm.nodes=1", "slurm.tasks_per_node=1", "slurm.time=00:10:00", "train.max_steps=100000",
+              "train.eval_every=0", "train.log_every=10", "checkpoint.every_steps=50"):
+        cmd += ["--set", s]
+    r = slurm_sandbox.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = re.search(r"submitted job (\d+)", r.stdout).group(1)
+    follower = None
+    try:
+        diag = lambda: "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))  # noqa: E731
+        wait_for(lambda: events(run_dir, "train"), 60, "the first logged step", diag)
+
+        st = status(cli, run_dir)
+        assert (st["state"], st["final"], st["job_id"]) == ("RUNNING", False, job_id), st
+        assert st["source"] == "slurm (scontrol)" and st["slurm_restarts"] == 0
+        rc, out, err = cli("status", str(run_dir))
+        assert "state:      RUNNING (on n1)" in out, out
+
+        rc, out, err = cli("runs", str(tmp_path))
+        assert rc == 0 and re.search(rf"^digits\s+{job_id}\s+RUNNING\s+\d+/100000", out, re.M), out
+
+        rc, out, err = cli("logs", str(run_dir), "--rank", "0")
+        assert rc == 0, err
+        assert re.search(r"rank 0/1 local_rank 0/1 node_rank 0", out) and "step 10/100000" in out, out
+
+        # logs -f in its own process: it must stop by itself once the job has ended
+        follower = subprocess.Popen([sys.executable, "-m", "slurm_ddp", "logs", str(run_dir), "-f"],
+                                    env=slurm_sandbox.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True)
+
+        # requeue: the ranks checkpoint on SIGTERM, Slurm starts the job again, it resumes
+        rc, out, err = cli("requeue", str(run_dir))
+        assert rc == 0 and out.startswith(f"requeued job {job_id}"), err
+        wait_for(lambda: events(run_dir, "resume"), 60, "the requeued job to resume", diag)
+        st = status(cli, run_dir)
+        assert st["restarts"] == 1 and st["slurm_restarts"] == 1, st
+        stopped = events(run_dir, "preempted")[-1]["step"]
+        assert events(run_dir, "resume")[-1]["step"] == stopped
+
+        # cancel ends it; status then says so, and cancelling again is a one-line mistake
+        wait_for(lambda: status(cli, run_dir)["state"] == "RUNNING", 30, "the job to run again")
+        rc, out, err = cli("cancel", str(run_dir))
+        assert rc == 0 and out.startswith(f"cancelled job {job_id}"), err
+        st = wait_for(lambda: (lambda s: s if s["final"] else None)(status(cli, run_dir)), 60,
+                      "the cancelled job to end", diag)
+        assert st["state"] == "CANCELLED", st
+        rc, out, err = cli("cancel", str(run_dir))
+        assert rc == 2 and err.startswith("slurm-ddp: error: ") and "already ended (CANCELLED)" in err, err
+
+        out, err = follower.communicate(timeout=30)
+        assert follower.returncode == 0, err
+        assert f"[batch {job_id}]" in out and "[rank 0]" in out and "resumed from checkpoint" in out, out[-3000:]
+        assert "ended: CANCELLED" in err, err
+    finally:
+        if follower is not None and follower.poll() is None:
+            follower.kill()
+            follower.wait()
+        slurm_sandbox.run(["scancel", job_id], capture_output=True, timeout=20)
+
+
+def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli("submit", str(JOB), "--test-only", "--no-check-task", "--set", "slurm.nodes=2",
+                       "--set", "slurm.tasks_per_node=1")
+    assert rc == 0, err
+    assert re.search(r"sbatch: Job \d+ to start at \S+ using \d+ processors on nodes n\[1-2\]", out), out
+    rc, out, err = cli("submit", str(JOB), "--test-only", "--no-check-task", "--set", "slurm.nodes=5",
+                       "--set", "slurm.tasks_per_node=1")
+    assert rc == 3 and err.startswith("slurm-ddp: error: sbatch --test-only refused the job"), err
+    assert len(err.splitlines()) == 1
+    assert list(tmp_path.iterdir()) == []  # no run directory, nothing else
+    rc, out, err = cli("runs", str(tmp_path))
+    assert out == f"no runs under {tmp_path}\n"
