@@ -60,6 +60,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
+
+    p = sub.add_parser("env", help="what each rank gets: rank, node, rendezvous, CPUs, NUMA, OMP/KMP, LD_PRELOAD, signals")
+    _add_job_args(p)
+    p.add_argument("--explain", action="store_true",
+                   help="every rank of a synthetic allocation (no cluster needed); without it: this SLURM task")
+    p.add_argument("--nodelist", help="SLURM hostlist of the allocation, e.g. 'gpu[01-02]' (--explain)")
+    p.add_argument("--job-id", default="12345", help="job id the port rule uses (--explain)")
+    p.add_argument("--cpus-per-task", type=int, help="override slurm.cpus_per_task (--explain)")
+    p.add_argument("--numa-nodes", type=int, default=1, help="NUMA nodes per node (--explain)")
     return parser
 
 
@@ -206,7 +215,25 @@ def cmd_config_keys(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS = {"render": cmd_render, "submit": cmd_submit, "sandbox": cmd_sandbox, "config-keys": cmd_config_keys}
+def cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from . import explain
+
+    cfg = _load(args)
+    if args.explain:
+        sys.stdout.write(explain.explain_job(cfg, nodelist=args.nodelist, job_id=args.job_id,
+                                             cpus_per_task=args.cpus_per_task, numa_nodes=args.numa_nodes))
+        return 0
+    if not os.environ.get("SLURM_PROCID"):
+        raise UserError("not inside a SLURM task (SLURM_PROCID is not set): run it under srun, "
+                        f"or add --explain to see every rank without a cluster: slurm-ddp env {args.job} --explain")
+    from .launch import plan_here
+
+    sys.stdout.write(explain.explain_task(cfg, os.environ, plan_here(cfg, os.environ)))
+    return 0
+
+
+COMMANDS = {"render": cmd_render, "submit": cmd_submit, "sandbox": cmd_sandbox, "config-keys": cmd_config_keys,
+            "env": cmd_env}
 
 
 # --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)

@@ -93,7 +93,9 @@ class LocalJob:
         for rank in range(self.plan.cfg.slurm.world_size):
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / "logs" / f"rank-{rank}.log"
-            cmd = [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
+            # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
+            cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--",
+                   self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
             p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                  stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)

@@ -1,0 +1,154 @@
+"""The text of ``slurm-ddp env``: what every rank of a job gets, or what this task gets.
+
+``explain_job()`` needs no cluster: it builds srun's task variables for every rank of a
+synthetic allocation (``slurm_ddp.env.synthetic_slurm_env``), assumes each node holds
+exactly the job's CPUs (``tasks_per_node × cpus_per_task``, numbered from 0, split evenly
+into ``numa_nodes`` NUMA nodes) and prints rank, local rank, node, the rendezvous rule, the
+CPU set, NUMA node, OMP/KMP variables, LD_PRELOAD and the signal plan, each from the same
+planner the launch wrapper runs (``slurm_ddp.binding.plan_for_task``). ``explain_task()``
+does the same for the SLURM task this process is. Pure apart from looking up libraries and
+numactl on this machine (for the paths it shows); imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+from typing import Dict, List, Mapping, Optional
+
+from . import PREEMPTED_EXIT_CODE
+from .binding import (APPLIED_VAR, LIBRARIES, PLAN_VARS, BindingError, BindingPlan, format_cpulist,
+                      locate_libraries, needed_libraries, plan_for_task)
+from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
+from .errors import UserError
+
+WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
+
+
+def signal_plan(cfg) -> str:
+    """One line: the signal, its delay before the time limit, and the requeue cap."""
+    r = cfg.requeue
+    return (f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
+            f"forwarded to the ranks -> checkpoint at the next step boundary, exit {PREEMPTED_EXIT_CODE}, "
+            f"requeue at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
+            "SIGTERM (preemption, scancel): checkpoint, no requeue by the script")
+
+
+def rendezvous_rule(first_host: str, job_id: str) -> str:
+    """How MASTER_ADDR/MASTER_PORT are chosen for a job whose first host is ``first_host``."""
+    return (f"MASTER_ADDR={first_host} (first host of the allocation; the batch shell and rank 0 run there); "
+            f"MASTER_PORT=first free port on {first_host} from {PORT_BASE} + job_id % {PORT_SPAN} = "
+            f"{fallback_port(job_id)} (probed by the batch script; without it every rank uses "
+            f"{fallback_port(job_id)}); MASTER_ADDR/MASTER_PORT set by the user win")
+
+
+def _libraries_here(cfg, environ: Mapping[str, str]) -> Dict[str, str]:
+    """Paths found on this machine; a library missing here is shown by its file name
+    (it is looked up again on each node at job start)."""
+    out: Dict[str, str] = {}
+    for kind in needed_libraries(cfg):
+        try:
+            out.update(locate_libraries([kind], environ))
+        except BindingError:
+            out[kind] = f"<{LIBRARIES[kind].sonames[0]}: not found on this host; looked up on each node at job start>"
+    return out
+
+
+def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = None) -> List[str]:
+    """The lines for one rank: placement, variables, LD_PRELOAD, how the CPUs were chosen, the command."""
+    affinity = "unchanged" if plan.affinity is None else format_cpulist(plan.affinity)
+    lines = [
+        f"rank {denv.rank}: local_rank={denv.local_rank}/{denv.local_world_size} node={denv.node_rank} "
+        f"host={denv.hostname or '?'} cpus={format_cpulist(plan.cpus)} "
+        f"numa={','.join(map(str, plan.numa_nodes))} affinity={affinity} threads={plan.threads}",
+        "  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items() if k != "LD_PRELOAD"),
+    ]
+    if plan.kept:
+        lines.append("  kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.kept.items()))
+    lines.append(f"  LD_PRELOAD: {plan.env.get('LD_PRELOAD', '(none)')}")
+    lines.append(f"  cpus chosen: {plan.source}")
+    for note in plan.notes:
+        lines.append(f"  note: {note}")
+    if command is not None:
+        lines.append("  exec: " + shlex.join(plan.command(command)))
+    return lines
+
+
+def _user_environ(cfg, environ: Mapping[str, str]) -> Dict[str, str]:
+    """What counts as user-set in a rank: the binding variables of the submitting
+    environment (sbatch propagates it) and ``environment.env`` (exported to every rank)."""
+    out = {k: v for k, v in environ.items() if k in PLAN_VARS or k == "LD_PRELOAD"}
+    out.update(cfg.environment.env)
+    return out
+
+
+def explain_job(
+    cfg,
+    *,
+    nodelist: Optional[str] = None,
+    job_id: str = "12345",
+    cpus_per_task: Optional[int] = None,
+    numa_nodes: int = 1,
+    environ: Optional[Mapping[str, str]] = None,
+) -> str:
+    """The text of ``slurm-ddp env JOB --explain``: every rank of a synthetic allocation.
+
+    ``nodelist`` (a SLURM hostlist) must name ``slurm.nodes`` hosts (default ``node[0-N]``);
+    ``cpus_per_task`` overrides ``slurm.cpus_per_task``; ``numa_nodes`` splits each node's
+    CPUs into that many NUMA nodes. ``environ`` (default ``os.environ``) supplies user-set
+    OMP_/KMP_ variables and LD_PRELOAD. Raises ``UserError`` for a nodelist of the wrong size.
+    """
+    s = cfg.slurm
+    environ = os.environ if environ is None else environ
+    cpt = cpus_per_task or s.cpus_per_task
+    if cpt < 1 or numa_nodes < 1:
+        raise UserError(f"--cpus-per-task ({cpt}) and --numa-nodes ({numa_nodes}) must be at least 1")
+    names = expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(s.nodes)]
+    if len(names) != s.nodes:
+        raise UserError(f"--nodelist {nodelist!r} names {len(names)} host(s), but slurm.nodes={s.nodes}. "
+                        f"HINT: give {s.nodes} hosts, or --set slurm.nodes={len(names)}")
+    per_node = s.tasks_per_node * cpt
+    if numa_nodes > per_node:
+        raise UserError(f"--numa-nodes {numa_nodes} is more than the {per_node} CPUs of a node")
+    numa = {n: frozenset(range(n * per_node // numa_nodes, (n + 1) * per_node // numa_nodes))
+            for n in range(numa_nodes)}
+    libraries = _libraries_here(cfg, environ)
+    numactl = shutil.which("numactl") or "numactl"
+    e = cfg.environment
+    out = [
+        f"job {cfg.name}: {s.nodes} node(s) x {s.tasks_per_node} task(s) x {cpt} CPU(s) per task; "
+        f"cpu_bind={e.cpu_bind} openmp={e.openmp} allocator={e.allocator} override_env={str(e.override_env).lower()}",
+        f"assumed (no cluster): job id {job_id}; each node holds {per_node} CPUs 0-{per_node - 1} in {numa_nodes} "
+        "NUMA node(s); at job start the wrapper (python -m slurm_ddp.launch) reads the real ones "
+        "(sched_getaffinity, /sys/devices/system/node" + (", the GPUs' NUMA nodes" if s.gpus_per_node else "") + ")",
+        "rendezvous: " + rendezvous_rule(names[0], job_id),
+        "signals: " + signal_plan(cfg),
+    ]
+    user = _user_environ(cfg, environ)
+    for rank in range(s.world_size):
+        env = synthetic_slurm_env(rank=rank, nodes=s.nodes, tasks_per_node=s.tasks_per_node, job_id=job_id,
+                                  cpus_per_task=cpt, node_names=names)
+        env.update(user)
+        denv = DistEnv.from_slurm(env)
+        plan = plan_for_task(cfg, env, allowed=range(per_node), numa=numa, libraries=libraries, numactl=numactl)
+        out += rank_lines(denv, plan, list(WORKER))
+    return "\n".join(out) + "\n"
+
+
+def explain_task(cfg, environ: Mapping[str, str], plan: BindingPlan) -> str:
+    """The text of ``slurm-ddp env JOB`` inside a SLURM task: this task's rank and ``plan``."""
+    denv = DistEnv.from_slurm(environ)
+    hosts = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    first = expand_nodelist(hosts)[0] if hosts else "?"
+    out = [f"job {cfg.name} (SLURM job {denv.job_id}, restart {denv.restart_count}): this task"]
+    if environ.get("MASTER_ADDR") and environ.get("MASTER_PORT"):
+        out.append(f"rendezvous: MASTER_ADDR={denv.master_addr} MASTER_PORT={denv.master_port} (set in this task)")
+    else:
+        out.append("rendezvous: " + rendezvous_rule(first, denv.job_id))
+    out.append("signals: " + signal_plan(cfg))
+    if environ.get(APPLIED_VAR):
+        out.append(f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "
+                   "(its variables now count as set by the user)")
+    out += rank_lines(denv, plan, list(WORKER))
+    return "\n".join(out) + "\n"

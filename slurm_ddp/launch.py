@@ -1,0 +1,121 @@
+"""``python -m slurm_ddp.launch --run-dir DIR -- CMD [ARG...]``: bind this task, then exec CMD.
+
+The edge that applies ``slurm_ddp.binding``: it reads ``DIR/config.yaml`` and the SLURM
+task variables, plans the rank's binding, sets the planned variables (OMP_*, KMP_*,
+LD_PRELOAD), pins the process with ``os.sched_setaffinity`` and replaces itself with CMD
+(prefixed by ``numactl --cpunodebind=N --membind=N`` in ``numa`` mode) through
+``os.execvpe`` — same pid, so signals sent to the task reach CMD. ``LD_PRELOAD`` only
+takes effect in a process started after it is set, which is why this is a wrapper and not
+code inside the worker. The srun line of the sbatch script and the local backend start
+every rank through it. Imports no torch; with ``cpu_bind: none``, ``allocator: system``
+and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
+
+``--dry-run`` prints the plan as JSON and the command instead of running it. A binding
+that cannot be applied (numactl or a library missing) prints one line
+``slurm_ddp launch: error: …`` naming the package to install, and exits 2.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+from typing import List, Mapping, Optional, Sequence, Tuple
+
+from .errors import SlurmDDPError, UserError
+
+USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] -- CMD [ARG...]"
+
+
+def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
+    """``(run_dir, dry_run, command)`` from ``argv``; raises ``UserError`` with the usage line."""
+    argv = list(argv)
+    if "--" not in argv:
+        raise UserError(f"no command after '--'; {USAGE}")
+    cut = argv.index("--")
+    opts, cmd = argv[:cut], argv[cut + 1:]
+    run_dir, dry = None, False
+    i = 0
+    while i < len(opts):
+        if opts[i] == "--run-dir" and i + 1 < len(opts):
+            run_dir = opts[i + 1]
+            i += 2
+        elif opts[i].startswith("--run-dir="):
+            run_dir = opts[i].split("=", 1)[1]
+            i += 1
+        elif opts[i] == "--dry-run":
+            dry = True
+            i += 1
+        else:
+            raise UserError(f"unknown option {opts[i]!r}; {USAGE}")
+    if not run_dir or not cmd:
+        raise UserError(USAGE)
+    return run_dir, dry, cmd
+
+
+def plan_here(cfg, environ: Mapping[str, str]):
+    """The binding plan of this process, a SLURM task of ``cfg``: reads the affinity, and
+    /sys and ``ldconfig -p`` only when the config needs them."""
+    from . import binding
+
+    e = cfg.environment
+    allowed = os.sched_getaffinity(0)
+    plain = e.cpu_bind == "none" and e.allocator == "system" and e.openmp == "gnu"
+    numa = core_ids = gpus = None
+    if not plain:
+        numa = binding.read_numa_nodes()
+        core_ids = binding.read_core_ids(allowed)
+        if cfg.slurm.gpus_per_node:
+            gpus = binding.read_gpu_numa_nodes(environ)
+    libraries = binding.locate_libraries(binding.needed_libraries(cfg), environ)
+    numactl = shutil.which("numactl", path=environ.get("PATH")) if e.cpu_bind == "numa" else None
+    return binding.plan_for_task(cfg, environ, allowed=allowed, numa=numa, core_ids=core_ids,
+                                 gpu_numa_nodes=gpus, libraries=libraries, numactl=numactl)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        from .binding import APPLIED_VAR, format_cpulist
+        from .config import load_config
+
+        run_dir, dry, cmd = parse_args(argv)
+        path = Path(run_dir) / "config.yaml"
+        if not path.is_file():
+            raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
+        cfg = load_config(path)
+        plan = plan_here(cfg, os.environ)
+        env = plan.environ(os.environ)
+        env[APPLIED_VAR] = plan.summary()
+        full = plan.command(cmd)
+        if dry:
+            print(json.dumps({
+                "cpus": format_cpulist(plan.cpus), "affinity": None if plan.affinity is None else
+                format_cpulist(plan.affinity), "numa_nodes": list(plan.numa_nodes), "threads": plan.threads,
+                "env": dict(plan.env), "kept": dict(plan.kept), "preload": list(plan.preload),
+                "source": plan.source, "notes": list(plan.notes), "command": full}, indent=1))
+            return 0
+        for note in plan.notes:
+            print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
+        if plan.affinity is not None:
+            try:
+                os.sched_setaffinity(0, plan.affinity)
+            except OSError as err:
+                raise UserError(f"cannot pin this task to CPUs {format_cpulist(plan.affinity)}: {err}") from None
+    except SlurmDDPError as err:
+        print(f"slurm_ddp launch: error: {err}", file=sys.stderr, flush=True)
+        return err.exit_code
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(full[0], full, env)
+    except OSError as err:
+        print(f"slurm_ddp launch: error: cannot run {full[0]!r}: {err}", file=sys.stderr, flush=True)
+        return 127
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())
