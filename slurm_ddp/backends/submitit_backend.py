@@ -9,7 +9,8 @@ then requeues the job with ``scontrol requeue`` (capped by ``requeue.max_requeue
 after a SIGTERM, which is a preemption Slurm requeues itself or a cancel). A requeued
 submitit job re-runs the same pickled callable, which resumes from the newest checkpoint.
 
-MASTER_PORT is probed free on the first node by a setup line of submitit's batch script
+Every task starts through ``python -m slurm_ddp.launch`` (the binding wrapper), given to
+submitit as its ``python`` command. MASTER_PORT is probed free on the first node by a setup line of submitit's batch script
 (``python -m slurm_ddp.rendezvous``), as in the sbatch backend. Imports submitit lazily.
 """
 
@@ -124,8 +125,12 @@ def schedule(plan: SubmitPlan) -> str:
             "use signal: USR2 with --backend submitit"
         )
     rd = prepare_run_dir(plan)
+    # Each task starts through slurm_ddp.launch (CPU binding, OMP_*, LD_PRELOAD must be set before
+    # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
+    py = plan.cfg.environment.python or sys.executable
+    launcher = f"{_q(py)} -m slurm_ddp.launch --run-dir {_q(str(rd))} -- {_q(py)}"
     executor = submitit.SlurmExecutor(folder=str(rd / "submitit" / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues,
-                                      python=plan.cfg.environment.python)
+                                      python=launcher)
     executor.update_parameters(**executor_parameters(plan))
     try:
         job = executor.submit(SubmititWorker(str(rd), plan.cfg.requeue.max_requeues))
