@@ -12,6 +12,7 @@ Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -63,14 +64,59 @@ def _die_with_parent() -> None:
         pass
 
 
+_STEP_LINE = re.compile(r" step (\d+)/(\d+) loss ([0-9.eE+-]+|nan|inf) ([0-9.]+) steps/s")
+
+
+class _Progress:
+    """Rank 0's lines on a terminal: the periodic "step N/M" lines drive a live tqdm bar and
+    every other line is printed above it. Off a terminal (a batch log, a pipe) or without
+    tqdm, lines are echoed as they are — no carriage-return spam in log files."""
+
+    def __init__(self, echo: IO[str]):
+        self.echo = echo
+        self.bar: Optional[object] = None
+        if hasattr(echo, "isatty") and echo.isatty():
+            try:
+                import tqdm  # optional: pip install tqdm
+
+                self._tqdm = tqdm.tqdm
+            except ImportError:
+                self._tqdm = None
+        else:
+            self._tqdm = None
+
+    def line(self, text: str) -> None:
+        m = _STEP_LINE.search(text) if self._tqdm is not None else None
+        if m is None:
+            if self.bar is not None:
+                self.bar.write(text.rstrip("\n"), file=self.echo)  # type: ignore[attr-defined]
+            else:
+                self.echo.write(text)
+                self.echo.flush()
+            return
+        step, total = int(m.group(1)), int(m.group(2))
+        if self.bar is None:
+            self.bar = self._tqdm(total=total, initial=step, file=self.echo, dynamic_ncols=True,
+                                  bar_format="{l_bar}{bar}| step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+        bar = self.bar
+        bar.update(step - bar.n)  # type: ignore[attr-defined]
+        bar.set_postfix_str(f"loss {m.group(3)} {m.group(4)} steps/s", refresh=True)  # type: ignore[attr-defined]
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()  # type: ignore[attr-defined]
+
+
 def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
+    progress = _Progress(echo) if echo is not None else None
     with open(log_path, "ab") as f:
         for line in iter(src.readline, b""):
             f.write(line)
             f.flush()
-            if echo is not None:
-                echo.write(line.decode(errors="replace"))
-                echo.flush()
+            if progress is not None:
+                progress.line(line.decode(errors="replace"))
+    if progress is not None:
+        progress.close()
 
 
 class LocalJob:
