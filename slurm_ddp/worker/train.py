@@ -10,6 +10,7 @@ preemption after the checkpoint of the last completed step was committed; 2 bad 
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -35,6 +36,7 @@ from .runtime import (
     ResumableDistributedSampler,
     SeededBatchSampler,
     SeededDataset,
+    StepAgreement,
     capture_rng,
     evaluate,
     gather_to_main,
@@ -93,6 +95,7 @@ class Trainer:
         self.cfg, self.run_dir, self.denv = cfg, run_dir, denv
         self.tc = cfg.train
         self.flag = PreemptionFlag([cfg.requeue.signal_name, "TERM"])
+        self.stop = StepAgreement(self.flag)  # all-reduces the flag every ~0.5 s, not every step
         self.ckpt = CheckpointManager(run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.config_hash())
         self.writer = AsyncCheckpointer(self.ckpt) if denv.is_main and cfg.checkpoint.async_save else None
         self.metrics = MetricsWriter(run_dir / "metrics.jsonl", denv.is_main)
@@ -110,6 +113,8 @@ class Trainer:
         task_cls = load_task_class(tc.task, tc.pythonpath)
         self.task: Task = task_cls(tc)
         if tc.deterministic:
+            if self.device.type == "cuda":  # cuBLAS is deterministic only with a fixed workspace
+                os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
         if self.device.type == "cuda":
             torch.backends.cudnn.benchmark = not tc.deterministic
@@ -342,7 +347,7 @@ class Trainer:
                 if ck.every_steps and self.step % ck.every_steps == 0 and self.step < tc.max_steps:
                     self._check_finite(nonfinite)  # never checkpoint a diverged model
                     self.save_checkpoint("periodic", sync=False)
-                if self.flag.sync(device=self.device):
+                if self.stop.poll():
                     sig = self.flag.received.name if self.flag.received else "signal"
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)
                     self.save_checkpoint(f"preemption ({sig})")
@@ -358,7 +363,13 @@ class Trainer:
         return 0
 
     def _check_finite(self, nonfinite: torch.Tensor) -> None:
-        if self.tc.nan_check and bool(nonfinite):
+        """Raise ``TrainingDiverged`` on every rank when the loss was NaN/inf on any rank (a collective)."""
+        if not self.tc.nan_check:
+            return
+        bad = nonfinite.to(torch.int32).reshape(1)
+        if dist.is_initialized() and self.denv.world_size > 1:
+            dist.all_reduce(bad, op=dist.ReduceOp.MAX)
+        if bool(bad[0]):
             raise TrainingDiverged(
                 f"the loss became NaN or infinite before step {self.step} (train.nan_check); the last good "
                 f"checkpoint is kept in {self.ckpt.directory}. Lower train.lr or enable train.clip_grad_norm")
@@ -378,10 +389,13 @@ class Trainer:
 
     def run(self) -> int:
         denv = self.denv
+        ok = False
         self.flag.install()
         try:
             t0 = time.perf_counter()
             self.device = init_distributed(denv, self.tc.backend, self.tc.pg_timeout_s)
+            if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
+                self.stop.group = dist.new_group(backend="gloo")
             if denv.is_main:
                 log.info("process group formed in %.3f s (backend %s, world size %d)",
                          time.perf_counter() - t0, dist.get_backend(), denv.world_size)
@@ -390,6 +404,7 @@ class Trainer:
             status = self.train()
             if status == 0:
                 self.finish()
+            ok = True
             return status
         except dist.DistBackendError as e:
             raise PeerFailure(self._peer_message(e)) from e
@@ -408,6 +423,15 @@ class Trainer:
                 self.tb.close()
             if dist.is_initialized():
                 dist.destroy_process_group()
+            # The DDP wrapper holds the process group (and its backend threads): release it now, while
+            # the interpreter is fully alive, rather than at interpreter teardown, where destroying
+            # gloo's threads can abort the process ("terminate called without an active exception").
+            # (Normal exits only: after a peer failure the threads may still wait on the dead peer.)
+            if ok:
+                for name in ("forward_model", "ddp"):
+                    self.__dict__.pop(name, None)
+                self.stop.group = None
+                gc.collect()
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
