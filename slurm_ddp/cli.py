@@ -134,6 +134,12 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.dry_run:
         sys.stdout.write(plan.describe())
         return 0
+    if plan.resuming and not args.test_only:
+        from .ops import refuse_active_run
+
+        note = refuse_active_run(Path(plan.run_dir))
+        if note:
+            print(f"slurm-ddp: warning: {note}", file=sys.stderr)
     if not args.no_check_task:
         from .preflight import check_task_imports
 

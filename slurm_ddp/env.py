@@ -200,9 +200,14 @@ def synthetic_slurm_env(
     """The task variables srun would give global ``rank`` under block distribution.
 
     Used by the local backend and ``env --explain``; srun(1) "OUTPUT ENVIRONMENT VARIABLES".
+    Raises ``ValueError`` when ``rank`` is outside the job or the node names are fewer than ``nodes``.
     """
     world = nodes * tasks_per_node
     names = node_names or (expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(nodes)])
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} is outside a job of {nodes} node(s) x {tasks_per_node} task(s)")
+    if len(names) < nodes:
+        raise ValueError(f"{len(names)} node name(s) for {nodes} node(s): {', '.join(names) or '(none)'}")
     node_rank = rank // tasks_per_node
     return {
         "SLURM_JOB_ID": str(job_id),

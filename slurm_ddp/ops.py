@@ -44,6 +44,8 @@ JOBS_NAME = "jobs.jsonl"
 METRICS_NAME = "metrics.jsonl"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
+#: held (flock) by a running ``submit --backend local`` launcher; holds its pid
+LAUNCHER_LOCK_NAME = "launcher.lock"
 DEFAULT_RUNS_DIR = "runs"
 
 #: Slurm job states after which nothing more happens to the job (squeue(1) "JOB STATE CODES").
@@ -474,10 +476,33 @@ def _proc_start_time(pid: int) -> Optional[float]:
         return None
 
 
-def local_launcher_alive(job: Dict[str, Any]) -> bool:
-    """True when the ``slurm-ddp submit --backend local`` process of ``job`` (its job id is that
-    process's pid) still runs on this machine. A process started after the submission is
-    another one that reused the pid."""
+def launcher_lock_held(run_dir: Path) -> Optional[bool]:
+    """Whether a local launcher holds ``RUN_DIR/launcher.lock`` (flock(2)); None without the file."""
+    import fcntl
+
+    try:
+        fd = os.open(run_dir / LAUNCHER_LOCK_NAME, os.O_RDONLY)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return None  # a filesystem without flock: fall back to the pid
+    finally:
+        os.close(fd)
+    return False
+
+
+def local_launcher_alive(job: Dict[str, Any], run_dir: Optional[Path] = None) -> bool:
+    """True when the ``slurm-ddp submit --backend local`` process of ``job`` still runs on this
+    machine: it holds ``run_dir``'s launcher lock, or (runs without a lock file) the pid that is
+    its job id runs and did not start after the submission (else it is a reused pid)."""
+    if run_dir is not None:
+        held = launcher_lock_held(run_dir)
+        if held is not None:
+            return held
     try:
         pid = int(str(job.get("job_id")))
     except ValueError:
@@ -541,7 +566,7 @@ def _local_status(run: Run) -> RunStatus:
     src = "run directory (local backend)"
     if run.finished is not None:
         return RunStatus(run, "COMPLETED", True, src)
-    if local_launcher_alive(run.jobs[-1]):
+    if local_launcher_alive(run.jobs[-1], run.path):
         return RunStatus(run, "RUNNING", False, src, notes=[f"launcher pid {run.latest_job_id} runs on this machine"])
     if run.preempted is not None and run.preempted.job_id == run.latest_job_id:
         return RunStatus(run, "PREEMPTED", True, src, notes=[
@@ -582,6 +607,31 @@ def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
     if run.is_local:
         return _local_status(run)
     return _status_from(run, query_jobs([run.latest_job_id or ""], run_cmd, detail=True))
+
+
+def refuse_active_run(run_dir: Path, run_cmd: Runner = subprocess.run) -> Optional[str]:
+    """Raise ``UserError`` when a job of ``run_dir`` is still pending, running or requeued.
+
+    Two jobs in one run directory would write the same checkpoints and logs and resume
+    from each other's steps. A job Slurm cannot be asked about (no ``squeue`` here) does not
+    block; the returned note says so (None when nothing needs saying).
+    """
+    if not is_run_dir(run_dir):
+        return None
+    run = read_run(run_dir)
+    if not run.jobs:
+        return None
+    st = run_status(run, run_cmd)
+    if st.state == "UNKNOWN":
+        return (f"could not ask Slurm whether job {run.latest_job_id} of {run_dir} still runs "
+                f"({'; '.join(st.notes)}); submitting anyway")
+    if st.final:
+        return None
+    how = ("wait for it to stop, or stop it with Ctrl-C / kill -USR2 " + str(run.latest_job_id)
+           if run.is_local else f"wait for it, or cancel it first: slurm-ddp cancel {run_dir}")
+    raise UserError(f"run directory {str(run_dir)!r} already has job {run.latest_job_id} in state "
+                    f"{st.state}; a second job would write the same checkpoints. HINT: {how}, "
+                    "or submit with another --run-dir")
 
 
 def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[RunStatus]:

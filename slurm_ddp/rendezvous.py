@@ -40,16 +40,31 @@ def choose_port(job_id: str, tries: int = 64) -> int:
 
 
 def choose(environ: Mapping[str, str]) -> tuple:
-    """``(MASTER_ADDR, MASTER_PORT)`` for the job in ``environ``; user-set values win."""
+    """``(MASTER_ADDR, MASTER_PORT)`` for the job in ``environ``; user-set values win.
+
+    Raises ``ValueError`` for a user-set MASTER_PORT that is not a port number.
+    """
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     addr = environ.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else socket.gethostname())
     port_text = environ.get("MASTER_PORT")
-    port = int(port_text) if port_text else choose_port(environ.get("SLURM_JOB_ID", "0"))
+    if port_text:
+        if not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
+            raise ValueError(f"MASTER_PORT={port_text!r} is not a TCP port (1-65535); "
+                             "unset it to let slurm_ddp choose a free one, or set a number")
+        port = int(port_text)
+    else:
+        port = choose_port(environ.get("SLURM_JOB_ID", "0"))
+    if any(c.isspace() for c in addr):
+        raise ValueError(f"MASTER_ADDR={addr!r} holds whitespace; set a host name or address")
     return addr, port
 
 
 def main() -> int:
-    addr, port = choose(os.environ)
+    try:
+        addr, port = choose(os.environ)
+    except ValueError as e:
+        print(f"slurm_ddp.rendezvous: error: {e}", file=sys.stderr)
+        return 2
     print(addr, port)
     return 0
 

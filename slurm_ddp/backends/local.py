@@ -24,6 +24,8 @@ from typing import IO, Dict, List, Optional
 from .. import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..rendezvous import choose_port
+from ..errors import UserError
+from ..ops import LAUNCHER_LOCK_NAME
 from . import SubmitPlan, prepare_run_dir, read_jobs, record_job
 
 KILL_GRACE_S = 10.0
@@ -130,8 +132,34 @@ class LocalJob:
         self.threads: List[threading.Thread] = []
         self.job_id = str(os.getpid())
         self._interrupts = 0
+        self._lock_fd: Optional[int] = None
+
+    def _lock(self) -> None:
+        """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
+        directory, and ``slurm-ddp status`` can tell that this one is alive. The kernel drops
+        the lock when this process dies; the ranks do not inherit it (close_fds)."""
+        import fcntl
+
+        Path(self.plan.run_dir).mkdir(parents=True, exist_ok=True)
+        fd = os.open(Path(self.plan.run_dir) / LAUNCHER_LOCK_NAME, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise UserError(f"run directory {self.plan.run_dir!r} is in use by another local launcher; wait for "
+                            "it to stop (or Ctrl-C it), or submit with another --run-dir") from None
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        self._lock_fd = fd
+
+    def release(self) -> None:
+        """Drop the run directory's launcher lock (also dropped when this process exits)."""
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)
+            self._lock_fd = None
 
     def start(self) -> "LocalJob":
+        self._lock()
         rd = prepare_run_dir(self.plan)
         restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
         record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
@@ -215,4 +243,8 @@ class LocalJob:
 
 def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None) -> int:
     """Run the job's ranks here and wait; returns the job's exit status."""
-    return LocalJob(plan, echo=echo, python=python).start().wait()
+    job = LocalJob(plan, echo=echo, python=python)
+    try:
+        return job.start().wait()
+    finally:
+        job.release()

@@ -211,6 +211,7 @@ CASES: Dict[str, Case] = {
     "partition with shell code": Case(["slurm.partition", "one token"], {"slurm": {"partition": "gpu;rm -rf /"}}),
     "env variable name with a dash": Case(["environment.env.BAD-NAME"], {"environment": {"env": {"BAD-NAME": "x"}}}),
     "extra flag with dashes": Case(["slurm.extra.--mail"], {"slurm": {"extra": {"--mail": "x"}}}),
+    "extra flag slurm_ddp sets itself": Case(["slurm.extra.nodes", "slurm.nodes"], {"slurm": {"extra": {"nodes": 4}}}),
     "name with a newline": Case(["'name'", "control characters"], {"name": "bad\ntouch /tmp/x"}),
     "name missing": Case(["'name' is missing"], data=without("name", "")),
 }

@@ -306,6 +306,12 @@ BAD = [
     ({"slurm": {"extra": {"mail-type": "END FAIL"}}}, "slurm.extra.mail-type", ["got 'END FAIL'", "one token"]),
     ({"slurm": {"extra": {"mail-type": "END\n"}}}, "slurm.extra.mail-type", ["one token"]),
     ({"slurm": {"extra": {"mail-type": None}}}, "slurm.extra.mail-type", ["got None"]),
+    # options slurm_ddp sets itself: the hint names the key that sets them
+    ({"slurm": {"extra": {"time": "10"}}}, "slurm.extra.time", ["does not set itself", "slurm.time"]),
+    ({"slurm": {"extra": {"ntasks_per_node": 4}}}, "slurm.extra.ntasks_per_node", ["slurm.tasks_per_node"]),
+    ({"slurm": {"extra": {"signal": "USR1@60"}}}, "slurm.extra.signal", ["requeue.signal"]),
+    ({"slurm": {"extra": {"requeue": False}}}, "slurm.extra.requeue", ["requeue.max_requeues"]),
+    ({"slurm": {"extra": {"output": "x.out"}}}, "slurm.extra.output", ["RUN_DIR/logs"]),
 ]
 
 

@@ -396,3 +396,23 @@ def test_choose_port_falls_back_to_an_ephemeral_port(monkeypatch):
     monkeypatch.setattr(rendezvous, "port_is_free", lambda port, host="": False)
     port = rendezvous.choose_port("1")
     assert _bindable(port)
+
+
+@pytest.mark.parametrize("port", ["abc", "0", "70000", "-1", "29 500"])
+def test_choose_refuses_a_user_port_that_is_not_a_port(port):
+    with pytest.raises(ValueError, match="MASTER_PORT=.* is not a TCP port"):
+        rendezvous.choose({"SLURM_JOB_NODELIST": "n1", "MASTER_PORT": port})
+
+
+def test_rendezvous_main_says_why_in_one_line(monkeypatch, capsys):
+    monkeypatch.setenv("MASTER_PORT", "not-a-port")
+    assert rendezvous.main() == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "MASTER_PORT='not-a-port'" in err[0] and "Traceback" not in err[0]
+
+
+def test_synthetic_env_refuses_too_few_node_names_and_ranks_outside_the_job():
+    with pytest.raises(ValueError, match="1 node name"):
+        synthetic_slurm_env(rank=2, nodes=2, tasks_per_node=2, nodelist="a1")
+    with pytest.raises(ValueError, match="rank 4 is outside"):
+        synthetic_slurm_env(rank=4, nodes=2, tasks_per_node=2)

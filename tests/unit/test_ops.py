@@ -712,3 +712,79 @@ def test_test_only_mistakes(tmp_path, slurm, capsys, monkeypatch):
     rc, out, err = cli(["submit", str(job), "--test-only", "--no-check-task"], capsys)
     one_error(rc, err, "sbatch, which is not on PATH")
     assert not (tmp_path / "runs").exists()
+
+
+# --------------------------------------------------------------------------- a second submit into a live run
+def test_submit_refuses_a_run_directory_whose_job_still_runs(tmp_path, slurm, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    slurm.set("sbatch", stdout="4242\n", when=["--parsable"])
+    rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
+    assert rc == 0, err
+    assert "submitted job 4242" in out
+    run_dir = tmp_path / "runs" / "t"
+    for state in ("PENDING", "RUNNING", "REQUEUED"):
+        slurm.job("4242", state)
+        rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
+        one_error(rc, err, f"already has job 4242 in state {state}", f"slurm-ddp cancel {run_dir}", "--run-dir")
+    assert len(slurm.calls("sbatch")) == 1  # nothing more was submitted
+    slurm.job("4242", "CANCELLED")
+    slurm.set("sbatch", stdout="4243\n", when=["--parsable"])
+    rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
+    assert rc == 0 and "submitted job 4243" in out, err
+    assert ops.read_run(run_dir).job_ids == ["4242", "4243"]
+
+
+def test_submit_refuses_a_run_directory_of_a_live_local_launcher(tmp_path, slurm, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    run_dir = tmp_path / "runs" / "t"
+    rc, out, err = cli(["submit", str(job), "--no-check-task", "--dry-run", "--backend", "local"], capsys)
+    assert rc == 0 and not run_dir.exists(), err
+    from slurm_ddp.backends import plan_submit, prepare_run_dir, record_job
+    from slurm_ddp.config import load_config
+
+    prepare_run_dir(plan_submit(load_config(job), "local", str(run_dir)))
+    record_job(str(run_dir), backend="local", job_id=str(os.getpid()), time=time.time())  # this process: alive
+    rc, out, err = cli(["submit", str(job), "--no-check-task", "--backend", "local"], capsys)
+    one_error(rc, err, f"already has job {os.getpid()} in state RUNNING", "Ctrl-C")
+
+
+def test_submit_goes_on_with_a_warning_when_slurm_cannot_be_asked(tmp_path, slurm, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    slurm.set("sbatch", stdout="77\n", when=["--parsable"])
+    assert cli(["submit", str(job), "--no-check-task"], capsys)[0] == 0
+    for cmd in ("scontrol", "squeue", "sacct"):
+        slurm.remove(cmd)
+    slurm.set("sbatch", stdout="78\n", when=["--parsable"])
+    rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
+    assert rc == 0 and "submitted job 78" in out, err
+    assert "warning: could not ask Slurm whether job 77" in err
+
+
+def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, capsys, monkeypatch):
+    import fcntl
+
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    from slurm_ddp.backends import plan_submit
+    from slurm_ddp.backends.local import LocalJob
+    from slurm_ddp.config import dump_config, load_config
+
+    run_dir = tmp_path / "runs" / "t"
+    plan = plan_submit(load_config(job), "local", str(run_dir))
+    # a launcher of this run recorded a pid long gone; the lock decides
+    make_run(tmp_path / "runs", "t", jobs=[("local", "999999999")])
+    (run_dir / "config.yaml").write_text(dump_config(plan.cfg))
+    fd = os.open(run_dir / ops.LAUNCHER_LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    try:
+        assert ops.run_status(ops.read_run(run_dir)).state == "RUNNING"
+        with pytest.raises(ops.UserError, match="in use by another local launcher"):
+            LocalJob(plan).start()
+        rc, out, err = cli(["submit", str(job), "--no-check-task", "--backend", "local"], capsys)
+        one_error(rc, err, "already has job 999999999 in state RUNNING")
+    finally:
+        os.close(fd)
+    assert ops.run_status(ops.read_run(run_dir)).state == "STOPPED"

@@ -189,9 +189,9 @@ def test_full_config_flags():
     assert flags == sorted(flags, key=lambda f: f.split("=")[0])
 
 
-def test_extra_false_removes_a_flag_and_mem_rounds_to_megabytes(make_config):
-    flags = sbatch_flags(make_config({"slurm": {"mem_gb": 0.5, "extra": {"open-mode": False}}}))
-    assert "--mem=512M" in flags and not any(f.startswith("--open-mode") for f in flags)
+def test_extra_false_leaves_a_flag_out_and_mem_rounds_to_megabytes(make_config):
+    flags = sbatch_flags(make_config({"slurm": {"mem_gb": 0.5, "extra": {"overcommit": False, "hold": True}}}))
+    assert "--mem=512M" in flags and "--hold" in flags and not any(f.startswith("--overcommit") for f in flags)
     assert not any(f.startswith("--output") for f in flags)  # no run_dir given
 
 
