@@ -17,7 +17,6 @@ import hashlib
 import json
 import os
 import re
-import signal as _signal
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType

@@ -29,14 +29,17 @@ they fail with it (use that in CI where Slurm tests must run).
 from __future__ import annotations
 
 import os
-from typing import Iterator
+import time
+from typing import Callable, Iterator, TypeVar
 
 import pytest
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
-__all__ = ["slurm_sandbox", "sandbox_unavailable"]
+__all__ = ["slurm_sandbox", "sandbox_unavailable", "wait_for"]
+
+T = TypeVar("T")
 
 #: Nodes and CPUs per node of the session sandbox.
 SANDBOX_NODES = 2
@@ -72,3 +75,20 @@ def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSan
         yield sandbox
     finally:
         sandbox.down()
+
+
+def wait_for(pred: Callable[[], T], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "",
+             interval_s: float = 0.25) -> T:
+    """Poll ``pred()`` every ``interval_s`` seconds until it returns a truthy value, and return it.
+
+    Every wait on a cluster needs its own deadline: after ``timeout_s`` seconds this raises
+    ``AssertionError`` naming ``what`` and adding ``diag()`` (e.g. the job's state and logs).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = pred()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diag()}")
+        time.sleep(interval_s)

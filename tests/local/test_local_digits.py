@@ -8,7 +8,6 @@ and exit 75, and a second `submit` that resumes from that step (not step 0) and 
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import subprocess

@@ -12,13 +12,14 @@ import json
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
-from typing import Callable, List
+from typing import List
 
 import pytest
 
 from slurm_ddp.cli import main
+from slurm_ddp.ops import read_metrics
+from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -26,27 +27,8 @@ REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
 
 
-def wait_for(pred: Callable[[], object], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diag()}")
-
-
 def events(run_dir: Path, kind: str) -> List[dict]:
-    p = run_dir / "metrics.jsonl"
-    out = []
-    for line in p.read_text().splitlines() if p.exists() else []:
-        try:
-            m = json.loads(line)
-        except ValueError:
-            continue
-        if m.get("event") == kind:
-            out.append(m)
-    return out
+    return [m for m in read_metrics(run_dir) if m.get("event") == kind]
 
 
 @pytest.fixture

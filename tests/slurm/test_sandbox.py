@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 
 import slurm_ddp
+from slurm_ddp import testing
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
@@ -27,16 +28,9 @@ pytestmark = pytest.mark.slurm
 REPO = Path(slurm_ddp.__file__).resolve().parent.parent
 
 
-def wait_for(cond, timeout: float, what: str, interval: float = 0.05):
-    """Poll ``cond()`` until it returns a truthy value; fail after ``timeout`` seconds."""
-    end = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > end:
-            pytest.fail(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(interval)
+def wait_for(cond, timeout: float, what: str):
+    """Poll ``cond()`` every 50 ms (these tests time the sandbox) until it returns a truthy value."""
+    return testing.wait_for(cond, timeout, what, interval_s=0.05)
 
 
 def sbatch(sb: SlurmSandbox, *args: str) -> str:

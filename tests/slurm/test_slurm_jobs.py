@@ -17,9 +17,12 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Dict, List
 
 import pytest
+
+from slurm_ddp.ops import read_metrics as metrics
+from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -28,29 +31,6 @@ JOB = REPO / "examples" / "digits" / "job.yaml"
 
 
 # --------------------------------------------------------------------------- helpers
-def wait_for(pred: Callable[[], object], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "") -> object:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = pred()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}\n{diag()}")
-
-
-def metrics(run_dir: Path) -> List[dict]:
-    p = run_dir / "metrics.jsonl"
-    if not p.exists():
-        return []
-    out = []
-    for line in p.read_text().splitlines():
-        try:
-            out.append(json.loads(line))
-        except ValueError:
-            pass  # a line being written
-    return out
-
-
 def train_steps(run_dir: Path) -> List[int]:
     return [m["step"] for m in metrics(run_dir) if m["event"] == "train"]
 
