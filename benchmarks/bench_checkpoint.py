@@ -148,6 +148,14 @@ def bench_blocked(workdir: Path, args) -> float:
 
     pairs, pending, load = [], None, None
     t_start = time.perf_counter()
+    prepare_s = None
+    if not args.no_prepare and hasattr(writer, "prepare"):
+        # what the worker does after its first step: the snapshot buffers are allocated on the
+        # writer thread while training goes on, so no checkpoint waits for fresh memory
+        state = train(1)
+        t0 = time.perf_counter()
+        writer.prepare({"model": state["model"], "optimizer": state["optimizer"]})
+        prepare_s = time.perf_counter() - t0
     while True:
         state = train(args.every)
         t0 = time.perf_counter()
@@ -191,15 +199,20 @@ def bench_blocked(workdir: Path, args) -> float:
               f"{statistics.median(b) * 1e3:7.1f} ms, max {max(b) * 1e3:7.1f} ms "
               f"({', '.join(f'{v * 1e3:.0f}' for v in b)} ms)")
     waits = ", ".join(f"{p['wait'] * 1e3:.0f}" for p in clean)
-    print(f"  (async: the first checkpoint allocates the snapshot buffers: {pairs[0]['async'] * 1e3:.0f} ms; "
-          f"of the async times, waiting for the write at the next checkpoint: {waits} ms)")
+    if prepare_s is None:
+        print(f"  (async: the first checkpoint allocates the snapshot buffers: {pairs[0]['async'] * 1e3:.0f} ms; "
+              f"of the async times, waiting for the write at the next checkpoint: {waits} ms)")
+    else:
+        print(f"  (async: the snapshot buffers were allocated in the background after step 1 (prepare: "
+              f"{prepare_s * 1e3:.1f} ms blocked); the first checkpoint took {pairs[0]['async'] * 1e3:.0f} ms; "
+              f"of the async times, waiting for the write at the next checkpoint: {waits} ms)")
     s_, a_ = [p["sync"] for p in clean], [p["async"] for p in clean]
     ratio = statistics.mean(a_) / statistics.mean(s_)
     steady = [p for p in clean if not p["first"]]
     line = f"  blocked per checkpoint, async / sync: {ratio:.3f} (means over the counted pairs; goal <= 0.05)"
     if steady:
         sr = statistics.mean(p["async"] for p in steady) / statistics.mean(p["sync"] for p in steady)
-        line += f"; {sr:.3f} without the first checkpoint's allocation"
+        line += f"; {sr:.3f} without the first checkpoint"
     print(line)
     if steps_after["sync"] and steps_after["async"]:
         ms, ma = statistics.median(steps_after["sync"]), statistics.median(steps_after["async"])
@@ -289,6 +302,8 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoints", type=int, default=12, help="checkpoints counted, half sync, half async "
                    "(default 12)")
     p.add_argument("--every", type=int, default=8, help="a checkpoint every N steps (default 8)")
+    p.add_argument("--no-prepare", action="store_true", help="do not call AsyncCheckpointer.prepare after the "
+                   "first step: the first async checkpoint then allocates its snapshot buffers itself")
     args = p.parse_args(argv)
 
     base = args.dir or Path.cwd()

@@ -556,30 +556,65 @@ def _tensor_bytes(obj: Any) -> int:
     return 0
 
 
+def _allocate_like(obj: Any) -> Any:
+    """Empty CPU buffers shaped like ``obj``'s plain tensors (None elsewhere), pages touched.
+
+    Reads only tensor metadata (shape, strides, dtype), never data, so it may run while
+    training mutates the tensors. The result is a ``reuse`` argument for ``snapshot_to_cpu``.
+    """
+    import ctypes
+
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        if not (_plain(obj) and obj.is_contiguous()):
+            return None
+        buf = torch.empty_strided(obj.size(), obj.stride(), dtype=obj.dtype, device="cpu")
+        if buf.numel():
+            # fault the pages in now (the kernel zeroes each on first touch); memset releases the GIL
+            ctypes.memset(buf.data_ptr(), 0, buf.numel() * buf.element_size())
+        return buf
+    if isinstance(obj, dict):
+        return {k: _allocate_like(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_allocate_like(v) for v in obj]
+    return None
+
+
 class _Job:
-    """One background write: what to save, and what came of it."""
+    """One background task: a write (what to save, and what came of it) or, with ``state=None``
+    and ``like`` set, an allocation of snapshot buffers (``AsyncCheckpointer.prepare``)."""
 
-    __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error")
+    __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error", "like", "buffers")
 
-    def __init__(self, manager: CheckpointManager, state: Any, step: int, world_size: int, done: Any):
+    def __init__(self, manager: Optional[CheckpointManager], state: Any, step: int, world_size: int, done: Any,
+                 like: Any = None):
         self.manager, self.state, self.step, self.world_size, self.done = manager, state, step, world_size, done
+        self.like = like
+        self.buffers: Any = None
         self.info: Optional[CheckpointInfo] = None
         self.error: Optional[BaseException] = None
 
+    def run(self) -> None:
+        if self.manager is None:
+            self.buffers = _allocate_like(self.like)
+        else:
+            self.info = self.manager.save(self.state, self.step, world_size=self.world_size)
+
 
 def _writer_loop(jobs: Any) -> None:
-    """The writer thread: commit each job's snapshot; ``None`` ends it. Holds no reference to the
-    ``AsyncCheckpointer``, which stops it when it is closed or garbage-collected."""
+    """The writer thread: run each job (commit its snapshot); ``None`` ends it. Holds no reference
+    to the ``AsyncCheckpointer``, which stops it when it is closed or garbage-collected."""
     while True:
         job = jobs.get()
         if job is None:
             return
         try:
-            job.info = job.manager.save(job.state, job.step, world_size=job.world_size)
+            job.run()
         except BaseException as e:  # surfaced in the main loop by check()/wait()/save()
             job.error = e
         finally:
-            job.state = None
+            job.state = job.like = None
             job.done.set()
 
 
@@ -633,6 +668,27 @@ class AsyncCheckpointer:
             return next(c for c in COPIERS if c != best)
         return best
 
+    def _start_worker(self) -> None:
+        if self._worker is None or not self._worker.is_alive():
+            self._worker = self._threading.Thread(target=_writer_loop, args=(self._jobs,),
+                                                  name="checkpoint-writer", daemon=True)
+            self._worker.start()
+
+    def prepare(self, state: dict) -> None:
+        """Allocate the snapshot buffers for states shaped like ``state`` on the writer thread,
+        while training goes on, so that not even the first ``save`` waits for fresh memory.
+
+        Optional (the first ``save`` allocates otherwise); call it once the state has its final
+        shapes — after the first optimizer step, when optimizers such as Adam have made their
+        moment buffers. Only the metadata of ``state``'s tensors is read. A ``save`` before the
+        allocation finished waits for it. No-op with ``reuse_buffers=False`` or when buffers exist.
+        """
+        if not self.reuse_buffers or self._staging is not None or self._job is not None:
+            return
+        self._start_worker()
+        self._job = _Job(None, None, 0, 0, self._threading.Event(), like=state)
+        self._jobs.put(self._job)
+
     def save(self, state: dict, step: int, world_size: int = 1) -> float:
         """Snapshot ``state`` and start writing it; returns the seconds the caller was blocked."""
         t0 = time.perf_counter()
@@ -649,10 +705,7 @@ class AsyncCheckpointer:
             self._copy_cost[copier] = cost if old is None else 0.5 * old + 0.5 * cost
             self._snapshots += 1
         self._staging = snapshot if self.reuse_buffers else None
-        if self._worker is None or not self._worker.is_alive():
-            self._worker = self._threading.Thread(target=_writer_loop, args=(self._jobs,),
-                                                  name="checkpoint-writer", daemon=True)
-            self._worker.start()
+        self._start_worker()
         self._job = _Job(self.manager, snapshot, step, world_size, self._threading.Event())
         self._jobs.put(self._job)
         return time.perf_counter() - t0
@@ -668,6 +721,8 @@ class AsyncCheckpointer:
             self._job = None
             if job.error is not None:
                 self._error = job.error
+            elif job.manager is None:  # a prepare(): its buffers receive the next snapshot
+                self._staging = job.buffers
             else:
                 self.last = job.info
 

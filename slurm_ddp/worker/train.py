@@ -190,6 +190,12 @@ class Trainer:
             "config_hash": self.cfg.config_hash(),
         }
 
+    def _big_state(self) -> Dict[str, Any]:
+        """The tensor-holding part of ``state_dict()``, shaped alike, without its collective: what
+        ``AsyncCheckpointer.prepare`` allocates snapshot buffers for (rank 0)."""
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+
     def save_checkpoint(self, reason: str, sync: bool = True) -> None:
         """Collective: gather the state; rank 0 commits it (in the background unless ``sync``); barrier."""
         t0 = time.perf_counter()
@@ -303,6 +309,7 @@ class Trainer:
         if prof is not None:
             prof.start()
         groups = self.micro_batch_groups()
+        prepared = False
         try:
             while self.step < tc.max_steps:
                 micro = next(groups)
@@ -341,6 +348,9 @@ class Trainer:
                     loss_count = 0
                     t_log, step_at_log = time.perf_counter(), self.step
                 if self.writer is not None:
+                    if not prepared:  # after the first step the optimizer state has its shapes
+                        self.writer.prepare(self._big_state())
+                        prepared = True
                     self.writer.check()  # a failed background write surfaces here
                 if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.max_steps:
                     self.run_eval()

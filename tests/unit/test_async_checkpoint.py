@@ -153,6 +153,40 @@ def test_snapshot_reuses_the_previous_buffers_only_when_they_fit(copier):
     assert torch.equal(third["x"], state["x"]) and third["x"].data_ptr() != state["x"].data_ptr()
 
 
+def test_prepare_allocates_the_buffers_the_first_save_copies_into(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    writer = AsyncCheckpointer(mgr)
+    state = live_state()
+    writer.prepare({"model": state["model"], "optimizer": state["optimizer"]})  # the big part only
+    mutate(state)  # training goes on while the buffers are allocated
+    writer.wait()
+    buffers = writer._staging
+    assert buffers is not None and mgr.committed() == []  # allocating writes no checkpoint
+    ptr = buffers["model"]["0.weight"].data_ptr()
+    assert ptr != state["model"]["0.weight"].data_ptr()
+    writer.prepare(state)  # buffers exist: a no-op
+    assert writer._staging is buffers
+    expected = clone(state)
+    writer.save(state, 1)
+    assert writer._staging["model"]["0.weight"].data_ptr() == ptr  # the prepared buffer was used
+    mutate(state)
+    assert same(mgr.load(writer.wait()), expected)  # exact, whatever the buffers held
+
+
+def test_a_save_right_after_prepare_waits_for_it_and_is_exact(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=5)
+    writer = AsyncCheckpointer(mgr)
+    state = live_state()
+    writer.prepare(state)
+    expected = clone(state)
+    writer.save(state, 3)
+    mutate(state)
+    assert same(mgr.load(writer.wait()), expected)
+    unbuffered = AsyncCheckpointer(mgr, reuse_buffers=False)
+    unbuffered.prepare(state)
+    assert unbuffered._job is None and unbuffered._staging is None  # nothing to keep buffers for
+
+
 def test_snapshot_copier_must_be_known():
     with pytest.raises(ValueError, match="copier"):
         snapshot_to_cpu({"a": torch.ones(1)}, copier="dma")
