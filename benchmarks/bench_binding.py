@@ -190,7 +190,7 @@ def main(argv=None) -> int:
                               ("threads", "threads", "unbound", "threads-only/unbound aggregate samples/s"),
                               ("pinning", "bound", "threads", "bound/threads-only aggregate samples/s"),
                               ("allocator", "jemalloc", "system", "jemalloc/system aggregate samples/s on digits")):
-        if a in results:
+        if a in results and b in results:
             ratios = [x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b])]
             med = statistics.median(ratios)
             print(f"RESULT {label}: {what} = {med:.2f}x"

@@ -11,7 +11,11 @@ of per-round ratios (steps per CPU-second ratio in brackets):
     worker checkpointing on vs minimal off    1.021  (1.001)   goal >= 0.95
 
 Per-round ratios scatter from ~0.6 to ~1.6 with the machine's other load; three runs of the
-checkpointing-off ratio gave 0.975, 0.987 and 0.972. Before/after the worker fixes, in one run
+checkpointing-off ratio gave 0.975, 0.987 and 0.972. Rerun 2026-11-22 (same machine kind): 0.965
+(checkpointing on in both 0.958), then 0.952 with the previous commit's worker at 0.964 in the same
+run — the goal of 0.98 is not met reliably. A py-spy profile of rank 0 shows no single cost of the
+worker's own: forward/backward/optimizer ~90 %, data loading ~8 % (of which the per-batch RNG
+save/restore of the seeded batches ~0.1 ms of a ~15 ms step). Before/after the worker fixes, in one run
 (``--only off --rounds 12 --slot 3 --baseline-repo DIR`` with DIR = ``git archive`` of the worker
 before them): 0.934 before, 0.972 after.
 
