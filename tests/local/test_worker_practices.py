@@ -223,6 +223,27 @@ def test_fp16_uses_a_grad_scaler(tmp_path: Path) -> None:
     assert math.isfinite(json.loads((run / "FINISHED").read_text())["eval_loss"])
 
 
+def test_metrics_go_to_tensorboard_on_rank_0(tmp_path: Path) -> None:
+    pytest.importorskip("tensorboard")  # optional for users; the test extra installs it
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    r = submit(run, SMALL + ["train.max_steps=6", "train.log_every=2", "train.eval_every=3"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    event_files = list((run / "tensorboard").glob("events.out.tfevents.*"))
+    assert len(event_files) == 1, event_files  # rank 0 only
+    acc = EventAccumulator(str(run / "tensorboard"))
+    acc.Reload()
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [(m["step"], m["loss"]) for m in metrics if m["event"] == "train"]
+    evals = sorted({m["step"]: m["eval_accuracy"] for m in metrics if m["event"] == "eval"}.items())
+    assert [e.step for e in acc.Scalars("loss")] == [s for s, _ in train] == [2, 4, 6]
+    assert [e.value for e in acc.Scalars("loss")] == pytest.approx([v for _, v in train], rel=1e-6)
+    assert [e.step for e in acc.Scalars("eval_accuracy")] == [s for s, _ in evals] == [3, 6]
+    assert [e.value for e in acc.Scalars("eval_accuracy")] == pytest.approx([v for _, v in evals], rel=1e-6)
+    assert {"steps_per_s", "eval_loss"} <= set(acc.Tags()["scalars"])
+
+
 NAN_TASK = '''
 from digits_task import DigitsTask
 
