@@ -10,6 +10,7 @@ the "distributed inference" recipe: split, gather, trim to the dataset length).
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import random
 import time
@@ -40,6 +41,14 @@ def init_distributed(denv: DistEnv, backend: str = "auto", timeout_s: float = 60
     with gloo it is the CPU. ``timeout_s`` bounds every collective (a dead peer turns
     into an error after it instead of a hang). Returns after the group formed.
     """
+    # torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is
+    # imported; DDP imports it lazily (through torch.distributed._shard), so after
+    # init_process_group those defaults would hold the world group for good: destroy_process_group
+    # could never free it, and gloo's worker threads would outlive the interpreter, where one that
+    # still drops a finished collective aborts the process at exit ("terminate called without an
+    # active exception", pytorch/pytorch#190489). Imported first, its defaults are None.
+    import torch.distributed.nn.functional  # noqa: F401
+
     backend = choose_backend(backend)
     device = torch.device("cpu")
     kwargs: Dict[str, Any] = {}
@@ -56,6 +65,19 @@ def init_distributed(denv: DistEnv, backend: str = "auto", timeout_s: float = 60
         **kwargs,
     )
     return device
+
+
+def shutdown_distributed() -> None:
+    """Destroy the process group and free it now, while the interpreter is fully alive.
+
+    ``dist.destroy_process_group`` only unregisters the group; its backend (gloo's worker threads,
+    NCCL's communicators) goes when the last reference does. Drop the DDP wrappers first (they hold
+    the group), then call this: the garbage collection here frees the group and joins its threads,
+    instead of leaving them to race interpreter teardown. Safe to call when no group exists.
+    """
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+    gc.collect()
 
 
 def seed_everything(seed: int) -> None:

@@ -10,7 +10,6 @@ preemption after the checkpoint of the last completed step was committed; 2 bad 
 
 from __future__ import annotations
 
-import gc
 import json
 import logging
 import os
@@ -44,6 +43,7 @@ from .runtime import (
     optimizer_step,
     restore_rng,
     seed_everything,
+    shutdown_distributed,
 )
 
 log = logging.getLogger("slurm_ddp.worker")
@@ -431,17 +431,18 @@ class Trainer:
                     log.error("%s", e)
             if self.tb is not None:
                 self.tb.close()
-            if dist.is_initialized():
-                dist.destroy_process_group()
-            # The DDP wrapper holds the process group (and its backend threads): release it now, while
-            # the interpreter is fully alive, rather than at interpreter teardown, where destroying
-            # gloo's threads can abort the process ("terminate called without an active exception").
-            # (Normal exits only: after a peer failure the threads may still wait on the dead peer.)
+            # The DDP wrapper holds the process group (and its backend threads): release both now,
+            # while the interpreter is fully alive, rather than at interpreter teardown, where a gloo
+            # thread that still drops a finished collective aborts the process ("terminate called
+            # without an active exception"). Normal exits only: after a peer failure the threads may
+            # still wait on the dead peer, and joining them would hang.
             if ok:
                 for name in ("forward_model", "ddp"):
                     self.__dict__.pop(name, None)
                 self.stop.group = None
-                gc.collect()
+                shutdown_distributed()
+            elif dist.is_initialized():
+                dist.destroy_process_group()
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -65,6 +65,12 @@ def _init(rank: int, port: int) -> torch.device:
     return init_distributed(denv, "gloo", timeout_s=60)
 
 
+def _gloo_threads() -> int:
+    """How many of this process's threads are gloo's (``pt_gloo_*``, ``gloo_*``), from /proc."""
+    tasks = Path("/proc/self/task")
+    return sum((t / "comm").read_text().startswith(("pt_gloo", "gloo")) for t in tasks.iterdir())
+
+
 def _accum_rank(rank: int, port: int, out_dir: str) -> None:
     """One rank of the accumulation test; writes its observations to OUT_DIR/rank-N.json."""
     import torch.distributed as dist
@@ -73,7 +79,7 @@ def _accum_rank(rank: int, port: int, out_dir: str) -> None:
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from slurm_ddp.worker.runtime import optimizer_step
+    from slurm_ddp.worker.runtime import optimizer_step, shutdown_distributed
 
     device = _init(rank, port)
     accum, micro, steps = 4, 8, 3
@@ -122,11 +128,19 @@ def _accum_rank(rank: int, port: int, out_dir: str) -> None:
     flat = torch.cat([p.detach().reshape(-1) for p in model_acc.parameters()])
     gathered = [torch.zeros_like(flat) for _ in range(2)]
     dist.all_gather(gathered, flat)
+    ranks_equal = bool(torch.equal(gathered[0], gathered[1]))
+
+    # The DDP wrappers hold the group: drop them, then shut down. The group must really go, with
+    # its gloo threads, before the interpreter exits: a thread left behind can abort the process
+    # at exit ("terminate called without an active exception").
+    gloo_threads_before = _gloo_threads()
+    del ddp_acc, ddp_ref, ddp_naive
+    shutdown_distributed()
     Path(out_dir, f"rank-{rank}.json").write_text(json.dumps({
         "per_step": per_step, "naive": naive_calls, "allclose": close, "max_diff": max_diff,
-        "ranks_equal": bool(torch.equal(gathered[0], gathered[1])),
+        "ranks_equal": ranks_equal, "gloo_threads_before": gloo_threads_before,
+        "gloo_threads_after": _gloo_threads(),
     }))
-    dist.destroy_process_group()
 
 
 def _agreement_rank(rank: int, port: int, out_dir: str) -> None:
@@ -170,6 +184,9 @@ def test_accumulation_all_reduces_once_per_step_and_equals_the_big_batch(tmp_pat
         assert len(r["naive"]) == 4 * len(set(r["naive"])), r["naive"]
         assert r["allclose"], f"rank {rank}: accumulated step differs from the big batch by {r['max_diff']}"
         assert r["ranks_equal"]
+        assert r["gloo_threads_before"] > 0, "the thread count cannot see gloo's threads"
+        assert r["gloo_threads_after"] == 0, (
+            f"rank {rank}: {r['gloo_threads_after']} gloo threads outlive shutdown_distributed()")
 
 
 def test_step_agreement_stops_every_rank_after_the_same_step(tmp_path: Path) -> None:
