@@ -46,8 +46,8 @@ def logs(run_dir: Path) -> str:
     return "\n".join(parts)
 
 
-def record_timing(name: str, seconds: float) -> None:
-    line = f"TIMING {name}: {seconds:.2f} s"
+def record_timing(name: str, value: float, unit: str = "s") -> None:
+    line = f"TIMING {name}: {value:.2f} {unit}"
     print(line)
     out = os.environ.get("SLURM_DDP_TIMINGS")
     if out:
@@ -142,7 +142,7 @@ def measure_resume(job: Job) -> None:
     pre = [m for m in ev if m["event"] == "preempted"][-1]
     res = [m for m in ev if m["event"] == "resume" and m["time"] > pre["time"]][0]
     record_timing("checkpoint→resumed step (requeue + restart)", res["time"] - pre["time"])
-    record_timing("steps lost per preemption", res["step"] - pre["step"])
+    record_timing("steps lost per preemption", res["step"] - pre["step"], unit="steps")
     assert res["step"] == pre["step"]
 
 
