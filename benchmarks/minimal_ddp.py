@@ -30,6 +30,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+# Not part of the classic script, and no cost per step: imported after init_process_group (DDP does
+# so lazily) its default arguments would keep the group alive past destroy_process_group, and a gloo
+# thread racing interpreter teardown can abort the run at exit (see slurm_ddp/worker/runtime.py).
+import torch.distributed.nn.functional  # noqa: F401
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler
@@ -93,6 +97,7 @@ def main() -> int:
         epoch += 1
     if rank == 0:
         torch.save(model.state_dict(), out / "final_model.pt")
+    del ddp  # it holds the group: the group and its threads go now, not at interpreter teardown
     dist.destroy_process_group()
     return 0
 

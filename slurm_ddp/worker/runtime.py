@@ -20,6 +20,14 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 import numpy as np
 import torch
 import torch.distributed as dist
+
+# torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is
+# imported; DDP imports it lazily (through torch.distributed._shard), so imported after
+# init_process_group those defaults would hold the world group for good: destroy_process_group
+# could never free it, and gloo's worker threads would outlive the interpreter, where one that
+# still drops a finished collective aborts the process at exit ("terminate called without an
+# active exception", pytorch/pytorch#190489). Imported here, before any group exists, they are None.
+import torch.distributed.nn.functional  # noqa: F401
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
 from ..env import DistEnv
@@ -41,14 +49,6 @@ def init_distributed(denv: DistEnv, backend: str = "auto", timeout_s: float = 60
     with gloo it is the CPU. ``timeout_s`` bounds every collective (a dead peer turns
     into an error after it instead of a hang). Returns after the group formed.
     """
-    # torch.distributed.nn.functional binds ``group=group.WORLD`` as default arguments when it is
-    # imported; DDP imports it lazily (through torch.distributed._shard), so after
-    # init_process_group those defaults would hold the world group for good: destroy_process_group
-    # could never free it, and gloo's worker threads would outlive the interpreter, where one that
-    # still drops a finished collective aborts the process at exit ("terminate called without an
-    # active exception", pytorch/pytorch#190489). Imported first, its defaults are None.
-    import torch.distributed.nn.functional  # noqa: F401
-
     backend = choose_backend(backend)
     device = torch.device("cpu")
     kwargs: Dict[str, Any] = {}
