@@ -9,7 +9,8 @@
   short fp16 run (GradScaler);
 - ``nan_check``: a task whose loss turns NaN ends the job non-zero, naming NaN, and the last good
   checkpoint stays valid;
-- ``torch.compile`` opt-in, when this CPU compiles the model in reasonable time.
+- ``torch.compile`` opt-in, when this CPU compiles the model in reasonable time;
+- a finished worker has freed its process group (no gloo thread left) before interpreter teardown.
 """
 
 from __future__ import annotations
@@ -259,6 +260,43 @@ def test_metrics_go_to_tensorboard_on_rank_0(tmp_path: Path) -> None:
     assert [e.step for e in acc.Scalars("eval_accuracy")] == [s for s, _ in evals] == [3, 6]
     assert [e.value for e in acc.Scalars("eval_accuracy")] == pytest.approx([v for _, v in evals], rel=1e-6)
     assert {"steps_per_s", "eval_loss"} <= set(acc.Tags()["scalars"])
+
+
+EXIT_TASK = """
+import atexit, json, os
+from pathlib import Path
+
+from digits_task import DigitsTask
+
+
+def _report():  # atexit: after the worker returned, before interpreter teardown
+    tasks = Path("/proc/self/task")
+    gloo = sum((t / "comm").read_text().startswith(("pt_gloo", "gloo")) for t in tasks.iterdir())
+    rank = os.environ["SLURM_PROCID"]
+    Path(os.environ["SLURM_DDP_RUN_DIR"], f"exit-threads-{rank}.json").write_text(json.dumps({"gloo": gloo}))
+
+
+class ExitReport(DigitsTask):
+    def build_model(self):
+        atexit.register(_report)
+        return super().build_model()
+"""
+
+
+def test_a_finished_worker_frees_its_process_group_before_exit(tmp_path: Path) -> None:
+    # Gloo threads alive at interpreter teardown can abort a finished rank with SIGABRT ("terminate
+    # called without an active exception"): the worker must free the group on its way out.
+    task_dir = tmp_path / "tasks"
+    task_dir.mkdir()
+    (task_dir / "exit_task.py").write_text(EXIT_TASK)
+    run = tmp_path / "run"
+    r = submit(run, SMALL + [
+        "train.task=exit_task:ExitReport", f"train.pythonpath=[{json.dumps(str(task_dir))}, {json.dumps(str(DIGITS_DIR))}]",
+        "train.max_steps=4", "train.log_every=2", "checkpoint.every_steps=2"])
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    for rank in range(2):
+        report = json.loads((run / f"exit-threads-{rank}.json").read_text())
+        assert report["gloo"] == 0, f"rank {rank}: {report['gloo']} gloo threads left at interpreter exit"
 
 
 NAN_TASK = '''
