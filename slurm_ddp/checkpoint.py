@@ -363,7 +363,7 @@ class CheckpointManager:
         except (OSError, ValueError, KeyError, TypeError):
             return None
 
-    def _read_manifest(self, manifest: Path) -> Optional[CheckpointInfo]:
+    def _read_manifest(self, manifest: Path, quiet: bool = False) -> Optional[CheckpointInfo]:
         try:
             m = json.loads(manifest.read_text())
             return CheckpointInfo(
@@ -377,17 +377,23 @@ class CheckpointManager:
                 created=float(m.get("created", 0.0)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
-            log.warning("skipping checkpoint manifest %s: unreadable (%s)", manifest, e)
+            if not quiet:
+                log.warning("skipping checkpoint manifest %s: unreadable (%s)", manifest, e)
             return None
 
-    def committed(self) -> List[CheckpointInfo]:
-        """Checkpoints whose manifest exists and parses, oldest first (not yet verified)."""
-        if not self.directory.is_dir():
+    def committed(self, quiet: bool = False) -> List[CheckpointInfo]:
+        """Checkpoints whose manifest exists and parses, oldest first (not yet verified).
+
+        ``quiet``: skip unreadable manifests without a warning (a login-node reader).
+        """
+        try:
+            entries = list(self.directory.iterdir())
+        except OSError:
             return []
         infos = []
-        for p in self.directory.iterdir():
+        for p in entries:
             if _NAME.match(p.name):
-                info = self._read_manifest(p)
+                info = self._read_manifest(p, quiet)
                 if info is not None:
                     infos.append(info)
         return sorted(infos, key=lambda i: i.step)
