@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, List, Mapping, Optional
 
-import hostlist
+from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
 from .errors import EnvironmentMismatch, UserError
 
@@ -30,23 +30,75 @@ PORT_BASE = 15000
 PORT_SPAN = 15000
 
 
+#: Characters that are set operators or group names in ClusterShell's nodeset syntax
+#: (``a!b``, ``a&b``, ``a^b``, ``@group``, ``a*``) but never part of a SLURM hostlist
+#: (slurm.conf(5), NodeName): refused, so ``expand_nodelist`` reads exactly SLURM's syntax.
+_NOT_SLURM_HOSTLIST = frozenset("!&^@*")
+
+
+def _top_level_elements(nodelist: str) -> List[str]:
+    """Split ``"a[1-2],b3"`` at the commas outside brackets: ``["a[1-2]", "b3"]``."""
+    elements: List[str] = []
+    depth = start = 0
+    for i, ch in enumerate(nodelist):
+        depth += {"[": 1, "]": -1}.get(ch, 0)
+        if ch == "," and depth == 0:
+            elements.append(nodelist[start:i])
+            start = i + 1
+    elements.append(nodelist[start:])
+    return elements
+
+
 def expand_nodelist(nodelist: str) -> List[str]:
     """Expand a SLURM hostlist (``"gpu-[001-004]"``, ``"a[1-2],b3"``) into host names, in order.
 
-    Uses python-hostlist, the same syntax ``scontrol show hostnames`` accepts.
-    Raises ``UserError`` for a malformed list.
+    The syntax is SLURM's (``scontrol show hostnames``; slurm.conf(5) NodeName): ranges,
+    zero padding (``n[08-10]``), several bracket groups (``rack[1-2]-n[1-2]``). Each bracket
+    element is expanded by ClusterShell's ``NodeSet`` (LGPL-2.1+, with group resolution off,
+    so no groups.conf is read and no group command runs); the comma-separated elements keep
+    their order (the first host is rank 0's, ``SLURM_JOB_NODELIST``), a repeated host counts
+    once. Raises ``UserError`` naming the list for a malformed or empty one.
     """
-    try:
-        hosts = hostlist.expand_hostlist(nodelist)
-    except hostlist.BadHostlist as e:
-        raise UserError(f"bad SLURM nodelist {nodelist!r}: {e}") from None
-    if not hosts:
+    if not nodelist.strip():
         raise UserError(f"empty SLURM nodelist {nodelist!r}")
+    bad = sorted(_NOT_SLURM_HOSTLIST.intersection(nodelist))
+    if bad:
+        raise UserError(f"bad SLURM nodelist {nodelist!r}: {''.join(bad)!r} is not hostlist syntax")
+    hosts: List[str] = []
+    seen = set()
+    for element in _top_level_elements(nodelist):
+        if not element.strip():
+            raise UserError(f"bad SLURM nodelist {nodelist!r}: an empty element between commas")
+        try:
+            expanded = list(NodeSet(element, resolver=RESOLVER_NOGROUP))
+        except NodeSetParseError as e:
+            raise UserError(f"bad SLURM nodelist {nodelist!r}: {e}") from None
+        hosts += [h for h in expanded if h not in seen]
+        seen.update(expanded)
     return hosts
 
 
+def fold_nodelist(hosts: List[str]) -> str:
+    """The SLURM hostlist of ``hosts`` (``["n1", "n2", "n3"]`` → ``"n[1-3]"``), in their order.
+
+    Folded by ClusterShell's ``NodeSet`` when that keeps the order (it sorts); otherwise the
+    names joined by commas, so ``expand_nodelist(fold_nodelist(h)) == h`` for distinct names.
+    """
+    try:
+        folded = str(NodeSet.fromlist(hosts, resolver=RESOLVER_NOGROUP))
+        if expand_nodelist(folded) == list(hosts):
+            return folded
+    except (NodeSetParseError, UserError):
+        pass
+    return ",".join(hosts)
+
+
 def expand_tasks_per_node(spec: str) -> List[int]:
-    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` → ``[2, 2, 2, 1]``); srun(1) format."""
+    """Expand ``SLURM_TASKS_PER_NODE`` (``"2(x3),1"`` → ``[2, 2, 2, 1]``), one count per node.
+
+    The format is srun(1)'s (OUTPUT ENVIRONMENT VARIABLES, ``SLURM_TASKS_PER_NODE``): comma-
+    separated counts, ``N(xK)`` for K nodes of N tasks. Raises ``UserError`` for another text.
+    """
     counts: List[int] = []
     for part in spec.split(","):
         m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
@@ -222,8 +274,8 @@ def synthetic_slurm_env(
         "SLURM_JOB_NUM_NODES": str(nodes),
         "SLURM_TASKS_PER_NODE": f"{tasks_per_node}(x{nodes})" if nodes > 1 else str(tasks_per_node),
         "SLURM_NTASKS_PER_NODE": str(tasks_per_node),
-        "SLURM_JOB_NODELIST": nodelist or hostlist.collect_hostlist(names),
-        "SLURM_NODELIST": nodelist or hostlist.collect_hostlist(names),
+        "SLURM_JOB_NODELIST": nodelist or fold_nodelist(names),
+        "SLURM_NODELIST": nodelist or fold_nodelist(names),
         "SLURMD_NODENAME": names[node_rank],
         "SLURM_CPUS_PER_TASK": str(cpus_per_task),
         "SLURM_RESTART_COUNT": str(restart_count),

@@ -18,6 +18,7 @@ from slurm_ddp.env import (
     expand_nodelist,
     expand_tasks_per_node,
     fallback_port,
+    fold_nodelist,
     synthetic_slurm_env,
 )
 from slurm_ddp.errors import EnvironmentMismatch, UserError
@@ -132,6 +133,10 @@ def test_old_variable_names_are_understood():
         ("n[08-10]", ["n08", "n09", "n10"]),
         ("rack[1-2]-n[1-2]", ["rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"]),
         ("b3,a1", ["b3", "a1"]),  # order is kept: the first host is rank 0's
+        ("n[1-2]x[01-02]", ["n1x01", "n1x02", "n2x01", "n2x02"]),
+        ("gpu[09-10],cpu[1-2,4]", ["gpu09", "gpu10", "cpu1", "cpu2", "cpu4"]),
+        ("n[001-003,010]", ["n001", "n002", "n003", "n010"]),
+        ("a1,a1,a2", ["a1", "a2"]),  # a host counts once
     ],
 )
 def test_expand_nodelist(nodelist, hosts):
@@ -141,11 +146,42 @@ def test_expand_nodelist(nodelist, hosts):
     assert env.master_addr == hosts[0]
 
 
-@pytest.mark.parametrize("nodelist", ["gpu-[001-", "n[3-1]", "a[1-2"])
+@pytest.mark.parametrize(
+    "nodelist",
+    # unclosed, reversed, unclosed, padding mismatch, empty bracket, empty element, and
+    # ClusterShell's own set operators and groups, which SLURM's syntax does not have
+    ["gpu-[001-", "n[3-1]", "a[1-2", "n[8-010]", "n[]", "a1,,a2", ",", "a1!a2", "a[1-4]&a[2-3]", "@gpus", "n*"],
+)
 def test_bad_nodelist(nodelist):
     with pytest.raises(UserError) as ei:
         expand_nodelist(nodelist)
-    assert repr(nodelist) in str(ei.value)
+    msg = str(ei.value)
+    assert repr(nodelist) in msg and "\n" not in msg
+
+
+def test_empty_nodelist():
+    with pytest.raises(UserError, match="empty SLURM nodelist"):
+        expand_nodelist("")
+
+
+@pytest.mark.parametrize(
+    "hosts, folded",
+    [
+        (["node0", "node1", "node2"], "node[0-2]"),
+        (["gpu-007", "gpu-008"], "gpu-[007-008]"),
+        (["b1", "a1"], "b1,a1"),  # folding would sort: the order is kept instead
+        (["x"], "x"),
+    ],
+)
+def test_fold_nodelist_round_trips_in_order(hosts, folded):
+    assert fold_nodelist(hosts) == folded
+    assert expand_nodelist(fold_nodelist(hosts)) == hosts
+
+
+def test_synthetic_env_keeps_the_order_of_given_node_names():
+    environ = synthetic_slurm_env(rank=0, nodes=2, tasks_per_node=1, node_names=["zeta", "alpha"])
+    env = DistEnv.from_slurm(environ)
+    assert env.master_addr == "zeta" == env.hostname
 
 
 @pytest.mark.parametrize(
