@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
 
-from .errors import UserError
+from .errors import BindingError
 
 #: Variables that belong to the plan; a value the user already set is kept unless
 #: ``environment.override_env`` is true.
@@ -48,10 +48,6 @@ PLAN_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE", "
 
 #: Where the launch wrapper records what it applied (one line, for the logs and ``slurm-ddp env``).
 APPLIED_VAR = "SLURM_DDP_BINDING"
-
-
-class BindingError(UserError):
-    """The binding the config asks for cannot be applied here (a missing library or tool)."""
 
 
 # --------------------------------------------------------------------------- cpu lists

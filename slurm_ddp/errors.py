@@ -26,6 +26,10 @@ class EnvironmentMismatch(UserError):
     """SLURM's variables disagree with the job config (nodes, tasks per node)."""
 
 
+class BindingError(UserError):
+    """The binding the config asks for cannot be applied here (a missing library or tool)."""
+
+
 class ClusterError(SlurmDDPError):
     """A cluster command (sbatch, scontrol, squeue) failed or is missing."""
 
@@ -42,3 +46,15 @@ class CheckpointError(SlurmDDPError):
     """A checkpoint could not be written or no valid checkpoint could be read."""
 
     exit_code = 5
+
+
+class PeerFailure(SlurmDDPError):
+    """Another rank died or stopped responding during a collective (the worker's exit 1)."""
+
+    exit_code = 1
+
+
+class TrainingDiverged(SlurmDDPError):
+    """The loss became NaN/inf (``train.nan_check``; the worker's exit 1)."""
+
+    exit_code = 1

@@ -28,7 +28,7 @@ from .. import PREEMPTED_EXIT_CODE
 from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write, atomic_write_text
 from ..config import JobConfig, load_config
 from ..env import DistEnv
-from ..errors import CheckpointError, SlurmDDPError, UserError
+from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
 from ..signals import PreemptionFlag
 from ..task import Task, load_task_class
 from .runtime import (
@@ -449,18 +449,6 @@ class Trainer:
         return (f"rank {self.denv.rank} on {self.denv.hostname or socket.gethostname()}: a peer rank stopped "
                 f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
                 f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})")
-
-
-class PeerFailure(SlurmDDPError):
-    """Another rank died or stopped responding during a collective."""
-
-    exit_code = 1
-
-
-class TrainingDiverged(SlurmDDPError):
-    """The loss became NaN/inf (``train.nan_check``)."""
-
-    exit_code = 1
 
 
 def _is_peer_failure(e: BaseException) -> bool:
