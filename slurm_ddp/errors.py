@@ -1,7 +1,8 @@
 """Errors of slurm_ddp. A leaf module: imports nothing from the package.
 
-Each class carries the process exit code the CLI uses for it; only ``slurm_ddp.cli``
-turns an error into an exit code and a one-line message. A user's mistake is a
+Each class carries the process exit code the CLI uses for it; only ``slurm_ddp.cli`` and,
+for the processes of a job (launch, worker, rendezvous), ``slurm_ddp.entrypoint.run_main``
+turn an error into an exit code and a one-line message. A user's mistake is a
 ``UserError`` (exit 2, no traceback); anything else that escapes is a bug.
 """
 
@@ -40,6 +41,12 @@ class SandboxUnavailable(SlurmDDPError):
     """The private Slurm sandbox cannot start here; the message says why and what to install."""
 
     exit_code = 4
+
+
+class CommandNotRunnable(SlurmDDPError):
+    """A wrapper could not exec the command it was given (exit 127, the shell's "cannot run")."""
+
+    exit_code = 127
 
 
 class CheckpointError(SlurmDDPError):

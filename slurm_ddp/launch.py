@@ -24,7 +24,8 @@ import sys
 from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
-from .errors import SlurmDDPError, UserError
+from .entrypoint import run_main
+from .errors import CommandNotRunnable, UserError
 
 USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] -- CMD [ARG...]"
 
@@ -76,44 +77,45 @@ def plan_here(cfg, environ: Mapping[str, str]):
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    try:
-        from .binding import APPLIED_VAR, format_cpulist
-        from .config import load_config
+    """Entry of ``python -m slurm_ddp.launch``: does not return when CMD starts; else the exit status
+    (2 a bad run directory or binding, 127 CMD cannot run), after one ``slurm_ddp launch: error:`` line."""
+    args = sys.argv[1:] if argv is None else argv
+    return run_main("slurm_ddp launch", lambda: _bind_and_exec(args))
 
-        run_dir, dry, cmd = parse_args(argv)
-        path = Path(run_dir) / "config.yaml"
-        if not path.is_file():
-            raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
-        cfg = load_config(path)
-        plan = plan_here(cfg, os.environ)
-        env = plan.environ(os.environ)
-        env[APPLIED_VAR] = plan.summary()
-        full = plan.command(cmd)
-        if dry:
-            print(json.dumps({
-                "cpus": format_cpulist(plan.cpus), "affinity": None if plan.affinity is None else
-                format_cpulist(plan.affinity), "numa_nodes": list(plan.numa_nodes), "threads": plan.threads,
-                "env": dict(plan.env), "kept": dict(plan.kept), "preload": list(plan.preload),
-                "source": plan.source, "notes": list(plan.notes), "command": full}, indent=1))
-            return 0
-        for note in plan.notes:
-            print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
-        if plan.affinity is not None:
-            try:
-                os.sched_setaffinity(0, plan.affinity)
-            except OSError as err:
-                raise UserError(f"cannot pin this task to CPUs {format_cpulist(plan.affinity)}: {err}") from None
-    except SlurmDDPError as err:
-        print(f"slurm_ddp launch: error: {err}", file=sys.stderr, flush=True)
-        return err.exit_code
+
+def _bind_and_exec(argv: Sequence[str]) -> int:
+    from .binding import APPLIED_VAR, format_cpulist
+    from .config import load_config
+
+    run_dir, dry, cmd = parse_args(argv)
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
+    cfg = load_config(path)
+    plan = plan_here(cfg, os.environ)
+    env = plan.environ(os.environ)
+    env[APPLIED_VAR] = plan.summary()
+    full = plan.command(cmd)
+    if dry:
+        print(json.dumps({
+            "cpus": format_cpulist(plan.cpus), "affinity": None if plan.affinity is None else
+            format_cpulist(plan.affinity), "numa_nodes": list(plan.numa_nodes), "threads": plan.threads,
+            "env": dict(plan.env), "kept": dict(plan.kept), "preload": list(plan.preload),
+            "source": plan.source, "notes": list(plan.notes), "command": full}, indent=1))
+        return 0
+    for note in plan.notes:
+        print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
+    if plan.affinity is not None:
+        try:
+            os.sched_setaffinity(0, plan.affinity)
+        except OSError as err:
+            raise UserError(f"cannot pin this task to CPUs {format_cpulist(plan.affinity)}: {err}") from None
     sys.stdout.flush()
     sys.stderr.flush()
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:
-        print(f"slurm_ddp launch: error: cannot run {full[0]!r}: {err}", file=sys.stderr, flush=True)
-        return 127
+        raise CommandNotRunnable(f"cannot run {full[0]!r}: {err}") from None
     return 0  # not reached
 
 

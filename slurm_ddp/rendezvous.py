@@ -14,7 +14,9 @@ import socket
 import sys
 from typing import Mapping
 
+from .entrypoint import run_main
 from .env import expand_nodelist, fallback_port
+from .errors import UserError
 
 
 def port_is_free(port: int, host: str = "") -> bool:
@@ -42,7 +44,8 @@ def choose_port(job_id: str, tries: int = 64) -> int:
 def choose(environ: Mapping[str, str]) -> tuple:
     """``(MASTER_ADDR, MASTER_PORT)`` for the job in ``environ``; user-set values win.
 
-    Raises ``ValueError`` for a user-set MASTER_PORT that is not a port number.
+    Raises ``ValueError`` for a user-set MASTER_PORT that is not a port number (or a
+    MASTER_ADDR with whitespace), ``UserError`` for a malformed SLURM_JOB_NODELIST.
     """
     nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST")
     addr = environ.get("MASTER_ADDR") or (expand_nodelist(nodelist)[0] if nodelist else socket.gethostname())
@@ -60,13 +63,20 @@ def choose(environ: Mapping[str, str]) -> tuple:
 
 
 def main() -> int:
-    try:
-        addr, port = choose(os.environ)
-    except ValueError as e:
-        print(f"slurm_ddp.rendezvous: error: {e}", file=sys.stderr)
-        return 2
-    print(addr, port)
-    return 0
+    """Entry of ``python -m slurm_ddp.rendezvous``: prints ``ADDR PORT``, returns the exit status.
+
+    A bad MASTER_PORT/MASTER_ADDR or SLURM_JOB_NODELIST is one stderr line and exit 2.
+    """
+
+    def rendezvous() -> int:
+        try:
+            addr, port = choose(os.environ)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        print(addr, port)
+        return 0
+
+    return run_main("slurm_ddp rendezvous", rendezvous)
 
 
 if __name__ == "__main__":

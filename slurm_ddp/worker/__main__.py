@@ -8,9 +8,8 @@ import argparse
 import os
 import socket
 import sys
-import traceback
 
-from ..errors import SlurmDDPError
+from ..entrypoint import run_main
 
 
 def _where() -> str:
@@ -21,17 +20,14 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m slurm_ddp.worker", description=__doc__)
     parser.add_argument("--run-dir", required=True, help="run directory holding config.yaml")
     args = parser.parse_args(argv)
-    try:
+
+    def train() -> int:
         from .train import main as train_main
 
         return train_main(args.run_dir)
-    except SlurmDDPError as e:
-        print(f"slurm_ddp worker: error: {_where()}: {e}", file=sys.stderr, flush=True)
-        return e.exit_code
-    except Exception as e:  # the task's code failed: keep the traceback, end with one line
-        traceback.print_exc()
-        print(f"slurm_ddp worker: error: {_where()} failed: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
-        return 1
+
+    # the task's code failing keeps its traceback and ends with one line (report_crash)
+    return run_main("slurm_ddp worker", train, where=_where, report_crash=True)
 
 
 if __name__ == "__main__":
