@@ -14,10 +14,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from . import PREEMPTED_EXIT_CODE, __version__
 from .errors import SlurmDDPError, UserError
+
+if TYPE_CHECKING:
+    from .ops import RunStatus
 
 
 class _Parser(argparse.ArgumentParser):
@@ -243,6 +246,92 @@ COMMANDS = {"render": cmd_render, "submit": cmd_submit, "sandbox": cmd_sandbox, 
 
 
 # --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
+# The tables and the writer of the login-node verbs: slurm_ddp.ops returns records and
+# sentences; what they look like on the terminal, and what a closed pipe means, is decided here.
+def format_eval(m: Optional[Dict[str, Any]]) -> str:
+    """``acc=0.9712`` (eval_accuracy), else the first other eval metric; ``-`` when none."""
+    if not m:
+        return "-"
+    if isinstance(m.get("eval_accuracy"), (int, float)):
+        return f"acc={m['eval_accuracy']:.4f}"
+    for k, v in m.items():
+        if k.startswith("eval_") and k != "eval_samples" and isinstance(v, (int, float)):
+            return f"{k[5:]}={v:.4g}"
+    return "-"
+
+
+def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> str:
+    """The ``slurm-ddp runs`` table."""
+    cwd = Path.cwd() if cwd is None else cwd
+    header = ("NAME", "JOBS", "STATE", "STEP", "EVAL", "RESTARTS", "DIR")
+    rows = [header]
+    for st in statuses:
+        r = st.run
+        jobs = ",".join(r.job_ids) or "-"
+        if r.is_local:
+            jobs = "local:" + jobs
+        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        try:
+            where = str(r.path.relative_to(cwd))
+        except ValueError:
+            where = str(r.path)
+        rows.append((r.name, jobs, st.state, step, format_eval(r.last_eval), str(r.restarts), where))
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
+
+
+def format_status(st: RunStatus) -> str:
+    """The ``slurm-ddp status`` report: one ``key: value`` line each."""
+    r = st.run
+    lines = [("run", f"{r.name}  ({r.path})"), ("backend", r.backend or "-")]
+    if r.jobs:
+        ids = r.job_ids
+        lines.append(("job", f"{r.latest_job_id}" + (f"  (all submissions: {', '.join(ids)})" if len(ids) > 1 else "")))
+    lines.append(("state", f"{st.describe_state()}  [{st.source}]"))
+    step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+    lines.append(("step", step))
+    lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))
+    if r.finished is not None:
+        acc = r.finished.get("eval_accuracy")
+        lines.append(("finished", f"yes, at step {r.finished.get('step', '?')}"
+                      + (f", eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else "")))
+    else:
+        lines.append(("finished", "no"))
+    restarts = f"{r.restarts}"
+    if r.resumes:
+        restarts += " (resumed at step " + ", ".join(str(m.get("step", "?")) for m in r.resumes) + ")"
+    if st.slurm is not None and st.slurm.restarts is not None:
+        restarts += f"; Slurm restart count of job {st.slurm.job_id}: {st.slurm.restarts}"
+    lines.append(("restarts", restarts))
+    ev = r.last_eval
+    lines.append(("last eval", f"{format_eval(ev)} at step {ev.get('step', '?')}" if ev else "-"))
+    if r.preempted is not None and r.finished is None:
+        p = r.preempted
+        lines.append(("preempted", f"job {p.job_id} restart {p.restart} stopped at step {p.step} ({p.signal})"))
+    for n in st.notes:
+        lines.append(("note", n))
+    width = max(len(k) for k, _ in lines)
+    return "".join(f"{k + ':':<{width + 1}} {v}\n" for k, v in lines)
+
+
+def stream_writer(stream: Optional[IO[str]] = None) -> Callable[[str], None]:
+    """A ``write`` for :func:`slurm_ddp.ops.show_logs` that flushes every line (for pipes and ``tail``-like use)."""
+
+    def write(text: str) -> None:
+        s = stream or sys.stdout
+        try:
+            s.write(text)
+            s.flush()
+        except BrokenPipeError:  # `slurm-ddp logs RUN | head`: stop quietly, like tail
+            try:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), s.fileno())
+            except (OSError, ValueError, AttributeError):
+                pass
+            raise SystemExit(0) from None
+
+    return write
+
+
 def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
 
@@ -255,7 +344,7 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not statuses:
         print(f"no runs under {args.dir}")
         return 0
-    sys.stdout.write(ops.format_runs(statuses))
+    sys.stdout.write(format_runs(statuses))
     return 0
 
 
@@ -266,7 +355,7 @@ def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.json:
         print(json.dumps(st.to_dict(), default=str))
     else:
-        sys.stdout.write(ops.format_status(st))
+        sys.stdout.write(format_status(st))
     return 0
 
 
@@ -276,7 +365,7 @@ def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     run = ops.read_run(ops.resolve_run(args.run))
     if args.rank is not None:
         ops.check_rank(run, args.rank)
-    write = ops.stream_writer()
+    write = stream_writer()
     if not args.follow:
         ops.show_logs(run, args.rank, write)
         return 0

@@ -18,7 +18,7 @@ from typing import List
 import pytest
 
 from slurm_ddp.cli import main
-from slurm_ddp.ops import read_metrics
+from slurm_ddp.rundir import read_metrics
 from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm

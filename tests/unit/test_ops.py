@@ -19,8 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 import yaml
 
-from slurm_ddp import ops
+from slurm_ddp import ops, rundir
 from slurm_ddp.cli import main
+from slurm_ddp.errors import UserError
 
 SLURM_COMMANDS = ("scontrol", "squeue", "sacct", "scancel", "sbatch")
 
@@ -777,11 +778,11 @@ def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, c
     # a launcher of this run recorded a pid long gone; the lock decides
     make_run(tmp_path / "runs", "t", jobs=[("local", "999999999")])
     (run_dir / "config.yaml").write_text(dump_config(plan.cfg))
-    fd = os.open(run_dir / ops.LAUNCHER_LOCK_NAME, os.O_RDWR | os.O_CREAT)
+    fd = os.open(run_dir / rundir.LAUNCHER_LOCK_NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         assert ops.run_status(ops.read_run(run_dir)).state == "RUNNING"
-        with pytest.raises(ops.UserError, match="in use by another local launcher"):
+        with pytest.raises(UserError, match="in use by another local launcher"):
             LocalJob(plan).start()
         rc, out, err = cli(["submit", str(job), "--no-check-task", "--backend", "local"], capsys)
         one_error(rc, err, "already has job 999999999 in state RUNNING")

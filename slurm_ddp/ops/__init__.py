@@ -1,0 +1,55 @@
+"""Operating runs from the login node: the verbs ``runs``, ``status``, ``logs``, ``cancel`` and
+``requeue`` without their printing (that, and the exit codes, are ``slurm_ddp.cli``'s).
+
+One module per job:
+
+- :mod:`.runs`: what a run directory records (:class:`Run`, :func:`read_run`, :func:`find_runs`,
+  :func:`resolve_run`); reads files;
+- :mod:`.slurm`: what Slurm says about jobs (``scontrol``/``squeue``/``sacct``, job states);
+  runs commands through an injectable ``Runner``;
+- :mod:`.status`: the two joined into a run's state (:class:`RunStatus`), the local launcher's
+  liveness, and the refusal of a second job in a busy run directory;
+- :mod:`.actions`: :func:`cancel` and :func:`requeue` (``scancel`` / ``scontrol requeue``);
+- :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``.
+
+The run directory's file names and readers belong to :mod:`slurm_ddp.rundir`. Nothing here
+imports torch: all of it works on a login node where only the CLI is installed. The names
+below are re-exported so that ``from slurm_ddp import ops; ops.read_run(...)`` reads as before.
+"""
+
+from __future__ import annotations
+
+# Re-exported for callers that still import them from here (tests/slurm/test_slurm_jobs.py,
+# slurm_ddp/backends/local.py); their owner is slurm_ddp.rundir.
+from ..rundir import LAUNCHER_LOCK_NAME, read_metrics
+from .actions import cancel, requeue
+from .logs import LogSource, check_rank, follow_logs, log_sources, show_logs
+from .runs import Run, find_runs, is_run_dir, read_config_facts, read_run, resolve_run
+from .slurm import (
+    FINAL_STATES,
+    REQUEUED_STATES,
+    Runner,
+    SlurmAnswer,
+    SlurmJob,
+    is_final,
+    query_jobs,
+    sacct_jobs,
+    scontrol_job,
+    squeue_jobs,
+)
+from .status import (
+    RunStatus,
+    launcher_lock_held,
+    local_launcher_alive,
+    refuse_active_run,
+    run_status,
+    runs_status,
+)
+
+__all__ = [
+    "FINAL_STATES", "LAUNCHER_LOCK_NAME", "REQUEUED_STATES", "LogSource", "Run", "RunStatus", "Runner",
+    "SlurmAnswer", "SlurmJob", "cancel", "check_rank", "find_runs", "follow_logs", "is_final", "is_run_dir",
+    "launcher_lock_held", "local_launcher_alive", "log_sources", "query_jobs", "read_config_facts", "read_metrics",
+    "read_run", "refuse_active_run", "requeue", "resolve_run", "run_status", "runs_status", "sacct_jobs",
+    "scontrol_job", "show_logs", "squeue_jobs",
+]

@@ -1,0 +1,78 @@
+"""Acting on a run's latest Slurm job from the login node: :func:`cancel` (``scancel``) and
+:func:`requeue` (``scontrol requeue``).
+
+Side effects: asks Slurm about the job first (:mod:`.slurm`), then runs ``scancel`` or
+``scontrol requeue`` through the injectable ``run_cmd``; returns a sentence saying what was
+done and raises a one-line error otherwise (printing is the CLI's). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from typing import List
+
+from ..errors import ClusterError, UserError
+from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME
+from .runs import Run
+from .slurm import REQUEUED_STATES, Runner, call, last_line, query_jobs
+
+
+def _slurm_job_of(run: Run, verb: str) -> str:
+    if not run.jobs or not run.latest_job_id:
+        raise UserError(f"run {str(run.path)!r} has no job id recorded in {JOBS_NAME}: nothing to {verb} "
+                        "(was it submitted?)")
+    if run.is_local:
+        raise UserError(f"run {str(run.path)!r} ran on the local backend: there is no Slurm job to {verb} "
+                        f"(its launcher is process {run.latest_job_id} on the machine that submitted it)")
+    return run.latest_job_id
+
+
+def _act(argv: List[str], run_cmd: Runner) -> None:
+    proc, why = call(run_cmd, argv)
+    if proc is None:
+        raise ClusterError(f"{' '.join(argv)}: {why}; run this on a login node of the cluster")
+    if proc.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed (exit {proc.returncode}): {last_line(proc)}")
+
+
+def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
+    """``scancel`` the run's latest job; returns what was done. The ranks get SIGTERM: they
+    checkpoint at the next step boundary and the batch script does not requeue.
+
+    Raises ``UserError`` (local run, no job id, job already ended) or ``ClusterError``.
+    """
+    jid = _slurm_job_of(run, "cancel")
+    ans = query_jobs([jid], run_cmd, detail=True)
+    job = ans.jobs.get(jid)
+    if job is not None and job.final:
+        raise UserError(f"job {jid} of run {run.name!r} already ended ({job.state}); nothing to cancel")
+    if job is None and ans.controller_answered:
+        raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}: it ended; nothing to cancel")
+    _act(["scancel", jid], run_cmd)
+    return (f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
+            f"continue later with: slurm-ddp requeue {run.path}")
+
+
+def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
+    """``scontrol requeue`` the run's latest job: Slurm stops it (SIGTERM: the ranks checkpoint)
+    and starts it again, and it resumes from its newest checkpoint. A job that ended but that
+    the controller still remembers is started again too.
+
+    Raises ``UserError`` (local run, no job id, pending job, finished run, forgotten job) or
+    ``ClusterError``.
+    """
+    jid = _slurm_job_of(run, "requeue")
+    if run.finished is not None:
+        raise UserError(f"run {run.name!r} already finished ({FINISHED_NAME} in {run.path}); a requeued job would exit "
+                        "at once. Submit with another --run-dir to train again")
+    ans = query_jobs([jid], run_cmd, detail=True)
+    job = ans.jobs.get(jid)
+    if job is not None and (job.state == "PENDING" or job.state in REQUEUED_STATES):
+        raise UserError(f"job {jid} of run {run.name!r} is {job.state}: it is already waiting to start; "
+                        "nothing to requeue")
+    if job is None and ans.controller_answered:
+        raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}; to resume it, submit again: "
+                        f"slurm-ddp submit {run.path / CONFIG_NAME} --run-dir {run.path}")
+    _act(["scontrol", "requeue", jid], run_cmd)
+    return (f"requeued job {jid} of run {run.name!r}: Slurm stops it (the ranks checkpoint) and starts it again; "
+            "it resumes from its newest checkpoint")

@@ -1,0 +1,190 @@
+"""A run's logs: which files there are (:func:`log_sources`), showing them once
+(:func:`show_logs`) and following them across requeues until the run ends (:func:`follow_logs`).
+
+Side effects: reads log files of a run directory (``logs/`` under the run directory, and the
+per-task logs of submitit's folder); :func:`follow_logs` also asks for the run's state
+(:mod:`.status`) every few seconds and sleeps between polls. Lines go to an injected
+``write`` callable: where they end up (and what a closed pipe means) is the CLI's business.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ..errors import UserError
+from ..rundir import LOGS_DIR
+from .runs import Run, read_run
+from .slurm import Runner
+from .status import RunStatus, run_status
+
+# The log names: ``rank-%t.log`` is the template's ``srun --output`` (and the local
+# backend's), ``batch-%j.out`` the batch shell's ``--output`` (slurm_ddp.render), and
+# ``JOBID_TASK_log.{out,err}`` submitit's, in its folder ``submitit/JOBID/``.
+_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
+_BATCH_LOG = re.compile(r"^batch-(.+)\.out$")
+_SUBMITIT_DIR = "submitit"
+_SUBMITIT_LOG = re.compile(r"^(.+)_(\d+)_log\.(out|err)$")
+_TIMESTAMP = re.compile(rb"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})")
+
+
+@dataclass(frozen=True)
+class LogSource:
+    """One log file and the label its lines get when ranks are interleaved."""
+
+    label: str  #: "rank 0", "batch 1234"
+    path: Path
+    order: Tuple[int, int, str]  #: sort key: batch logs first, then ranks by number
+
+
+def _job_order(text: str) -> Tuple[int, str]:
+    m = re.match(r"(\d+)", text)
+    return (int(m.group(1)) if m else 0, text)
+
+
+def log_sources(run_dir: Path, rank: Optional[int] = None) -> List[LogSource]:
+    """The log files of a run: ``logs/rank-N.log`` (sbatch, local) or submitit's per-task logs,
+    and (when ``rank`` is None) the batch shells' ``logs/batch-JOBID.out``. Existing files only."""
+    run_dir = Path(run_dir)
+    out: List[LogSource] = []
+    logs = run_dir / LOGS_DIR
+    if logs.is_dir():
+        for p in logs.iterdir():
+            m = _RANK_LOG.match(p.name)
+            if m and (rank is None or int(m.group(1)) == rank):
+                out.append(LogSource(f"rank {int(m.group(1))}", p, (1, int(m.group(1)), "")))
+            b = _BATCH_LOG.match(p.name)
+            if b and rank is None:
+                n, s = _job_order(b.group(1))
+                out.append(LogSource(f"batch {b.group(1)}", p, (0, n, s)))
+    sub = run_dir / _SUBMITIT_DIR
+    if sub.is_dir():
+        for p in sub.glob("*/*_log.*"):
+            m = _SUBMITIT_LOG.match(p.name)
+            if m and (rank is None or int(m.group(2)) == rank):
+                n, s = _job_order(m.group(1))
+                out.append(LogSource(f"rank {int(m.group(2))}", p, (1, int(m.group(2)), f"{n:012d}{s}.{m.group(3)}")))
+    return sorted(out, key=lambda s: s.order)
+
+
+def check_rank(run: Run, rank: int) -> None:
+    """Raises ``UserError`` unless ``rank`` is one of the run's ranks."""
+    if run.world_size:
+        if not 0 <= rank < run.world_size:
+            raise UserError(f"--rank {rank}: run {run.name!r} has {run.world_size} rank"
+                            f"{'s' if run.world_size > 1 else ''} (0..{run.world_size - 1})")
+        return
+    known = sorted({int(s.label.split()[1]) for s in log_sources(run.path) if s.label.startswith("rank ")})
+    if rank not in known:
+        raise UserError(f"--rank {rank}: run {run.name!r} has logs of ranks {', '.join(map(str, known)) or 'none'}")
+
+
+class _Tail:
+    """New complete lines of one growing file; ``last_ts`` dates lines without a timestamp."""
+
+    def __init__(self, source: LogSource, seq: int):
+        self.source, self.seq = source, seq
+        self.pos = 0
+        self.partial = b""
+        self.last_ts = b""
+
+    def read(self, final: bool = False) -> List[Tuple[bytes, int, int, str]]:
+        try:
+            size = self.source.path.stat().st_size
+        except OSError:
+            return []
+        if size < self.pos:  # replaced or truncated: start again
+            self.pos, self.partial = 0, b""
+        data = b""
+        if size > self.pos:
+            with open(self.source.path, "rb") as f:
+                f.seek(self.pos)
+                data = f.read(size - self.pos)
+            self.pos += len(data)
+        chunks = (self.partial + data).split(b"\n")
+        self.partial = chunks.pop()
+        if final and self.partial:
+            chunks.append(self.partial)
+            self.partial = b""
+        out = []
+        for i, raw in enumerate(chunks):
+            m = _TIMESTAMP.match(raw)
+            if m:
+                self.last_ts = m.group(1).replace(b" ", b"T")
+            out.append((self.last_ts, self.seq, i, raw.decode("utf-8", errors="replace").rstrip("\r")))
+        return out
+
+
+def _emit(lines: List[Tuple[bytes, int, int, str]], tails: Sequence[_Tail], write: Callable[[str], Any],
+          prefix: bool) -> None:
+    # Ordered by timestamp; lines of one file keep their order (the sort is stable, and a
+    # file's lines carry non-decreasing timestamps: undated lines inherit the one before).
+    for ts, seq, _, text in sorted(lines, key=lambda t: t[0]):
+        write(f"[{tails[seq].source.label}] {text}\n" if prefix else text + "\n")
+
+
+def show_logs(run: Run, rank: Optional[int], write: Callable[[str], Any]) -> int:
+    """Write one rank's log (as is), or every rank's and batch shell's log interleaved by
+    timestamp with a ``[rank N]`` / ``[batch JOB]`` prefix. Returns the number of lines.
+
+    Raises ``UserError`` for an unknown rank or when there is no log yet.
+    """
+    if rank is not None:
+        check_rank(run, rank)
+    sources = log_sources(run.path, rank)
+    if not sources:
+        which = f"rank {rank}" if rank is not None else "any rank"
+        raise UserError(f"no log of {which} in {run.path / LOGS_DIR} yet (the job has not started?); "
+                        "wait for it with: slurm-ddp logs RUN -f")
+    tails = [_Tail(s, i) for i, s in enumerate(sources)]
+    lines = [ln for t in tails for ln in t.read(final=True)]
+    _emit(lines, tails, write, prefix=rank is None)
+    return len(lines)
+
+
+def follow_logs(
+    run_dir: Path,
+    rank: Optional[int],
+    write: Callable[[str], Any],
+    run_cmd: Runner = subprocess.run,
+    *,
+    poll_s: float = 0.5,
+    status_every_s: float = 2.0,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+    timeout_s: Optional[float] = None,
+) -> RunStatus:
+    """Write what the logs hold, then new lines as they are written, until the run ends (its
+    state is final) or ``timeout_s`` passes; Ctrl-C (KeyboardInterrupt) propagates.
+
+    Across requeues the rank logs are appended to and a new ``batch-JOBID.out`` appears (both
+    followed). Returns the last status read.
+    """
+    tails: Dict[Path, _Tail] = {}
+    ordered: List[_Tail] = []
+    start = clock()
+    next_status = start
+    status: Optional[RunStatus] = None
+    while True:
+        for s in log_sources(run_dir, rank):
+            if s.path not in tails:
+                t = _Tail(s, len(ordered))
+                tails[s.path] = t
+                ordered.append(t)
+        now = clock()
+        done = False
+        if now >= next_status:
+            status = run_status(read_run(run_dir), run_cmd)
+            next_status = now + status_every_s
+            done = status.final
+        lines = [ln for t in ordered for ln in t.read(final=done)]
+        _emit(lines, ordered, write, prefix=rank is None)
+        if done or (timeout_s is not None and clock() - start >= timeout_s):
+            assert status is not None
+            return status
+        sleep(poll_s)

@@ -1,0 +1,218 @@
+"""What a run directory records, read on the login node: :class:`Run`, :func:`read_run`,
+:func:`find_runs`, :func:`resolve_run`.
+
+Side effects: reads files of run directories (never writes). The directory's file names and
+its readers (markers, JSON lines, the newest committed checkpoint) belong to
+:mod:`slurm_ddp.rundir`; this module joins what they return into one record per run and
+adds the few facts of the config (``CONFIG_NAME``) the tables show (name, ``train.max_steps``, world
+size), read without validating the config. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from ..errors import UserError
+from ..rundir import (
+    CONFIG_NAME,
+    DEFAULT_RUNS_DIR,
+    JOBS_NAME,
+    Preempted,
+    latest_checkpoint_step,
+    read_finished,
+    read_jobs,
+    read_metrics,
+    read_preempted,
+)
+
+
+@dataclass
+class Run:
+    """What a run directory records about itself (read by :func:`read_run`)."""
+
+    path: Path
+    name: str
+    max_steps: Optional[int] = None
+    world_size: Optional[int] = None
+    jobs: List[Dict[str, Any]] = field(default_factory=list)  #: the submissions (``rundir.read_jobs``), oldest first
+    metrics: List[Dict[str, Any]] = field(default_factory=list)  #: rank 0's events (``rundir.read_metrics``), in order
+    finished: Optional[Dict[str, Any]] = None  #: the finished marker's record (``rundir.read_finished``)
+    preempted: Optional[Preempted] = None
+    last_checkpoint: Optional[int] = None  #: step of the newest committed checkpoint
+
+    @property
+    def backend(self) -> Optional[str]:
+        """Backend of the latest submission (``sbatch``, ``submitit``, ``local``), None when never submitted."""
+        return (str(self.jobs[-1].get("backend", "")) or None) if self.jobs else None
+
+    @property
+    def job_ids(self) -> List[str]:
+        """Distinct job ids of all submissions, oldest first (a requeue keeps its job id)."""
+        out: List[str] = []
+        for j in self.jobs:
+            jid = str(j.get("job_id", ""))
+            if jid and jid not in out:
+                out.append(jid)
+        return out
+
+    @property
+    def latest_job_id(self) -> Optional[str]:
+        """The job id of the latest submission: the one ``cancel``/``requeue`` act on."""
+        return (str(self.jobs[-1].get("job_id", "")) or None) if self.jobs else None
+
+    @property
+    def is_local(self) -> bool:
+        return self.backend == "local"
+
+    def events(self, kind: str) -> List[Dict[str, Any]]:
+        return [m for m in self.metrics if m.get("event") == kind]
+
+    @property
+    def step(self) -> int:
+        """The furthest step the run's record shows (train events, checkpoints, markers)."""
+        steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), (int, float))]
+        if self.finished and isinstance(self.finished.get("step"), int):
+            steps.append(self.finished["step"])
+        if self.last_checkpoint is not None:
+            steps.append(self.last_checkpoint)
+        return max(steps, default=0)
+
+    @property
+    def resumes(self) -> List[Dict[str, Any]]:
+        """The ``resume`` events: every time training restarted from a checkpoint."""
+        return self.events("resume")
+
+    @property
+    def restarts(self) -> int:
+        return len(self.resumes)
+
+    @property
+    def last_eval(self) -> Optional[Dict[str, Any]]:
+        """The final eval (the finished marker), else the newest ``eval``/``finished`` event with an ``eval_*`` metric."""
+        if self.finished and any(k.startswith("eval_") and k != "eval_samples" for k in self.finished):
+            return self.finished
+        for m in reversed(self.metrics):
+            if m.get("event") in ("eval", "finished") and any(k.startswith("eval_") and k != "eval_samples"
+                                                             for k in m):
+                event: Dict[str, Any] = m
+                return event
+        return None
+
+    @property
+    def submitted_at(self) -> float:
+        """Time of the latest submission (else of the config), for sorting newest first."""
+        for j in reversed(self.jobs):
+            if isinstance(j.get("time"), (int, float)):
+                return float(j["time"])
+        for p in (self.path / CONFIG_NAME, self.path):
+            try:
+                return p.stat().st_mtime
+            except OSError:
+                pass
+        return 0.0
+
+
+
+def is_run_dir(path: Path) -> bool:
+    """True when ``path`` is a directory that ``slurm-ddp submit`` prepared."""
+    return path.is_dir() and ((path / CONFIG_NAME).is_file() or (path / JOBS_NAME).is_file())
+
+
+def resolve_run(arg: str, runs_dir: str = DEFAULT_RUNS_DIR) -> Path:
+    """The run directory named by ``RUN``: a path, or a name under ``./runs``.
+
+    Raises ``UserError`` when it is missing or not a run directory.
+    """
+    p = Path(arg)
+    if not p.exists() and os.sep not in arg and is_run_dir(Path(runs_dir) / arg):
+        p = Path(runs_dir) / arg
+    if not p.exists():
+        raise UserError(f"RUN {arg!r}: no such directory; give a run directory "
+                        f"(list them with: slurm-ddp runs {runs_dir})")
+    if not p.is_dir():
+        raise UserError(f"RUN {arg!r} is a file, not a run directory; give the directory that holds "
+                        f"{CONFIG_NAME} and {JOBS_NAME}")
+    if not is_run_dir(p):
+        raise UserError(f"RUN {arg!r} is not a run directory (no {CONFIG_NAME} or {JOBS_NAME} in it); "
+                        f"list the runs under it with: slurm-ddp runs {arg}")
+    return p.resolve()
+
+
+
+def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    """(name, train.max_steps, world size) from a run's config file (``CONFIG_NAME``),
+    without validating it. Unreadable or malformed: ``(None, None, None)``."""
+    import yaml
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError):
+        return None, None, None
+    if not isinstance(data, dict):
+        return None, None, None
+
+    def get(section: str, key: str) -> Any:
+        sect = data.get(section)
+        return sect.get(key) if isinstance(sect, dict) else None
+
+    def as_int(v: Any, default: Optional[int]) -> Optional[int]:
+        return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+    name = data.get("name") if isinstance(data.get("name"), str) else None
+    nodes, tasks = as_int(get("slurm", "nodes"), 1), as_int(get("slurm", "tasks_per_node"), 1)
+    world = nodes * tasks if nodes and tasks else None
+    return name, as_int(get("train", "max_steps"), None), world
+
+
+
+def read_run(path: Path) -> Run:
+    """Read what ``path`` (a run directory) records. Tolerates half-written files."""
+    path = Path(path)
+    name, max_steps, world = read_config_facts(path / CONFIG_NAME)
+    return Run(
+        path=path,
+        name=name or path.name,
+        max_steps=max_steps,
+        world_size=world,
+        jobs=read_jobs(path),
+        metrics=read_metrics(path),
+        finished=read_finished(path),
+        preempted=read_preempted(path),
+        last_checkpoint=latest_checkpoint_step(path),
+    )
+
+
+def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
+    """The run directories under ``base`` (``base`` itself, or up to ``max_depth`` levels
+    down; a run directory's own subdirectories are not searched), newest submission first.
+
+    Raises ``UserError`` when ``base`` is not a directory.
+    """
+    root = Path(base)
+    if not root.is_dir():
+        what = "no such directory" if not root.exists() else "not a directory"
+        raise UserError(f"runs {base!r}: {what}; give the directory that holds run directories "
+                        f"(default ./{DEFAULT_RUNS_DIR}, or the --run-dir parent you used)")
+    found: List[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if is_run_dir(d):
+            found.append(d)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
+        except OSError:
+            return
+        for c in children:
+            walk(c, depth + 1)
+
+    walk(root, 0)
+    runs = [read_run(p) for p in found]
+    return sorted(runs, key=lambda r: r.submitted_at, reverse=True)
+
+
