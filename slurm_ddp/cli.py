@@ -169,7 +169,8 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     print(f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
           + (" (resuming)" if plan.resuming else ""), flush=True)
-    status = local_schedule(plan, echo=sys.stdout)
+    status = local_schedule(plan, echo=sys.stdout,
+                            say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True))
     finished = Path(plan.run_dir) / "FINISHED"
     if status == 0 and finished.exists():
         rec = json.loads(finished.read_text())

@@ -7,10 +7,15 @@ cluster. Like srun, the launcher forwards SIGUSR2/SIGTERM (and the configured si
 every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
+
+It writes nothing to the terminal itself: rank 0's lines go to the ``echo`` stream and its
+own status lines ("rank 1 exited with status 1; …") to the ``say`` callable, both given by
+``slurm_ddp.cli``. Its signal handler only records the signal; ``LocalJob.wait`` acts on it.
 """
 
 from __future__ import annotations
 
+import collections
 import os
 import re
 import signal
@@ -19,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Dict, List, Optional
+from typing import IO, Callable, Deque, Dict, List, Optional
 
 from .. import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
@@ -122,16 +127,24 @@ def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
 
 
 class LocalJob:
-    """The ranks of one local launch; ``wait()`` returns the job's exit status."""
+    """The ranks of one local launch; ``wait()`` returns the job's exit status.
 
-    def __init__(self, plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None):
+    ``echo`` receives rank 0's output lines, ``say`` the launcher's status lines (one line
+    each, without a program prefix); either may be ``None`` to drop them.
+    """
+
+    def __init__(self, plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None,
+                 say: Optional[Callable[[str], None]] = None):
         self.plan = plan
         self.echo = echo
+        self.say = say or (lambda message: None)
         self.python = python or plan.cfg.environment.python or sys.executable
         self.procs: List[subprocess.Popen] = []
         self.threads: List[threading.Thread] = []
         self.job_id = str(os.getpid())
         self._interrupts = 0
+        #: signals received and not yet acted on (appended by the handler, drained by wait())
+        self._pending: Deque[int] = collections.deque()
         self._lock_fd: Optional[int] = None
 
     def _lock(self) -> None:
@@ -190,11 +203,16 @@ class LocalJob:
                     pass
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        """Signal handler: only records the signal; ``wait()``'s loop acts on it (``_act_on``)."""
+        self._pending.append(signum)
+
+    def _act_on(self, signum: int) -> None:
+        """Forward ``signum`` to the ranks, as srun does; SIGINT asks them to checkpoint and stop
+        (SIGTERM), a second SIGINT kills them."""
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts == 1:
-                print("slurm-ddp: interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)",
-                      file=sys.stderr, flush=True)
+                self.say("interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)")
                 self.send(signal.SIGTERM)
             else:
                 self.send(signal.SIGKILL)
@@ -212,13 +230,15 @@ class LocalJob:
         kill_at: Optional[float] = None
         try:
             while True:
+                while self._pending:
+                    self._act_on(self._pending.popleft())
                 codes = [p.poll() for p in self.procs]
                 if failed is None:
                     for rank, c in enumerate(codes):
                         if c is not None and c not in (0, PREEMPTED_EXIT_CODE):
                             failed = (rank, c)
-                            print(f"slurm-ddp: rank {rank} exited with status {c}; stopping the other ranks "
-                                  f"(see {self.plan.run_dir}/logs/rank-{rank}.log)", file=sys.stderr, flush=True)
+                            self.say(f"rank {rank} exited with status {c}; stopping the other ranks "
+                                     f"(see {self.plan.run_dir}/logs/rank-{rank}.log)")
                             self.send(signal.SIGTERM)
                             kill_at = time.monotonic() + KILL_GRACE_S
                             break
@@ -241,9 +261,13 @@ class LocalJob:
         return max(codes) if codes else 0
 
 
-def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None) -> int:
-    """Run the job's ranks here and wait; returns the job's exit status."""
-    job = LocalJob(plan, echo=echo, python=python)
+def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None,
+             say: Optional[Callable[[str], None]] = None) -> int:
+    """Run the job's ranks here and wait; returns the job's exit status.
+
+    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``).
+    """
+    job = LocalJob(plan, echo=echo, python=python, say=say)
     try:
         return job.start().wait()
     finally:
