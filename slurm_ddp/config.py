@@ -360,14 +360,13 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
-        errors = []
         for a in args:
             if a is type(None):
                 continue
             try:
                 return _coerce(key, a, value)
-            except ConfigError as e:
-                errors.append(e)
+            except ConfigError:
+                pass  # try the next member; none fitting is one error naming them all
         raise _bad(key, value, _type_name(tp))
     if origin in (tuple, Tuple):
         if isinstance(value, str):

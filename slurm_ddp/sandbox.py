@@ -74,9 +74,6 @@ _REQUIRED = {
     "mount": "mount",
 }
 _SBIN = ("/usr/local/sbin", "/usr/sbin", "/sbin", "/usr/local/bin", "/usr/bin", "/bin")
-_INSTALL_HINT = (
-    "apt-get install -y --no-install-recommends slurmctld slurmd slurm-client munge iproute2 util-linux"
-)
 _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
 _LOCK_PATH = "/tmp/slurm-ddp-sandbox.lock"

@@ -3,9 +3,12 @@
 Side effects: installs signal handlers (main thread only) and restores the originals.
 Checkpoint I/O or ``scontrol`` inside a handler can deadlock (it interrupts arbitrary code,
 e.g. a collective or a lock held by the allocator; cf. Lightning issue #21406), so the
-handler records the signal and returns. The training loop calls :meth:`PreemptionFlag.sync`
-once per step: an all-reduce (MAX) of the flag, so every rank stops at the same step even
-when only some of them received the signal.
+handler records the signal and returns. The ranks then agree on the flag with an
+all-reduce (MAX), so every rank stops after the same step even when only some of them
+received the signal. The worker does this with ``slurm_ddp.worker.runtime.StepAgreement``,
+which calls that all-reduce only every ~0.5 s of steps (its ``poll()`` is called once per
+step on every rank); :meth:`PreemptionFlag.sync` is the same agreement at every step, for a
+training script of one's own where a collective per step costs nothing that matters.
 """
 
 from __future__ import annotations

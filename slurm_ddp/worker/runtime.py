@@ -373,15 +373,3 @@ def evaluate(
     out = {f"eval_{k}": sum(p.get(k, 0.0) for p in parts) / max(total, 1) for k in keys}
     out["eval_samples"] = total
     return out
-
-
-class Stopwatch:
-    """Seconds since ``start()``; ``lap()`` returns and restarts."""
-
-    def __init__(self) -> None:
-        self.t = time.perf_counter()
-
-    def lap(self) -> float:
-        now = time.perf_counter()
-        dt, self.t = now - self.t, now
-        return dt
