@@ -38,9 +38,24 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Dict, FrozenSet, Iterable, List, Mapping, Optional, Sequence, Tuple
+from typing import (
+    TYPE_CHECKING,
+    Callable,
+    Dict,
+    FrozenSet,
+    Iterable,
+    List,
+    Mapping,
+    Optional,
+    Sequence,
+    Set,
+    Tuple,
+)
 
 from .errors import BindingError
+
+if TYPE_CHECKING:
+    from .config import JobConfig
 
 #: Variables that belong to the plan; a value the user already set is kept unless
 #: ``environment.override_env`` is true.
@@ -58,7 +73,7 @@ def parse_cpulist(text: str) -> FrozenSet[int]:
 
     Also accepts ``a-b:stride`` ranges. Raises ``ValueError`` for anything else.
     """
-    cpus = set()
+    cpus: Set[int] = set()
     for part in text.strip().split(","):
         part = part.strip()
         if not part:
@@ -209,12 +224,30 @@ def _take(pool: Sequence[int], slots: int, slot: int, per_slot: int) -> Tuple[Tu
     return (pool[slot % m],), f"oversubscribed: {slots} tasks share {m} CPUs (one CPU each, reused)"
 
 
-def plan_binding(
+@dataclass(frozen=True)
+class CpuChoice:
+    """Which CPUs one rank gets on its node, and why (``choose_cpus``)."""
+
+    cpus: Tuple[int, ...]  #: the rank's CPUs (ids, in placement order)
+    numa_nodes: Tuple[int, ...]  #: NUMA node(s) of those CPUs (or of the rank's GPU)
+    numa_cpus: Tuple[int, ...]  #: the allowed CPUs of those NUMA node(s), sorted (what ``numa`` mode pins to)
+    source: str  #: how the CPUs were chosen, in words
+    notes: Tuple[str, ...] = ()  #: warnings (oversubscription, a GPU's NUMA node ignored, …)
+
+
+def _topology(numa: Optional[Mapping[int, Iterable[int]]], allowed: FrozenSet[int]) -> Dict[int, FrozenSet[int]]:
+    """``{node: cpus}`` from ``numa``; allowed CPUs it does not list (or all, without it) count as node 0."""
+    topo: Dict[int, FrozenSet[int]] = {int(n): frozenset(c) for n, c in (numa or {}).items() if c}
+    if not topo or not allowed <= frozenset().union(*topo.values()):
+        # No /sys topology, or CPUs it does not list: what is not listed counts as node 0.
+        listed = frozenset().union(*topo.values()) if topo else frozenset()
+        topo.setdefault(0, frozenset())
+        topo[0] = topo[0] | (allowed - listed)
+    return topo
+
+
+def choose_cpus(
     *,
-    cpu_bind: str = "none",
-    openmp: str = "gnu",
-    allocator: str = "system",
-    override_env: bool = False,
     slot: int,
     slots: int,
     cpus_per_task: int,
@@ -223,31 +256,12 @@ def plan_binding(
     core_ids: Optional[Mapping[int, int]] = None,
     slurm_cpu_bind: str = "",
     gpu_numa_nodes: Optional[Sequence[int]] = None,
-    environ: Optional[Mapping[str, str]] = None,
-    libraries: Optional[Mapping[str, str]] = None,
-    numactl: Optional[str] = None,
     shared_pool: bool = False,
-    pin_threads: bool = True,
-) -> BindingPlan:
-    """Plan the binding of the rank in ``slot`` (0 … ``slots``-1) on its node. Pure.
+) -> CpuChoice:
+    """The CPUs of the rank in ``slot`` (0 … ``slots``-1) on its node, and why. Pure.
 
-    Inputs:
-      ``cpu_bind``/``openmp``/``allocator``/``override_env``: the config's ``environment`` keys.
-      ``slots``: tasks sharing this node's CPUs; ``cpus_per_task``: CPUs each asked for
-      (SLURM_CPUS_PER_TASK). ``allowed``: CPU ids this process may use
-      (``os.sched_getaffinity(0)``, which the task's cgroup cpuset bounds). ``numa``:
-      ``{node: cpu ids}`` (``read_numa_nodes()``; None or empty = one node). ``core_ids``:
-      ``{cpu: core}`` (``read_core_ids()``; hyperthread siblings share a core).
-      ``slurm_cpu_bind``: the task's SLURM_CPU_BIND. ``gpu_numa_nodes``: NUMA node of the
-      GPU of each slot (index = slot; -1 = unknown), or None for a CPU job.
-      ``environ``: the task's environment (user-set variables). ``libraries``:
-      ``{"jemalloc"|"tcmalloc"|"iomp5": path}`` as ``locate_library`` found them.
-      ``numactl``: path of numactl, or None when it is not installed. ``shared_pool``:
-      ``allowed`` is known to be the pool of all slots (the local backend), never a share
-      Slurm already bound. ``pin_threads``: pin each OpenMP thread to one of the rank's
-      CPUs (see below); ``plan_for_task`` turns it off when DataLoader workers are used.
-
-    The rank's CPUs, in this order of precedence:
+    The inputs are ``plan_binding``'s of the same names. The rank's CPUs, in this order of
+    precedence:
       1. ``srun --cpu-bind=mask_cpu:…|map_cpu:…``: the task's entry of the list (srun reuses
          the list cyclically), within ``allowed``.
       2. Slurm already bound the task (``SLURM_CPU_BIND`` names a binding type, or the
@@ -263,42 +277,15 @@ def plan_binding(
          block distribution); with fewer, blocks that differ by at most one CPU; with fewer
          CPUs than slots, one CPU each, reused (a note says so).
 
-    OMP_NUM_THREADS is the number of the rank's CPUs (the task's, not the node's).
-    ``cores`` pins the process to those CPUs; ``numa`` pins it to its NUMA node(s) and binds
-    memory there with ``numactl --cpunodebind=N --membind=N``; both also pin the OpenMP
-    threads one per CPU of the rank (``OMP_PROC_BIND=close`` + ``OMP_PLACES``, or
-    ``KMP_AFFINITY=…explicit,proclist=[…]``) and set ``OMP_SCHEDULE=STATIC``. Thread pinning
-    binds the *initial* thread too (libgomp and libiomp5 do so when the runtime loads), and
-    every thread or process it starts later inherits that one CPU — DataLoader workers
-    included; so with ``pin_threads=False`` the threads float within the process's CPUs
-    instead (``OMP_PROC_BIND=false`` / ``KMP_AFFINITY=disabled``). ``none`` pins nothing and
-    sets only OMP_NUM_THREADS (plus KMP_BLOCKTIME with ``openmp: intel``).
-
-    A variable the user set is kept (and listed in ``kept``) unless ``override_env``;
-    LD_PRELOAD is merged, never replaced: the user's entries stay first (first wins symbol
-    lookup), or last with ``override_env``.
-
-    Raises ``BindingError`` when ``numa`` mode finds no numactl, a library the config asks
-    for is missing from ``libraries`` (naming the package that provides it), or no CPU is
-    allowed. Raises ``ValueError`` for an impossible slot or a bad mode.
+    Raises ``ValueError`` for an impossible slot, ``BindingError`` when no CPU is allowed.
     """
-    if cpu_bind not in ("none", "cores", "numa") or openmp not in ("gnu", "intel") or \
-            allocator not in ("system", "jemalloc", "tcmalloc"):
-        raise ValueError(f"bad binding mode cpu_bind={cpu_bind!r} openmp={openmp!r} allocator={allocator!r}")
     if not 0 <= slot < slots:
         raise ValueError(f"slot {slot} is outside 0..{slots - 1}")
     cpus_per_task = max(1, int(cpus_per_task))
-    environ = environ or {}
-    libraries = libraries or {}
     allowed_set = frozenset(allowed)
     if not allowed_set:
         raise BindingError("this process may run on no CPU (empty affinity); check the job's cpuset")
-    topo: Dict[int, FrozenSet[int]] = {int(n): frozenset(c) for n, c in (numa or {}).items() if c}
-    if not topo or not allowed_set <= frozenset().union(*topo.values()):
-        # No /sys topology, or CPUs it does not list: what is not listed counts as node 0.
-        listed = frozenset().union(*topo.values()) if topo else frozenset()
-        topo.setdefault(0, frozenset())
-        topo[0] = topo[0] | (allowed_set - listed)
+    topo = _topology(numa, allowed_set)
     node_of = _node_of(topo)
     cores = core_ids or {}
 
@@ -307,7 +294,8 @@ def plan_binding(
 
     notes: List[str] = []
     pool = order(allowed_set)
-    kind, masks = ("none", ())
+    kind: str = "none"
+    masks: Tuple[FrozenSet[int], ...] = ()
     try:
         kind, masks = parse_slurm_cpu_bind(slurm_cpu_bind)
     except ValueError:
@@ -359,15 +347,54 @@ def plan_binding(
                 notes.append(note)
 
     numa_nodes = (gpu_node,) if gpu_node is not None else tuple(sorted({node_of.get(c, 0) for c in share}))
-    threads = len(share)
-    if cpu_bind == "cores":
-        affinity: Optional[Tuple[int, ...]] = tuple(sorted(share))
-    elif cpu_bind == "numa":
-        affinity = tuple(sorted(frozenset().union(*(topo[n] for n in numa_nodes)) & allowed_set))
-    else:
-        affinity = None
+    numa_cpus = tuple(sorted(frozenset().union(*(topo[n] for n in numa_nodes)) & allowed_set))
+    return CpuChoice(cpus=share, numa_nodes=numa_nodes, numa_cpus=numa_cpus, source=source, notes=tuple(notes))
 
-    want: Dict[str, str] = {"OMP_NUM_THREADS": str(threads)}
+
+@dataclass(frozen=True)
+class EnvironmentPlan:
+    """What one rank's process gets besides its CPUs (``plan_environment``)."""
+
+    env: Mapping[str, str]  #: variables to set (user-set ones are left out unless override_env)
+    kept: Mapping[str, str]  #: user-set variables the plan would have set, kept as the user set them
+    preload: Tuple[str, ...]  #: libraries added to LD_PRELOAD (absolute paths)
+    prefix: Tuple[str, ...]  #: command prefix, e.g. ("/usr/bin/numactl", "--cpunodebind=0", "--membind=0")
+    notes: Tuple[str, ...] = ()  #: warnings (OpenMP threads left unpinned)
+
+
+def plan_environment(
+    *,
+    cpus: Sequence[int],
+    numa_nodes: Sequence[int],
+    cpu_bind: str = "none",
+    openmp: str = "gnu",
+    allocator: str = "system",
+    override_env: bool = False,
+    environ: Optional[Mapping[str, str]] = None,
+    libraries: Optional[Mapping[str, str]] = None,
+    numactl: Optional[str] = None,
+    pin_threads: bool = True,
+) -> EnvironmentPlan:
+    """The OMP_*/KMP_* variables, LD_PRELOAD and ``numactl`` prefix of a rank on ``cpus``. Pure.
+
+    ``numa_nodes``: the NUMA node(s) of ``cpus`` (``numactl --cpunodebind/--membind`` in
+    ``numa`` mode); the other inputs are ``plan_binding``'s of the same names.
+    OMP_NUM_THREADS is ``len(cpus)``. ``cores`` and ``numa`` also pin the OpenMP threads one
+    per CPU (``OMP_PROC_BIND=close`` + ``OMP_PLACES``, or ``KMP_AFFINITY=…explicit,
+    proclist=[…]``; ``OMP_PROC_BIND=false`` / ``KMP_AFFINITY=disabled`` without
+    ``pin_threads``) and set ``OMP_SCHEDULE=STATIC``; ``openmp: intel`` sets
+    ``KMP_BLOCKTIME=1`` and preloads libiomp5, ``allocator`` preloads jemalloc or tcmalloc.
+    A variable the user set is kept (and listed in ``kept``) unless ``override_env``;
+    LD_PRELOAD is merged, never replaced: the user's entries stay first (first wins symbol
+    lookup), or last with ``override_env``.
+
+    Raises ``BindingError`` when a library is missing from ``libraries`` (naming the
+    package that provides it) or ``numa`` mode has no ``numactl``.
+    """
+    environ = environ or {}
+    libraries = libraries or {}
+    notes: List[str] = []
+    want: Dict[str, str] = {"OMP_NUM_THREADS": str(len(cpus))}
     if cpu_bind != "none":
         want["OMP_SCHEDULE"] = "STATIC"
         if not pin_threads:
@@ -377,9 +404,9 @@ def plan_binding(
                          "main thread's single pinned CPU); they float within the task's CPUs")
         elif openmp == "gnu":
             want["OMP_PROC_BIND"] = "close"
-            want["OMP_PLACES"] = omp_places(share)
+            want["OMP_PLACES"] = omp_places(cpus)
         else:
-            want["KMP_AFFINITY"] = f"granularity=fine,explicit,proclist=[{','.join(map(str, share))}]"
+            want["KMP_AFFINITY"] = f"granularity=fine,explicit,proclist=[{','.join(map(str, cpus))}]"
     if openmp == "intel":
         want["KMP_BLOCKTIME"] = "1"
     env: Dict[str, str] = {}
@@ -411,14 +438,91 @@ def plan_binding(
                 "(Debian/Ubuntu: apt-get install numactl; RHEL/Fedora/SUSE: the 'numactl' RPM) or use cpu_bind: cores")
         nodes = ",".join(map(str, numa_nodes))
         prefix = (numactl, f"--cpunodebind={nodes}", f"--membind={nodes}")
+    return EnvironmentPlan(env=env, kept=kept, preload=tuple(preload), prefix=prefix, notes=tuple(notes))
 
-    return BindingPlan(slot=slot, slots=slots, mode=cpu_bind, cpus=share, affinity=affinity,
-                       numa_nodes=numa_nodes, threads=threads, env=env, kept=kept, preload=tuple(preload),
-                       prefix=prefix, source=source, notes=tuple(notes))
+
+def plan_binding(
+    *,
+    cpu_bind: str = "none",
+    openmp: str = "gnu",
+    allocator: str = "system",
+    override_env: bool = False,
+    slot: int,
+    slots: int,
+    cpus_per_task: int,
+    allowed: Iterable[int],
+    numa: Optional[Mapping[int, Iterable[int]]] = None,
+    core_ids: Optional[Mapping[int, int]] = None,
+    slurm_cpu_bind: str = "",
+    gpu_numa_nodes: Optional[Sequence[int]] = None,
+    environ: Optional[Mapping[str, str]] = None,
+    libraries: Optional[Mapping[str, str]] = None,
+    numactl: Optional[str] = None,
+    shared_pool: bool = False,
+    pin_threads: bool = True,
+) -> BindingPlan:
+    """Plan the binding of the rank in ``slot`` (0 … ``slots``-1) on its node. Pure.
+
+    Inputs:
+      ``cpu_bind``/``openmp``/``allocator``/``override_env``: the config's ``environment`` keys.
+      ``slots``: tasks sharing this node's CPUs; ``cpus_per_task``: CPUs each asked for
+      (SLURM_CPUS_PER_TASK). ``allowed``: CPU ids this process may use
+      (``os.sched_getaffinity(0)``, which the task's cgroup cpuset bounds). ``numa``:
+      ``{node: cpu ids}`` (``read_numa_nodes()``; None or empty = one node). ``core_ids``:
+      ``{cpu: core}`` (``read_core_ids()``; hyperthread siblings share a core).
+      ``slurm_cpu_bind``: the task's SLURM_CPU_BIND. ``gpu_numa_nodes``: NUMA node of the
+      GPU of each slot (index = slot; -1 = unknown), or None for a CPU job.
+      ``environ``: the task's environment (user-set variables). ``libraries``:
+      ``{"jemalloc"|"tcmalloc"|"iomp5": path}`` as ``locate_library`` found them.
+      ``numactl``: path of numactl, or None when it is not installed. ``shared_pool``:
+      ``allowed`` is known to be the pool of all slots (the local backend), never a share
+      Slurm already bound. ``pin_threads``: pin each OpenMP thread to one of the rank's
+      CPUs (see below); ``plan_for_task`` turns it off when DataLoader workers are used.
+
+    The rank's CPUs are ``choose_cpus``'s (which says in what order of precedence).
+    OMP_NUM_THREADS is the number of the rank's CPUs (the task's, not the node's).
+    ``cores`` pins the process to those CPUs; ``numa`` pins it to its NUMA node(s) and binds
+    memory there with ``numactl --cpunodebind=N --membind=N``; both also pin the OpenMP
+    threads one per CPU of the rank (``OMP_PROC_BIND=close`` + ``OMP_PLACES``, or
+    ``KMP_AFFINITY=…explicit,proclist=[…]``) and set ``OMP_SCHEDULE=STATIC``. Thread pinning
+    binds the *initial* thread too (libgomp and libiomp5 do so when the runtime loads), and
+    every thread or process it starts later inherits that one CPU — DataLoader workers
+    included; so with ``pin_threads=False`` the threads float within the process's CPUs
+    instead (``OMP_PROC_BIND=false`` / ``KMP_AFFINITY=disabled``). ``none`` pins nothing and
+    sets only OMP_NUM_THREADS (plus KMP_BLOCKTIME with ``openmp: intel``). The variables,
+    LD_PRELOAD and the numactl prefix are ``plan_environment``'s.
+
+    A variable the user set is kept (and listed in ``kept``) unless ``override_env``;
+    LD_PRELOAD is merged, never replaced: the user's entries stay first (first wins symbol
+    lookup), or last with ``override_env``.
+
+    Raises ``BindingError`` when ``numa`` mode finds no numactl, a library the config asks
+    for is missing from ``libraries`` (naming the package that provides it), or no CPU is
+    allowed. Raises ``ValueError`` for an impossible slot or a bad mode.
+    """
+    if cpu_bind not in ("none", "cores", "numa") or openmp not in ("gnu", "intel") or \
+            allocator not in ("system", "jemalloc", "tcmalloc"):
+        raise ValueError(f"bad binding mode cpu_bind={cpu_bind!r} openmp={openmp!r} allocator={allocator!r}")
+    choice = choose_cpus(slot=slot, slots=slots, cpus_per_task=cpus_per_task, allowed=allowed, numa=numa,
+                         core_ids=core_ids, slurm_cpu_bind=slurm_cpu_bind, gpu_numa_nodes=gpu_numa_nodes,
+                         shared_pool=shared_pool)
+    if cpu_bind == "cores":
+        affinity: Optional[Tuple[int, ...]] = tuple(sorted(choice.cpus))
+    elif cpu_bind == "numa":
+        affinity = choice.numa_cpus
+    else:
+        affinity = None
+    envplan = plan_environment(cpus=choice.cpus, numa_nodes=choice.numa_nodes, cpu_bind=cpu_bind, openmp=openmp,
+                               allocator=allocator, override_env=override_env, environ=environ,
+                               libraries=libraries, numactl=numactl, pin_threads=pin_threads)
+    return BindingPlan(slot=slot, slots=slots, mode=cpu_bind, cpus=choice.cpus, affinity=affinity,
+                       numa_nodes=choice.numa_nodes, threads=len(choice.cpus), env=envplan.env, kept=envplan.kept,
+                       preload=envplan.preload, prefix=envplan.prefix, source=choice.source,
+                       notes=choice.notes + envplan.notes)
 
 
 def plan_for_task(
-    cfg,
+    cfg: JobConfig,
     environ: Mapping[str, str],
     *,
     allowed: Iterable[int],
@@ -454,7 +558,7 @@ def plan_for_task(
         pin_threads=cfg.train.num_workers == 0)
 
 
-def needed_libraries(cfg) -> List[str]:
+def needed_libraries(cfg: JobConfig) -> List[str]:
     """Library kinds the config's ``environment`` asks to preload: ``iomp5``, ``jemalloc``, ``tcmalloc``."""
     e = cfg.environment
     return (["iomp5"] if e.openmp == "intel" else []) + ([e.allocator] if e.allocator != "system" else [])
@@ -548,7 +652,7 @@ def locate_library(
     raise BindingError(missing_library_message(kind))
 
 
-def ldconfig_cache(run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
+def ldconfig_cache(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
     """Output of ``ldconfig -p`` (the dynamic linker's cache), or "" when ldconfig is missing.
 
     ldconfig lives in /sbin, which is not on an ordinary user's PATH on Debian.

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, List, Mapping, Optional
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
 
 from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
 
@@ -205,7 +205,7 @@ class DistEnv:
         """True on global rank 0, the rank that logs, saves and requeues."""
         return self.rank == 0
 
-    def torch_env(self) -> dict:
+    def torch_env(self) -> Dict[str, str]:
         """The variables ``torch.distributed``'s ``env://`` init and torchrun-style code read."""
         return {
             "RANK": str(self.rank),
@@ -248,7 +248,7 @@ def synthetic_slurm_env(
     cpus_per_task: int = 1,
     restart_count: int = 0,
     node_names: Optional[List[str]] = None,
-) -> dict:
+) -> Dict[str, str]:
     """The task variables srun would give global ``rank`` under block distribution.
 
     Used by the local backend and ``env --explain``; srun(1) "OUTPUT ENVIRONMENT VARIABLES".

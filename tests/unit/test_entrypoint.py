@@ -13,7 +13,12 @@ import pytest
 
 from slurm_ddp import binding, errors, rendezvous
 from slurm_ddp.entrypoint import one_line, run_main
-from slurm_ddp.errors import CheckpointError, EnvironmentMismatch, SlurmDDPError, UserError
+from slurm_ddp.errors import (
+    CheckpointError,
+    EnvironmentMismatch,
+    SlurmDDPError,
+    UserError,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -28,7 +33,7 @@ def _env(**extra: str) -> dict:
 
 def _run(module: str, *args: str, **env: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=_env(**env),
-                          timeout=120)
+                          timeout=120, check=False)
 
 
 # --------------------------------------------------------------------------- run_main
@@ -106,8 +111,9 @@ def test_rendezvous_main_reports_a_bad_port_through_the_wrapper(monkeypatch, cap
 def test_launch_entry_reports_a_missing_run_dir_in_one_line(tmp_path):
     r = _run("slurm_ddp.launch", "--run-dir", str(tmp_path / "nope"), "--", "true")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    assert r.stderr.splitlines() == [f"slurm_ddp launch: error: {tmp_path / 'nope' / 'config.yaml'} does not exist: "
-                                     "--run-dir must be a run directory made by `slurm-ddp submit`"]
+    expected = (f"slurm_ddp launch: error: {tmp_path / 'nope' / 'config.yaml'} does not exist: "
+                "--run-dir must be a run directory made by `slurm-ddp submit`")
+    assert r.stderr.splitlines() == [expected]
 
 
 def test_launch_entry_cannot_run_the_command_is_127(tmp_path, make_config):
