@@ -166,23 +166,23 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"submitted job {job_id} through submitit; run directory {plan.run_dir}")
         return 0
     from .backends.local import schedule as local_schedule
+    from .rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
 
     print(f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
           + (" (resuming)" if plan.resuming else ""), flush=True)
     status = local_schedule(plan, echo=sys.stdout,
                             say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True))
-    finished = Path(plan.run_dir) / "FINISHED"
-    if status == 0 and finished.exists():
-        rec = json.loads(finished.read_text())
+    rec = read_finished(plan.run_dir)
+    if status == 0 and rec is not None:
         acc = rec.get("eval_accuracy")
-        print(f"slurm-ddp: finished at step {rec['step']}"
+        print(f"slurm-ddp: finished at step {rec.get('step', '?')}"
               + (f", eval accuracy {acc:.4f}" if acc is not None else "")
-              + f"; weights in {plan.run_dir}/final_model.pt")
+              + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}")
     elif status == PREEMPTED_EXIT_CODE:
         print(f"slurm-ddp: stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {args.job} "
               f"--backend local --run-dir {plan.run_dir}", file=sys.stderr)
     else:
-        print(f"slurm-ddp: job failed with status {status}; logs in {plan.run_dir}/logs", file=sys.stderr)
+        print(f"slurm-ddp: job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}", file=sys.stderr)
     return status
 
 

@@ -86,9 +86,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _bind_and_exec(argv: Sequence[str]) -> int:
     from .binding import APPLIED_VAR, format_cpulist
     from .config import load_config
+    from .rundir import CONFIG_NAME
 
     run_dir, dry, cmd = parse_args(argv)
-    path = Path(run_dir) / "config.yaml"
+    path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
     cfg = load_config(path)

@@ -17,12 +17,13 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 import jinja2
 
 from . import PREEMPTED_EXIT_CODE, __version__
 from .config import JobConfig
+from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, rank_log_name
 
 TEMPLATE = "sbatch.sh.j2"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
@@ -62,41 +63,51 @@ def _env() -> jinja2.Environment:
     return env
 
 
-def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
-    """The ``#SBATCH`` options for ``cfg``, sorted by flag name (deterministic, golden-testable).
+def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, Optional[str]]:
+    """The job's sbatch(1) long options in snake_case (``ntasks_per_node``), value or None for a bare flag.
 
-    Names follow sbatch(1) long options. ``--signal=B:SIG@delay`` and ``--requeue`` are
-    always present; ``--output`` only when ``run_dir`` is a safe single token.
+    The one mapping from config to sbatch options: the ``#SBATCH`` lines (``sbatch_flags``) and
+    the submitit backend's parameters are both built from it, so they cannot disagree.
+    ``signal`` (``B:SIG@delay``) and ``requeue`` are always present; ``output`` only when
+    ``run_dir`` is a safe single token. ``slurm.extra`` comes last: a key there replaces the
+    option (``-`` and ``_`` alike), ``true`` makes it a bare flag and ``false`` removes it.
     """
     s, r = cfg.slurm, cfg.requeue
-    flags = {
-        "job-name": sbatch_job_name(cfg.name),
+    opts: Dict[str, Optional[str]] = {
+        "job_name": sbatch_job_name(cfg.name),
         "nodes": str(s.nodes),
-        "ntasks-per-node": str(s.tasks_per_node),
-        "cpus-per-task": str(s.cpus_per_task),
+        "ntasks_per_node": str(s.tasks_per_node),
+        "cpus_per_task": str(s.cpus_per_task),
         "time": s.time,
         "signal": f"B:{r.signal_name}@{r.signal_delay_s}",
         "requeue": None,
-        "open-mode": "append",
+        "open_mode": "append",
     }
     if s.gpus_per_node:
-        flags["gpus-per-node"] = str(s.gpus_per_node)
+        opts["gpus_per_node"] = str(s.gpus_per_node)
     if s.mem_gb is not None:
-        flags["mem"] = f"{int(round(s.mem_gb * 1024))}M"
+        opts["mem"] = f"{int(round(s.mem_gb * 1024))}M"
     for key in ("partition", "account", "qos", "constraint"):
         value = getattr(s, key)
         if value is not None:
-            flags[key] = str(value)
+            opts[key] = str(value)
     if s.exclusive:
-        flags["exclusive"] = None
+        opts["exclusive"] = None
     if run_dir is not None and _SAFE_TOKEN.match(run_dir):
-        flags["output"] = f"{run_dir}/logs/batch-%j.out"
+        opts["output"] = f"{run_dir}/{LOGS_DIR}/{batch_log_name('%j')}"
     for key, value in s.extra.items():
-        key = key.replace("_", "-")
+        key = key.replace("-", "_")
         if value is False:
-            flags.pop(key, None)
+            opts.pop(key, None)
         else:
-            flags[key] = None if value is True else str(value)
+            opts[key] = None if value is True else str(value)
+    return opts
+
+
+def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
+    """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
+    name (deterministic, golden-testable)."""
+    flags = {k.replace("_", "-"): v for k, v in sbatch_options(cfg, run_dir).items()}
     return [f"--{k}" if v is None else f"--{k}={v}" for k, v in sorted(flags.items())]
 
 
@@ -153,6 +164,9 @@ def render(
         env=sorted(cfg.environment.env.items()),
         setup=list(cfg.environment.setup),
         srun_flags=srun_flags(cfg),
+        logs_dir=LOGS_DIR,
+        rank_log=rank_log_name("%t"),
+        finished_name=FINISHED_NAME,
     )
-    extra = () if output_in_script else (f"--output={run_dir}/logs/batch-%j.out",)
+    extra = () if output_in_script else (f"--output={run_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
     return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)

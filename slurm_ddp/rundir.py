@@ -15,17 +15,28 @@ A run directory holds:
 - ``checkpoints/``: ``step-NNNNNNNN.{pt,json}`` (data and manifest, see ``slurm_ddp.checkpoint``);
 - the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
+- ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid.
+
+The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
+cannot disagree: the batch script asks for it after ``srun`` returns
+(``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
+backend's rank 0 calls it in-process.
 """
 
 from __future__ import annotations
 
+import argparse
 import json
+import logging
 import os
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Union
+
+from . import PREEMPTED_EXIT_CODE
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -41,6 +52,16 @@ LAUNCHER_LOCK_NAME = "launcher.lock"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 DEFAULT_RUNS_DIR = "runs"
+
+
+def rank_log_name(rank: Union[int, str]) -> str:
+    """``rank-N.log``: rank N's output in ``LOGS_DIR``; ``rank_log_name("%t")`` is srun's pattern."""
+    return f"rank-{rank}.log"
+
+
+def batch_log_name(job_id: Union[int, str]) -> str:
+    """``batch-JOBID.out``: the batch shell's output in ``LOGS_DIR``; ``batch_log_name("%j")`` for sbatch."""
+    return f"batch-{job_id}.out"
 
 
 # --------------------------------------------------------------------------- JSON lines
@@ -173,3 +194,182 @@ def latest_checkpoint_step(run_dir: PathLike) -> Optional[int]:
         except OSError:
             continue
     return None
+
+
+# --------------------------------------------------------------------------- the requeue decision
+@dataclass(frozen=True)
+class RequeueDecision:
+    """What a job does after its ranks stopped: requeue itself or not, and its exit status."""
+
+    preempted: bool  #: the ranks stopped for preemption with a committed checkpoint
+    requeue: bool  #: run ``scontrol requeue JOB_ID`` now
+    reason: str  #: one log line saying why
+    exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
+
+
+def decide_requeue(
+    *,
+    exit_code: int,
+    marker: Optional[Preempted],
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    finished: bool = False,
+) -> RequeueDecision:
+    """THE requeue rule, for the batch script and the submitit backend alike. Pure.
+
+    ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
+    ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
+    ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
+    ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``.
+
+    Preempted when the status is ``PREEMPTED_EXIT_CODE``, or when the marker belongs to this job
+    AND this restart (srun may report a rank killed by ``--kill-on-bad-exit`` after rank 0 had
+    committed the checkpoint; a marker of another job or an earlier restart is stale). A preempted
+    job requeues itself unless it was stopped by SIGTERM (Slurm requeues a job it preempts itself
+    with ``PreemptMode=REQUEUE``, and ``scancel`` means stop), ``scontrol`` is missing, there is no
+    job id, or ``restart_count >= max_requeues`` (the cap counts every restart of the job). A
+    finished run is never requeued.
+    """
+    notes: List[str] = []
+    preempted = exit_code == PREEMPTED_EXIT_CODE
+    if marker is not None and marker.job_id == job_id and marker.restart == restart_count:
+        preempted = True
+        notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
+        got_term = got_term or marker.signal == "SIGTERM"
+    requeue = False
+    if finished:
+        preempted = False
+        notes.append("the run finished: nothing to requeue")
+    elif not preempted:
+        pass
+    elif got_term:
+        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing; "
+                     "Slurm requeues a preempted job itself")
+    elif not can_requeue:
+        notes.append("checkpoint saved, but scontrol is missing: cannot requeue")
+    elif not job_id:
+        notes.append("checkpoint saved, but SLURM_JOB_ID is not set: cannot requeue")
+    elif restart_count >= max_requeues:
+        notes.append(f"checkpoint saved; max_requeues={max_requeues} reached (restart {restart_count}): "
+                     "not requeueing")
+    else:
+        requeue = True
+        notes.append(f"checkpoint saved; requeueing (restart {restart_count + 1} of at most {max_requeues})")
+    if not preempted and not notes:
+        notes.append(f"not preempted (status {exit_code}): not requeueing")
+    return RequeueDecision(
+        preempted=preempted,
+        requeue=requeue,
+        reason="; ".join(notes),
+        exit_code=PREEMPTED_EXIT_CODE if preempted else exit_code,
+    )
+
+
+def decide_requeue_here(
+    run_dir: PathLike,
+    *,
+    exit_code: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    environ: Optional[Mapping[str, str]] = None,
+) -> RequeueDecision:
+    """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s markers.
+
+    Raises ``ValueError`` when ``SLURM_RESTART_COUNT`` is not a non-negative integer.
+    """
+    env = os.environ if environ is None else environ
+    restart_text = env.get("SLURM_RESTART_COUNT") or "0"
+    if not restart_text.isdigit():
+        raise ValueError(f"SLURM_RESTART_COUNT={restart_text!r} is not a non-negative integer")
+    return decide_requeue(
+        exit_code=exit_code,
+        marker=read_preempted(run_dir),
+        job_id=env.get("SLURM_JOB_ID", ""),
+        restart_count=int(restart_text),
+        max_requeues=max_requeues,
+        got_term=got_term,
+        can_requeue=can_requeue,
+        finished=is_finished(run_dir),
+    )
+
+
+# --------------------------------------------------------------------------- batch-shell entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are a ``UserError`` (one stderr line, exit 2), not usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        from .errors import UserError
+
+        raise UserError(message)
+
+
+def _int_arg(low: int, high: Optional[int] = None) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({bound})")
+        return value
+
+    return parse
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="python -m slurm_ddp.rundir", add_help=False)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    d = sub.add_parser("requeue-decision", add_help=False)
+    d.add_argument("--run-dir", required=True)
+    d.add_argument("--exit-code", required=True, type=_int_arg(0, 255))
+    d.add_argument("--got-term", required=True, type=_int_arg(0, 1))
+    d.add_argument("--can-requeue", required=True, type=_int_arg(0, 1))
+    d.add_argument("--max-requeues", required=True, type=_int_arg(0))
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    """``python -m slurm_ddp.rundir requeue-decision --run-dir D --exit-code N --got-term 0|1
+    --can-requeue 0|1 --max-requeues M``: the batch script's requeue decision.
+
+    The job id and restart come from ``SLURM_JOB_ID``/``SLURM_RESTART_COUNT``. Prints one line
+    ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers and nothing else, so the shell
+    reads them with ``read`` and checks them with a pattern, never ``eval``) and logs the reason
+    to stderr in the batch log's format. A malformed argument or environment is one stderr line
+    (``slurm_ddp rundir: error: ...``) and exit status 2; the script then does not requeue.
+    """
+    from .entrypoint import run_main
+    from .errors import UserError
+
+    env = os.environ if environ is None else environ
+    args_list = sys.argv[1:] if argv is None else list(argv)
+
+    def decide() -> int:
+        args = _parser().parse_args(args_list)
+        try:
+            decision = decide_requeue_here(
+                args.run_dir, exit_code=args.exit_code, max_requeues=args.max_requeues,
+                got_term=bool(args.got_term), can_requeue=bool(args.can_requeue), environ=env)
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter(
+            f"%(asctime)s slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        blog = logging.getLogger("slurm_ddp.batch")
+        blog.handlers[:] = [handler]
+        blog.propagate = False
+        blog.setLevel(logging.INFO)
+        blog.info("%s", decision.reason)
+        print(f"{int(decision.requeue)} {decision.exit_code}", flush=True)
+        return 0
+
+    return run_main("slurm_ddp rundir", decide)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -7,27 +7,25 @@ config: what would be submitted, printable with ``--dry-run``) then the backend'
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, List, Optional, Sequence, Tuple
 
 from ..checkpoint import atomic_write_text
 from ..config import JobConfig, dump_config, read_yaml, config_from_dict
 from ..errors import ConfigError, UserError
 from ..render import RenderedJob, render
+from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
+from ..rundir import read_jobs as read_jobs  # re-exported: `from slurm_ddp.backends import read_jobs`
+from ..rundir import record_job as record_job  # re-exported, as read_jobs
 
 BACKENDS = ("sbatch", "submitit", "local")
-SCRIPT_NAME = "job.sbatch"
-CONFIG_NAME = "config.yaml"
-JOBS_NAME = "jobs.jsonl"
 
 
-def default_run_dir(cfg: JobConfig, base: str = "runs") -> str:
+def default_run_dir(cfg: JobConfig, base: str = DEFAULT_RUNS_DIR) -> str:
     """``./runs/<name>`` with the name reduced to safe path characters."""
     return os.path.abspath(os.path.join(base, re.sub(r"[^A-Za-z0-9_.+-]", "_", cfg.name)))
 
@@ -116,25 +114,11 @@ def plan_submit(
 def prepare_run_dir(plan: SubmitPlan) -> Path:
     """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``."""
     rd = Path(plan.run_dir)
-    (rd / "logs").mkdir(parents=True, exist_ok=True)
-    (rd / "checkpoints").mkdir(exist_ok=True)
+    (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+    (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
     if not (rd / CONFIG_NAME).exists():
         atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
     atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
     os.chmod(rd / SCRIPT_NAME, 0o755)
     return rd
 
-
-def record_job(run_dir: str, **record: Any) -> None:
-    """Append one submission to ``RUN_DIR/jobs.jsonl`` (backend, job id, time)."""
-    record.setdefault("time", time.time())
-    with open(os.path.join(run_dir, JOBS_NAME), "a", encoding="utf-8") as f:
-        f.write(json.dumps(record) + "\n")
-
-
-def read_jobs(run_dir: str) -> List[Dict[str, Any]]:
-    """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
-    p = Path(run_dir) / JOBS_NAME
-    if not p.exists():
-        return []
-    return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]

@@ -30,8 +30,8 @@ from .. import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..rendezvous import choose_port
 from ..errors import UserError
-from ..ops import LAUNCHER_LOCK_NAME
-from . import SubmitPlan, prepare_run_dir, read_jobs, record_job
+from ..rundir import LAUNCHER_LOCK_NAME, read_jobs, record_job
+from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
 

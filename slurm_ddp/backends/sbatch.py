@@ -7,7 +7,8 @@ import subprocess
 from typing import Callable
 
 from ..errors import ClusterError
-from . import SubmitPlan, prepare_run_dir, record_job
+from ..rundir import record_job
+from . import SubmitPlan, prepare_run_dir
 
 
 def schedule(plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:

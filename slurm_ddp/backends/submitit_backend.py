@@ -5,9 +5,12 @@ calls ``checkpoint()`` from inside its signal handler on global rank 0 only, whi
 other ranks keep training — a checkpoint taken mid-step on one rank of a DDP job, with
 I/O inside a signal handler. Here, the callable installs slurm_ddp's ``PreemptionFlag``
 over submitit's handlers; the ranks agree at a step boundary, rank 0 saves, and rank 0
-then requeues the job with ``scontrol requeue`` (capped by ``requeue.max_requeues``, not
-after a SIGTERM, which is a preemption Slurm requeues itself or a cancel). A requeued
-submitit job re-runs the same pickled callable, which resumes from the newest checkpoint.
+then requeues the job with ``scontrol requeue`` when ``slurm_ddp.rundir.decide_requeue`` says
+so: the same rule the sbatch backend's batch script applies (capped by ``requeue.max_requeues``,
+only for a marker of this job and restart, not after a SIGTERM, which is a preemption Slurm
+requeues itself or a cancel). A requeued submitit job re-runs the same pickled callable, which
+resumes from the newest checkpoint. The ``#SBATCH`` options come from ``render.sbatch_options``,
+the mapping the sbatch backend's script is rendered from.
 
 Every task starts through ``python -m slurm_ddp.launch`` (the binding wrapper), given to
 submitit as its ``python`` command. MASTER_PORT is probed free on the first node by a setup line of submitit's batch script
@@ -18,16 +21,21 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import subprocess
 import sys
-from pathlib import Path
-from typing import Any, Dict
+from typing import Any, Callable, Dict
 
-from .. import PREEMPTED_EXIT_CODE
 from ..errors import ClusterError, UserError
-from . import SubmitPlan, prepare_run_dir, record_job
+from ..render import sbatch_options
+from ..rundir import RequeueDecision, decide_requeue_here, record_job
+from . import SubmitPlan, prepare_run_dir
 
 log = logging.getLogger("slurm_ddp.submitit")
+
+#: sbatch options submitit writes itself: ``--signal=USR2@signal_delay_s`` (to every task, not
+#: ``B:``), ``--output``/``--error`` into its folder, ``--open-mode=append``.
+SUBMITIT_OWN_OPTIONS = frozenset({"signal", "output", "error", "open_mode"})
 
 
 class SubmititWorker:
@@ -38,36 +46,39 @@ class SubmititWorker:
         self.max_requeues = max_requeues
 
     def __call__(self) -> int:
-        import shutil
-
-        from ..worker.train import PREEMPTED, main
+        from ..worker.train import main
 
         if os.environ.get("SLURM_PROCID") == "0" and shutil.which("scontrol") is None:
-            # Reported at start, not when a preemption arrives.
-            print("slurm_ddp: WARNING: scontrol is not on PATH: this job cannot requeue itself after SIGUSR2",
-                  file=sys.stderr, flush=True)
-        status = main(self.run_dir)
-        if status == PREEMPTED_EXIT_CODE:
-            if os.environ.get("SLURM_PROCID") == "0":
-                self._maybe_requeue(Path(self.run_dir) / PREEMPTED)
-            return status
+            # Reported at start, not when a preemption arrives (the worker configured logging).
+            logging.getLogger("slurm_ddp.worker").warning(
+                "scontrol is not on PATH: this job cannot requeue itself after SIGUSR2")
+        return self.after_worker(main(self.run_dir))
+
+    def after_worker(self, status: int, run: Callable[..., Any] = subprocess.run) -> int:
+        """Rank 0 takes the requeue decision (``decide_requeue``) and requeues; every rank then returns
+        ``PREEMPTED_EXIT_CODE`` when preempted, 0 when done, and raises ``RuntimeError`` for a failure
+        (submitit marks the job failed). ``run`` runs ``scontrol requeue`` (injectable for tests)."""
+        if os.environ.get("SLURM_PROCID", "0") != "0":
+            decision = self.decide(status, can_requeue=False)
+        else:
+            decision = self.decide(status, can_requeue=shutil.which("scontrol") is not None)
+            wlog = logging.getLogger("slurm_ddp.worker")
+            wlog.log(logging.WARNING if decision.preempted else logging.INFO, "%s", decision.reason)
+            if decision.requeue:
+                r = run(["scontrol", "requeue", os.environ["SLURM_JOB_ID"]], check=False)
+                if getattr(r, "returncode", 0) != 0:
+                    wlog.error("scontrol requeue failed (status %s)", r.returncode)
+        if decision.preempted:
+            return decision.exit_code
         if status != 0:
             raise RuntimeError(f"slurm_ddp worker exited with status {status}; see the rank logs in {self.run_dir}")
         return status
 
-    def _maybe_requeue(self, marker: Path) -> None:
-        fields = marker.read_text().split() if marker.exists() else []
-        signal_name = fields[3] if len(fields) > 3 else ""
-        restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-        job_id = os.environ.get("SLURM_JOB_ID", "")
-        wlog = logging.getLogger("slurm_ddp.worker")
-        if signal_name == "SIGTERM":
-            wlog.warning("stopped by SIGTERM (preemption or scancel): not requeueing")
-        elif restarts >= self.max_requeues:
-            wlog.warning("max_requeues=%d reached (restart %d): not requeueing", self.max_requeues, restarts)
-        else:
-            wlog.warning("requeueing job %s (restart %d of at most %d)", job_id, restarts + 1, self.max_requeues)
-            subprocess.run(["scontrol", "requeue", job_id], check=False)
+    def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
+        """The requeue decision for this task's environment; submitit's tasks get no batch-shell
+        SIGTERM, so a stop by SIGTERM is known from the marker's signal alone."""
+        return decide_requeue_here(self.run_dir, exit_code=status, max_requeues=self.max_requeues,
+                                   got_term=False, can_requeue=can_requeue)
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - documented refusal
         """Not used: slurm_ddp's flag replaces submitit's handler before training starts."""
@@ -75,11 +86,19 @@ class SubmititWorker:
 
 
 def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
-    """``SlurmExecutor.update_parameters`` arguments for the plan's config (submitit's names)."""
+    """``SlurmExecutor.update_parameters`` arguments for the plan's config (submitit's names).
+
+    Every sbatch option comes from ``render.sbatch_options`` (the sbatch backend's mapping) and is
+    passed as ``additional_parameters``, which submitit writes last, so its ``#SBATCH`` lines equal
+    the sbatch backend's except those submitit must own (``SUBMITIT_OWN_OPTIONS``). ``job_name``,
+    ``nodes``, ``ntasks_per_node``, ``cpus_per_task`` and ``time`` (whole minutes, rounded up) are
+    also given as submitit's own parameters, which it uses for its bookkeeping.
+    """
     s, r = plan.cfg.slurm, plan.cfg.requeue
     python = plan.cfg.environment.python or sys.executable
+    opts = sbatch_options(plan.cfg)
     params: Dict[str, Any] = {
-        "job_name": plan.cfg.name,
+        "job_name": opts["job_name"],
         "nodes": s.nodes,
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
@@ -92,18 +111,9 @@ def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
             f"read -r MASTER_ADDR MASTER_PORT <<< \"$({_q(python)} -m slurm_ddp.rendezvous)\"",
             "export MASTER_ADDR MASTER_PORT",
         ],
-        "additional_parameters": {"requeue": True},
+        "additional_parameters": {k: True if v is None else v for k, v in opts.items()
+                                  if k not in SUBMITIT_OWN_OPTIONS},
     }
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
-    if s.mem_gb is not None:
-        params["mem"] = f"{int(round(s.mem_gb * 1024))}M"
-    for key in ("partition", "account", "qos", "constraint"):
-        if getattr(s, key) is not None:
-            params[key] = getattr(s, key)
-    if s.exclusive:
-        params["exclusive"] = True
-    params["additional_parameters"].update({k.replace("-", "_"): v for k, v in s.extra.items()})
     return params
 
 

@@ -10,7 +10,6 @@ preemption after the checkpoint of the last completed step was committed; 2 bad 
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
@@ -25,10 +24,23 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
 from .. import PREEMPTED_EXIT_CODE
-from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write, atomic_write_text
+from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
+from ..rundir import (
+    CONFIG_NAME,
+    FINAL_MODEL_NAME,
+    FINISHED_NAME,
+    METRICS_NAME,
+    Preempted,
+    append_jsonl,
+    checkpoint_dir,
+    end_partial_line,
+    is_finished,
+    write_finished,
+    write_preempted,
+)
 from ..signals import PreemptionFlag
 from ..task import Task, load_task_class
 from .runtime import (
@@ -47,10 +59,6 @@ from .runtime import (
 )
 
 log = logging.getLogger("slurm_ddp.worker")
-FINISHED = "FINISHED"
-#: "JOB_ID RESTART_COUNT STEP SIGNAL" of the last stop for preemption (the batch script reads it)
-PREEMPTED = "PREEMPTED"
-FINAL_MODEL = "final_model.pt"
 
 
 def setup_logging(rank: int) -> None:
@@ -74,18 +82,14 @@ class MetricsWriter:
     def __init__(self, path: Path, enabled: bool):
         self.path = path
         self.enabled = enabled
-        if enabled and path.exists() and path.stat().st_size:
-            with open(path, "rb+") as f:  # a run killed mid-line left no newline: end that line
-                f.seek(-1, os.SEEK_END)
-                if f.read(1) != b"\n":
-                    f.write(b"\n")
+        if enabled:  # a run killed mid-line left no newline: end that line
+            end_partial_line(path)
 
     def write(self, **record: Any) -> None:
         if not self.enabled:
             return
         record.setdefault("time", time.time())
-        with open(self.path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        append_jsonl(self.path, record)
 
 
 class Trainer:
@@ -96,9 +100,9 @@ class Trainer:
         self.tc = cfg.train
         self.flag = PreemptionFlag([cfg.requeue.signal_name, "TERM"])
         self.stop = StepAgreement(self.flag)  # all-reduces the flag every ~0.5 s, not every step
-        self.ckpt = CheckpointManager(run_dir / "checkpoints", cfg.checkpoint.keep_last, cfg.config_hash())
+        self.ckpt = CheckpointManager(checkpoint_dir(run_dir), cfg.checkpoint.keep_last, cfg.config_hash())
         self.writer = AsyncCheckpointer(self.ckpt) if denv.is_main and cfg.checkpoint.async_save else None
-        self.metrics = MetricsWriter(run_dir / "metrics.jsonl", denv.is_main)
+        self.metrics = MetricsWriter(run_dir / METRICS_NAME, denv.is_main)
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of the current epoch already trained
@@ -363,8 +367,9 @@ class Trainer:
                     self.save_checkpoint(f"preemption ({sig})")
                     self.metrics.write(event="preempted", step=self.step, signal=sig)
                     if self.denv.is_main:  # read by the batch script, even if srun's status is lost
-                        atomic_write_text(self.run_dir / PREEMPTED,
-                                          f"{self.denv.job_id} {self.denv.restart_count} {self.step} {sig}\n")
+                        write_preempted(self.run_dir, Preempted(job_id=str(self.denv.job_id),
+                                                                restart=self.denv.restart_count,
+                                                                step=self.step, signal=sig))
                     return PREEMPTED_EXIT_CODE
         finally:
             if prof is not None:
@@ -388,11 +393,11 @@ class Trainer:
         result = self.run_eval()
         self.save_checkpoint("final")
         if self.denv.is_main:
-            atomic_write(self.run_dir / FINAL_MODEL, lambda f: torch.save(self.model.state_dict(), f))
+            atomic_write(self.run_dir / FINAL_MODEL_NAME, lambda f: torch.save(self.model.state_dict(), f))
             record = {"step": self.step, "world_size": self.denv.world_size, "time": time.time(),
                       "checkpoint_blocked_s": self.blocked_s, **result}
-            atomic_write_text(self.run_dir / FINISHED, json.dumps(record) + "\n")
-            log.info("finished at step %d; weights in %s", self.step, self.run_dir / FINAL_MODEL)
+            write_finished(self.run_dir, record)
+            log.info("finished at step %d; weights in %s", self.step, self.run_dir / FINAL_MODEL_NAME)
             self.metrics.write(event="finished", step=self.step, **result)
         dist.barrier()
         return result
@@ -468,10 +473,10 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
         denv.hostname or socket.gethostname(), socket.gethostname(), denv.rank, denv.world_size,
         denv.local_rank, denv.local_world_size, denv.node_rank, denv.master_addr, denv.master_port,
         denv.job_id, denv.restart_count, os.getpid())
-    if (rd / FINISHED).exists():
-        log.info("run %s already finished (%s exists): nothing to do", rd, FINISHED)
+    if is_finished(rd):
+        log.info("run %s already finished (%s exists): nothing to do", rd, FINISHED_NAME)
         return 0
-    cfg = load_config(rd / "config.yaml")
+    cfg = load_config(rd / CONFIG_NAME)
     denv.validate_against(cfg)
     os.environ.update(denv.torch_env())  # for user code that reads RANK/LOCAL_RANK/…
     return Trainer(cfg, rd, denv).run()

@@ -14,10 +14,11 @@ import shlex
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
+from lib import wait_process
+from lib.fake_slurm import make_stubs, requeued, run_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.config import config_from_dict, read_yaml
@@ -229,39 +230,6 @@ HOSTILE = {
 }
 
 
-def make_stubs(tmp_path: Path, srun_body: str = "exit 0") -> Path:
-    """``srun``, ``scontrol`` and ``sbatch`` stubs in ``tmp_path/stubs/bin`` that record what they got."""
-    stubs = tmp_path / "stubs"
-    bindir = stubs / "bin"
-    bindir.mkdir(parents=True)
-    q = lambda p: shlex.quote(str(stubs / p))  # noqa: E731
-    (bindir / "srun").write_text(
-        "#!/bin/bash\n"
-        f"printf '%s\\0' \"$@\" > {q('srun.argv')}\n"
-        f"printenv HOSTILE_VALUE > {q('hostile.env')}\n"
-        f"printenv SLURM_DDP_RUN_DIR > {q('run_dir.env')}\n"
-        f"printenv MASTER_ADDR MASTER_PORT > {q('master.env')}\n"
-        f"{srun_body}\n"
-    )
-    for name in ("scontrol", "sbatch"):
-        (bindir / name).write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {q(name + '.argv')}\nexit 0\n")
-    for p in bindir.iterdir():
-        p.chmod(0o755)
-    return stubs
-
-
-def run_script(script: str, tmp_path: Path, stubs: Path, restart_count: int = 0, **popen):
-    path = tmp_path / "job.sbatch"
-    path.write_text(script)
-    env = {k: v for k, v in os.environ.items() if k not in ("MASTER_ADDR", "MASTER_PORT", "HOSTILE_VALUE")}
-    env.update(PATH=f"{stubs / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", SLURM_JOB_ID="4711",
-               SLURM_JOB_NODELIST="node[1-2]", SLURM_RESTART_COUNT=str(restart_count))
-    if popen.pop("background", False):
-        return subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, **popen)
-    return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=60, **popen)
-
-
 def no_marker(tmp_path: Path) -> None:
     found = [p for p in tmp_path.rglob("X")]
     assert found == [], f"a hostile value ran as shell code: {found}"
@@ -303,55 +271,70 @@ def test_newline_in_job_name_is_rejected(make_config):
     assert "\n" not in msg and "'name'" in msg and "control characters" in msg
 
 
-@pytest.mark.parametrize(
-    "srun_rc, restart_count, requeued, script_rc",
-    [
-        (0, 0, False, 0),
-        (1, 0, False, 1),
-        (PREEMPTED_EXIT_CODE, 0, True, PREEMPTED_EXIT_CODE),
-        (PREEMPTED_EXIT_CODE, 2, True, PREEMPTED_EXIT_CODE),
-        (PREEMPTED_EXIT_CODE, 3, False, PREEMPTED_EXIT_CODE),  # max_requeues=3 reached
-    ],
-)
-def test_requeue_footer_is_bounded(make_config, tmp_path, srun_rc, restart_count, requeued, script_rc):
-    cfg = make_config({"requeue": {"max_requeues": 3}})
-    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
-    stubs = make_stubs(tmp_path, srun_body=f"exit {srun_rc}")
-    out = run_script(rendered.script, tmp_path, stubs, restart_count=restart_count)
-    assert out.returncode == script_rc, out.stdout.decode() + out.stderr.decode()
-    if requeued:
-        assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004711\x00"
-    else:
-        assert not (stubs / "scontrol.argv").exists()
-
-
 def test_batch_shell_forwards_the_signal_to_srun(make_config, tmp_path):
     cfg = make_config({"requeue": {"signal": "USR2", "max_requeues": 1}})
     rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
     got = tmp_path / "stubs" / "srun.got"
-    stubs = make_stubs(
+    ready = tmp_path / "stubs" / "srun.ready"
+    stubs = make_stubs(  # handshake: the fake srun says it handles USR2, then waits for it
         tmp_path,
         srun_body=f"trap 'echo USR2 > {shlex.quote(str(got))}; exit {PREEMPTED_EXIT_CODE}' USR2\n"
+        f"touch {shlex.quote(str(ready))}\n"
         "while :; do sleep 0.05; done",
     )
     proc = run_script(rendered.script, tmp_path, stubs, background=True)
     try:
-        deadline = time.monotonic() + 30
-        while not (stubs / "srun.argv").exists():
-            assert proc.poll() is None, proc.stdout.read().decode()
-            assert time.monotonic() < deadline, "srun stub never started"
-            time.sleep(0.02)
-        time.sleep(0.2)  # let the batch shell reach `wait`
+        wait_process(proc, ready.exists, 60, "the srun stub to start", lambda: proc.stdout.read().decode())
+        # The batch shell may not be in `wait` yet, or may not have set SRUN_PID: either way
+        # the signal must reach srun (remembered and delivered once srun has started).
         proc.send_signal(signal.SIGUSR2)
-        output = proc.communicate(timeout=30)[0].decode()
+        output = proc.communicate(timeout=60)[0].decode()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     assert got.read_text() == "USR2\n", output
     assert proc.returncode == PREEMPTED_EXIT_CODE, output
-    assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004711\x00"
+    assert requeued(stubs)
     assert "forwarding it to the ranks" in output
+
+
+def test_a_signal_before_srun_started_reaches_srun(make_config, tmp_path):
+    """The batch shell gets SIGUSR2 while a setup line still runs: srun gets it once it starts."""
+    ready, gate = tmp_path / "setup.ready", tmp_path / "setup.gate"
+    os.mkfifo(gate)
+    cfg = make_config({
+        "requeue": {"signal": "USR2", "max_requeues": 1},
+        # handshake: the setup line says it runs, then blocks until the test opens the fifo
+        "environment": {"setup": [f"touch {shlex.quote(str(ready))}", f"cat {shlex.quote(str(gate))} >/dev/null"]},
+    })
+    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
+    got = tmp_path / "stubs" / "srun.got"
+    # srun's first line handles USR2. The batch shell delivers the remembered signal right after
+    # starting srun, possibly before that line ran: then the default action kills srun, status
+    # 128+12, which proves delivery as well. A signal that is dropped leaves srun waiting.
+    stubs = make_stubs(
+        tmp_path,
+        srun_first=f"trap 'echo USR2 > {shlex.quote(str(got))}; exit {PREEMPTED_EXIT_CODE}' USR2",
+        srun_body="while :; do sleep 0.05; done",
+    )
+    proc = run_script(rendered.script, tmp_path, stubs, background=True)
+    try:
+        wait_process(proc, ready.exists, 60, "the setup line to run", lambda: proc.stdout.read().decode())
+        assert not (stubs / "srun.argv").exists()
+        proc.send_signal(signal.SIGUSR2)
+        with open(gate, "w"):  # release the setup line
+            pass
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "received SIGUSR2 before srun started" in output, output
+    assert "forwarding SIGUSR2, received before srun started, to the ranks" in output, output
+    by_trap = got.exists() and got.read_text() == "USR2\n"
+    by_default_action = f"srun exited with status {128 + signal.SIGUSR2}" in output
+    assert by_trap or by_default_action, output
 
 
 # --------------------------------------------------------------------------- no torch on a login node

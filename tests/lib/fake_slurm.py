@@ -1,0 +1,83 @@
+"""Run a rendered batch script on this machine against fake ``srun``/``scontrol``/``sbatch``.
+
+``make_stubs(tmp_path, srun_body)`` writes the fakes into ``tmp_path/stubs/bin``, next to links
+to the few real programs a batch script and the fakes use (``date``, ``hostname``, ``mkdir`` …),
+so the script's ``PATH`` reaches no real Slurm command of this machine. Each fake records its
+argv (NUL-separated) in ``tmp_path/stubs/NAME.argv``; ``srun`` runs ``srun_first``, records the
+environment it got, then runs ``srun_body``. ``scontrol=False`` leaves ``scontrol`` out (a node without it).
+
+``run_script(script, tmp_path, stubs, ...)`` runs the script with ``bash`` as job ``JOB_ID``
+(``SLURM_JOB_ID``) on ``node[1-2]`` with the given ``SLURM_RESTART_COUNT``; ``background=True``
+returns the ``Popen`` (stdout and stderr merged into ``stdout``).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any, Optional
+
+JOB_ID = "4711"
+
+#: Real programs the batch script and the fakes call (the rest are bash builtins).
+TOOLS = ("bash", "cat", "date", "hostname", "mkdir", "printenv", "rm", "sleep", "touch")
+
+
+def make_stubs(tmp_path: Path, srun_body: str = "exit 0", *, scontrol: bool = True, srun_first: str = "") -> Path:
+    """Fakes in ``tmp_path/stubs/bin`` that record what they got; returns ``tmp_path/stubs``.
+
+    ``srun_first``: shell lines the fake ``srun`` runs before it records anything (a ``trap``)."""
+    stubs = tmp_path / "stubs"
+    bindir = stubs / "bin"
+    bindir.mkdir(parents=True)
+    for tool in TOOLS:
+        found = shutil.which(tool)
+        assert found, f"{tool} is not on PATH"
+        (bindir / tool).symlink_to(found)
+
+    def q(name: str) -> str:
+        return shlex.quote(str(stubs / name))
+
+    (bindir / "srun").write_text(
+        "#!/bin/bash\n"
+        f"{srun_first}\n"
+        f"printf '%s\\0' \"$@\" > {q('srun.argv')}\n"
+        f"printenv HOSTILE_VALUE > {q('hostile.env')}\n"
+        f"printenv SLURM_DDP_RUN_DIR > {q('run_dir.env')}\n"
+        f"printenv MASTER_ADDR MASTER_PORT > {q('master.env')}\n"
+        f"{srun_body}\n"
+    )
+    for name in ("scontrol", "sbatch") if scontrol else ("sbatch",):
+        (bindir / name).write_text(f"#!/bin/bash\nprintf '%s\\0' \"$@\" >> {q(name + '.argv')}\nexit 0\n")
+    for p in bindir.iterdir():
+        if not p.is_symlink():
+            p.chmod(0o755)
+    return stubs
+
+
+def requeued(stubs: Path, job_id: str = JOB_ID) -> bool:
+    """True when the fake ``scontrol`` was called exactly once, as ``scontrol requeue JOB_ID``."""
+    argv = stubs / "scontrol.argv"
+    if not argv.exists():
+        return False
+    assert argv.read_bytes() == f"requeue\0{job_id}\0".encode(), argv.read_bytes()
+    return True
+
+
+def run_script(script: str, tmp_path: Path, stubs: Path, restart_count: int = 0,
+               env_extra: Optional[dict] = None, **popen: Any) -> Any:
+    """Run ``script`` with bash as job ``JOB_ID``; a ``CompletedProcess`` (bytes), or a ``Popen``
+    with ``background=True``."""
+    path = tmp_path / "job.sbatch"
+    path.write_text(script)
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MASTER_ADDR", "MASTER_PORT", "HOSTILE_VALUE") and not k.startswith("SLURM_")}
+    env.update(PATH=str(stubs / "bin"), SLURM_JOB_ID=JOB_ID, SLURM_JOB_NODELIST="node[1-2]",
+               SLURM_RESTART_COUNT=str(restart_count), **(env_extra or {}))
+    if popen.pop("background", False):
+        return subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, **popen)
+    return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=120, **popen)

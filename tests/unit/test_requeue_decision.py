@@ -1,0 +1,153 @@
+"""One requeue decision table, run through both paths that requeue a job.
+
+(a) the sbatch backend: the rendered batch script in bash, with fake ``srun``/``scontrol`` on PATH
+(``lib.fake_slurm``); (b) the submitit backend: ``SubmititWorker.after_worker`` in rank 0, with the
+same fake ``scontrol`` on PATH. Both must requeue (``scontrol requeue JOB_ID``, once) exactly in the
+same rows and end with the same status; the rule itself is ``slurm_ddp.rundir.decide_requeue``.
+"""
+
+from __future__ import annotations
+
+import shlex
+import signal
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional, Tuple
+
+import pytest
+from lib import wait_process
+from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.backends.submitit_backend import SubmititWorker
+from slurm_ddp.render import render
+from slurm_ddp.rundir import Preempted, write_finished, write_preempted
+
+P = PREEMPTED_EXIT_CODE
+
+
+@dataclass(frozen=True)
+class Row:
+    status: int  #: srun's status (sbatch) = rank 0's worker status (submitit)
+    restart: int = 0  #: SLURM_RESTART_COUNT of this job
+    marker: Optional[Tuple[str, int, str]] = None  #: PREEMPTED marker: job id, restart, signal
+    max_requeues: int = 3
+    scontrol: bool = True  #: scontrol on PATH
+    finished: bool = False  #: FINISHED written before the job starts
+    requeue: bool = False  #: expected: scontrol requeue JOB_ID called
+    exit: int = 0  #: expected: the job's exit status (submitit: returned, or raised when not 0/75)
+
+
+TABLE = {
+    "preempted-by-status": Row(P, requeue=True, exit=P),
+    "preempted-by-status-below-cap": Row(P, restart=2, requeue=True, exit=P),
+    "preempted-by-marker-of-this-job-and-restart": Row(1, restart=1, marker=(JOB_ID, 1, "SIGUSR2"),
+                                                       requeue=True, exit=P),
+    "stale-marker-of-another-job": Row(1, marker=("4700", 0, "SIGUSR2"), exit=1),
+    "stale-marker-of-another-restart": Row(1, restart=2, marker=(JOB_ID, 1, "SIGUSR2"), exit=1),
+    "stale-marker-with-status-preempted-still-requeues": Row(P, restart=1, marker=(JOB_ID, 0, "SIGTERM"),
+                                                             requeue=True, exit=P),
+    "sigterm-stop": Row(P, marker=(JOB_ID, 0, "SIGTERM"), exit=P),
+    "max-requeues-reached": Row(P, restart=3, exit=P),
+    "max-requeues-zero": Row(P, max_requeues=0, marker=(JOB_ID, 0, "SIGUSR2"), exit=P),
+    "scontrol-missing": Row(P, scontrol=False, exit=P),
+    "crash": Row(1, exit=1),
+    "success": Row(0, exit=0),
+    "finished-run": Row(0, restart=1, finished=True, exit=0),
+}
+
+
+def prepare(row: Row, run_dir: Path) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if row.marker is not None:
+        job, restart, sig = row.marker
+        write_preempted(run_dir, Preempted(job_id=job, restart=restart, step=12, signal=sig))
+    if row.finished:
+        write_finished(run_dir, {"step": 20, "world_size": 2})
+
+
+@pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
+def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) -> None:
+    run_dir = tmp_path / "run"
+    prepare(row, run_dir)
+    cfg = make_config({"requeue": {"max_requeues": row.max_requeues}})
+    script = render(cfg, str(run_dir), command=["t"], python=sys.executable).script
+    stubs = make_stubs(tmp_path, srun_body=f"exit {row.status}", scontrol=row.scontrol)
+    out = run_script(script, tmp_path, stubs, restart_count=row.restart)
+    text = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == row.exit, text
+    assert requeued(stubs) == row.requeue, text
+    assert (stubs / "srun.argv").exists() == (not row.finished), text
+
+
+@pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
+def test_submitit_worker_takes_the_decision(monkeypatch, tmp_path: Path, row: Row) -> None:
+    run_dir = tmp_path / "run"
+    prepare(row, run_dir)
+    stubs = make_stubs(tmp_path, scontrol=row.scontrol)
+    monkeypatch.setenv("PATH", str(stubs / "bin"))
+    monkeypatch.setenv("SLURM_JOB_ID", JOB_ID)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", str(row.restart))
+    monkeypatch.setenv("SLURM_PROCID", "0")
+    worker = SubmititWorker(str(run_dir), row.max_requeues)
+    if row.exit in (0, P):
+        assert worker.after_worker(row.status) == row.exit
+    else:
+        with pytest.raises(RuntimeError, match=f"exited with status {row.exit}"):
+            worker.after_worker(row.status)
+    assert requeued(stubs) == row.requeue
+
+
+def test_submitit_worker_other_ranks_never_requeue(monkeypatch, tmp_path: Path) -> None:
+    stubs = make_stubs(tmp_path)
+    monkeypatch.setenv("PATH", str(stubs / "bin"))
+    monkeypatch.setenv("SLURM_JOB_ID", JOB_ID)
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    monkeypatch.setenv("SLURM_PROCID", "1")
+    (tmp_path / "run").mkdir()
+    assert SubmititWorker(str(tmp_path / "run"), 3).after_worker(P) == P
+    assert not requeued(stubs)
+
+
+def test_sigterm_to_the_batch_shell_is_not_requeued(make_config, tmp_path: Path) -> None:
+    """SIGTERM (a preemption Slurm requeues itself, or scancel) reaches the batch shell; the ranks
+    stop for preemption, but the job does not requeue itself."""
+    cfg = make_config({"requeue": {"signal": "USR2", "max_requeues": 3}})
+    script = render(cfg, str(tmp_path / "run"), command=["t"], python=sys.executable).script
+    ready = tmp_path / "stubs" / "srun.ready"
+    stubs = make_stubs(tmp_path, srun_first=f"trap 'exit {P}' TERM",
+                       srun_body=f"touch {shlex.quote(str(ready))}\nwhile :; do sleep 0.05; done")
+    proc = run_script(script, tmp_path, stubs, background=True)
+    try:
+        wait_process(proc, ready.exists, 60, "the srun stub to start", lambda: proc.stdout.read().decode())
+        proc.send_signal(signal.SIGTERM)
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == P, output
+    assert not requeued(stubs), output
+    assert "stopped by SIGTERM" in output and "not requeueing" in output, output
+
+
+@pytest.mark.parametrize("python_does", ["exit 1", "echo '1 75 more'", "echo requeue", "echo '1 -1'"])
+def test_a_failed_decision_never_requeues(make_config, tmp_path: Path, python_does: str) -> None:
+    """If the decision itself fails or prints something else, the job exits with srun's status
+    and does not requeue (a job that requeued whenever it could not decide would loop)."""
+    python = tmp_path / "python"
+    python.write_text(
+        "#!/bin/bash\n"
+        f'if [ "${{1:-}}" = -m ] && [ "${{2:-}}" = slurm_ddp.rundir ]; then {python_does}; exit; fi\n'
+        f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.chmod(0o755)
+    cfg = make_config({"requeue": {"max_requeues": 3}})
+    script = render(cfg, str(tmp_path / "run"), command=["t"], python=str(python)).script
+    stubs = make_stubs(tmp_path, srun_body=f"exit {P}")
+    out = run_script(script, tmp_path, stubs)
+    text = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == P, text
+    assert not requeued(stubs), text
+    assert "the requeue decision failed" in text and "not requeueing" in text, text
+
