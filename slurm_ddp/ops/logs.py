@@ -15,19 +15,26 @@ import subprocess
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 
 from ..errors import UserError
-from ..rundir import LOGS_DIR
+from ..rundir import LOGS_DIR, batch_log_name, rank_log_name
 from .runs import Run, read_run
 from .slurm import Runner
 from .status import RunStatus, run_status
 
-# The log names: ``rank-%t.log`` is the template's ``srun --output`` (and the local
-# backend's), ``batch-%j.out`` the batch shell's ``--output`` (slurm_ddp.render), and
-# ``JOBID_TASK_log.{out,err}`` submitit's, in its folder ``submitit/JOBID/``.
-_RANK_LOG = re.compile(r"^rank-(\d+)\.log$")
-_BATCH_LOG = re.compile(r"^batch-(.+)\.out$")
+
+def _name_pattern(name_of: Callable[[str], str], group: str) -> Pattern[str]:
+    """A regex matching ``name_of(X)`` for every X that matches ``group`` (captured): it parses
+    the log names that :mod:`slurm_ddp.rundir` builds, so the two cannot drift."""
+    prefix, suffix = name_of("\0").split("\0")
+    return re.compile(f"^{re.escape(prefix)}({group}){re.escape(suffix)}$")
+
+
+# Rank N's log and the batch shell's, in LOGS_DIR (slurm_ddp.rundir names them); submitit
+# writes ``JOBID_TASK_log.{out,err}`` in its folder ``submitit/JOBID/`` (its backend's choice).
+_RANK_LOG = _name_pattern(rank_log_name, r"\d+")
+_BATCH_LOG = _name_pattern(batch_log_name, r".+")
 _SUBMITIT_DIR = "submitit"
 _SUBMITIT_LOG = re.compile(r"^(.+)_(\d+)_log\.(out|err)$")
 _TIMESTAMP = re.compile(rb"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})")
@@ -48,8 +55,8 @@ def _job_order(text: str) -> Tuple[int, str]:
 
 
 def log_sources(run_dir: Path, rank: Optional[int] = None) -> List[LogSource]:
-    """The log files of a run: ``logs/rank-N.log`` (sbatch, local) or submitit's per-task logs,
-    and (when ``rank`` is None) the batch shells' ``logs/batch-JOBID.out``. Existing files only."""
+    """The log files of a run: each rank's log in ``LOGS_DIR`` (sbatch, local) or submitit's
+    per-task logs, and (when ``rank`` is None) each batch shell's log. Existing files only."""
     run_dir = Path(run_dir)
     out: List[LogSource] = []
     logs = run_dir / LOGS_DIR
@@ -162,7 +169,7 @@ def follow_logs(
     """Write what the logs hold, then new lines as they are written, until the run ends (its
     state is final) or ``timeout_s`` passes; Ctrl-C (KeyboardInterrupt) propagates.
 
-    Across requeues the rank logs are appended to and a new ``batch-JOBID.out`` appears (both
+    Across requeues the rank logs are appended to and a new batch shell's log appears (both
     followed). Returns the last status read.
     """
     tails: Dict[Path, _Tail] = {}

@@ -418,6 +418,19 @@ def test_logs_of_submitit_runs_are_found_per_task(tmp_path, slurm, capsys):
                                 "[rank 1] 2024-01-01T10:00:02 rank1 INFO there"]
 
 
+def test_log_sources_read_the_names_rundir_writes(tmp_path):
+    # the writers (template, render, local backend) name logs with rundir's functions;
+    # ops parses them back: a rank's number and a batch job id with an array suffix
+    logs = tmp_path / rundir.LOGS_DIR
+    logs.mkdir()
+    for name in (rundir.rank_log_name(12), rundir.rank_log_name(3), rundir.batch_log_name("77_1"), "rank-x.log"):
+        (logs / name).write_text("")
+    assert [(s.label, s.path.name) for s in ops.log_sources(tmp_path)] == [
+        ("batch 77_1", rundir.batch_log_name("77_1")), ("rank 3", rundir.rank_log_name(3)),
+        ("rank 12", rundir.rank_log_name(12))]
+    assert [s.label for s in ops.log_sources(tmp_path, rank=3)] == ["rank 3"]
+
+
 def test_logs_mistakes(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, logs={"rank-0.log": RANK0})
     rc, out, err = cli(["logs", str(rd), "--rank", "2"], capsys)
