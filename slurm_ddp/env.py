@@ -10,11 +10,10 @@ the variables PyTorch's ``env://`` rendezvous reads, for the caller to apply.
 
 from __future__ import annotations
 
+import configparser
 import re
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional
-
-from ClusterShell.NodeSet import RESOLVER_NOGROUP, NodeSet, NodeSetParseError
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional
 
 from .errors import EnvironmentMismatch, UserError
 
@@ -34,6 +33,24 @@ PORT_SPAN = 15000
 #: (``a!b``, ``a&b``, ``a^b``, ``@group``, ``a*``) but never part of a SLURM hostlist
 #: (slurm.conf(5), NodeName): refused, so ``expand_nodelist`` reads exactly SLURM's syntax.
 _NOT_SLURM_HOSTLIST = frozenset("!&^@*")
+
+
+def _nodeset() -> Any:
+    """ClusterShell's ``NodeSet`` module (untyped: ``Any``), imported on first use.
+
+    Its import reads ClusterShell's ``defaults.conf`` (``/etc/clustershell``, ``~/.config``,
+    ``$CLUSTERSHELL_CFGDIR``) and fails on a malformed one: that is one ``UserError`` line
+    here, when a nodelist is read, not an import error of every command.
+    """
+    try:
+        from ClusterShell import NodeSet
+    except ImportError as e:
+        raise UserError(f"cannot import ClusterShell ({e}): pip install 'ClusterShell>=1.9'") from None
+    except (configparser.Error, ValueError) as e:  # a broken defaults.conf, read at import
+        text = " ".join(str(e).split())
+        raise UserError(f"cannot load ClusterShell's nodeset library: {type(e).__name__}: {text} "
+                        "(a ClusterShell config file, e.g. /etc/clustershell/defaults.conf, is malformed)") from None
+    return NodeSet
 
 
 def _top_level_elements(nodelist: str) -> List[str]:
@@ -64,14 +81,15 @@ def expand_nodelist(nodelist: str) -> List[str]:
     bad = sorted(_NOT_SLURM_HOSTLIST.intersection(nodelist))
     if bad:
         raise UserError(f"bad SLURM nodelist {nodelist!r}: {''.join(bad)!r} is not hostlist syntax")
+    ns = _nodeset()
     hosts: List[str] = []
     seen = set()
     for element in _top_level_elements(nodelist):
         if not element.strip():
             raise UserError(f"bad SLURM nodelist {nodelist!r}: an empty element between commas")
         try:
-            expanded = list(NodeSet(element, resolver=RESOLVER_NOGROUP))
-        except NodeSetParseError as e:
+            expanded = list(ns.NodeSet(element, resolver=ns.RESOLVER_NOGROUP))
+        except ns.NodeSetParseError as e:
             raise UserError(f"bad SLURM nodelist {nodelist!r}: {e}") from None
         hosts += [h for h in expanded if h not in seen]
         seen.update(expanded)
@@ -84,11 +102,12 @@ def fold_nodelist(hosts: List[str]) -> str:
     Folded by ClusterShell's ``NodeSet`` when that keeps the order (it sorts); otherwise the
     names joined by commas, so ``expand_nodelist(fold_nodelist(h)) == h`` for distinct names.
     """
+    ns = _nodeset()
     try:
-        folded = str(NodeSet.fromlist(hosts, resolver=RESOLVER_NOGROUP))
+        folded = str(ns.NodeSet.fromlist(hosts, resolver=ns.RESOLVER_NOGROUP))
         if expand_nodelist(folded) == list(hosts):
             return folded
-    except (NodeSetParseError, UserError):
+    except (ns.NodeSetParseError, UserError):
         pass
     return ",".join(hosts)
 

@@ -139,3 +139,12 @@ def test_worker_entry_outside_a_task_names_the_variable_in_one_line(tmp_path, ma
     assert r.returncode == 2 and "Traceback" not in r.stderr
     last = r.stderr.splitlines()[-1]
     assert last.startswith("slurm_ddp worker: error: rank ? on ") and "SLURM_PROCID is not set" in last
+
+
+def test_a_malformed_clustershell_config_is_one_line_not_an_import_failure(tmp_path):
+    (tmp_path / "defaults.conf").write_text("not an ini file\n")
+    r = _run("slurm_ddp.rendezvous", SLURM_JOB_NODELIST="n[1-2]", CLUSTERSHELL_CFGDIR=str(tmp_path))
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    lines = r.stderr.splitlines()
+    assert len(lines) == 1 and "ClusterShell" in lines[0] and "defaults.conf" in lines[0]
+    assert _run("slurm_ddp.rendezvous", SLURM_JOB_NODELIST="n[1-2]", MASTER_PORT="29400").stdout == "n1 29400\n"
