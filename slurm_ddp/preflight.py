@@ -11,6 +11,7 @@ whether (and when) it would run the rendered script, without submitting it.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -94,7 +95,7 @@ def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_p
     longer than ``timeout_s``) it calls ``warn`` with why and returns: the job may still work
     on the nodes.
     """
-    warn = warn or (lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr))
+    warn = warn or logging.getLogger("slurm_ddp.preflight").warning
     tc = cfg.train
     python = _python(cfg)
     skip = " (skip this check with --no-check-task)"
