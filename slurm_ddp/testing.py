@@ -23,21 +23,22 @@ the session. Clients reach it through ``slurm_sandbox.env`` (``SLURM_CONF``), wh
 If this machine cannot run the sandbox (not root, Slurm/munge/iproute2 missing, no
 network namespaces), the tests that use the fixture are skipped with the reason —
 unless the environment variable ``SLURM_DDP_REQUIRE_SLURM=1`` is set, in which case
-they fail with it (use that in CI where Slurm tests must run).
+they fail with it (use that in CI where Slurm tests must run). Your own tests can hold
+other prerequisites to the same rule with :func:`missing_prerequisite`.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from typing import Callable, Iterator, TypeVar
+from typing import Callable, Iterator, NoReturn, TypeVar
 
 import pytest
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
-__all__ = ["slurm_sandbox", "sandbox_unavailable", "wait_for"]
+__all__ = ["missing_prerequisite", "sandbox_unavailable", "slurm_sandbox", "wait_for"]
 
 T = TypeVar("T")
 
@@ -50,12 +51,22 @@ def _required() -> bool:
     return os.environ.get("SLURM_DDP_REQUIRE_SLURM", "").strip().lower() in ("1", "true", "yes")
 
 
-def sandbox_unavailable(reason: str) -> None:
-    """Skip the current test because of ``reason``, or fail if SLURM_DDP_REQUIRE_SLURM=1."""
-    message = f"Slurm sandbox unavailable: {reason}"
+def missing_prerequisite(reason: str) -> NoReturn:
+    """Skip the current test (or module, when called at import) because a prerequisite is missing;
+    fail with ``reason`` instead if ``SLURM_DDP_REQUIRE_SLURM=1`` (CI: every tier must run).
+
+    Raises pytest's ``Skipped`` or ``Failed`` outcome; never returns.
+    """
+    __tracebackhide__ = True  # the report points at the test, not here
     if _required():
-        pytest.fail(message + " (SLURM_DDP_REQUIRE_SLURM=1 makes this a failure)", pytrace=False)
-    pytest.skip(message)
+        pytest.fail(reason + " (SLURM_DDP_REQUIRE_SLURM=1 makes this a failure)", pytrace=False)
+    pytest.skip(reason, allow_module_level=True)
+
+
+def sandbox_unavailable(reason: str) -> NoReturn:
+    """Skip the current test because of ``reason``, or fail if SLURM_DDP_REQUIRE_SLURM=1."""
+    __tracebackhide__ = True
+    missing_prerequisite(f"Slurm sandbox unavailable: {reason}")
 
 
 @pytest.fixture(scope="session")

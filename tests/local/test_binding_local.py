@@ -17,6 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lib import missing_prerequisite, require_executable
 
 from slurm_ddp import binding
 from slurm_ddp.config import dump_config, load_config
@@ -165,8 +166,9 @@ def test_wrapper_threads_and_affinity(tmp_path: Path, cpu_bind: str) -> None:
         assert not report["jemalloc"]
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="needs 2 CPUs (torch caps its threads at the CPUs)")
 def test_wrapper_keeps_a_user_thread_count(tmp_path: Path) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        missing_prerequisite("needs 2 CPUs (torch caps its threads at the CPUs)")
     rd = make_run_dir(tmp_path, "environment.cpu_bind=cores")  # planned: 1 thread per rank
     report, _ = run_rank(rd, 0, {"OMP_NUM_THREADS": "2"})
     assert report["threads"] == 2 and report["env"]["OMP_NUM_THREADS"] == "2"
@@ -176,8 +178,8 @@ def test_wrapper_keeps_a_user_thread_count(tmp_path: Path) -> None:
     assert report["threads"] == 1
 
 
-@pytest.mark.skipif(not shutil.which("numactl"), reason="numactl is not installed (apt-get install numactl)")
 def test_wrapper_numa_mode_runs_under_numactl(tmp_path: Path) -> None:
+    require_executable("numactl", why="environment.cpu_bind=numa (apt-get install numactl)")
     rd = make_run_dir(tmp_path, "environment.cpu_bind=numa", "environment.allocator=jemalloc")
     cfg = load_config(rd / "config.yaml")
     report, env = run_rank(rd, 1)

@@ -24,8 +24,9 @@ import time
 from pathlib import Path
 
 import pytest
+from lib import require_module
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 pytestmark = [
     pytest.mark.local,

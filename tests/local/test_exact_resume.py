@@ -10,14 +10,15 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 import torch
+from lib import wait_for, wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.rundir import latest_checkpoint_step
 
 pytestmark = pytest.mark.local
 
@@ -55,26 +56,90 @@ def records(run_dir: Path) -> List[dict]:
     return out
 
 
-def max_step(run_dir: Path) -> int:
-    return max((r["step"] for r in records(run_dir) if r["event"] == "train"), default=0)
+def max_step(run_dir: Path, since: int = 0) -> int:
+    """The highest step trained, in the records from the ``since``-th on."""
+    return max((r["step"] for r in records(run_dir)[since:] if r["event"] == "train"), default=0)
 
 
-def run_until(run_dir: Path, step: int, then: int) -> int:
-    """Start a submit, wait until training passed ``step``, send ``then``; returns its exit status."""
+def start(run_dir: Path) -> subprocess.Popen:
+    """A submit of the run; ``proc.since``: the records its predecessors wrote."""
+    since = len(records(run_dir))
     proc = subprocess.Popen(cmd(run_dir), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.since = since
+    return proc
+
+
+def wait_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+    """Wait until this submit (not an earlier one) trained step ``step``."""
+    wait_process(proc, lambda: max_step(run_dir, proc.since) >= step, 240, f"step {step}", lambda: proc.stderr.read())
+
+
+def finish(proc: subprocess.Popen) -> int:
+    """Wait for ``proc`` (kill it if it does not end) and return its exit status."""
     try:
-        deadline = time.monotonic() + 240
-        while max_step(run_dir) < step:
-            assert proc.poll() is None, f"exited {proc.returncode} before step {step}: {proc.stderr.read()}"
-            assert time.monotonic() < deadline, f"step {step} not reached"
-            time.sleep(0.05)
-        os.kill(proc.pid, then)
         proc.wait(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
     return proc.returncode
+
+
+def run_until(run_dir: Path, step: int, then: int) -> int:
+    """Start a submit, wait until training passed ``step``, send ``then``; returns its exit status."""
+    proc = start(run_dir)
+    try:
+        wait_step(proc, run_dir, step)
+        os.kill(proc.pid, then)
+    finally:
+        returncode = finish(proc)
+    return returncode
+
+
+def stopped(pid: int) -> bool:
+    """Every thread of ``pid`` is stopped (SIGSTOP acts on each thread at its next return to user mode)."""
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            state = (task / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue  # a thread that just exited
+        if state not in "tT":
+            return False
+    return True
+
+
+def kill_between_checkpoints(run_dir: Path, step: int, after: int) -> int:
+    """Start a submit and ``kill -9`` its launcher (its ranks die with it: PR_SET_PDEATHSIG) at a
+    moment training passed ``step``, a periodic checkpoint newer than step ``after`` is committed,
+    and steps after that checkpoint are logged (they will be trained again). Returns that
+    checkpoint's step, the one the next submit must resume from.
+
+    The ranks are frozen (SIGSTOP) while the run directory is read, so that no newer checkpoint
+    can be committed between the check and the kill; if the moment is not right (the newest
+    checkpoint is still being written, or nothing was logged after it), they go on and the
+    check is repeated a few steps later.
+    """
+    proc = start(run_dir)
+    try:
+        while True:
+            wait_step(proc, run_dir, step)
+            ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
+                                                    text=True).stdout.split()]
+            assert len(ranks) == 2, ranks
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda ranks=ranks: all(stopped(pid) for pid in ranks), 60, "the ranks to stop", interval_s=0.01)
+            committed, logged = latest_checkpoint_step(run_dir) or 0, max_step(run_dir, proc.since)
+            if committed > after and committed % 20 == 0 and logged > committed:
+                os.kill(proc.pid, signal.SIGKILL)
+                break
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
+            step = logged + 1
+    finally:
+        returncode = finish(proc)
+    assert returncode == -signal.SIGKILL, returncode
+    return committed
 
 
 def losses(run_dir: Path) -> Dict[int, List[float]]:
@@ -94,7 +159,7 @@ def test_interrupted_run_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> No
     first_stop = int((inter / "PREEMPTED").read_text().split()[2])
     # kill -9 of the launcher (its ranks die with it) mid-interval: the periodic checkpoint is
     # the fallback and the steps since it are trained again.
-    assert run_until(inter, 52, signal.SIGKILL) == -signal.SIGKILL
+    killed_after = kill_between_checkpoints(inter, 52, first_stop)
     assert run_until(inter, 87, signal.SIGUSR2) == PREEMPTED_EXIT_CODE
     r = subprocess.run(cmd(inter), capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
@@ -102,7 +167,7 @@ def test_interrupted_run_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> No
     rank0 = (inter / "logs" / "rank-0.log").read_text()
     resumed = [int(x) for x in __import__("re").findall(r"resumed from checkpoint of step (\d+)", rank0)]
     assert len(resumed) == 3 and resumed[0] == first_stop, resumed
-    assert resumed[1] % 20 == 0 and resumed[1] < 52  # after kill -9: a periodic checkpoint
+    assert resumed[1] == killed_after and resumed[1] % 20 == 0  # after kill -9: a periodic checkpoint
 
     a = torch.load(base / "final_model.pt", weights_only=True)
     b = torch.load(inter / "final_model.pt", weights_only=True)

@@ -7,7 +7,6 @@ peer stopped responding; the last good checkpoint survives both.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -17,8 +16,10 @@ from pathlib import Path
 from typing import List
 
 import pytest
+from lib import wait_process
 
 from slurm_ddp.checkpoint import CheckpointManager
+from slurm_ddp.rundir import latest_checkpoint_step, read_metrics
 
 pytestmark = pytest.mark.local
 
@@ -38,17 +39,15 @@ def rank_pids(launcher_pid: int) -> List[int]:
     return [int(p) for p in out]
 
 
+def max_train_step(run_dir: Path) -> int:
+    return max((m["step"] for m in read_metrics(run_dir) if m.get("event") == "train"), default=0)
+
+
 def wait_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        p = run_dir / "metrics.jsonl"
-        if p.exists():
-            steps = [json.loads(x)["step"] for x in p.read_text().splitlines() if '"train"' in x]
-            if steps and max(steps) >= step:
-                return
-        assert proc.poll() is None, proc.communicate()[1]
-        time.sleep(0.1)
-    raise AssertionError(f"step {step} not reached in {timeout_s} s")
+    """Wait until training logged ``step`` and the checkpoint of step 20 is committed (the async
+    writer may still be writing it a few steps later), so that it is there to survive the failure."""
+    wait_process(proc, lambda: max_train_step(run_dir) >= step and (latest_checkpoint_step(run_dir) or 0) >= 20,
+                 timeout_s, f"step {step} and the checkpoint of step 20", lambda: proc.communicate()[1])
 
 
 def rank_of(pid: int) -> int:

@@ -12,11 +12,11 @@ import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from lib import wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 
@@ -48,24 +48,13 @@ def read_metrics(run_dir: Path) -> list:
     return [json.loads(line) for line in p.read_text().splitlines() if line.strip()]
 
 
-def wait_for(predicate, timeout_s: float, what: str, proc: subprocess.Popen = None) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"process exited with {proc.returncode} while waiting for {what}")
-        time.sleep(0.2)
-    raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-
-
 def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     # First submit: stop it with SIGUSR2 once it passed the first periodic checkpoint, mid-interval.
     proc = subprocess.Popen(submit_cmd(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_for(lambda: any(m.get("event") == "train" and m["step"] >= 50 for m in read_metrics(run_dir)),
-                 240, "step 50", proc)
+        wait_process(proc, lambda: any(m.get("event") == "train" and m["step"] >= 50 for m in read_metrics(run_dir)),
+                     240, "step 50", lambda: proc.stdout.read())
         proc.send_signal(signal.SIGUSR2)
         out, _ = proc.communicate(timeout=120)
     finally:

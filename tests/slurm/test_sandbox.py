@@ -17,20 +17,16 @@ import time
 from pathlib import Path
 
 import pytest
+from lib import missing_prerequisite, wait_for
 
 import slurm_ddp
-from slurm_ddp import testing
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
+from slurm_ddp.testing import sandbox_unavailable
 
 pytestmark = pytest.mark.slurm
 
 REPO = Path(slurm_ddp.__file__).resolve().parent.parent
-
-
-def wait_for(cond, timeout: float, what: str):
-    """Poll ``cond()`` every 50 ms (these tests time the sandbox) until it returns a truthy value."""
-    return testing.wait_for(cond, timeout, what, interval_s=0.05)
 
 
 def sbatch(sb: SlurmSandbox, *args: str) -> str:
@@ -145,8 +141,9 @@ GLOO = textwrap.dedent(
 )
 
 
-@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="torch is not installed")
 def test_gloo_all_reduce_across_nodes(slurm_sandbox, tmp_path):
+    if importlib.util.find_spec("torch") is None:
+        missing_prerequisite("torch is not installed")
     script = tmp_path / "gloo.py"
     script.write_text(GLOO)
     env = dict(os.environ, MASTER_ADDR="n1", MASTER_PORT=str(random.randrange(31000, 32000)))
@@ -240,8 +237,9 @@ def test_second_sandbox_coexists_and_down_leaves_nothing(slurm_sandbox, tmp_path
 
 
 def test_load_attaches_from_another_process_and_stops_it(tmp_path):
-    if check_prerequisites():
-        pytest.skip("; ".join(check_prerequisites()))
+    problems = check_prerequisites()
+    if problems:
+        sandbox_unavailable("; ".join(problems))
     root = tmp_path / "detached"
     start = (
         "import sys; from slurm_ddp.sandbox import SlurmSandbox; "

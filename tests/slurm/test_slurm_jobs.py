@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Dict, List
 
 import pytest
+from lib import require_module, wait_for
 
 from slurm_ddp.ops import read_metrics as metrics
-from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -232,7 +232,7 @@ def test_partition_preemption_requeues_and_resumes(slurm_sandbox, tmp_path: Path
 
 
 def test_submitit_backend_trains_and_requeues(slurm_sandbox, tmp_path: Path) -> None:
-    pytest.importorskip("submitit")
+    require_module("submitit", "the submitit backend")
     job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1", backend="submitit")
     stopped = signal_and_measure(job, "--signal=USR2")
     finished = job.wait_finished()

@@ -7,12 +7,12 @@ from __future__ import annotations
 import collections
 import hashlib
 import threading
-import time
 from pathlib import Path
 
 import pytest
+from lib import require_module, wait_for
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 from slurm_ddp.checkpoint import AsyncCheckpointer, CheckpointManager, snapshot_to_cpu  # noqa: E402
 from slurm_ddp.errors import CheckpointError  # noqa: E402
@@ -83,20 +83,37 @@ class Gate:
             self.calls.append(step)
         self.entered.set()
         try:
-            assert self.release.wait(10), "the test never released the write"
+            assert self.release.wait(30), "the test never released the write"
             return self.real(state, step, world_size=world_size)
         finally:
             with self._lock:
                 self.running -= 1
 
 
-def wait_until(predicate, timeout=5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
+class WatchedDone(threading.Event):
+    """Stands in for a pending write's ``done`` event: ``waited`` is set once someone waits on it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waited = threading.Event()
+
+    def wait(self, timeout=None):
+        self.waited.set()
+        return super().wait(timeout)
+
+
+def watch_pending_write(writer: AsyncCheckpointer) -> WatchedDone:
+    """Swap the pending write's ``done`` event for a ``WatchedDone`` (the write must be held at a
+    ``Gate``, so that the writer thread has not set it yet) and return it."""
+    job = writer._job
+    assert job is not None and not job.done.is_set()
+    watched = WatchedDone()
+    job.done = watched
+    return watched
+
+
+def wait_until(predicate, what: str) -> None:
+    wait_for(predicate, 30, what, interval_s=0.005)
 
 
 # --------------------------------------------------------------------------- isolation
@@ -110,7 +127,7 @@ def test_snapshot_is_isolated_from_later_in_place_mutation(tmp_path, monkeypatch
     state = live_state()
     expected = clone(state)
     writer.save(state, 1)
-    assert gate.entered.wait(5) and writer.in_flight
+    assert gate.entered.wait(30) and writer.in_flight
     mutate(state)  # training goes on while the write has not even started writing
     assert not same(state, expected)
     gate.release.set()
@@ -123,7 +140,7 @@ def test_snapshot_is_isolated_from_later_in_place_mutation(tmp_path, monkeypatch
     gate.entered.clear()
     expected2 = clone(state)
     writer.save(state, 2)
-    assert gate.entered.wait(5)
+    assert gate.entered.wait(30)
     mutate(state)
     gate.release.set()
     assert writer.wait().step == 2
@@ -237,7 +254,7 @@ def test_at_most_one_write_in_flight_and_a_second_save_waits(tmp_path, monkeypat
     state = live_state()
     first = clone(state)
     writer.save(state, 1)
-    assert gate.entered.wait(5)
+    assert gate.entered.wait(30)
 
     mutate(state)
     second = clone(state)
@@ -251,13 +268,13 @@ def test_at_most_one_write_in_flight_and_a_second_save_waits(tmp_path, monkeypat
             errors.append(e)
         returned.set()
 
+    done = watch_pending_write(writer)
     t = threading.Thread(target=save_again)
     t.start()
-    time.sleep(0.3)
-    assert not returned.is_set(), "the second save did not wait for the first write"
-    assert gate.calls == [1] and gate.running == 1
+    assert done.waited.wait(30), "the second save did not wait for the first write"
+    assert not returned.is_set() and gate.calls == [1] and gate.running == 1  # the first is held at the gate
     gate.release.set()
-    assert returned.wait(10)
+    assert returned.wait(30)
     t.join()
     assert errors == []
     assert writer.wait().step == 2
@@ -281,17 +298,22 @@ def test_save_returns_the_blocked_seconds_and_wait_flushes(tmp_path):
 
 def test_wait_flushes_a_slow_write(tmp_path, monkeypatch):
     mgr = CheckpointManager(tmp_path)
-    real = mgr.save
-
-    def slow(state, step, world_size=1):
-        time.sleep(0.3)
-        return real(state, step, world_size=world_size)
-
-    monkeypatch.setattr(mgr, "save", slow)
+    gate = Gate(mgr, monkeypatch)
     writer = AsyncCheckpointer(mgr)
     writer.save(live_state(), 9)
+    assert gate.entered.wait(30)
     assert writer.in_flight and CheckpointManager(tmp_path).latest() is None
+    done = watch_pending_write(writer)
+
+    def release_once_waited():  # the write goes on only once wait() below is blocked on it
+        done.waited.wait(30)
+        gate.release.set()
+
+    releaser = threading.Thread(target=release_once_waited)
+    releaser.start()
     assert writer.wait().step == 9
+    releaser.join()
+    assert done.waited.is_set()  # wait() did wait for the write
     assert CheckpointManager(tmp_path).latest().step == 9
 
 
@@ -311,7 +333,7 @@ def failing_writer(tmp_path, monkeypatch, exc):
 def test_a_writer_error_surfaces_in_check(tmp_path, monkeypatch):
     writer = failing_writer(tmp_path, monkeypatch, RuntimeError("disk on fire"))
     writer.save(live_state(), 1)
-    assert wait_until(lambda: not writer.in_flight)
+    wait_until(lambda: not writer.in_flight, "the failed write to end")
     with pytest.raises(CheckpointError, match="background checkpoint write failed: disk on fire") as ei:
         writer.check()
     assert isinstance(ei.value.__cause__, RuntimeError)
@@ -363,7 +385,7 @@ def test_a_state_that_cannot_be_pickled_surfaces(tmp_path):
     state = live_state()
     state["hook"] = lambda: None
     writer.save(state, 6)
-    assert wait_until(lambda: not writer.in_flight)
+    wait_until(lambda: not writer.in_flight, "the failed write to end")
     with pytest.raises(CheckpointError, match="background checkpoint write failed"):
         writer.check()
     assert CheckpointManager(tmp_path).latest() is None
@@ -399,7 +421,7 @@ def test_the_writer_thread_ends_when_the_checkpointer_is_garbage_collected(tmp_p
     thread = writer._worker
     del writer
     gc.collect()
-    assert wait_until(lambda: not thread.is_alive())
+    wait_until(lambda: not thread.is_alive(), "the writer thread to end")
 
 
 # --------------------------------------------------------------------------- the write path (sync and async)

@@ -12,8 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
+from lib import require_module, wait_for
 
-torch = pytest.importorskip("torch")
+torch = require_module("torch")
 
 from slurm_ddp.checkpoint import CheckpointManager, atomic_write, atomic_write_text  # noqa: E402
 from slurm_ddp.errors import CheckpointError  # noqa: E402
@@ -77,7 +78,9 @@ def test_latest_is_the_highest_step(tmp_path):
 
 
 def test_manifest_fields(tmp_path):
+    before = time.time()
     mgr = saved(tmp_path, [7])
+    after = time.time()
     manifest = json.loads((tmp_path / "step-00000007.json").read_text())
     data = tmp_path / "step-00000007.pt"
     assert set(manifest) == {"step", "file", "world_size", "config_hash", "size_bytes", "sha256", "created",
@@ -87,7 +90,7 @@ def test_manifest_fields(tmp_path):
     assert manifest["size_bytes"] == data.stat().st_size
     assert manifest["sha256"] == hashlib.sha256(data.read_bytes()).hexdigest()
     assert manifest["torch_version"] == torch.__version__
-    assert abs(manifest["created"] - time.time()) < 60
+    assert before <= manifest["created"] <= after  # the wall-clock time of the save
     info = mgr.latest()
     assert (info.path, info.manifest, info.size_bytes, info.sha256) == (
         data, tmp_path / "step-00000007.json", manifest["size_bytes"], manifest["sha256"])
@@ -282,21 +285,12 @@ def usr2_original():
     signal.signal(signal.SIGUSR2, before)
 
 
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.005)
-    return True
-
-
 def test_signal_sets_the_flag(usr2_original):
     flag = PreemptionFlag(["USR2"]).install()
     try:
         assert flag.received is None
-        os.kill(os.getpid(), signal.SIGUSR2)
-        assert wait_for(lambda: flag.received is not None)
+        os.kill(os.getpid(), signal.SIGUSR2)  # any thread may take it: the handler runs soon after, on the main one
+        wait_for(lambda: flag.received is not None, 30, "the handler to set the flag", interval_s=0.005)
         assert flag.received == signal.SIGUSR2
     finally:
         flag.restore()
@@ -305,10 +299,10 @@ def test_signal_sets_the_flag(usr2_original):
 def test_only_the_first_signal_is_recorded(usr2_original):
     before_term = signal.getsignal(signal.SIGTERM)
     with PreemptionFlag(["USR2", "SIGTERM"]) as flag:
-        os.kill(os.getpid(), signal.SIGUSR2)
-        assert wait_for(lambda: flag.received is not None)
-        os.kill(os.getpid(), signal.SIGTERM)  # handled by the flag: the process lives on
-        time.sleep(0.01)
+        # raise_signal: delivered to this (the main) thread, its Python handler has run when it returns
+        signal.raise_signal(signal.SIGUSR2)
+        assert flag.received == signal.SIGUSR2
+        signal.raise_signal(signal.SIGTERM)  # handled by the flag: the process lives on
         assert flag.received == signal.SIGUSR2
     assert signal.getsignal(signal.SIGTERM) == before_term
 

@@ -2,7 +2,7 @@
 
 import io
 
-import pytest
+from lib import require_module
 
 from slurm_ddp.backends.local import _Progress
 
@@ -15,7 +15,7 @@ class _TTY(io.StringIO):
 
 
 def test_terminal_gets_a_bar_and_the_other_lines() -> None:
-    pytest.importorskip("tqdm")
+    require_module("tqdm", "the live progress bar")
     out = _TTY()
     p = _Progress(out)
     p.line("rank0 INFO hello\n")
