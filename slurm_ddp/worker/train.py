@@ -106,7 +106,12 @@ class Trainer:
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of the current epoch already trained
-        self.last_loss: Optional[float] = None
+        self.last_loss: Optional[float] = None  # the loss of the last train event (eval events repeat it)
+        # The log window: the losses of the steps since the last train event, summed on the device
+        # (read only at log steps: no host sync per step). In every checkpoint (rank 0's, the logged
+        # one), so a run resumed between two log steps logs the same averages as an uninterrupted one.
+        self.loss_sum: Optional[torch.Tensor] = None  # None: a fresh window, made on the device by train()
+        self.loss_count = 0  # steps in the window
         self.blocked_s = 0.0  # training time blocked by checkpoint saves (rank 0)
         self.scaler: Optional[Any] = None
         self.tb: Optional[Any] = None
@@ -189,6 +194,8 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
+            "last_loss": self.last_loss,
+            "log_window": {"loss_sum": self.loss_sum, "steps": self.loss_count},
             "rng": rngs,
             "world_size": self.denv.world_size,
             "config_hash": self.cfg.config_hash(),
@@ -237,6 +244,11 @@ class Trainer:
             self.scaler.load_state_dict(state["scaler"])
         self.task.load_state_dict(state.get("task") or {})
         self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        # rank 0's log window (a checkpoint written before windows were saved has none: a fresh one)
+        self.last_loss = state.get("last_loss")
+        window = state.get("log_window") or {}
+        if window.get("loss_sum") is not None:
+            self.loss_sum, self.loss_count = window["loss_sum"].to(self.device), int(window["steps"])
         if state.get("config_hash") != self.cfg.config_hash():
             log.warning("checkpoint of step %d was written under a different config; resuming anyway", self.step)
         rngs = state.get("rng") or []
@@ -302,9 +314,11 @@ class Trainer:
 
     def train(self) -> int:
         tc, ck = self.tc, self.cfg.checkpoint
-        loss_sum = torch.zeros((), device=self.device)  # read only every log_every steps: no per-step sync
+        if self.loss_sum is None:
+            self.loss_sum = torch.zeros((), device=self.device)
+        loss_sum = self.loss_sum  # updated in place; read only every log_every steps: no per-step sync
+        # every checkpoint is of a window without NaN/inf (checked before each save), so this starts clear
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
-        loss_count = 0
         t_log = time.perf_counter()
         step_at_log = self.step
         log.info("training steps %d..%d: %d ranks × batch %d × %d micro-steps", self.step + 1, tc.max_steps,
@@ -326,7 +340,7 @@ class Trainer:
                 self.step += 1
                 self.batch_in_epoch += len(micro)
                 loss_sum += loss
-                loss_count += 1
+                self.loss_count += 1
                 if tc.nan_check:
                     nonfinite |= ~torch.isfinite(loss)
                 if prof is not None:
@@ -337,7 +351,7 @@ class Trainer:
 
                 if self.step % tc.log_every == 0 or self.step == tc.max_steps:
                     self._check_finite(nonfinite)
-                    self.last_loss = float(loss_sum) / loss_count
+                    self.last_loss = float(loss_sum) / self.loss_count
                     dt = time.perf_counter() - t_log
                     sps = (self.step - step_at_log) / dt if dt > 0 else 0.0
                     eta = (tc.max_steps - self.step) / sps if sps > 0 else float("nan")
@@ -349,7 +363,7 @@ class Trainer:
                         self.tb.add_scalar("loss", self.last_loss, self.step)
                         self.tb.add_scalar("steps_per_s", sps, self.step)
                     loss_sum.zero_()
-                    loss_count = 0
+                    self.loss_count = 0
                     t_log, step_at_log = time.perf_counter(), self.step
                 if self.writer is not None:
                     if not prepared:  # after the first step the optimizer state has its shapes
@@ -364,6 +378,7 @@ class Trainer:
                 if self.stop.poll():
                     sig = self.flag.received.name if self.flag.received else "signal"
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)
+                    self._check_finite(nonfinite)  # never checkpoint a diverged model
                     self.save_checkpoint(f"preemption ({sig})")
                     self.metrics.write(event="preempted", step=self.step, signal=sig)
                     if self.denv.is_main:  # read by the batch script, even if srun's status is lost
