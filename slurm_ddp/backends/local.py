@@ -30,7 +30,7 @@ from .. import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..rendezvous import choose_port
 from ..errors import UserError
-from ..rundir import LAUNCHER_LOCK_NAME, read_jobs, record_job
+from ..rundir import LAUNCHER_LOCK_NAME, LOGS_DIR, rank_log_name, read_jobs, record_job
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
@@ -179,7 +179,7 @@ class LocalJob:
         port = choose_port(self.job_id)
         for rank in range(self.plan.cfg.slurm.world_size):
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
-            log_path = rd / "logs" / f"rank-{rank}.log"
+            log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
             cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--",
                    self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
@@ -238,7 +238,7 @@ class LocalJob:
                         if c is not None and c not in (0, PREEMPTED_EXIT_CODE):
                             failed = (rank, c)
                             self.say(f"rank {rank} exited with status {c}; stopping the other ranks "
-                                     f"(see {self.plan.run_dir}/logs/rank-{rank}.log)")
+                                     f"(see {Path(self.plan.run_dir) / LOGS_DIR / rank_log_name(rank)})")
                             self.send(signal.SIGTERM)
                             kill_at = time.monotonic() + KILL_GRACE_S
                             break
