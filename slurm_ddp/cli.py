@@ -146,7 +146,8 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not args.no_check_task:
         from .preflight import check_task_imports
 
-        check_task_imports(cfg, cwd_on_path=backend == "local")
+        check_task_imports(cfg, cwd_on_path=backend == "local",
+                           warn=lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr))
     if args.test_only:
         from .preflight import sbatch_test_only
 
