@@ -19,6 +19,8 @@ from typing import Any, Dict, List, Optional, Sequence
 import pytest
 import yaml
 
+from lib import require_module
+
 from slurm_ddp import ops, rundir
 from slurm_ddp.cli import main
 from slurm_ddp.errors import UserError
@@ -617,7 +619,7 @@ PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def test_plot_writes_a_png_with_restarts(tmp_path, slurm, capsys):
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "slurm-ddp plot")
     import matplotlib.image
 
     rd = make_run(tmp_path, metrics=training_metrics(600, resume_at=[200, 400]),
@@ -637,7 +639,7 @@ def test_plot_writes_a_png_with_restarts(tmp_path, slurm, capsys):
 
 
 def test_plot_draws_the_restart_lines(tmp_path):
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "slurm-ddp plot")
     from matplotlib.figure import Figure
 
     rd = make_run(tmp_path, metrics=training_metrics(600, resume_at=[200, 400]))
@@ -664,7 +666,7 @@ def test_plot_draws_the_restart_lines(tmp_path):
 
 
 def test_plot_mistakes(tmp_path, slurm, capsys):
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "slurm-ddp plot")
     rd = make_run(tmp_path)
     rc, out, err = cli(["plot", str(rd)], capsys)
     one_error(rc, err, "no train or eval metrics yet")
