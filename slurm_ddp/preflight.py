@@ -146,7 +146,7 @@ def sbatch_test_only(plan: "SubmitPlan", run: Runner = subprocess.run, *, timeou
     from pathlib import Path
 
     with tempfile.TemporaryDirectory(prefix="slurm-ddp-test-only-") as tmp:
-        script = Path(tmp) / "job.sbatch"
+        script = Path(tmp) / "test-only.sbatch"
         script.write_text(plan.rendered.script, encoding="utf-8")
         script.chmod(0o755)
         argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]

@@ -51,6 +51,8 @@ FINAL_MODEL_NAME = "final_model.pt"
 LAUNCHER_LOCK_NAME = "launcher.lock"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
+#: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``
+SUBMITIT_DIR = "submitit"
 DEFAULT_RUNS_DIR = "runs"
 
 

@@ -28,7 +28,7 @@ from typing import Any, Callable, Dict
 
 from ..errors import ClusterError, UserError
 from ..render import sbatch_options
-from ..rundir import RequeueDecision, decide_requeue_here, record_job
+from ..rundir import SUBMITIT_DIR, RequeueDecision, decide_requeue_here, record_job
 from . import SubmitPlan, prepare_run_dir
 
 log = logging.getLogger("slurm_ddp.submitit")
@@ -139,7 +139,7 @@ def schedule(plan: SubmitPlan) -> str:
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
     py = plan.cfg.environment.python or sys.executable
     launcher = f"{_q(py)} -m slurm_ddp.launch --run-dir {_q(str(rd))} -- {_q(py)}"
-    executor = submitit.SlurmExecutor(folder=str(rd / "submitit" / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues,
+    executor = submitit.SlurmExecutor(folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues,
                                       python=launcher)
     executor.update_parameters(**executor_parameters(plan))
     try:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 
 from ..errors import UserError
-from ..rundir import LOGS_DIR, batch_log_name, rank_log_name
+from ..rundir import LOGS_DIR, SUBMITIT_DIR, batch_log_name, rank_log_name
 from .runs import Run, read_run
 from .slurm import Runner
 from .status import RunStatus, run_status
@@ -35,7 +35,6 @@ def _name_pattern(name_of: Callable[[str], str], group: str) -> Pattern[str]:
 # writes ``JOBID_TASK_log.{out,err}`` in its folder ``submitit/JOBID/`` (its backend's choice).
 _RANK_LOG = _name_pattern(rank_log_name, r"\d+")
 _BATCH_LOG = _name_pattern(batch_log_name, r".+")
-_SUBMITIT_DIR = "submitit"
 _SUBMITIT_LOG = re.compile(r"^(.+)_(\d+)_log\.(out|err)$")
 _TIMESTAMP = re.compile(rb"^(\d{4}-\d{2}-\d{2}[T ]\d{2}:\d{2}:\d{2})")
 
@@ -69,7 +68,7 @@ def log_sources(run_dir: Path, rank: Optional[int] = None) -> List[LogSource]:
             if b and rank is None:
                 n, s = _job_order(b.group(1))
                 out.append(LogSource(f"batch {b.group(1)}", p, (0, n, s)))
-    sub = run_dir / _SUBMITIT_DIR
+    sub = run_dir / SUBMITIT_DIR
     if sub.is_dir():
         for p in sub.glob("*/*_log.*"):
             m = _SUBMITIT_LOG.match(p.name)
