@@ -19,8 +19,6 @@ from ..config import JobConfig, dump_config, read_yaml, config_from_dict
 from ..errors import ConfigError, UserError
 from ..render import RenderedJob, render
 from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
-from ..rundir import read_jobs as read_jobs  # re-exported: `from slurm_ddp.backends import read_jobs`
-from ..rundir import record_job as record_job  # re-exported, as read_jobs
 
 BACKENDS = ("sbatch", "submitit", "local")
 

@@ -19,9 +19,6 @@ below are re-exported so that ``from slurm_ddp import ops; ops.read_run(...)`` r
 
 from __future__ import annotations
 
-# Re-exported for callers that still import them from here (tests/slurm/test_slurm_jobs.py,
-# slurm_ddp/backends/local.py); their owner is slurm_ddp.rundir.
-from ..rundir import LAUNCHER_LOCK_NAME, read_metrics
 from .actions import cancel, requeue
 from .logs import LogSource, check_rank, follow_logs, log_sources, show_logs
 from .runs import Run, find_runs, is_run_dir, read_config_facts, read_run, resolve_run
@@ -47,9 +44,9 @@ from .status import (
 )
 
 __all__ = [
-    "FINAL_STATES", "LAUNCHER_LOCK_NAME", "REQUEUED_STATES", "LogSource", "Run", "RunStatus", "Runner",
+    "FINAL_STATES", "REQUEUED_STATES", "LogSource", "Run", "RunStatus", "Runner",
     "SlurmAnswer", "SlurmJob", "cancel", "check_rank", "find_runs", "follow_logs", "is_final", "is_run_dir",
-    "launcher_lock_held", "local_launcher_alive", "log_sources", "query_jobs", "read_config_facts", "read_metrics",
+    "launcher_lock_held", "local_launcher_alive", "log_sources", "query_jobs", "read_config_facts",
     "read_run", "refuse_active_run", "requeue", "resolve_run", "run_status", "runs_status", "sacct_jobs",
     "scontrol_job", "show_logs", "squeue_jobs",
 ]

@@ -22,7 +22,7 @@ from typing import Dict, List
 import pytest
 from lib import require_module, wait_for
 
-from slurm_ddp.ops import read_metrics as metrics
+from slurm_ddp.rundir import read_metrics as metrics
 
 pytestmark = pytest.mark.slurm
 

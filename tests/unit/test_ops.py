@@ -757,7 +757,8 @@ def test_submit_refuses_a_run_directory_of_a_live_local_launcher(tmp_path, slurm
     run_dir = tmp_path / "runs" / "t"
     rc, out, err = cli(["submit", str(job), "--no-check-task", "--dry-run", "--backend", "local"], capsys)
     assert rc == 0 and not run_dir.exists(), err
-    from slurm_ddp.backends import plan_submit, prepare_run_dir, record_job
+    from slurm_ddp.backends import plan_submit, prepare_run_dir
+    from slurm_ddp.rundir import record_job
     from slurm_ddp.config import load_config
 
     prepare_run_dir(plan_submit(load_config(job), "local", str(run_dir)))
