@@ -91,10 +91,9 @@ def run(name: str, cfg, root: Path, *, wrapper: bool, window_s: float, warmup_st
     for rank in range(cfg.slurm.world_size):
         env = rank_environ(plan, rank, job_id, port, 0, base=clean_environ())
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
-        log = open(rd / "logs" / f"rank-{rank}.log", "wb")
-        procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL, start_new_session=True))
-        log.close()
+        with open(rd / "logs" / f"rank-{rank}.log", "wb") as log:
+            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                          stdin=subprocess.DEVNULL, start_new_session=True))
     metrics = rd / "metrics.jsonl"
     recs: List[dict] = []
     try:

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_ddp.checkpoint import AsyncCheckpointer, CheckpointManager  # noqa: E402
+from slurm_ddp.checkpoint import AsyncCheckpointer, CheckpointManager
 
 MB = 1_000_000
 MIB = 1 << 20

@@ -52,7 +52,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from slurm_ddp.checkpoint import AsyncCheckpointer, CheckpointManager  # noqa: E402
+from slurm_ddp.checkpoint import AsyncCheckpointer, CheckpointManager
 
 CHILD_TIMEOUT_S = 120
 EVENTS = ("fsync", "replace", "unlink")  # the os calls of the commit protocol a child can die right after
@@ -167,7 +167,7 @@ def _child(directory: Path, sc: Scenario, state: dict, wfd: int, kill_at_event: 
         dt = time.perf_counter() - t0
         payload = json.dumps({"duration": dt, "events": events}).encode()
         os.write(wfd, struct.pack("<I", len(payload)) + payload)
-    except BaseException:  # noqa: BLE001 - report and exit, whatever it is
+    except BaseException:
         traceback.print_exc()
         status = 3
     finally:
@@ -279,7 +279,7 @@ class Harness:
             return None, "no valid checkpoint after the kill"
         try:
             loaded = mgr.load(info)  # torch.load(weights_only=True)
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return None, f"latest checkpoint (step {info.step}) does not load: {e}"
         found = None
         for label, (step, variant) in (("new", sc.new), ("old", sc.old)):
@@ -296,7 +296,7 @@ class Harness:
             info = mgr.latest()
             if info is None or info.step != nxt or not same(mgr.load(info), self.state(nxt)):
                 return found, f"after resuming, the next checkpoint (step {nxt}) is not the latest or differs"
-        except Exception as e:  # noqa: BLE001
+        except Exception as e:
             return found, f"after resuming, saving the next checkpoint failed: {e}"
         return found, None
 

@@ -30,10 +30,11 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+
 # Not part of the classic script, and no cost per step: imported after init_process_group (DDP does
 # so lazily) its default arguments would keep the group alive past destroy_process_group, and a gloo
 # thread racing interpreter teardown can abort the run at exit (see slurm_ddp/worker/runtime.py).
-import torch.distributed.nn.functional  # noqa: F401
+import torch.distributed.nn.functional
 import torch.nn.functional as F
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler

@@ -11,8 +11,16 @@ from pathlib import Path
 import pytest
 
 from slurm_ddp import binding
-from slurm_ddp.binding import (BindingError, format_cpulist, locate_library, omp_places, parse_cpulist,
-                               parse_slurm_cpu_bind, plan_binding, plan_for_task)
+from slurm_ddp.binding import (
+    BindingError,
+    format_cpulist,
+    locate_library,
+    omp_places,
+    parse_cpulist,
+    parse_slurm_cpu_bind,
+    plan_binding,
+    plan_for_task,
+)
 from slurm_ddp.env import DistEnv, synthetic_slurm_env
 
 JEMALLOC = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2"
@@ -94,7 +102,7 @@ def test_cpus_per_task_one(slot, expected):
     p = plan(slot, 4, 1, "0-3")
     assert p.cpus == cpus(expected)
     assert p.env["OMP_NUM_THREADS"] == "1"
-    assert p.env["OMP_PLACES"] == "{%s}" % expected
+    assert p.env["OMP_PLACES"] == f"{{{expected}}}"
 
 
 @pytest.mark.parametrize("slots,cpt,allowed,expected,note", [
@@ -407,8 +415,8 @@ def test_readers_on_this_machine():
 
 
 def test_launch_parse_args():
-    from slurm_ddp.launch import parse_args
     from slurm_ddp.errors import UserError
+    from slurm_ddp.launch import parse_args
 
     assert parse_args(["--run-dir", "/r", "--", "python", "-c", "1"]) == ("/r", False, ["python", "-c", "1"])
     assert parse_args(["--run-dir=/r", "--dry-run", "--", "x", "--", "y"]) == ("/r", True, ["x", "--", "y"])

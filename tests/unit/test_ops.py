@@ -18,7 +18,6 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import pytest
 import yaml
-
 from lib import require_module
 
 from slurm_ddp import ops, rundir
@@ -758,8 +757,8 @@ def test_submit_refuses_a_run_directory_of_a_live_local_launcher(tmp_path, slurm
     rc, out, err = cli(["submit", str(job), "--no-check-task", "--dry-run", "--backend", "local"], capsys)
     assert rc == 0 and not run_dir.exists(), err
     from slurm_ddp.backends import plan_submit, prepare_run_dir
-    from slurm_ddp.rundir import record_job
     from slurm_ddp.config import load_config
+    from slurm_ddp.rundir import record_job
 
     prepare_run_dir(plan_submit(load_config(job), "local", str(run_dir)))
     record_job(str(run_dir), backend="local", job_id=str(os.getpid()), time=time.time())  # this process: alive

@@ -205,6 +205,7 @@ def test_submitit_writes_the_same_sbatch_options_as_the_script(make_config, tmp_
     theirs = {line.split()[1] for line in text.splitlines() if line.startswith("#SBATCH")}
     ours = set(sbatch_flags(cfg))
     own = {f"--{k.replace('_', '-')}" for k in SUBMITIT_OWN_OPTIONS}
-    strip = lambda flags: {f for f in flags if f.split("=")[0] not in own}
+    def strip(flags):
+        return {f for f in flags if f.split("=")[0] not in own}
     assert strip(theirs) - {"--wckey=submitit"} == strip(ours)
     assert "--time=0-01:30:30" in theirs and "--job-name=my_job" in theirs and "--hold" in theirs
