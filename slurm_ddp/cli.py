@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence
 
 from . import PREEMPTED_EXIT_CODE, __version__
 from .errors import SlurmDDPError, UserError
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # argparse's own errors: one line, exit 2
+    def error(self, message: str) -> NoReturn:  # argparse's own errors: one line, exit 2
         self.exit(2, f"slurm-ddp: error: {message} (see {self.prog} --help)\n")
 
 

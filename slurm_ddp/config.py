@@ -20,7 +20,7 @@ import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -136,7 +136,7 @@ def parse_time_s(value: Union[str, int]) -> int:
 # returning an error string or None), "doc".
 
 
-def _meta(doc: str, **kw: Any) -> dict:
+def _meta(doc: str, **kw: Any) -> Dict[str, Any]:
     return {"doc": doc, **kw}
 
 
@@ -308,9 +308,10 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> Dict[str, Any]:
         """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""
-        return _to_plain(self)
+        plain: Dict[str, Any] = _to_plain(self)
+        return plain
 
     def config_hash(self) -> str:
         """sha256 (hex, 16 chars) of the config's canonical JSON; identifies a run directory's config."""
@@ -440,7 +441,7 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
         key = f"{prefix}.{f.name}" if prefix else f.name
         tp = hints[f.name]
         value = data[f.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             kwargs[f.name] = _build(tp, value, key)
             continue
         value = _coerce(key, tp, value)
@@ -484,8 +485,10 @@ def _cross_checks(cfg: JobConfig) -> None:
         if k.replace("_", "-") in _MANAGED_FLAGS:
             raise _bad(f"slurm.extra.{k}", k, "an sbatch option slurm_ddp does not set itself",
                        f"--{k.replace('_', '-')} comes from {_MANAGED_FLAGS[k.replace('_', '-')]}")
-        if not isinstance(v, bool) and _check_sbatch_token(v):
-            raise _bad(f"slurm.extra.{k}", v, _check_sbatch_token(v))
+        if not isinstance(v, bool):
+            problem = _check_sbatch_token(v)
+            if problem:
+                raise _bad(f"slurm.extra.{k}", v, problem)
     for k in cfg.environment.env:
         if not _ENV_NAME.match(k):
             raise _bad(f"environment.env.{k}", k, "a variable name of letters, digits and _")
@@ -494,7 +497,7 @@ def _cross_checks(cfg: JobConfig) -> None:
             raise _bad(f"environment.env.{k}", v, "a string")
 
 
-def config_from_dict(data: Any, base_dir: Union[str, os.PathLike, None] = None) -> JobConfig:
+def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = None) -> JobConfig:
     """Validate a plain mapping (parsed YAML) into a frozen ``JobConfig``.
 
     ``base_dir`` (the YAML file's directory) resolves relative ``train.pythonpath``
@@ -506,7 +509,7 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike, None] = None) 
             data = {**data, "environment": {**data["environment"], "env": {
                 k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in env.items()
             }}}
-    cfg = _build(JobConfig, data, "")
+    cfg: JobConfig = _build(JobConfig, data, "")
     _cross_checks(cfg)
     if base_dir is not None:
         base = Path(base_dir).resolve()
@@ -516,13 +519,13 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike, None] = None) 
     return cfg
 
 
-def apply_overrides(data: Any, overrides: Sequence[str]) -> dict:
+def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
     """Apply ``--set section.key=value`` overrides to parsed YAML (returns a new dict).
 
     The value is parsed as YAML (``--set slurm.nodes=2`` gives an int, ``=true`` a bool).
     Raises ``ConfigError`` for a malformed override.
     """
-    out = json.loads(json.dumps(data if isinstance(data, Mapping) else {}, default=str))
+    out: Dict[str, Any] = json.loads(json.dumps(data if isinstance(data, Mapping) else {}, default=str))
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
@@ -545,7 +548,7 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> dict:
     return out
 
 
-def read_yaml(path: Union[str, os.PathLike]) -> Any:
+def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
     """Parse a YAML file (safe loading, base-60 numbers kept as text); errors name the file, line and column."""
     p = Path(path)
     try:
@@ -565,7 +568,7 @@ def read_yaml(path: Union[str, os.PathLike]) -> Any:
         raise ConfigError(f"YAML syntax error in {str(p)!r}{where}: {_printable(problem)}") from None
 
 
-def load_config(path: Union[str, os.PathLike], overrides: Sequence[str] = ()) -> JobConfig:
+def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = ()) -> JobConfig:
     """Read ``path`` (YAML), apply ``--set`` overrides, validate. Raises ``ConfigError``."""
     data = read_yaml(path)
     if overrides and (data is None or isinstance(data, Mapping)):  # else config_from_dict reports the top level
@@ -584,10 +587,14 @@ def describe_keys() -> str:
     for sect in fields(JobConfig):
         hints = get_type_hints(JobConfig)
         tp = hints[sect.name]
-        if dataclasses.is_dataclass(tp):
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
             for f in fields(tp):
-                default = f.default if f.default is not dataclasses.MISSING else _to_plain(f.default_factory())
+                # a field has a default or a default_factory (dataclasses forbid both)
+                if f.default_factory is not dataclasses.MISSING:
+                    default = _to_plain(f.default_factory())
+                else:
+                    default = f.default
                 lines.append(f"  {f.name}: {default!r}  # {f.metadata.get('doc', '')}")
         else:
             lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")

@@ -18,15 +18,24 @@ import shutil
 from typing import Dict, List, Mapping, Optional
 
 from . import PREEMPTED_EXIT_CODE
-from .binding import (APPLIED_VAR, LIBRARIES, PLAN_VARS, BindingError, BindingPlan, format_cpulist,
-                      locate_libraries, needed_libraries, plan_for_task)
+from .binding import (
+    APPLIED_VAR,
+    LIBRARIES,
+    PLAN_VARS,
+    BindingPlan,
+    format_cpulist,
+    locate_libraries,
+    needed_libraries,
+    plan_for_task,
+)
+from .config import JobConfig
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
-from .errors import UserError
+from .errors import BindingError, UserError
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 
 
-def signal_plan(cfg) -> str:
+def signal_plan(cfg: JobConfig) -> str:
     """One line: the signal, its delay before the time limit, and the requeue cap."""
     r = cfg.requeue
     return (f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
@@ -43,7 +52,7 @@ def rendezvous_rule(first_host: str, job_id: str) -> str:
             f"{fallback_port(job_id)}); MASTER_ADDR/MASTER_PORT set by the user win")
 
 
-def _libraries_here(cfg, environ: Mapping[str, str]) -> Dict[str, str]:
+def _libraries_here(cfg: JobConfig, environ: Mapping[str, str]) -> Dict[str, str]:
     """Paths found on this machine; a library missing here is shown by its file name
     (it is looked up again on each node at job start)."""
     out: Dict[str, str] = {}
@@ -75,7 +84,7 @@ def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = 
     return lines
 
 
-def _user_environ(cfg, environ: Mapping[str, str]) -> Dict[str, str]:
+def _user_environ(cfg: JobConfig, environ: Mapping[str, str]) -> Dict[str, str]:
     """What counts as user-set in a rank: the binding variables of the submitting
     environment (sbatch propagates it) and ``environment.env`` (exported to every rank)."""
     out = {k: v for k, v in environ.items() if k in PLAN_VARS or k == "LD_PRELOAD"}
@@ -84,7 +93,7 @@ def _user_environ(cfg, environ: Mapping[str, str]) -> Dict[str, str]:
 
 
 def explain_job(
-    cfg,
+    cfg: JobConfig,
     *,
     nodelist: Optional[str] = None,
     job_id: str = "12345",
@@ -136,7 +145,7 @@ def explain_job(
     return "\n".join(out) + "\n"
 
 
-def explain_task(cfg, environ: Mapping[str, str], plan: BindingPlan) -> str:
+def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) -> str:
     """The text of ``slurm-ddp env JOB`` inside a SLURM task: this task's rank and ``plan``."""
     denv = DistEnv.from_slurm(environ)
     hosts = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""

@@ -22,10 +22,14 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence, Tuple
 
 from .entrypoint import run_main
 from .errors import CommandNotRunnable, UserError
+
+if TYPE_CHECKING:  # imported where used, so that a plain binding imports as little as it can
+    from .binding import BindingPlan
+    from .config import JobConfig
 
 USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] -- CMD [ARG...]"
 
@@ -56,7 +60,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
     return run_dir, dry, cmd
 
 
-def plan_here(cfg, environ: Mapping[str, str]):
+def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
     """The binding plan of this process, a SLURM task of ``cfg``: reads the affinity, and
     /sys and ``ldconfig -p`` only when the config needs them."""
     from . import binding

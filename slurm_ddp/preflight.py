@@ -23,7 +23,7 @@ from .errors import ClusterError, UserError
 if TYPE_CHECKING:
     from .backends import SubmitPlan
 
-Runner = Callable[..., subprocess.CompletedProcess]
+Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 #: Seconds the import may take (torch alone takes a few on a cold file system).
 TIMEOUT_S = 120.0
@@ -134,7 +134,7 @@ def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_p
         raise UserError(f"train.task {tc.task!r}: {result['error']}{where}{skip}")
 
 
-def sbatch_test_only(plan: "SubmitPlan", run: Runner = subprocess.run, *, timeout_s: float = 60.0) -> str:
+def sbatch_test_only(plan: SubmitPlan, run: Runner = subprocess.run, *, timeout_s: float = 60.0) -> str:
     """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
     (``sbatch: Job N to start at … on nodes … in partition …``).
 

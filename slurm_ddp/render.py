@@ -17,7 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import jinja2
 
@@ -129,7 +129,7 @@ class RenderedJob:
 
     script: str
     run_dir: str
-    sbatch_args: tuple  #: extra sbatch argv (``--output`` when it could not go in the script)
+    sbatch_args: Tuple[str, ...]  #: extra sbatch argv (``--output`` when it could not go in the script)
 
 
 def render(

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Mapping
+from typing import Mapping, Tuple
 
 from .entrypoint import run_main
 from .env import expand_nodelist, fallback_port
@@ -38,10 +38,11 @@ def choose_port(job_id: str, tries: int = 64) -> int:
             return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
-        return s.getsockname()[1]
+        ephemeral: int = s.getsockname()[1]  # (host, port) for AF_INET
+        return ephemeral
 
 
-def choose(environ: Mapping[str, str]) -> tuple:
+def choose(environ: Mapping[str, str]) -> Tuple[str, int]:
     """``(MASTER_ADDR, MASTER_PORT)`` for the job in ``environ``; user-set values win.
 
     Raises ``ValueError`` for a user-set MASTER_PORT that is not a port number (or a

@@ -47,7 +47,7 @@ import socket
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Union
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rendezvous import port_is_free
@@ -83,6 +83,17 @@ _PORT_RANGE = (20000, 32000)  # below Linux's default ephemeral range (32768-609
 def _which(name: str) -> Optional[str]:
     path = os.environ.get("PATH", "")
     found = shutil.which(name, path=os.pathsep.join([path, *_SBIN]))
+    return found
+
+
+def _executable(name: str) -> str:
+    """Path of a binary the sandbox runs (``check_prerequisites`` looked for it before any start).
+
+    Raises ``SandboxUnavailable`` when it is on neither PATH nor the sbin directories.
+    """
+    found = _which(name)
+    if found is None:
+        raise SandboxUnavailable(f"{name} is on neither PATH nor {os.pathsep.join(_SBIN)}; install it")
     return found
 
 
@@ -189,7 +200,7 @@ class SlurmSandbox:
 
     def __init__(
         self,
-        root: "str | os.PathLike",
+        root: Union[str, os.PathLike[str]],
         nodes: int = 2,
         cpus_per_node: int = 2,
         name: Optional[str] = None,
@@ -299,7 +310,7 @@ class SlurmSandbox:
         os.replace(tmp, self.state_path)
 
     @classmethod
-    def load(cls, root: "str | os.PathLike") -> "SlurmSandbox":
+    def load(cls, root: Union[str, os.PathLike[str]]) -> SlurmSandbox:
         """Re-attach to a sandbox started earlier (possibly by another process) in ``root``."""
         path = Path(root).absolute() / STATE_FILE
         try:
@@ -374,7 +385,7 @@ class SlurmSandbox:
 
     # ------------------------------------------------------------------ up
 
-    def up(self, timeout_s: float = 60) -> "SlurmSandbox":
+    def up(self, timeout_s: float = 60) -> SlurmSandbox:
         """Start the cluster and wait until every node is idle; return self.
 
         Raises :class:`SandboxUnavailable` if this machine cannot run it (not root,
@@ -585,9 +596,8 @@ class SlurmSandbox:
         env["PATH"] = os.pathsep.join([env.get("PATH", ""), *_SBIN])
         return env
 
-    def _spawn(self, key: str, argv: List[str]) -> subprocess.Popen:
-        out = open(self.log_dir / f"{key}.out", "ab")
-        try:
+    def _spawn(self, key: str, argv: List[str]) -> subprocess.Popen[bytes]:
+        with open(self.log_dir / f"{key}.out", "ab") as out:  # the daemon keeps its own copy of the fd
             proc = subprocess.Popen(
                 argv,
                 stdin=subprocess.DEVNULL,
@@ -597,8 +607,6 @@ class SlurmSandbox:
                 start_new_session=True,  # = setsid: own session, no controlling terminal
                 close_fds=True,
             )
-        finally:
-            out.close()
         self._record_pid(key, proc)
         return proc
 
@@ -609,7 +617,7 @@ class SlurmSandbox:
         """
         script = 'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
         return [
-            _which("unshare"), "--uts", "--mount", "--propagation", "private",
+            _executable("unshare"), "--uts", "--mount", "--propagation", "private",
             "/bin/sh", "-c", script, "sh", hostname, str(self.root / "etc" / "hosts"), *argv,
         ]  # fmt: skip
 
@@ -620,7 +628,7 @@ class SlurmSandbox:
         self._spawn(
             "munged",
             [
-                _which("munged"), "-F", "--force",
+                _executable("munged"), "-F", "--force",
                 f"--socket={sock}", f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
                 f"--log-file={self.log_dir / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
             ],
@@ -628,8 +636,9 @@ class SlurmSandbox:
         self._wait_for(lambda: sock.exists(), deadline, "munged to create its socket", ["munged"])
 
         conf = str(self.slurm_conf)
-        argv = [_which("nsenter"), f"--net=/run/netns/{self.netns(_CONTROLLER_HOST)}", "--"]
-        self._spawn("slurmctld", argv + self._isolated(_CONTROLLER_HOST, [_which("slurmctld"), "-D", "-f", conf]))
+        argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(_CONTROLLER_HOST)}", "--"]
+        ctld = [_executable("slurmctld"), "-D", "-f", conf]
+        self._spawn("slurmctld", argv + self._isolated(_CONTROLLER_HOST, ctld))
         addr = (self.controller_addr, self._state["ports"]["slurmctld"])
 
         def ctld_listening() -> bool:
@@ -639,8 +648,8 @@ class SlurmSandbox:
 
         self._wait_for(ctld_listening, deadline, f"slurmctld to listen on {addr[0]}:{addr[1]}", ["slurmctld"])
         for n in self.node_names:
-            argv = [_which("nsenter"), f"--net=/run/netns/{self.netns(n)}", "--"]
-            argv += self._isolated(n, [_which("slurmd"), "-D", "-N", n, "-f", conf])
+            argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(n)}", "--"]
+            argv += self._isolated(n, [_executable("slurmd"), "-D", "-N", n, "-f", conf])
             self._spawn(f"slurmd-{n}", argv)
 
     def _dead_daemon(self, keys: Optional[List[str]] = None) -> Optional[str]:
@@ -775,7 +784,7 @@ class SlurmSandbox:
 
     # ------------------------------------------------------------------ context manager
 
-    def __enter__(self) -> "SlurmSandbox":
+    def __enter__(self) -> SlurmSandbox:
         return self.up()
 
     def __exit__(self, *exc: Any) -> None:

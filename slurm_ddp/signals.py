@@ -16,7 +16,10 @@ from __future__ import annotations
 import signal
 import threading
 from types import FrameType
-from typing import Callable, Dict, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Union
+
+if TYPE_CHECKING:  # torch only inside sync(), so that importing this module imports no torch
+    import torch
 
 SignalSpec = Union[str, int, signal.Signals]
 
@@ -52,14 +55,14 @@ class PreemptionFlag:
     def __init__(self, signals: Iterable[SignalSpec] = ("USR2", "TERM")):
         self.signals = tuple(dict.fromkeys(to_signal(s) for s in signals))
         self._received: Optional[signal.Signals] = None
-        self._originals: Dict[signal.Signals, Union[Callable, int, None]] = {}
+        self._originals: Dict[signal.Signals, Union[Callable[[int, Optional[FrameType]], Any], int, None]] = {}
 
     # -- handler side: only records -----------------------------------------
     def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._received is None:
             self._received = signal.Signals(signum)
 
-    def install(self) -> "PreemptionFlag":
+    def install(self) -> PreemptionFlag:
         """Install the handlers, remembering the previous ones. Main thread only (Python's rule).
 
         Installing twice keeps the handlers from before the first call, so ``restore()``
@@ -78,7 +81,7 @@ class PreemptionFlag:
             signal.signal(sig, original if original is not None else signal.SIG_DFL)
         self._originals.clear()
 
-    def __enter__(self) -> "PreemptionFlag":
+    def __enter__(self) -> PreemptionFlag:
         return self.install()
 
     def __exit__(self, *exc: object) -> None:
@@ -94,7 +97,7 @@ class PreemptionFlag:
         """Raise the flag by hand (e.g. a time budget ran out)."""
         self._received = to_signal(sig)
 
-    def sync(self, group: object = None, device: object = None) -> bool:
+    def sync(self, group: object = None, device: Union[str, torch.device, int, None] = None) -> bool:
         """True on every rank when any rank received a signal. A collective (all-reduce MAX).
 
         Without an initialized ``torch.distributed`` process group it returns the local flag.

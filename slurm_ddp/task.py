@@ -34,7 +34,7 @@ class Task:
         """The model, on the CPU. Called after the worker seeded every rank identically."""
         raise NotImplementedError
 
-    def build_datasets(self) -> Tuple[torch.utils.data.Dataset, Optional[torch.utils.data.Dataset]]:
+    def build_datasets(self) -> Tuple[torch.utils.data.Dataset[Any], Optional[torch.utils.data.Dataset[Any]]]:
         """``(train_dataset, eval_dataset)``; eval may be None. Same content on every rank."""
         raise NotImplementedError
 

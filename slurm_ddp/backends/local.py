@@ -24,12 +24,12 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Callable, Deque, Dict, List, Optional
+from typing import IO, Callable, Deque, Dict, List, Optional, Protocol
 
 from .. import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
-from ..rendezvous import choose_port
 from ..errors import UserError
+from ..rendezvous import choose_port
 from ..rundir import LAUNCHER_LOCK_NAME, LOGS_DIR, rank_log_name, read_jobs, record_job
 from . import SubmitPlan, prepare_run_dir
 
@@ -74,6 +74,20 @@ def _die_with_parent() -> None:
 _STEP_LINE = re.compile(r" step (\d+)/(\d+) loss ([0-9.eE+-]+|nan|inf) ([0-9.]+) steps/s")
 
 
+class _Bar(Protocol):
+    """The part of a ``tqdm.tqdm`` bar that ``_Progress`` uses (tqdm ships no type stubs)."""
+
+    n: float  #: the bar's current count (steps)
+
+    def write(self, s: str, file: Optional[IO[str]] = None) -> None: ...
+
+    def update(self, n: float = 1) -> object: ...
+
+    def set_postfix_str(self, s: str = "", refresh: bool = True) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class _Progress:
     """Rank 0's lines on a terminal: the periodic "step N/M" lines drive a live tqdm bar and
     every other line is printed above it. Off a terminal (a batch log, a pipe) or without
@@ -81,7 +95,8 @@ class _Progress:
 
     def __init__(self, echo: IO[str]):
         self.echo = echo
-        self.bar: Optional[object] = None
+        self.bar: Optional[_Bar] = None
+        self._tqdm: Optional[Callable[..., _Bar]]
         if hasattr(echo, "isatty") and echo.isatty():
             try:
                 import tqdm  # optional: pip install tqdm
@@ -93,25 +108,26 @@ class _Progress:
             self._tqdm = None
 
     def line(self, text: str) -> None:
-        m = _STEP_LINE.search(text) if self._tqdm is not None else None
-        if m is None:
+        make_bar = self._tqdm
+        m = _STEP_LINE.search(text) if make_bar is not None else None
+        if make_bar is None or m is None:
             if self.bar is not None:
-                self.bar.write(text.rstrip("\n"), file=self.echo)  # type: ignore[attr-defined]
+                self.bar.write(text.rstrip("\n"), file=self.echo)
             else:
                 self.echo.write(text)
                 self.echo.flush()
             return
         step, total = int(m.group(1)), int(m.group(2))
         if self.bar is None:
-            self.bar = self._tqdm(total=total, initial=step, file=self.echo, dynamic_ncols=True,
-                                  bar_format="{l_bar}{bar}| step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+            self.bar = make_bar(total=total, initial=step, file=self.echo, dynamic_ncols=True,
+                                bar_format="{l_bar}{bar}| step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
         bar = self.bar
-        bar.update(step - bar.n)  # type: ignore[attr-defined]
-        bar.set_postfix_str(f"loss {m.group(3)} {m.group(4)} steps/s", refresh=True)  # type: ignore[attr-defined]
+        bar.update(step - bar.n)
+        bar.set_postfix_str(f"loss {m.group(3)} {m.group(4)} steps/s", refresh=True)
 
     def close(self) -> None:
         if self.bar is not None:
-            self.bar.close()  # type: ignore[attr-defined]
+            self.bar.close()
 
 
 def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
@@ -171,7 +187,7 @@ class LocalJob:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def start(self) -> "LocalJob":
+    def start(self) -> LocalJob:
         self._lock()
         rd = prepare_run_dir(self.plan)
         restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
@@ -253,12 +269,13 @@ class LocalJob:
                 signal.signal(s, h)
         for t in self.threads:
             t.join(timeout=5)
-        codes = [p.returncode for p in self.procs]
+        # the loop above ends only when every rank has exited: every returncode is set
+        exit_codes = [c for c in (p.returncode for p in self.procs) if c is not None]
         if failed is not None:
             return failed[1] if failed[1] > 0 else 128 - failed[1]
-        if any(c == PREEMPTED_EXIT_CODE for c in codes):
+        if any(c == PREEMPTED_EXIT_CODE for c in exit_codes):
             return PREEMPTED_EXIT_CODE
-        return max(codes) if codes else 0
+        return max(exit_codes) if exit_codes else 0
 
 
 def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None,
