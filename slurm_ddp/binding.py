@@ -640,7 +640,7 @@ def locate_library(
     want64 = sys.maxsize > 2 ** 32
     for name in spec.sonames:
         found = entries.get(name, [])
-        found = sorted(found, key=lambda e: not (("64" in e[0]) == want64))
+        found = sorted(found, key=lambda e: ("64" in e[0]) != want64)
         for _, path in found:
             if exists(path):
                 return path

@@ -154,7 +154,7 @@ class DistEnv:
     restart_count: int  #: SLURM_RESTART_COUNT: how often the job was requeued
 
     @classmethod
-    def from_slurm(cls, environ: Mapping[str, str]) -> "DistEnv":
+    def from_slurm(cls, environ: Mapping[str, str]) -> DistEnv:
         """Derive the rank's environment from SLURM's task variables.
 
         Raises ``UserError`` naming the missing variable when this is not a SLURM task
@@ -237,7 +237,7 @@ class DistEnv:
             "MASTER_PORT": str(self.master_port),
         }
 
-    def validate_against(self, cfg: "JobConfig") -> None:
+    def validate_against(self, cfg: JobConfig) -> None:
         """Check the allocation against the config's ``slurm.nodes`` and ``slurm.tasks_per_node``.
 
         Raises ``EnvironmentMismatch`` that gives both values and a hint.

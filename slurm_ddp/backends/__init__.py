@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..checkpoint import atomic_write_text
-from ..config import JobConfig, dump_config, read_yaml, config_from_dict
+from ..config import JobConfig, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
 from ..render import RenderedJob, render
 from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME

@@ -130,7 +130,7 @@ def _emit(lines: List[Tuple[bytes, int, int, str]], tails: Sequence[_Tail], writ
           prefix: bool) -> None:
     # Ordered by timestamp; lines of one file keep their order (the sort is stable, and a
     # file's lines carry non-decreasing timestamps: undated lines inherit the one before).
-    for ts, seq, _, text in sorted(lines, key=lambda t: t[0]):
+    for _ts, seq, _, text in sorted(lines, key=lambda t: t[0]):
         write(f"[{tails[seq].source.label}] {text}\n" if prefix else text + "\n")
 
 

@@ -86,9 +86,8 @@ def local_launcher_alive(job: Dict[str, Any], run_dir: Optional[Path] = None) ->
     except OSError:
         return False
     started, submitted = _proc_start_time(pid), job.get("time")
-    if started is not None and isinstance(submitted, (int, float)) and started > submitted + 5:
-        return False
-    return True
+    # a process that started well after the submission is another one that reused the pid
+    return not (started is not None and isinstance(submitted, (int, float)) and started > submitted + 5)
 
 
 @dataclass
