@@ -57,8 +57,13 @@ if __name__ != "__main__":  # imported by the worker as ``train.task: bench_bind
 
         def build_model(self) -> torch.nn.Module:
             d = int(self.args.get("dim", 512))
-            return torch.nn.Sequential(torch.nn.Linear(d, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 1024),
-                                       torch.nn.ReLU(), torch.nn.Linear(1024, 10))
+            return torch.nn.Sequential(
+                torch.nn.Linear(d, 1024),
+                torch.nn.ReLU(),
+                torch.nn.Linear(1024, 1024),
+                torch.nn.ReLU(),
+                torch.nn.Linear(1024, 10),
+            )
 
         def build_datasets(self):
             g = torch.Generator().manual_seed(0)
@@ -68,8 +73,11 @@ if __name__ != "__main__":  # imported by the worker as ``train.task: bench_bind
 
 def clean_environ() -> Dict[str, str]:
     """This environment without SLURM_, MASTER_, OMP_, KMP_ variables and LD_PRELOAD."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "MASTER_", "OMP_", "KMP_", "GOMP_")) and k != "LD_PRELOAD"}
+    return {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("SLURM_", "MASTER_", "OMP_", "KMP_", "GOMP_")) and k != "LD_PRELOAD"
+    }
 
 
 def run(name: str, cfg, root: Path, *, wrapper: bool, window_s: float, warmup_steps: int) -> dict:
@@ -92,8 +100,11 @@ def run(name: str, cfg, root: Path, *, wrapper: bool, window_s: float, warmup_st
         env = rank_environ(plan, rank, job_id, port, 0, base=clean_environ())
         env["PYTHONPATH"] = os.pathsep.join([str(REPO), str(HERE)])
         with open(rd / "logs" / f"rank-{rank}.log", "wb") as log:
-            procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                          stdin=subprocess.DEVNULL, start_new_session=True))
+            procs.append(
+                subprocess.Popen(
+                    cmd, env=env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+                )
+            )
     metrics = rd / "metrics.jsonl"
     recs: List[dict] = []
     try:
@@ -117,11 +128,18 @@ def run(name: str, cfg, root: Path, *, wrapper: bool, window_s: float, warmup_st
     first, last = recs[0], recs[-1]
     steps_per_s = (last["step"] - first["step"]) / (last["time"] - first["time"])
     samples_per_s = steps_per_s * cfg.train.batch_size * cfg.slurm.world_size
-    out = {"name": name, "steps_per_s": steps_per_s, "samples_per_s": samples_per_s,
-           "window_steps": last["step"] - first["step"], "window_s": last["time"] - first["time"]}
-    print(f"{name:>9}: {samples_per_s:8.1f} samples/s aggregate ({steps_per_s:.2f} steps/s, "
-          f"steps {first['step']}..{last['step']} in {out['window_s']:.1f} s; run {time.monotonic() - t_start:.0f} s)",
-          flush=True)
+    out = {
+        "name": name,
+        "steps_per_s": steps_per_s,
+        "samples_per_s": samples_per_s,
+        "window_steps": last["step"] - first["step"],
+        "window_s": last["time"] - first["time"],
+    }
+    print(
+        f"{name:>9}: {samples_per_s:8.1f} samples/s aggregate ({steps_per_s:.2f} steps/s, "
+        f"steps {first['step']}..{last['step']} in {out['window_s']:.1f} s; run {time.monotonic() - t_start:.0f} s)",
+        flush=True,
+    )
     return out
 
 
@@ -129,10 +147,17 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--window-s", type=float, default=5.0, help="seconds of steady training per run")
     parser.add_argument("--warmup-steps", type=int, default=10, help="steps before the window starts")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="repeat each pair, order alternating; the ratio is the median of per-round ratios")
-    parser.add_argument("--threads-only", action="store_true",
-                        help="also run cpu_bind none through the wrapper (planned thread count, no pinning)")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="repeat each pair, order alternating; the ratio is the median of per-round ratios",
+    )
+    parser.add_argument(
+        "--threads-only",
+        action="store_true",
+        help="also run cpu_bind none through the wrapper (planned thread count, no pinning)",
+    )
     parser.add_argument("--only", choices=["binding", "allocator"], help="run one of the two measurements")
     args = parser.parse_args(argv)
 
@@ -147,55 +172,103 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-binding-") as tmp:
         root = Path(tmp)
         if args.only in (None, "binding"):
-            mlp = {"name": "bench-mlp",
-                   "slurm": {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": cpt},
-                   "environment": {"cpu_bind": "cores"},
-                   "train": {"task": "bench_binding:MLPTask", "pythonpath": [str(HERE)], "max_steps": 1000000,
-                             "batch_size": 128, "log_every": 5, "eval_every": 0, "num_workers": 0, "lr": 0.001},
-                   "checkpoint": {"every_steps": 0}}
+            mlp = {
+                "name": "bench-mlp",
+                "slurm": {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": cpt},
+                "environment": {"cpu_bind": "cores"},
+                "train": {
+                    "task": "bench_binding:MLPTask",
+                    "pythonpath": [str(HERE)],
+                    "max_steps": 1000000,
+                    "batch_size": 128,
+                    "log_every": 5,
+                    "eval_every": 0,
+                    "num_workers": 0,
+                    "lr": 0.001,
+                },
+                "checkpoint": {"every_steps": 0},
+            }
             cfg = config_from_dict(mlp)
-            print(f"binding: MLP, 2 ranks, {ncpu} CPUs; bound = cpu_bind cores + {cpt} OMP thread(s) per rank; "
-                  "unbound = no wrapper, torch's default threads", flush=True)
+            print(
+                f"binding: MLP, 2 ranks, {ncpu} CPUs; bound = cpu_bind cores + {cpt} OMP thread(s) per rank; "
+                "unbound = no wrapper, torch's default threads",
+                flush=True,
+            )
             for i in range(args.rounds):
-                for name in (("bound", "unbound") if i % 2 == 0 else ("unbound", "bound")):
-                    results.setdefault(name, []).append(run(f"{name}-{i}", cfg, root, wrapper=name == "bound",
-                                                            window_s=args.window_s, warmup_steps=args.warmup_steps))
+                for name in ("bound", "unbound") if i % 2 == 0 else ("unbound", "bound"):
+                    results.setdefault(name, []).append(
+                        run(
+                            f"{name}-{i}",
+                            cfg,
+                            root,
+                            wrapper=name == "bound",
+                            window_s=args.window_s,
+                            warmup_steps=args.warmup_steps,
+                        )
+                    )
                 if args.threads_only:  # OMP_NUM_THREADS from the plan, nothing pinned
                     data = cfg.to_dict()
                     data["environment"]["cpu_bind"] = "none"
-                    results.setdefault("threads", []).append(run(
-                        f"threads-{i}", config_from_dict(data), root, wrapper=True, window_s=args.window_s,
-                        warmup_steps=args.warmup_steps))
+                    results.setdefault("threads", []).append(
+                        run(
+                            f"threads-{i}",
+                            config_from_dict(data),
+                            root,
+                            wrapper=True,
+                            window_s=args.window_s,
+                            warmup_steps=args.warmup_steps,
+                        )
+                    )
         if args.only in (None, "allocator"):
             try:
                 locate_libraries(["jemalloc"], os.environ)
             except BindingError as e:
                 print(f"allocator: skipped: {e}")
             else:
-                sets = ["train.max_steps=1000000", "train.eval_every=0", "train.log_every=10",
-                        "checkpoint.every_steps=0", "train.num_workers=0"]
+                sets = [
+                    "train.max_steps=1000000",
+                    "train.eval_every=0",
+                    "train.log_every=10",
+                    "checkpoint.every_steps=0",
+                    "train.num_workers=0",
+                ]
                 base = load_config(DIGITS, sets)
                 data = base.to_dict()
                 data["train"]["pythonpath"] = [str(DIGITS.parent)]
-                print(f"allocator: digits example, 2 ranks, through the wrapper (cpu_bind {base.environment.cpu_bind})",
-                      flush=True)
+                print(
+                    f"allocator: digits example, 2 ranks, through the wrapper (cpu_bind {base.environment.cpu_bind})",
+                    flush=True,
+                )
                 for i in range(args.rounds):
-                    for alloc in (("system", "jemalloc") if i % 2 == 0 else ("jemalloc", "system")):
+                    for alloc in ("system", "jemalloc") if i % 2 == 0 else ("jemalloc", "system"):
                         data["environment"]["allocator"] = alloc
-                        results.setdefault(alloc, []).append(run(f"{alloc}-{i}", config_from_dict(data), root,
-                                                                 wrapper=True, window_s=args.window_s,
-                                                                 warmup_steps=args.warmup_steps))
-    for label, a, b, what in (("binding", "bound", "unbound", "bound/unbound aggregate samples/s"),
-                              ("threads", "threads", "unbound", "threads-only/unbound aggregate samples/s"),
-                              ("pinning", "bound", "threads", "bound/threads-only aggregate samples/s"),
-                              ("allocator", "jemalloc", "system", "jemalloc/system aggregate samples/s on digits")):
+                        results.setdefault(alloc, []).append(
+                            run(
+                                f"{alloc}-{i}",
+                                config_from_dict(data),
+                                root,
+                                wrapper=True,
+                                window_s=args.window_s,
+                                warmup_steps=args.warmup_steps,
+                            )
+                        )
+    for label, a, b, what in (
+        ("binding", "bound", "unbound", "bound/unbound aggregate samples/s"),
+        ("threads", "threads", "unbound", "threads-only/unbound aggregate samples/s"),
+        ("pinning", "bound", "threads", "bound/threads-only aggregate samples/s"),
+        ("allocator", "jemalloc", "system", "jemalloc/system aggregate samples/s on digits"),
+    ):
         if a in results and b in results:
             ratios = [x["samples_per_s"] / y["samples_per_s"] for x, y in zip(results[a], results[b])]
             med = statistics.median(ratios)
-            print(f"RESULT {label}: {what} = {med:.2f}x"
-                  + (f" (median of {len(ratios)} rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
-                     if len(ratios) > 1 else
-                     f" ({results[a][0]['samples_per_s']:.0f} vs {results[b][0]['samples_per_s']:.0f})"))
+            print(
+                f"RESULT {label}: {what} = {med:.2f}x"
+                + (
+                    f" (median of {len(ratios)} rounds: {', '.join(f'{r:.2f}' for r in ratios)})"
+                    if len(ratios) > 1
+                    else f" ({results[a][0]['samples_per_s']:.0f} vs {results[b][0]['samples_per_s']:.0f})"
+                )
+            )
     print(f"total {time.monotonic() - t0:.0f} s")
     return 0
 

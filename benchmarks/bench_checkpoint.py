@@ -56,8 +56,10 @@ def machine() -> str:
         mem = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
     except (ValueError, OSError):
         mem = float("nan")
-    return (f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, "
-            f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads)")
+    return (
+        f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} cores, {mem:.0f} GiB RAM, "
+        f"python {platform.python_version()}, torch {torch.__version__} ({torch.get_num_threads()} threads)"
+    )
 
 
 def filesystem(path: Path) -> str:
@@ -83,8 +85,11 @@ class OtherLoad:
             fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
         except (OSError, ValueError):
             return None
-        me = sum(getattr(resource.getrusage(w), a) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-                 for a in ("ru_utime", "ru_stime"))
+        me = sum(
+            getattr(resource.getrusage(w), a)
+            for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+            for a in ("ru_utime", "ru_stime")
+        )
         return sum(fields), fields[3] + fields[4], me, time.perf_counter()
 
     def percent(self) -> float:
@@ -122,9 +127,11 @@ def bench_blocked(workdir: Path, args) -> float:
     width, layers = args.width, args.layers
     params = layers * (width * width + width)
     want = max(1, args.checkpoints // 2)
-    print(f"\n== training time blocked per checkpoint: {layers} x Linear({width}, {width}) + AdamW, "
-          f"{params / 1e6:.1f} M parameters, batch {args.batch}; {want} pairs of checkpoints (sync, then async), "
-          f"one every {args.every} steps")
+    print(
+        f"\n== training time blocked per checkpoint: {layers} x Linear({width}, {width}) + AdamW, "
+        f"{params / 1e6:.1f} M parameters, batch {args.batch}; {want} pairs of checkpoints (sync, then async), "
+        f"one every {args.every} steps"
+    )
     torch.set_flush_denormal(True)
     model, opt = build(width, layers)
     x = torch.randn(args.batch, width, generator=torch.Generator().manual_seed(1))
@@ -186,26 +193,33 @@ def bench_blocked(workdir: Path, args) -> float:
     shutil.rmtree(workdir / "blocked", ignore_errors=True)
 
     clean = [p for p in pairs if p["other"] <= args.quiet]
-    print(f"  checkpoint {info.size_bytes / MB:.0f} MB; {state_of['step']} steps in {total:.1f} s; "
-          f"{len(pairs)} pairs, {len(pairs) - len(clean)} of them disturbed by other processes (> {args.quiet:.0f} % "
-          f"of the CPU) and not counted: "
-          + ", ".join(f"{p['other']:.0f}" for p in pairs) + " %")
+    print(
+        f"  checkpoint {info.size_bytes / MB:.0f} MB; {state_of['step']} steps in {total:.1f} s; "
+        f"{len(pairs)} pairs, {len(pairs) - len(clean)} of them disturbed by other processes (> {args.quiet:.0f} % "
+        f"of the CPU) and not counted: " + ", ".join(f"{p['other']:.0f}" for p in pairs) + " %"
+    )
     if not clean:
         print("  never quiet enough: run again, or raise --quiet")
         return float("nan")
     for mode in ("sync", "async"):
         b = [p[mode] for p in clean]
-        print(f"  {mode:5s}: blocked per checkpoint: mean {statistics.mean(b) * 1e3:7.1f} ms, median "
-              f"{statistics.median(b) * 1e3:7.1f} ms, max {max(b) * 1e3:7.1f} ms "
-              f"({', '.join(f'{v * 1e3:.0f}' for v in b)} ms)")
+        print(
+            f"  {mode:5s}: blocked per checkpoint: mean {statistics.mean(b) * 1e3:7.1f} ms, median "
+            f"{statistics.median(b) * 1e3:7.1f} ms, max {max(b) * 1e3:7.1f} ms "
+            f"({', '.join(f'{v * 1e3:.0f}' for v in b)} ms)"
+        )
     waits = ", ".join(f"{p['wait'] * 1e3:.0f}" for p in clean)
     if prepare_s is None:
-        print(f"  (async: the first checkpoint allocates the snapshot buffers: {pairs[0]['async'] * 1e3:.0f} ms; "
-              f"of the async times, waiting for the write at the next checkpoint: {waits} ms)")
+        print(
+            f"  (async: the first checkpoint allocates the snapshot buffers: {pairs[0]['async'] * 1e3:.0f} ms; "
+            f"of the async times, waiting for the write at the next checkpoint: {waits} ms)"
+        )
     else:
-        print(f"  (async: the snapshot buffers were allocated in the background after step 1 (prepare: "
-              f"{prepare_s * 1e3:.1f} ms blocked); the first checkpoint took {pairs[0]['async'] * 1e3:.0f} ms; "
-              f"of the async times, waiting for the write at the next checkpoint: {waits} ms)")
+        print(
+            f"  (async: the snapshot buffers were allocated in the background after step 1 (prepare: "
+            f"{prepare_s * 1e3:.1f} ms blocked); the first checkpoint took {pairs[0]['async'] * 1e3:.0f} ms; "
+            f"of the async times, waiting for the write at the next checkpoint: {waits} ms)"
+        )
     s_, a_ = [p["sync"] for p in clean], [p["async"] for p in clean]
     ratio = statistics.mean(a_) / statistics.mean(s_)
     steady = [p for p in clean if not p["first"]]
@@ -216,8 +230,10 @@ def bench_blocked(workdir: Path, args) -> float:
     print(line)
     if steps_after["sync"] and steps_after["async"]:
         ms, ma = statistics.median(steps_after["sync"]), statistics.median(steps_after["async"])
-        print(f"  (not counted as blocked: the background write shares the {os.cpu_count()} cores with training; "
-              f"median step {ma * 1e3:.0f} ms after an async checkpoint vs {ms * 1e3:.0f} ms after a sync one)")
+        print(
+            f"  (not counted as blocked: the background write shares the {os.cpu_count()} cores with training; "
+            f"median step {ma * 1e3:.0f} ms after an async checkpoint vs {ms * 1e3:.0f} ms after a sync one)"
+        )
     return ratio
 
 
@@ -229,26 +245,37 @@ _DD_TIME = re.compile(r"copied, ([0-9.,eE+-]+) s")
 
 def dd_seconds(path: Path, count: int) -> float:
     t0 = time.perf_counter()
-    out = subprocess.run(["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fsync"],
-                         capture_output=True, text=True, check=True, env={**os.environ, "LC_ALL": "C"})
+    out = subprocess.run(
+        ["dd", "if=/dev/zero", f"of={path}", "bs=1M", f"count={count}", "conv=fsync"],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**os.environ, "LC_ALL": "C"},
+    )
     wall = time.perf_counter() - t0
     m = _DD_TIME.search(out.stderr)
     return float(m.group(1).replace(",", ".")) if m else wall
 
 
 def bench_bandwidth(workdir: Path, sizes_mib, reps: int, quiet: float, patience: int) -> dict:
-    print(f"\n== durable save bandwidth vs dd conv=fsync: {reps} rounds of (dd, save) per size, medians; the state "
-          f"is made of 4 MiB tensors, like a model's")
+    print(
+        f"\n== durable save bandwidth vs dd conv=fsync: {reps} rounds of (dd, save) per size, medians; the state "
+        f"is made of 4 MiB tensors, like a model's"
+    )
     if quiet < 100:
-        print(f"   a round during which other processes used more than {quiet:.0f} % of the CPU is not counted and "
-              f"run again (up to {patience} x {reps} rounds in all)")
+        print(
+            f"   a round during which other processes used more than {quiet:.0f} % of the CPU is not counted and "
+            f"run again (up to {patience} x {reps} rounds in all)"
+        )
     ratios = {}
     for mib in sizes_mib:
         # shaped like a model's state: 4 MiB tensors (a Linear(1024, 1024) weight each) and the rest
         g = torch.Generator().manual_seed(mib)
         n = mib * MIB // 4
-        state = {f"layer.{i}.weight": torch.randn(min(1 << 20, n - i * (1 << 20)), generator=g)
-                 for i in range((n + (1 << 20) - 1) >> 20)}
+        state = {
+            f"layer.{i}.weight": torch.randn(min(1 << 20, n - i * (1 << 20)), generator=g)
+            for i in range((n + (1 << 20) - 1) >> 20)
+        }
         dd_bw, save_bw, disturbed = [], [], []
         rounds = 0
         while len(dd_bw) < reps and rounds < patience * reps + 1:
@@ -275,35 +302,55 @@ def bench_bandwidth(workdir: Path, sizes_mib, reps: int, quiet: float, patience:
             dd_bw.append(mib * MIB / t)
             save_bw.append(info.size_bytes / ts)
         if not dd_bw:
-            print(f"  {mib * MIB / MB:6.0f} MB: never quiet enough ({len(disturbed)} rounds disturbed); "
-                  f"run again, or raise --quiet")
+            print(
+                f"  {mib * MIB / MB:6.0f} MB: never quiet enough ({len(disturbed)} rounds disturbed); "
+                f"run again, or raise --quiet"
+            )
             continue
         dd_m, save_m = statistics.median(dd_bw), statistics.median(save_bw)
         ratios[mib] = save_m / dd_m
-        print(f"  {mib * MIB / MB:6.0f} MB: save {save_m / MB:7.1f} MB/s  dd {dd_m / MB:7.1f} MB/s  "
-              f"ratio {ratios[mib]:.2f} (goal >= 0.8)   [save {', '.join(f'{b / MB:.0f}' for b in save_bw)}; "
-              f"dd {', '.join(f'{b / MB:.0f}' for b in dd_bw)}; {len(disturbed)} disturbed rounds not counted]")
+        print(
+            f"  {mib * MIB / MB:6.0f} MB: save {save_m / MB:7.1f} MB/s  dd {dd_m / MB:7.1f} MB/s  "
+            f"ratio {ratios[mib]:.2f} (goal >= 0.8)   [save {', '.join(f'{b / MB:.0f}' for b in save_bw)}; "
+            f"dd {', '.join(f'{b / MB:.0f}' for b in dd_bw)}; {len(disturbed)} disturbed rounds not counted]"
+        )
     return ratios
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--only", choices=["blocked", "bandwidth"], help="run one of the two benchmarks")
     p.add_argument("--dir", type=Path, help="where to write (default: a fresh directory in the current one)")
     p.add_argument("--skip-1gb", action="store_true", help="leave the ~1 GB bandwidth point out (short on disk)")
     p.add_argument("--reps", type=int, default=5, help="bandwidth rounds per size (default 5)")
-    p.add_argument("--quiet", type=float, default=10.0, help="rounds during which other processes used more "
-                   "than this %% of the machine's CPU are run again (default 10; 100 counts every round)")
-    p.add_argument("--patience", type=int, default=6, help="at most PATIENCE x REPS rounds per size, or "
-                   "PATIENCE x CHECKPOINTS checkpoints (default 6)")
+    p.add_argument(
+        "--quiet",
+        type=float,
+        default=10.0,
+        help="rounds during which other processes used more "
+        "than this %% of the machine's CPU are run again (default 10; 100 counts every round)",
+    )
+    p.add_argument(
+        "--patience",
+        type=int,
+        default=6,
+        help="at most PATIENCE x REPS rounds per size, or PATIENCE x CHECKPOINTS checkpoints (default 6)",
+    )
     p.add_argument("--width", type=int, default=1024)
     p.add_argument("--layers", type=int, default=16, help="Linear layers (default 16: a ~200 MB checkpoint)")
     p.add_argument("--batch", type=int, default=64)
-    p.add_argument("--checkpoints", type=int, default=12, help="checkpoints counted, half sync, half async "
-                   "(default 12)")
+    p.add_argument(
+        "--checkpoints", type=int, default=12, help="checkpoints counted, half sync, half async (default 12)"
+    )
     p.add_argument("--every", type=int, default=8, help="a checkpoint every N steps (default 8)")
-    p.add_argument("--no-prepare", action="store_true", help="do not call AsyncCheckpointer.prepare after the "
-                   "first step: the first async checkpoint then allocates its snapshot buffers itself")
+    p.add_argument(
+        "--no-prepare",
+        action="store_true",
+        help="do not call AsyncCheckpointer.prepare after the "
+        "first step: the first async checkpoint then allocates its snapshot buffers itself",
+    )
     args = p.parse_args(argv)
 
     base = args.dir or Path.cwd()
@@ -316,14 +363,18 @@ def main(argv=None) -> int:
         print(f"machine: {machine()}")
         print(f"filesystem of {workdir}: {filesystem(workdir)}")
         if free < need:
-            print(f"only {free / 2**30:.1f} GiB free in {workdir}, need {need / 2**30:.1f} GiB: use --skip-1gb or --dir")
+            print(
+                f"only {free / 2**30:.1f} GiB free in {workdir}, need {need / 2**30:.1f} GiB: use --skip-1gb or --dir"
+            )
             return 2
         summary = []
         if args.only in (None, "blocked"):
             summary.append(f"blocked async/sync {bench_blocked(workdir, args):.3f}")
         if args.only in (None, "bandwidth"):
             ratios = bench_bandwidth(workdir, sizes, args.reps, args.quiet, args.patience)
-            summary.append("bandwidth save/dd " + ", ".join(f"{m * MIB / MB:.0f} MB {r:.2f}" for m, r in ratios.items()))
+            summary.append(
+                "bandwidth save/dd " + ", ".join(f"{m * MIB / MB:.0f} MB {r:.2f}" for m, r in ratios.items())
+            )
         print("\nsummary: " + "; ".join(summary))
     finally:
         shutil.rmtree(workdir, ignore_errors=True)

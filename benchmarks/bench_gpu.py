@@ -63,8 +63,12 @@ class ResNet(nn.Module):
 
     def __init__(self, layers=(3, 4, 6, 3), num_classes: int = 1000):
         super().__init__()
-        self.stem = nn.Sequential(nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False), nn.BatchNorm2d(64),
-                                  nn.ReLU(inplace=True), nn.MaxPool2d(3, stride=2, padding=1))
+        self.stem = nn.Sequential(
+            nn.Conv2d(3, 64, 7, stride=2, padding=3, bias=False),
+            nn.BatchNorm2d(64),
+            nn.ReLU(inplace=True),
+            nn.MaxPool2d(3, stride=2, padding=1),
+        )
         blocks, cin = [], 64
         for i, n in enumerate(layers):
             width = 64 * 2**i
@@ -149,8 +153,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     device = torch.device(args.device)
     names = [n for n in args.configs.split(",") if n]
     if device.type == "cuda":
-        print(f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, ResNet layers {args.layers}, "
-              f"batch {args.batch}, {args.size}x{args.size}", flush=True)
+        print(
+            f"GPU: {torch.cuda.get_device_name(device)}, torch {torch.__version__}, ResNet layers {args.layers}, "
+            f"batch {args.batch}, {args.size}x{args.size}",
+            flush=True,
+        )
         if "bf16" in args.configs and not torch.cuda.is_bf16_supported():
             print("this GPU has no bf16 support: skipped")
             return 0
@@ -161,7 +168,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"  built {n}{extra}", flush=True)
     best: Dict[str, float] = {n: 0.0 for n in names}
     for rep in range(args.repeats):
-        for n in (names if rep % 2 == 0 else names[::-1]):
+        for n in names if rep % 2 == 0 else names[::-1]:
             r = runners[n].rate(args.steps, args.batch)
             best[n] = max(best[n], r)
             print(f"  repeat {rep}: {n:16s} {r:9.1f} images/s", flush=True)
@@ -171,8 +178,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"{n:16s} {best[n]:9.1f} images/s{ratio}")
     if base and "bf16+cl+compile" in best:
         ratio = best["bf16+cl+compile"] / base
-        print(f"GPU ratio (bf16 + channels_last + compile vs naive fp32): {ratio:.2f}× "
-              f"(goal >= 2.5×: {'met' if ratio >= 2.5 else 'NOT met'})")
+        print(
+            f"GPU ratio (bf16 + channels_last + compile vs naive fp32): {ratio:.2f}× "
+            f"(goal >= 2.5×: {'met' if ratio >= 2.5 else 'NOT met'})"
+        )
     return 0
 
 

@@ -50,7 +50,7 @@ from typing import Dict, List, Optional
 REPO = Path(__file__).resolve().parents[1]
 JOB = REPO / "examples" / "digits" / "job.yaml"
 
-SITECUSTOMIZE = r'''
+SITECUSTOMIZE = r"""
 import os, sys, time
 _out = os.environ.get("BENCH_LAUNCH_OUT")
 _cmd = open("/proc/self/cmdline", "rb").read().split(b"\0")
@@ -90,7 +90,7 @@ if _is_rank:
         import slurm_ddp.worker.train as _tr
 
         _tr.init_distributed = _ready
-'''
+"""
 
 TORCHRUN_RANK = r'''
 """torchrun's rank: the worker's code path to a process group (DistEnv → init_distributed)."""
@@ -115,7 +115,9 @@ def free_port() -> int:
 
 def env_for(tools: Path, out: Path) -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "RANK", "WORLD_SIZE"))}
-    env["PYTHONPATH"] = os.pathsep.join([str(tools), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(tools), str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])
+    )
     env["BENCH_LAUNCH_OUT"] = str(out)
     env.setdefault("OMP_NUM_THREADS", "1")
     return env
@@ -145,8 +147,20 @@ def collect(out: Path, t_cmd: float) -> Dict[str, float]:
 def run_slurm_ddp(tools: Path, work: Path) -> Dict[str, float]:
     out, run_dir = work / "out", work / "run"
     out.mkdir(parents=True)
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "local", "--run-dir", str(run_dir),
-           "--no-check-task", "--set", "train.max_steps=1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slurm_ddp",
+        "submit",
+        str(JOB),
+        "--backend",
+        "local",
+        "--run-dir",
+        str(run_dir),
+        "--no-check-task",
+        "--set",
+        "train.max_steps=1",
+    ]
     t_cmd = time.time()
     r = subprocess.run(cmd, env=env_for(tools, out), capture_output=True, text=True, timeout=300)
     if not (out / "rank-1.json").exists():
@@ -159,8 +173,13 @@ def run_torchrun(tools: Path, work: Path) -> Dict[str, float]:
     out.mkdir(parents=True)
     torchrun = shutil.which("torchrun")
     launcher = [torchrun] if torchrun else [sys.executable, "-m", "torch.distributed.run"]
-    cmd = launcher + ["--nproc_per_node=2", "--nnodes=1", "--master_addr=127.0.0.1",
-                      f"--master_port={free_port()}", str(tools / "torchrun_rank.py")]
+    cmd = launcher + [
+        "--nproc_per_node=2",
+        "--nnodes=1",
+        "--master_addr=127.0.0.1",
+        f"--master_port={free_port()}",
+        str(tools / "torchrun_rank.py"),
+    ]
     t_cmd = time.time()
     r = subprocess.run(cmd, env=env_for(tools, out), capture_output=True, text=True, timeout=300)
     if not (out / "rank-1.json").exists():
@@ -178,32 +197,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     (tools / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
     (tools / "torchrun_rank.py").write_text(textwrap.dedent(TORCHRUN_RANK))
     results: Dict[str, List[Dict[str, float]]] = {"slurm_ddp": [], "torchrun": []}
-    print(f"P5: 2 gloo ranks on this machine, {args.trials} interleaved trials; load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}", flush=True)
+    print(
+        f"P5: 2 gloo ranks on this machine, {args.trials} interleaved trials; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     try:
         for i in range(args.trials):
             order = [("slurm_ddp", run_slurm_ddp), ("torchrun", run_torchrun)]
-            for name, fn in (order if i % 2 == 0 else order[::-1]):
+            for name, fn in order if i % 2 == 0 else order[::-1]:
                 r = fn(tools, root / f"{name}-{i}")
                 results[name].append(r)
-                print(f"  trial {i} {name:9s}: rank start → group ready {r['start_to_ready']:.3f} s, import torch "
-                      f"{r['import_torch']:.3f} s, overhead {r['overhead']:.3f} s; command → ready "
-                      f"{r['cmd_to_ready']:.3f} s", flush=True)
+                print(
+                    f"  trial {i} {name:9s}: rank start → group ready {r['start_to_ready']:.3f} s, import torch "
+                    f"{r['import_torch']:.3f} s, overhead {r['overhead']:.3f} s; command → ready "
+                    f"{r['cmd_to_ready']:.3f} s",
+                    flush=True,
+                )
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
     med = {n: {k: statistics.median(r[k] for r in rs) for k in rs[0]} for n, rs in results.items()}
     for n, m in med.items():
-        print(f"{n:9s} (medians): rank start → process group ready {m['start_to_ready']:.3f} s = import torch "
-              f"{m['import_torch']:.3f} s + {m['overhead']:.3f} s (of which init_process_group "
-              f"{m['init_process_group']:.3f} s, waiting for the later rank included); command → ready "
-              f"{m['cmd_to_ready']:.3f} s (command → first rank started {m['cmd_to_first_rank']:.3f} s)")
-        print(f"{'':9s}  slowest rank: process start → interpreter running {m['to_interpreter']:.3f} s, imports "
-              f"and config after torch {m['imports_config']:.3f} s; ranks' init calls {m['init_skew']:.3f} s apart")
+        print(
+            f"{n:9s} (medians): rank start → process group ready {m['start_to_ready']:.3f} s = import torch "
+            f"{m['import_torch']:.3f} s + {m['overhead']:.3f} s (of which init_process_group "
+            f"{m['init_process_group']:.3f} s, waiting for the later rank included); command → ready "
+            f"{m['cmd_to_ready']:.3f} s (command → first rank started {m['cmd_to_first_rank']:.3f} s)"
+        )
+        print(
+            f"{'':9s}  slowest rank: process start → interpreter running {m['to_interpreter']:.3f} s, imports "
+            f"and config after torch {m['imports_config']:.3f} s; ranks' init calls {m['init_skew']:.3f} s apart"
+        )
     s, t = med["slurm_ddp"], med["torchrun"]
-    print(f"P5 launch overhead (rank start → group ready − import torch): slurm_ddp {s['overhead']:.3f} s "
-          f"(goal < 0.5 s: {'met' if s['overhead'] < 0.5 else 'NOT met'}), torchrun {t['overhead']:.3f} s; "
-          f"command → ready: slurm_ddp {s['cmd_to_ready']:.3f} s, torchrun {t['cmd_to_ready']:.3f} s")
+    print(
+        f"P5 launch overhead (rank start → group ready − import torch): slurm_ddp {s['overhead']:.3f} s "
+        f"(goal < 0.5 s: {'met' if s['overhead'] < 0.5 else 'NOT met'}), torchrun {t['overhead']:.3f} s; "
+        f"command → ready: slurm_ddp {s['cmd_to_ready']:.3f} s, torchrun {t['cmd_to_ready']:.3f} s"
+    )
     return 0
 
 

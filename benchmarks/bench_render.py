@@ -72,27 +72,44 @@ def main(argv: Optional[List[str]] = None) -> int:
     torch_t = wall([sys.executable, "-c", "import torch"], 3)
 
     # Proof 1: -X importtime lists every import (on stderr, one line per module).
-    r = subprocess.run([sys.executable, "-X", "importtime", "-m", "slurm_ddp", "render", str(JOB)],
-                       capture_output=True, text=True, check=True)
+    r = subprocess.run(
+        [sys.executable, "-X", "importtime", "-m", "slurm_ddp", "render", str(JOB)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     imported = [line.rsplit("|", 1)[-1].strip() for line in r.stderr.splitlines() if line.startswith("import time:")]
     torch_imports = [m for m in imported if m == "torch" or m.startswith("torch.")]
     # Proof 2: sys.modules at exit of the same command.
-    r2 = subprocess.run([sys.executable, "-c", CHECK_MODULES, "render", str(JOB)], capture_output=True, text=True,
-                        check=True, cwd=str(REPO))
+    r2 = subprocess.run(
+        [sys.executable, "-c", CHECK_MODULES, "render", str(JOB)],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=str(REPO),
+    )
     heavy = next(line for line in r2.stderr.splitlines() if line.startswith("HEAVY-MODULES:")).split(":", 1)[1]
     rendered = r2.stdout.count("#SBATCH")  # the wrapped command did render the script
 
     med = statistics.median(times)
-    print(f"render wall time: median {med:.3f} s, min {min(times):.3f} s, max {max(times):.3f} s "
-          f"(bare `python -c pass`: median {statistics.median(bare):.3f} s; `python -c 'import torch'`: "
-          f"median {statistics.median(torch_t):.3f} s)")
-    print(f"-X importtime: {len(imported)} modules imported, torch among them: "
-          f"{', '.join(torch_imports) if torch_imports else 'none'}")
-    print(f"sys.modules at exit: torch/numpy/sklearn modules: {heavy or 'none'} "
-          f"(it rendered the script: {rendered} #SBATCH lines)")
+    print(
+        f"render wall time: median {med:.3f} s, min {min(times):.3f} s, max {max(times):.3f} s "
+        f"(bare `python -c pass`: median {statistics.median(bare):.3f} s; `python -c 'import torch'`: "
+        f"median {statistics.median(torch_t):.3f} s)"
+    )
+    print(
+        f"-X importtime: {len(imported)} modules imported, torch among them: "
+        f"{', '.join(torch_imports) if torch_imports else 'none'}"
+    )
+    print(
+        f"sys.modules at exit: torch/numpy/sklearn modules: {heavy or 'none'} "
+        f"(it rendered the script: {rendered} #SBATCH lines)"
+    )
     ok = med < 0.3 and not torch_imports and not heavy
-    print(f"P6 render: median {med:.3f} s (goal < 0.3 s: {'met' if med < 0.3 else 'NOT met'}); torch imported: "
-          f"{'yes' if torch_imports or 'torch' in heavy else 'no'}{'' if ok else ' — CHECK'}")
+    print(
+        f"P6 render: median {med:.3f} s (goal < 0.3 s: {'met' if med < 0.3 else 'NOT met'}); torch imported: "
+        f"{'yes' if torch_imports or 'torch' in heavy else 'no'}{'' if ok else ' — CHECK'}"
+    )
     return 0 if not torch_imports and "torch" not in heavy else 1
 
 

@@ -126,14 +126,33 @@ class Job:
         shutil.rmtree(out, ignore_errors=True)
         if kind in ("worker", "baseline"):  # baseline: the worker of another checkout (--baseline-repo)
             repo = Path(args.baseline_repo) if kind == "baseline" else REPO
-            cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(repo / "examples" / "digits" / "job.yaml"),
-                   "--backend", "local", "--run-dir", str(out), "--no-check-task"]
-            for s in [f"train.max_steps={steps}", "train.eval_every=0", f"train.log_every={args.log_every}",
-                      "train.num_workers=0", "train.batch_size=32", "train.args.width=32",
-                      f"checkpoint.every_steps={ckpt_every}", "checkpoint.async_save=true", *args.worker_set]:
+            cmd = [
+                sys.executable,
+                "-m",
+                "slurm_ddp",
+                "submit",
+                str(repo / "examples" / "digits" / "job.yaml"),
+                "--backend",
+                "local",
+                "--run-dir",
+                str(out),
+                "--no-check-task",
+            ]
+            for s in [
+                f"train.max_steps={steps}",
+                "train.eval_every=0",
+                f"train.log_every={args.log_every}",
+                "train.num_workers=0",
+                "train.batch_size=32",
+                "train.args.width=32",
+                f"checkpoint.every_steps={ckpt_every}",
+                "checkpoint.async_save=true",
+                *args.worker_set,
+            ]:
                 cmd += ["--set", s]
-            p = subprocess.Popen(cmd, env=base_env(args.threads, repo), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
+            p = subprocess.Popen(
+                cmd, env=base_env(args.threads, repo), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
             threading.Thread(target=lambda: self.log.extend(p.stdout), daemon=True).start()
             self.procs = [p]
         else:
@@ -142,21 +161,36 @@ class Job:
             self.procs = []
             for rank in range(2):
                 env = base_env(args.threads)
-                env.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
-                           MASTER_PORT=str(port))
-                cmd = [sys.executable, str(MINIMAL), "--out", str(out), "--steps", str(steps),
-                       "--log-every", str(args.log_every), "--ckpt-every", str(ckpt_every)]
+                env.update(
+                    RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+                )
+                cmd = [
+                    sys.executable,
+                    str(MINIMAL),
+                    "--out",
+                    str(out),
+                    "--steps",
+                    str(steps),
+                    "--log-every",
+                    str(args.log_every),
+                    "--ckpt-every",
+                    str(ckpt_every),
+                ]
                 with open(out / f"rank-{rank}.log", "w") as log:
                     # a session per rank, as the local launcher starts the worker's ranks: with the kernel's
                     # sched_autogroup each session is scheduled as one group against the machine's other load
-                    self.procs.append(subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                                       start_new_session=True))
+                    self.procs.append(
+                        subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                    )
 
     def pids(self) -> List[int]:
         """The two rank processes (under the local launcher: its children, the ranks)."""
         if len(self._pids) < 2:
-            self._pids = (children(self.procs[0].pid, "slurm_ddp.worker") if self.kind != "minimal"
-                          else [p.pid for p in self.procs])
+            self._pids = (
+                children(self.procs[0].pid, "slurm_ddp.worker")
+                if self.kind != "minimal"
+                else [p.pid for p in self.procs]
+            )
         return self._pids
 
     def poll(self) -> List[Tuple[int, float]]:
@@ -184,8 +218,11 @@ class Job:
 
     def check(self) -> None:
         if any(p.returncode for p in self.procs):
-            text = "".join(self.log) if self.kind != "minimal" else "\n".join(
-                (self.out / f"rank-{r}.log").read_text() for r in range(2))
+            text = (
+                "".join(self.log)
+                if self.kind != "minimal"
+                else "\n".join((self.out / f"rank-{r}.log").read_text() for r in range(2))
+            )
             raise RuntimeError(f"{self.kind} run in {self.out} failed:\n{text[-4000:]}")
 
     def kill(self) -> None:
@@ -227,8 +264,10 @@ def run_alone(kind: str, out: Path, args: argparse.Namespace, ckpt: bool) -> Tup
 def run_alternating(args: argparse.Namespace, configs: List[Tuple[str, bool]], root: Path) -> Dict:
     """All jobs run at once but take turns: each slot resumes one job (SIGCONT), lets it settle, measures
     its steady-state steps/s and CPU per step for ``--slot`` seconds, and stops it again (SIGSTOP)."""
-    jobs = {c: Job(c[0], root / f"{c[0]}-{'ckpt' if c[1] else 'nockpt'}", 10**6, args.ckpt_every if c[1] else 0,
-                   args) for c in configs}
+    jobs = {
+        c: Job(c[0], root / f"{c[0]}-{'ckpt' if c[1] else 'nockpt'}", 10**6, args.ckpt_every if c[1] else 0, args)
+        for c in configs
+    }
     results: Dict[Tuple[str, bool], List[Tuple[float, float]]] = {c: [] for c in configs}
 
     def pause(job: Job, sig: int) -> None:
@@ -262,8 +301,11 @@ def run_alternating(args: argparse.Namespace, configs: List[Tuple[str, bool]], r
                 if not job.running:
                     job.check()
                 results[c].append(((s1 - s0) / (t1 - t0), (c1 - c0) / (s1 - s0)))
-                print(f"  round {rnd}: {c[0]:8s} checkpoint {'on ' if c[1] else 'off'}: {results[c][-1][0]:6.2f} "
-                      f"steps/s, {results[c][-1][1] * 1e3:6.2f} CPU-ms/step (2 ranks; steps {s0}..{s1})", flush=True)
+                print(
+                    f"  round {rnd}: {c[0]:8s} checkpoint {'on ' if c[1] else 'off'}: {results[c][-1][0]:6.2f} "
+                    f"steps/s, {results[c][-1][1] * 1e3:6.2f} CPU-ms/step (2 ranks; steps {s0}..{s1})",
+                    flush=True,
+                )
     finally:
         for job in jobs.values():
             try:
@@ -293,25 +335,37 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--ckpt-every", type=int, default=50)
     p.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS per rank; 0 = leave unset")
     p.add_argument("--only", choices=["off", "on", "on-vs-off"], help="only one configuration")
-    p.add_argument("--baseline-repo", metavar="DIR",
-                   help="alternating: also run the worker of this checkout (e.g. `git archive HEAD` unpacked), "
-                        "for before/after comparisons")
-    p.add_argument("--worker-set", action="append", default=[], metavar="KEY=VALUE",
-                   help="extra --set for the worker, e.g. train.gradient_as_bucket_view=false (the minimal "
-                        "script's DDP default)")
+    p.add_argument(
+        "--baseline-repo",
+        metavar="DIR",
+        help="alternating: also run the worker of this checkout (e.g. `git archive HEAD` unpacked), "
+        "for before/after comparisons",
+    )
+    p.add_argument(
+        "--worker-set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="extra --set for the worker, e.g. train.gradient_as_bucket_view=false (the minimal script's DDP default)",
+    )
     args = p.parse_args(argv)
 
     pairs = PAIRS
     if args.only:
         pairs = [PAIRS[["off", "on", "on-vs-off"].index(args.only)]]
     root = Path(tempfile.mkdtemp(prefix="bench_worker_"))
-    windows = (f"{args.rounds} slots of {args.slot:g} s per job after step {args.warmup}" if args.mode == "alternating"
-               else f"{args.rounds} runs per job, window steps {args.warmup}..{args.steps}")
-    print(f"P1 ({args.mode}): 2 gloo ranks per job, digits width 32, batch 32/rank, {windows}, "
-          f"OMP_NUM_THREADS={args.threads or 'unset'}, checkpoint every "
-          f"{args.ckpt_every} steps when on; worker --set {' '.join(args.worker_set) or '(none)'}; load average "
-          f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
-          flush=True)
+    windows = (
+        f"{args.rounds} slots of {args.slot:g} s per job after step {args.warmup}"
+        if args.mode == "alternating"
+        else f"{args.rounds} runs per job, window steps {args.warmup}..{args.steps}"
+    )
+    print(
+        f"P1 ({args.mode}): 2 gloo ranks per job, digits width 32, batch 32/rank, {windows}, "
+        f"OMP_NUM_THREADS={args.threads or 'unset'}, checkpoint every "
+        f"{args.ckpt_every} steps when on; worker --set {' '.join(args.worker_set) or '(none)'}; load average "
+        f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
+        flush=True,
+    )
     summary = []
     try:
         if args.mode == "alternating":
@@ -326,18 +380,23 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ratios = [a[0] / b[0] for a, b in zip(w, m)]  # slots of the same round
                 med = statistics.median(ratios)
                 cpu_ratio = statistics.median(b[1] for b in m) / statistics.median(a[1] for a in w)
-                print(f"{label}: worker {statistics.median(a[0] for a in w):.2f} / minimal "
-                      f"{statistics.median(b[0] for b in m):.2f} steps/s (medians); per-round ratios "
-                      f"{', '.join(f'{r:.3f}' for r in ratios)}; median {med:.3f} (goal >= {goal}: "
-                      f"{'met' if med >= goal else 'NOT met'}); steps per CPU-second ratio {cpu_ratio:.3f}",
-                      flush=True)
+                print(
+                    f"{label}: worker {statistics.median(a[0] for a in w):.2f} / minimal "
+                    f"{statistics.median(b[0] for b in m):.2f} steps/s (medians); per-round ratios "
+                    f"{', '.join(f'{r:.3f}' for r in ratios)}; median {med:.3f} (goal >= {goal}: "
+                    f"{'met' if med >= goal else 'NOT met'}); steps per CPU-second ratio {cpu_ratio:.3f}",
+                    flush=True,
+                )
                 summary.append(f"{label} {med:.3f} (CPU {cpu_ratio:.3f})")
                 if args.baseline_repo:
                     b = res[("baseline", w_ckpt)]
                     bmed = statistics.median(x[0] / y[0] for x, y in zip(b, m))
                     bcpu = statistics.median(y[1] for y in m) / statistics.median(x[1] for x in b)
-                    print(f"  baseline worker ({args.baseline_repo}) / minimal, {label}: median {bmed:.3f}; "
-                          f"steps per CPU-second ratio {bcpu:.3f}", flush=True)
+                    print(
+                        f"  baseline worker ({args.baseline_repo}) / minimal, {label}: median {bmed:.3f}; "
+                        f"steps per CPU-second ratio {bcpu:.3f}",
+                        flush=True,
+                    )
                     summary.append(f"baseline {label} {bmed:.3f} (CPU {bcpu:.3f})")
         else:
             configs = sorted({("worker", w) for _, w, _, _ in pairs} | {("minimal", m) for _, _, m, _ in pairs})
@@ -347,13 +406,18 @@ def main(argv: Optional[List[str]] = None) -> int:
                 for kind, ckpt in configs[k:] + configs[:k]:  # rotate the order each round
                     rate, cpu = run_alone(kind, root / f"{kind}-{ckpt}", args, ckpt)
                     wall[(kind, ckpt)].append(rate)
-                    print(f"  round {rnd}: {kind:7s} checkpoint {'on ' if ckpt else 'off'}: {rate:6.2f} steps/s, "
-                          f"{cpu * 1e3:6.2f} CPU-ms/step", flush=True)
+                    print(
+                        f"  round {rnd}: {kind:7s} checkpoint {'on ' if ckpt else 'off'}: {rate:6.2f} steps/s, "
+                        f"{cpu * 1e3:6.2f} CPU-ms/step",
+                        flush=True,
+                    )
             for label, w_ckpt, m_ckpt, goal in pairs:
                 rs = [a / b for a, b in zip(wall[("worker", w_ckpt)], wall[("minimal", m_ckpt)])]
                 med = statistics.median(rs)
-                print(f"{label}: per-round ratios {', '.join(f'{r:.3f}' for r in rs)}; median {med:.3f} "
-                      f"(goal >= {goal}: {'met' if med >= goal else 'NOT met'})")
+                print(
+                    f"{label}: per-round ratios {', '.join(f'{r:.3f}' for r in rs)}; median {med:.3f} "
+                    f"(goal >= {goal}: {'met' if med >= goal else 'NOT met'})"
+                )
                 summary.append(f"{label} {med:.3f}")
     except BaseException:
         print(f"(run directories kept in {root})", file=sys.stderr)

@@ -72,9 +72,15 @@ def make_state(step: int, variant: int = 0, mib: int = 40) -> dict:
         model[f"layers.{i}.bias"] = torch.randn(1024, generator=g)
     model["embedding.weight"] = torch.randn(big, generator=g)
     names = list(model)
-    opt_state = {i: {"step": torch.tensor(float(step)), "exp_avg": torch.randn(t.shape, generator=g) * 0.1,
-                     "exp_avg_sq": torch.rand(t.shape, generator=g)}
-                 for i, t in enumerate(model.values()) if t.dim() == 2}
+    opt_state = {
+        i: {
+            "step": torch.tensor(float(step)),
+            "exp_avg": torch.randn(t.shape, generator=g) * 0.1,
+            "exp_avg_sq": torch.rand(t.shape, generator=g),
+        }
+        for i, t in enumerate(model.values())
+        if t.dim() == 2
+    }
     return {
         "model": model,
         "optimizer": {"state": opt_state, "param_groups": [{"lr": 1e-3, "params": list(range(len(names)))}]},
@@ -98,8 +104,13 @@ def nbytes(state: Any) -> int:
 def same(a: Any, b: Any) -> bool:
     """Exact equality of nested states (tensors bitwise, with dtype and shape)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.dtype == b.dtype
-                and a.shape == b.shape and torch.equal(a, b))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.dtype == b.dtype
+            and a.shape == b.shape
+            and torch.equal(a, b)
+        )
     if isinstance(a, dict) and isinstance(b, dict):
         return a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
@@ -134,8 +145,7 @@ class Outcome:
     events: List[str] = field(default_factory=list)
 
 
-def _child(directory: Path, sc: Scenario, state: dict, wfd: int, kill_at_event: Optional[int],
-           trace: bool) -> None:
+def _child(directory: Path, sc: Scenario, state: dict, wfd: int, kill_at_event: Optional[int], trace: bool) -> None:
     """In the forked child: save, optionally dying right after the k-th protocol event. Never returns."""
     status = 0
     try:
@@ -184,8 +194,14 @@ def _read_exact(fd: int, n: int) -> bytes:
     return out
 
 
-def run_child(directory: Path, sc: Scenario, state: dict, kill_after: Optional[float] = None,
-              kill_at_event: Optional[int] = None, trace: bool = False) -> Tuple[bool, Optional[dict]]:
+def run_child(
+    directory: Path,
+    sc: Scenario,
+    state: dict,
+    kill_after: Optional[float] = None,
+    kill_at_event: Optional[int] = None,
+    trace: bool = False,
+) -> Tuple[bool, Optional[dict]]:
     """Fork a child that saves ``state`` into ``directory``; kill it ``kill_after`` s after it starts.
 
     Returns ``(killed, report)``: report = {"duration", "events"} when the save finished.
@@ -257,8 +273,13 @@ class Harness:
         self.durations[sc.name] = statistics.median(times)
         return self.durations[sc.name], events
 
-    def kill_point(self, sc: Scenario, kill_after: Optional[float] = None,
-                   kill_at_event: Optional[int] = None, event_names: Optional[List[str]] = None) -> Outcome:
+    def kill_point(
+        self,
+        sc: Scenario,
+        kill_after: Optional[float] = None,
+        kill_at_event: Optional[int] = None,
+        event_names: Optional[List[str]] = None,
+    ) -> Outcome:
         d = self._fresh(sc)
         if kill_after is not None:
             how = f"t={kill_after * 1e3:.1f}ms"
@@ -287,8 +308,10 @@ class Harness:
                 found = label
                 break
         if found is None:
-            return None, (f"latest checkpoint (step {info.step}, variant {loaded.get('variant')}) holds neither "
-                          f"the old nor the new state")
+            return None, (
+                f"latest checkpoint (step {info.step}, variant {loaded.get('variant')}) holds neither "
+                f"the old nor the new state"
+            )
         # Resume: a restarted run loads it (above) and saves its next checkpoint into the same directory.
         nxt = max(sc.old[0], sc.new[0]) + 1
         try:
@@ -301,8 +324,9 @@ class Harness:
         return found, None
 
 
-def plan(h: Harness, n_time: int, scenarios=SCENARIOS, event_scenarios=None, reps: int = 3,
-         spread: float = 1.0) -> List[dict]:
+def plan(
+    h: Harness, n_time: int, scenarios=SCENARIOS, event_scenarios=None, reps: int = 3, spread: float = 1.0
+) -> List[dict]:
     """The kill points: every protocol event of every scenario (or of ``event_scenarios``), then
     ``n_time`` kills at delays from 0 to ``spread`` x the measured save durations (median of ``reps``)."""
     points: List[dict] = []
@@ -321,10 +345,19 @@ def plan(h: Harness, n_time: int, scenarios=SCENARIOS, event_scenarios=None, rep
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--points", type=int, default=120, help="time-spread kill points (default 120); the "
-                   "event kill points (every step of the commit protocol, per kind of save) come on top")
-    p.add_argument("--spread", type=float, default=1.0, help="time-spread kills at 0..SPREAD x the measured "
-                   "save duration (default 1.0)")
+    p.add_argument(
+        "--points",
+        type=int,
+        default=120,
+        help="time-spread kill points (default 120); the "
+        "event kill points (every step of the commit protocol, per kind of save) come on top",
+    )
+    p.add_argument(
+        "--spread",
+        type=float,
+        default=1.0,
+        help="time-spread kills at 0..SPREAD x the measured save duration (default 1.0)",
+    )
     p.add_argument("--mib", type=int, default=40, help="size of the saved state in MiB (default 40)")
     p.add_argument("--dir", type=Path, help="where to write (default: a fresh directory in the current one)")
     p.add_argument("-v", "--verbose", action="store_true", help="one line per kill point")
@@ -339,26 +372,38 @@ def main(argv=None) -> int:
         h = Harness(root, args.mib)
         size = nbytes(h.state(1)) / 1e6
         points = plan(h, args.points, spread=args.spread)
-        print(f"state {size:.0f} MB; save durations (median of 3): "
-              + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in h.durations.items()))
+        print(
+            f"state {size:.0f} MB; save durations (median of 3): "
+            + ", ".join(f"{k} {v * 1e3:.0f} ms" for k, v in h.durations.items())
+        )
         outcomes = []
         for pt in points:
-            o = h.kill_point(pt["sc"], kill_after=pt.get("kill_after"), kill_at_event=pt.get("kill_at_event"),
-                             event_names=pt.get("event_names"))
+            o = h.kill_point(
+                pt["sc"],
+                kill_after=pt.get("kill_after"),
+                kill_at_event=pt.get("kill_at_event"),
+                event_names=pt.get("event_names"),
+            )
             outcomes.append(o)
             if args.verbose or o.problem:
-                print(f"  {o.scenario:9s} {o.how:22s} {'killed' if o.killed else 'finished first'}: "
-                      f"latest = {o.found}{'' if o.problem is None else '  PROBLEM: ' + o.problem}")
+                print(
+                    f"  {o.scenario:9s} {o.how:22s} {'killed' if o.killed else 'finished first'}: "
+                    f"latest = {o.found}{'' if o.problem is None else '  PROBLEM: ' + o.problem}"
+                )
         bad = [o for o in outcomes if o.problem]
         unloadable = [o for o in outcomes if o.found is None]
         killed = sum(o.killed for o in outcomes)
         for sc in SCENARIOS:
             mine = [o for o in outcomes if o.scenario == sc.name]
-            print(f"  {sc.name:9s}: {len(mine)} points, killed mid-save {sum(o.killed for o in mine)}, "
-                  f"latest old {sum(o.found == 'old' for o in mine)}, new {sum(o.found == 'new' for o in mine)}")
-        print(f"kill points tried: {len(outcomes)}, unloadable latest checkpoints: {len(unloadable)} "
-              f"(killed mid-save: {killed}, the others finished first; other problems: {len(bad) - len(unloadable)}; "
-              f"{time.perf_counter() - t0:.0f} s)")
+            print(
+                f"  {sc.name:9s}: {len(mine)} points, killed mid-save {sum(o.killed for o in mine)}, "
+                f"latest old {sum(o.found == 'old' for o in mine)}, new {sum(o.found == 'new' for o in mine)}"
+            )
+        print(
+            f"kill points tried: {len(outcomes)}, unloadable latest checkpoints: {len(unloadable)} "
+            f"(killed mid-save: {killed}, the others finished first; other problems: {len(bad) - len(unloadable)}; "
+            f"{time.perf_counter() - t0:.0f} s)"
+        )
         return 1 if bad else 0
     finally:
         shutil.rmtree(root, ignore_errors=True)

@@ -71,8 +71,9 @@ def main() -> int:
     x, y, _, _ = load_split()
     dataset = ShiftAugmented(x, y)
     sampler = DistributedSampler(dataset, shuffle=True, seed=args.seed, drop_last=True)
-    loader = DataLoader(dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True,
-                        num_workers=args.num_workers)
+    loader = DataLoader(
+        dataset, batch_size=args.batch_size, sampler=sampler, drop_last=True, num_workers=args.num_workers
+    )
     torch.manual_seed(args.seed + 1 + rank)  # per-rank augmentation
 
     step, epoch = 0, 0
@@ -91,8 +92,15 @@ def main() -> int:
                     with open(out / "metrics.jsonl", "a") as f:
                         f.write(json.dumps({"event": "train", "step": step, "time": time.time(), "loss": value}) + "\n")
             if args.ckpt_every and step % args.ckpt_every == 0 and step < args.steps and rank == 0:
-                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                            "scheduler": scheduler.state_dict(), "step": step}, out / "checkpoint.pt")
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "optimizer": optimizer.state_dict(),
+                        "scheduler": scheduler.state_dict(),
+                        "step": step,
+                    },
+                    out / "checkpoint.pt",
+                )
             if step == args.steps:
                 break
         epoch += 1

@@ -127,8 +127,19 @@ def _runs(sorted_cpus: List[int]) -> List[Tuple[int, int]]:
 
 
 #: srun --cpu-bind types that bind each task to a subset of the node (srun(1)).
-_SLURM_BINDING_TYPES = ("cores", "threads", "sockets", "ldoms", "rank", "rank_ldom", "boards", "map_cpu", "mask_cpu",
-                        "map_ldom", "mask_ldom")
+_SLURM_BINDING_TYPES = (
+    "cores",
+    "threads",
+    "sockets",
+    "ldoms",
+    "rank",
+    "rank_ldom",
+    "boards",
+    "map_cpu",
+    "mask_cpu",
+    "map_ldom",
+    "mask_ldom",
+)
 
 
 def parse_slurm_cpu_bind(value: str) -> Tuple[str, Tuple[FrozenSet[int], ...]]:
@@ -204,8 +215,10 @@ class BindingPlan:
     def summary(self) -> str:
         """One line: ``cpus=0-3 numa=0 threads=4 bind=cores`` (what the wrapper records in APPLIED_VAR)."""
         threads = self.env.get("OMP_NUM_THREADS") or self.kept.get("OMP_NUM_THREADS") or str(self.threads)
-        return (f"cpus={format_cpulist(self.cpus)} numa={','.join(map(str, self.numa_nodes)) or '?'} "
-                f"threads={threads} bind={self.mode}")
+        return (
+            f"cpus={format_cpulist(self.cpus)} numa={','.join(map(str, self.numa_nodes)) or '?'} "
+            f"threads={threads} bind={self.mode}"
+        )
 
 
 def _node_of(numa: Mapping[int, FrozenSet[int]]) -> Dict[int, int]:
@@ -216,11 +229,13 @@ def _take(pool: Sequence[int], slots: int, slot: int, per_slot: int) -> Tuple[Tu
     """Rank ``slot``'s block of ``pool`` (already in placement order), and a note when short."""
     m = len(pool)
     if m >= slots * per_slot:
-        return tuple(pool[slot * per_slot:(slot + 1) * per_slot]), ""
+        return tuple(pool[slot * per_slot : (slot + 1) * per_slot]), ""
     if m >= slots:  # fewer CPUs than asked: blocks that differ by at most one CPU
         lo, hi = slot * m // slots, (slot + 1) * m // slots
-        return tuple(pool[lo:hi]), (f"{m} CPUs for {slots} tasks × {per_slot} CPUs: each task gets "
-                                    f"{m // slots}{'-' + str(-(-m // slots)) if m % slots else ''}")
+        return tuple(pool[lo:hi]), (
+            f"{m} CPUs for {slots} tasks × {per_slot} CPUs: each task gets "
+            f"{m // slots}{'-' + str(-(-m // slots)) if m % slots else ''}"
+        )
     return (pool[slot % m],), f"oversubscribed: {slots} tasks share {m} CPUs (one CPU each, reused)"
 
 
@@ -304,42 +319,45 @@ def choose_cpus(
     if masks and masks[slot % len(masks)] & allowed_set:
         share = tuple(order(masks[slot % len(masks)] & allowed_set))
         source = f"srun --cpu-bind={kind}: entry {slot % len(masks)} of the task list"
-    elif not shared_pool and ((kind in _SLURM_BINDING_TYPES and not masks)
-                                 or (slots > 1 and len(pool) <= cpus_per_task)):
+    elif not shared_pool and (
+        (kind in _SLURM_BINDING_TYPES and not masks) or (slots > 1 and len(pool) <= cpus_per_task)
+    ):
         share = tuple(pool)
         source = "kept: Slurm already bound this task to its CPUs" + (f" (--cpu-bind={kind})" if kind != "none" else "")
     else:
         share, source = (), ""
         if gpu_numa_nodes is not None:
             known = len(gpu_numa_nodes) >= slots and all(
-                n in topo and topo[n] & allowed_set for n in gpu_numa_nodes[:slots])
+                n in topo and topo[n] & allowed_set for n in gpu_numa_nodes[:slots]
+            )
             if known:
                 gpu_node = int(gpu_numa_nodes[slot])
                 peers = [s for s in range(slots) if gpu_numa_nodes[s] == gpu_node]
                 sub = order(topo[gpu_node] & allowed_set)
                 share, note = _take(sub, len(peers), peers.index(slot), cpus_per_task)
-                source = (f"NUMA node {gpu_node} of this task's GPU: {len(sub)} CPUs divided among "
-                          f"{len(peers)} task(s)")
+                source = f"NUMA node {gpu_node} of this task's GPU: {len(sub)} CPUs divided among {len(peers)} task(s)"
                 if note:
                     notes.append(note)
             else:
-                notes.append("GPU NUMA nodes unknown (no /sys information for every task's GPU); "
-                             "CPUs divided without them")
+                notes.append(
+                    "GPU NUMA nodes unknown (no /sys information for every task's GPU); CPUs divided without them"
+                )
         if not share:
             nodes_in_pool = sorted({node_of.get(c, 0) for c in pool})
             m = len(pool)
             # Spread: slot k goes to the NUMA node under the middle of its even block of the
             # pool — when every node then still has cpus_per_task CPUs for each of its slots.
             mid = [node_of.get(pool[((2 * s + 1) * m) // (2 * slots)], 0) for s in range(slots)]
-            fits = all(mid.count(n) * cpus_per_task <= sum(1 for c in pool if node_of.get(c, 0) == n)
-                       for n in set(mid))
+            fits = all(mid.count(n) * cpus_per_task <= sum(1 for c in pool if node_of.get(c, 0) == n) for n in set(mid))
             if m > slots * cpus_per_task and len(nodes_in_pool) > 1 and fits:
                 node = mid[slot]
                 peers = [s for s in range(slots) if mid[s] == node]
                 sub = [c for c in pool if node_of.get(c, 0) == node]
                 share, note = _take(sub, len(peers), peers.index(slot), cpus_per_task)
-                source = (f"{m} allowed CPUs in NUMA nodes {','.join(map(str, nodes_in_pool))} for {slots} "
-                          f"task(s) × {cpus_per_task}: spread over the nodes, this task in node {node}")
+                source = (
+                    f"{m} allowed CPUs in NUMA nodes {','.join(map(str, nodes_in_pool))} for {slots} "
+                    f"task(s) × {cpus_per_task}: spread over the nodes, this task in node {node}"
+                )
             else:
                 share, note = _take(pool, slots, slot, cpus_per_task)
                 source = f"{m} allowed CPUs divided among {slots} task(s) × {cpus_per_task} CPUs (block)"
@@ -398,10 +416,13 @@ def plan_environment(
     if cpu_bind != "none":
         want["OMP_SCHEDULE"] = "STATIC"
         if not pin_threads:
-            want["KMP_AFFINITY" if openmp == "intel" else "OMP_PROC_BIND"] = \
+            want["KMP_AFFINITY" if openmp == "intel" else "OMP_PROC_BIND"] = (
                 "disabled" if openmp == "intel" else "false"
-            notes.append("OpenMP threads not pinned (DataLoader workers in use: a worker would inherit the "
-                         "main thread's single pinned CPU); they float within the task's CPUs")
+            )
+            notes.append(
+                "OpenMP threads not pinned (DataLoader workers in use: a worker would inherit the "
+                "main thread's single pinned CPU); they float within the task's CPUs"
+            )
         elif openmp == "gnu":
             want["OMP_PROC_BIND"] = "close"
             want["OMP_PLACES"] = omp_places(cpus)
@@ -435,7 +456,8 @@ def plan_environment(
         if not numactl:
             raise BindingError(
                 "environment.cpu_bind=numa needs numactl, which is not on PATH here: install it "
-                "(Debian/Ubuntu: apt-get install numactl; RHEL/Fedora/SUSE: the 'numactl' RPM) or use cpu_bind: cores")
+                "(Debian/Ubuntu: apt-get install numactl; RHEL/Fedora/SUSE: the 'numactl' RPM) or use cpu_bind: cores"
+            )
         nodes = ",".join(map(str, numa_nodes))
         prefix = (numactl, f"--cpunodebind={nodes}", f"--membind={nodes}")
     return EnvironmentPlan(env=env, kept=kept, preload=tuple(preload), prefix=prefix, notes=tuple(notes))
@@ -500,25 +522,56 @@ def plan_binding(
     for is missing from ``libraries`` (naming the package that provides it), or no CPU is
     allowed. Raises ``ValueError`` for an impossible slot or a bad mode.
     """
-    if cpu_bind not in ("none", "cores", "numa") or openmp not in ("gnu", "intel") or \
-            allocator not in ("system", "jemalloc", "tcmalloc"):
+    if (
+        cpu_bind not in ("none", "cores", "numa")
+        or openmp not in ("gnu", "intel")
+        or allocator not in ("system", "jemalloc", "tcmalloc")
+    ):
         raise ValueError(f"bad binding mode cpu_bind={cpu_bind!r} openmp={openmp!r} allocator={allocator!r}")
-    choice = choose_cpus(slot=slot, slots=slots, cpus_per_task=cpus_per_task, allowed=allowed, numa=numa,
-                         core_ids=core_ids, slurm_cpu_bind=slurm_cpu_bind, gpu_numa_nodes=gpu_numa_nodes,
-                         shared_pool=shared_pool)
+    choice = choose_cpus(
+        slot=slot,
+        slots=slots,
+        cpus_per_task=cpus_per_task,
+        allowed=allowed,
+        numa=numa,
+        core_ids=core_ids,
+        slurm_cpu_bind=slurm_cpu_bind,
+        gpu_numa_nodes=gpu_numa_nodes,
+        shared_pool=shared_pool,
+    )
     if cpu_bind == "cores":
         affinity: Optional[Tuple[int, ...]] = tuple(sorted(choice.cpus))
     elif cpu_bind == "numa":
         affinity = choice.numa_cpus
     else:
         affinity = None
-    envplan = plan_environment(cpus=choice.cpus, numa_nodes=choice.numa_nodes, cpu_bind=cpu_bind, openmp=openmp,
-                               allocator=allocator, override_env=override_env, environ=environ,
-                               libraries=libraries, numactl=numactl, pin_threads=pin_threads)
-    return BindingPlan(slot=slot, slots=slots, mode=cpu_bind, cpus=choice.cpus, affinity=affinity,
-                       numa_nodes=choice.numa_nodes, threads=len(choice.cpus), env=envplan.env, kept=envplan.kept,
-                       preload=envplan.preload, prefix=envplan.prefix, source=choice.source,
-                       notes=choice.notes + envplan.notes)
+    envplan = plan_environment(
+        cpus=choice.cpus,
+        numa_nodes=choice.numa_nodes,
+        cpu_bind=cpu_bind,
+        openmp=openmp,
+        allocator=allocator,
+        override_env=override_env,
+        environ=environ,
+        libraries=libraries,
+        numactl=numactl,
+        pin_threads=pin_threads,
+    )
+    return BindingPlan(
+        slot=slot,
+        slots=slots,
+        mode=cpu_bind,
+        cpus=choice.cpus,
+        affinity=affinity,
+        numa_nodes=choice.numa_nodes,
+        threads=len(choice.cpus),
+        env=envplan.env,
+        kept=envplan.kept,
+        preload=envplan.preload,
+        prefix=envplan.prefix,
+        source=choice.source,
+        notes=choice.notes + envplan.notes,
+    )
 
 
 def plan_for_task(
@@ -550,12 +603,24 @@ def plan_for_task(
     cpt = int(text) if text.isdigit() and int(text) > 0 else cfg.slurm.cpus_per_task
     e = cfg.environment
     return plan_binding(
-        cpu_bind=e.cpu_bind, openmp=e.openmp, allocator=e.allocator, override_env=e.override_env,
-        slot=slot, slots=slots, cpus_per_task=cpt, allowed=allowed, numa=numa, core_ids=core_ids,
+        cpu_bind=e.cpu_bind,
+        openmp=e.openmp,
+        allocator=e.allocator,
+        override_env=e.override_env,
+        slot=slot,
+        slots=slots,
+        cpus_per_task=cpt,
+        allowed=allowed,
+        numa=numa,
+        core_ids=core_ids,
         slurm_cpu_bind="" if local else environ.get("SLURM_CPU_BIND", ""),
         gpu_numa_nodes=None if local or not cfg.slurm.gpus_per_node else gpu_numa_nodes,
-        environ=environ, libraries=libraries, numactl=numactl, shared_pool=local,
-        pin_threads=cfg.train.num_workers == 0)
+        environ=environ,
+        libraries=libraries,
+        numactl=numactl,
+        shared_pool=local,
+        pin_threads=cfg.train.num_workers == 0,
+    )
 
 
 def needed_libraries(cfg: JobConfig) -> List[str]:
@@ -579,26 +644,34 @@ LIBRARIES: Mapping[str, LibrarySpec] = {
     "jemalloc": LibrarySpec(
         ("libjemalloc.so.2", "libjemalloc.so"),
         "Debian/Ubuntu: apt-get install libjemalloc2; RHEL/Fedora: dnf install jemalloc (EPEL); "
-        "conda: conda install jemalloc"),
+        "conda: conda install jemalloc",
+    ),
     "tcmalloc": LibrarySpec(
         ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so"),
         "Debian/Ubuntu: apt-get install libtcmalloc-minimal4; RHEL/Fedora: dnf install gperftools-libs; "
-        "conda: conda install gperftools"),
+        "conda: conda install gperftools",
+    ),
     "iomp5": LibrarySpec(
         ("libiomp5.so",),
         "pip install intel-openmp (into the ranks' environment; it lands in <prefix>/lib) or "
-        "conda install intel-openmp; Debian/Ubuntu non-free: apt-get install libiomp5"),
+        "conda install intel-openmp; Debian/Ubuntu non-free: apt-get install libiomp5",
+    ),
 }
 
 
 def missing_library_message(kind: str) -> str:
     """The one-line error for a library that ``locate_library`` could not find."""
     spec = LIBRARIES[kind]
-    what = {"jemalloc": "environment.allocator=jemalloc", "tcmalloc": "environment.allocator=tcmalloc",
-            "iomp5": "environment.openmp=intel"}[kind]
-    return (f"{what} needs {spec.sonames[0]}, which is not installed on {os.uname().nodename} "
-            f"(looked in `ldconfig -p` and the usual library directories). Install it — {spec.install} — "
-            f"or set {what.split('=')[0]} back to {'gnu' if kind == 'iomp5' else 'system'}")
+    what = {
+        "jemalloc": "environment.allocator=jemalloc",
+        "tcmalloc": "environment.allocator=tcmalloc",
+        "iomp5": "environment.openmp=intel",
+    }[kind]
+    return (
+        f"{what} needs {spec.sonames[0]}, which is not installed on {os.uname().nodename} "
+        f"(looked in `ldconfig -p` and the usual library directories). Install it — {spec.install} — "
+        f"or set {what.split('=')[0]} back to {'gnu' if kind == 'iomp5' else 'system'}"
+    )
 
 
 def default_library_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> List[str]:
@@ -612,8 +685,16 @@ def default_library_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -
     dirs += [os.path.join(prefix, "lib")]
     if environ.get("CONDA_PREFIX"):
         dirs.append(os.path.join(environ["CONDA_PREFIX"], "lib"))
-    dirs += [f"/usr/lib/{arch}", f"/lib/{arch}", "/usr/lib64", "/lib64", "/usr/local/lib", "/usr/lib", "/lib",
-             "/opt/intel/oneapi/compiler/latest/lib"]
+    dirs += [
+        f"/usr/lib/{arch}",
+        f"/lib/{arch}",
+        "/usr/lib64",
+        "/lib64",
+        "/usr/local/lib",
+        "/usr/lib",
+        "/lib",
+        "/opt/intel/oneapi/compiler/latest/lib",
+    ]
     return list(dict.fromkeys(dirs))
 
 
@@ -637,7 +718,7 @@ def locate_library(
         m = re.match(r"\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)", line)
         if m:
             entries.setdefault(m.group(1), []).append((m.group(2), m.group(3)))
-    want64 = sys.maxsize > 2 ** 32
+    want64 = sys.maxsize > 2**32
     for name in spec.sonames:
         found = entries.get(name, [])
         found = sorted(found, key=lambda e: ("64" in e[0]) != want64)
@@ -659,8 +740,9 @@ def ldconfig_cache(run: Callable[..., subprocess.CompletedProcess[str]] = subpro
     """
     import shutil
 
-    exe = shutil.which("ldconfig") or next((p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig")
-                                             if os.path.exists(p)), None)
+    exe = shutil.which("ldconfig") or next(
+        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
+    )
     if exe is None:
         return ""
     try:

@@ -30,8 +30,14 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("job", help="job YAML file")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
-                   help="override a config key (repeatable), e.g. --set slurm.nodes=2")
+    p.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="SECTION.KEY=VALUE",
+        help="override a config key (repeatable), e.g. --set slurm.nodes=2",
+    )
     p.add_argument("--run-dir", help="run directory (default: ./runs/<name>)")
 
 
@@ -46,14 +52,22 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("submit", help="submit a job (sbatch, submitit or local)")
     _add_job_args(p)
-    p.add_argument("--backend", choices=["auto", "sbatch", "submitit", "local"], default="auto",
-                   help="auto = sbatch when it is on PATH, else local")
+    p.add_argument(
+        "--backend",
+        choices=["auto", "sbatch", "submitit", "local"],
+        default="auto",
+        help="auto = sbatch when it is on PATH, else local",
+    )
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and do nothing else")
-    p.add_argument("--test-only", action="store_true",
-                   help="ask the real controller with 'sbatch --test-only' whether and when the job would start; "
-                        "submits nothing and writes no run directory")
-    p.add_argument("--no-check-task", action="store_true",
-                   help="do not import train.task (in a child process) before submitting")
+    p.add_argument(
+        "--test-only",
+        action="store_true",
+        help="ask the real controller with 'sbatch --test-only' whether and when the job would start; "
+        "submits nothing and writes no run directory",
+    )
+    p.add_argument(
+        "--no-check-task", action="store_true", help="do not import train.task (in a child process) before submitting"
+    )
 
     p = sub.add_parser("sandbox", help="a private Slurm cluster on this machine (root; for rehearsals and CI)")
     p.add_argument("action", choices=["up", "down", "status"])
@@ -64,10 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
 
-    p = sub.add_parser("env", help="what each rank gets: rank, node, rendezvous, CPUs, NUMA, OMP/KMP, LD_PRELOAD, signals")
+    p = sub.add_parser(
+        "env", help="what each rank gets: rank, node, rendezvous, CPUs, NUMA, OMP/KMP, LD_PRELOAD, signals"
+    )
     _add_job_args(p)
-    p.add_argument("--explain", action="store_true",
-                   help="every rank of a synthetic allocation (no cluster needed); without it: this SLURM task")
+    p.add_argument(
+        "--explain",
+        action="store_true",
+        help="every rank of a synthetic allocation (no cluster needed); without it: this SLURM task",
+    )
     p.add_argument("--nodelist", help="SLURM hostlist of the allocation, e.g. 'gpu[01-02]' (--explain)")
     p.add_argument("--job-id", default="12345", help="job id the port rule uses (--explain)")
     p.add_argument("--cpus-per-task", type=int, help="override slurm.cpus_per_task (--explain)")
@@ -89,8 +108,12 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("logs", help="a run's logs: one rank, or all ranks interleaved with a [rank N] prefix")
     p.add_argument("run", help=run_help)
     p.add_argument("--rank", type=int, metavar="N", help="only rank N's log")
-    p.add_argument("-f", "--follow", action="store_true",
-                   help="keep printing new lines (across requeues too) until the run ends, or Ctrl-C")
+    p.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="keep printing new lines (across requeues too) until the run ends, or Ctrl-C",
+    )
 
     p = sub.add_parser("cancel", help="scancel the run's current job (its ranks checkpoint first)")
     p.add_argument("run", help=run_help)
@@ -146,8 +169,9 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if not args.no_check_task:
         from .preflight import check_task_imports
 
-        check_task_imports(cfg, cwd_on_path=backend == "local",
-                           warn=lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr))
+        check_task_imports(
+            cfg, cwd_on_path=backend == "local", warn=lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
+        )
     if args.test_only:
         from .preflight import sbatch_test_only
 
@@ -169,19 +193,28 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .backends.local import schedule as local_schedule
     from .rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
 
-    print(f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
-          + (" (resuming)" if plan.resuming else ""), flush=True)
-    status = local_schedule(plan, echo=sys.stdout,
-                            say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True))
+    print(
+        f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
+        + (" (resuming)" if plan.resuming else ""),
+        flush=True,
+    )
+    status = local_schedule(
+        plan, echo=sys.stdout, say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True)
+    )
     rec = read_finished(plan.run_dir)
     if status == 0 and rec is not None:
         acc = rec.get("eval_accuracy")
-        print(f"slurm-ddp: finished at step {rec.get('step', '?')}"
-              + (f", eval accuracy {acc:.4f}" if acc is not None else "")
-              + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}")
+        print(
+            f"slurm-ddp: finished at step {rec.get('step', '?')}"
+            + (f", eval accuracy {acc:.4f}" if acc is not None else "")
+            + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}"
+        )
     elif status == PREEMPTED_EXIT_CODE:
-        print(f"slurm-ddp: stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {args.job} "
-              f"--backend local --run-dir {plan.run_dir}", file=sys.stderr)
+        print(
+            f"slurm-ddp: stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {args.job} "
+            f"--backend local --run-dir {plan.run_dir}",
+            file=sys.stderr,
+        )
     else:
         print(f"slurm-ddp: job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}", file=sys.stderr)
     return status
@@ -191,13 +224,16 @@ def _check_test_only(args: argparse.Namespace, backend: str) -> None:
     import shutil
 
     if args.dry_run:
-        raise UserError("--dry-run and --test-only: choose one (--dry-run prints the script; --test-only asks "
-                        "the controller)")
+        raise UserError(
+            "--dry-run and --test-only: choose one (--dry-run prints the script; --test-only asks the controller)"
+        )
     if args.backend not in ("auto", "sbatch"):
         raise UserError(f"--test-only checks an sbatch submission; it does not apply to --backend {args.backend}")
     if backend != "sbatch" or not shutil.which("sbatch"):
-        raise UserError("--test-only asks the Slurm controller through sbatch, which is not on PATH here; "
-                        "run it on a login node of the cluster (or use --dry-run)")
+        raise UserError(
+            "--test-only asks the Slurm controller through sbatch, which is not on PATH here; "
+            "run it on a login node of the cluster (or use --dry-run)"
+        )
 
 
 def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -231,20 +267,34 @@ def cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     cfg = _load(args)
     if args.explain:
-        sys.stdout.write(explain.explain_job(cfg, nodelist=args.nodelist, job_id=args.job_id,
-                                             cpus_per_task=args.cpus_per_task, numa_nodes=args.numa_nodes))
+        sys.stdout.write(
+            explain.explain_job(
+                cfg,
+                nodelist=args.nodelist,
+                job_id=args.job_id,
+                cpus_per_task=args.cpus_per_task,
+                numa_nodes=args.numa_nodes,
+            )
+        )
         return 0
     if not os.environ.get("SLURM_PROCID"):
-        raise UserError("not inside a SLURM task (SLURM_PROCID is not set): run it under srun, "
-                        f"or add --explain to see every rank without a cluster: slurm-ddp env {args.job} --explain")
+        raise UserError(
+            "not inside a SLURM task (SLURM_PROCID is not set): run it under srun, "
+            f"or add --explain to see every rank without a cluster: slurm-ddp env {args.job} --explain"
+        )
     from .launch import plan_here
 
     sys.stdout.write(explain.explain_task(cfg, os.environ, plan_here(cfg, os.environ)))
     return 0
 
 
-COMMANDS = {"render": cmd_render, "submit": cmd_submit, "sandbox": cmd_sandbox, "config-keys": cmd_config_keys,
-            "env": cmd_env}
+COMMANDS = {
+    "render": cmd_render,
+    "submit": cmd_submit,
+    "sandbox": cmd_sandbox,
+    "config-keys": cmd_config_keys,
+    "env": cmd_env,
+}
 
 
 # --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
@@ -295,8 +345,13 @@ def format_status(st: RunStatus) -> str:
     lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))
     if r.finished is not None:
         acc = r.finished.get("eval_accuracy")
-        lines.append(("finished", f"yes, at step {r.finished.get('step', '?')}"
-                      + (f", eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else "")))
+        lines.append(
+            (
+                "finished",
+                f"yes, at step {r.finished.get('step', '?')}"
+                + (f", eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else ""),
+            )
+        )
     else:
         lines.append(("finished", "no"))
     restarts = f"{r.restarts}"
@@ -399,8 +454,16 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
-COMMANDS.update({"runs": cmd_runs, "status": cmd_status, "logs": cmd_logs, "cancel": cmd_cancel,
-                 "requeue": cmd_requeue, "plot": cmd_plot})
+COMMANDS.update(
+    {
+        "runs": cmd_runs,
+        "status": cmd_status,
+        "logs": cmd_logs,
+        "cancel": cmd_cancel,
+        "requeue": cmd_requeue,
+        "plot": cmd_plot,
+    }
+)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -59,14 +59,25 @@ _TASK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 #: allocation against (nodes, tasks) or break the signal/requeue plan and the run
 #: directory's log layout. Aliases per sbatch(1) "OPTIONS".
 _MANAGED_FLAGS = {
-    "job-name": "name", "nodes": "slurm.nodes", "ntasks-per-node": "slurm.tasks_per_node",
-    "ntasks": "slurm.nodes and slurm.tasks_per_node", "cpus-per-task": "slurm.cpus_per_task",
-    "gpus-per-node": "slurm.gpus_per_node", "mem": "slurm.mem_gb", "time": "slurm.time",
-    "partition": "slurm.partition", "account": "slurm.account", "qos": "slurm.qos",
-    "constraint": "slurm.constraint", "exclusive": "slurm.exclusive",
-    "signal": "requeue.signal and requeue.signal_delay_s", "requeue": "requeue.max_requeues (always on)",
-    "no-requeue": "requeue.max_requeues: 0", "open-mode": "slurm_ddp (append, so logs survive requeues)",
-    "output": "slurm_ddp (RUN_DIR/logs)", "error": "slurm_ddp (RUN_DIR/logs)",
+    "job-name": "name",
+    "nodes": "slurm.nodes",
+    "ntasks-per-node": "slurm.tasks_per_node",
+    "ntasks": "slurm.nodes and slurm.tasks_per_node",
+    "cpus-per-task": "slurm.cpus_per_task",
+    "gpus-per-node": "slurm.gpus_per_node",
+    "mem": "slurm.mem_gb",
+    "time": "slurm.time",
+    "partition": "slurm.partition",
+    "account": "slurm.account",
+    "qos": "slurm.qos",
+    "constraint": "slurm.constraint",
+    "exclusive": "slurm.exclusive",
+    "signal": "requeue.signal and requeue.signal_delay_s",
+    "requeue": "requeue.max_requeues (always on)",
+    "no-requeue": "requeue.max_requeues: 0",
+    "open-mode": "slurm_ddp (append, so logs survive requeues)",
+    "output": "slurm_ddp (RUN_DIR/logs)",
+    "error": "slurm_ddp (RUN_DIR/logs)",
     "array": "one submission per run directory (submit each config with its own --run-dir)",
 }
 
@@ -215,19 +226,21 @@ class EnvironmentConfig:
     )
     cpu_bind: str = field(
         default="none",
-        metadata=_meta("pin each rank to its CPUs: none | cores | numa (numa also binds memory)",
-                       choices=("none", "cores", "numa")),
+        metadata=_meta(
+            "pin each rank to its CPUs: none | cores | numa (numa also binds memory)", choices=("none", "cores", "numa")
+        ),
     )
     openmp: str = field(
-        default="gnu", metadata=_meta("OpenMP runtime: gnu (libgomp) | intel (preload libiomp5)", choices=("gnu", "intel"))
+        default="gnu",
+        metadata=_meta("OpenMP runtime: gnu (libgomp) | intel (preload libiomp5)", choices=("gnu", "intel")),
     )
     allocator: str = field(
-        default="system", metadata=_meta("memory allocator: system | jemalloc | tcmalloc (LD_PRELOAD)",
-                                          choices=("system", "jemalloc", "tcmalloc"))
+        default="system",
+        metadata=_meta(
+            "memory allocator: system | jemalloc | tcmalloc (LD_PRELOAD)", choices=("system", "jemalloc", "tcmalloc")
+        ),
     )
-    override_env: bool = field(
-        default=False, metadata=_meta("overwrite OMP_*/KMP_* variables the user already set")
-    )
+    override_env: bool = field(default=False, metadata=_meta("overwrite OMP_*/KMP_* variables the user already set"))
 
 
 @dataclass(frozen=True)
@@ -253,8 +266,10 @@ class TrainConfig:
         default=1, metadata=_meta("micro-batches per optimizer step (no_sync on all but the last)", min=1)
     )
     sync_batchnorm: bool = field(default=False, metadata=_meta("convert BatchNorm to SyncBatchNorm"))
-    amp: str = field(default="none", metadata=_meta("autocast dtype: none | bf16 | fp16 (fp16 uses a GradScaler)",
-                                                    choices=("none", "bf16", "fp16")))
+    amp: str = field(
+        default="none",
+        metadata=_meta("autocast dtype: none | bf16 | fp16 (fp16 uses a GradScaler)", choices=("none", "bf16", "fp16")),
+    )
     channels_last: bool = field(default=False, metadata=_meta("model and 4-D inputs in channels_last memory format"))
     compile: bool = field(default=False, metadata=_meta("torch.compile the model (opt-in)"))
     clip_grad_norm: float = field(default=0.0, metadata=_meta("clip the gradient norm to this; 0 = off", min=0.0))
@@ -483,8 +498,12 @@ def _cross_checks(cfg: JobConfig) -> None:
         if not _SBATCH_FLAG.match(k):
             raise _bad(f"slurm.extra.{k}", k, "an sbatch long option name without dashes, e.g. mail-type")
         if k.replace("_", "-") in _MANAGED_FLAGS:
-            raise _bad(f"slurm.extra.{k}", k, "an sbatch option slurm_ddp does not set itself",
-                       f"--{k.replace('_', '-')} comes from {_MANAGED_FLAGS[k.replace('_', '-')]}")
+            raise _bad(
+                f"slurm.extra.{k}",
+                k,
+                "an sbatch option slurm_ddp does not set itself",
+                f"--{k.replace('_', '-')} comes from {_MANAGED_FLAGS[k.replace('_', '-')]}",
+            )
         if not isinstance(v, bool):
             problem = _check_sbatch_token(v)
             if problem:
@@ -506,9 +525,16 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
     if isinstance(data, Mapping) and isinstance(data.get("environment"), Mapping):
         env = data["environment"].get("env")
         if isinstance(env, Mapping):  # numbers in env values are written as strings
-            data = {**data, "environment": {**data["environment"], "env": {
-                k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v) for k, v in env.items()
-            }}}
+            data = {
+                **data,
+                "environment": {
+                    **data["environment"],
+                    "env": {
+                        k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                        for k, v in env.items()
+                    },
+                },
+            }
     cfg: JobConfig = _build(JobConfig, data, "")
     _cross_checks(cfg)
     if base_dir is not None:

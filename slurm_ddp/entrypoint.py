@@ -21,8 +21,14 @@ def one_line(text: str) -> str:
     return " ".join(line.strip() for line in str(text).splitlines() if line.strip())
 
 
-def run_main(prog: str, fn: Callable[[], int], *, where: Optional[Callable[[], str]] = None,
-             report_crash: bool = False, stderr: Optional[TextIO] = None) -> int:
+def run_main(
+    prog: str,
+    fn: Callable[[], int],
+    *,
+    where: Optional[Callable[[], str]] = None,
+    report_crash: bool = False,
+    stderr: Optional[TextIO] = None,
+) -> int:
     """Run ``fn`` and return its exit status; a ``SlurmDDPError`` becomes one stderr line.
 
     The line is ``PROG: error: [WHERE: ]MESSAGE`` (``where()``, e.g. ``rank 3 on gpu-002``, is

@@ -48,8 +48,10 @@ def _nodeset() -> Any:
         raise UserError(f"cannot import ClusterShell ({e}): pip install 'ClusterShell>=1.9'") from None
     except (configparser.Error, ValueError) as e:  # a broken defaults.conf, read at import
         text = " ".join(str(e).split())
-        raise UserError(f"cannot load ClusterShell's nodeset library: {type(e).__name__}: {text} "
-                        "(a ClusterShell config file, e.g. /etc/clustershell/defaults.conf, is malformed)") from None
+        raise UserError(
+            f"cannot load ClusterShell's nodeset library: {type(e).__name__}: {text} "
+            "(a ClusterShell config file, e.g. /etc/clustershell/defaults.conf, is malformed)"
+        ) from None
     return NodeSet
 
 
@@ -181,7 +183,9 @@ class DistEnv:
         node_rank = as_int("SLURM_NODEID", environ.get("SLURM_NODEID", "0"))
         nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
         hosts = expand_nodelist(nodelist) if nodelist else []
-        num_nodes = as_int("SLURM_NNODES", environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or str(len(hosts) or 1))
+        num_nodes = as_int(
+            "SLURM_NNODES", environ.get("SLURM_NNODES") or environ.get("SLURM_JOB_NUM_NODES") or str(len(hosts) or 1)
+        )
         # Inside a step, the step's layout wins over the allocation's (srun(1) sets both).
         tpn = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
         if tpn:

@@ -38,18 +38,22 @@ WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 def signal_plan(cfg: JobConfig) -> str:
     """One line: the signal, its delay before the time limit, and the requeue cap."""
     r = cfg.requeue
-    return (f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
-            f"forwarded to the ranks -> checkpoint at the next step boundary, exit {PREEMPTED_EXIT_CODE}, "
-            f"requeue at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
-            "SIGTERM (preemption, scancel): checkpoint, no requeue by the script")
+    return (
+        f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
+        f"forwarded to the ranks -> checkpoint at the next step boundary, exit {PREEMPTED_EXIT_CODE}, "
+        f"requeue at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
+        "SIGTERM (preemption, scancel): checkpoint, no requeue by the script"
+    )
 
 
 def rendezvous_rule(first_host: str, job_id: str) -> str:
     """How MASTER_ADDR/MASTER_PORT are chosen for a job whose first host is ``first_host``."""
-    return (f"MASTER_ADDR={first_host} (first host of the allocation; the batch shell and rank 0 run there); "
-            f"MASTER_PORT=first free port on {first_host} from {PORT_BASE} + job_id % {PORT_SPAN} = "
-            f"{fallback_port(job_id)} (probed by the batch script; without it every rank uses "
-            f"{fallback_port(job_id)}); MASTER_ADDR/MASTER_PORT set by the user win")
+    return (
+        f"MASTER_ADDR={first_host} (first host of the allocation; the batch shell and rank 0 run there); "
+        f"MASTER_PORT=first free port on {first_host} from {PORT_BASE} + job_id % {PORT_SPAN} = "
+        f"{fallback_port(job_id)} (probed by the batch script; without it every rank uses "
+        f"{fallback_port(job_id)}); MASTER_ADDR/MASTER_PORT set by the user win"
+    )
 
 
 def _libraries_here(cfg: JobConfig, environ: Mapping[str, str]) -> Dict[str, str]:
@@ -115,13 +119,16 @@ def explain_job(
         raise UserError(f"--cpus-per-task ({cpt}) and --numa-nodes ({numa_nodes}) must be at least 1")
     names = expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(s.nodes)]
     if len(names) != s.nodes:
-        raise UserError(f"--nodelist {nodelist!r} names {len(names)} host(s), but slurm.nodes={s.nodes}. "
-                        f"HINT: give {s.nodes} hosts, or --set slurm.nodes={len(names)}")
+        raise UserError(
+            f"--nodelist {nodelist!r} names {len(names)} host(s), but slurm.nodes={s.nodes}. "
+            f"HINT: give {s.nodes} hosts, or --set slurm.nodes={len(names)}"
+        )
     per_node = s.tasks_per_node * cpt
     if numa_nodes > per_node:
         raise UserError(f"--numa-nodes {numa_nodes} is more than the {per_node} CPUs of a node")
-    numa = {n: frozenset(range(n * per_node // numa_nodes, (n + 1) * per_node // numa_nodes))
-            for n in range(numa_nodes)}
+    numa = {
+        n: frozenset(range(n * per_node // numa_nodes, (n + 1) * per_node // numa_nodes)) for n in range(numa_nodes)
+    }
     libraries = _libraries_here(cfg, environ)
     numactl = shutil.which("numactl") or "numactl"
     e = cfg.environment
@@ -136,8 +143,14 @@ def explain_job(
     ]
     user = _user_environ(cfg, environ)
     for rank in range(s.world_size):
-        env = synthetic_slurm_env(rank=rank, nodes=s.nodes, tasks_per_node=s.tasks_per_node, job_id=job_id,
-                                  cpus_per_task=cpt, node_names=names)
+        env = synthetic_slurm_env(
+            rank=rank,
+            nodes=s.nodes,
+            tasks_per_node=s.tasks_per_node,
+            job_id=job_id,
+            cpus_per_task=cpt,
+            node_names=names,
+        )
         env.update(user)
         denv = DistEnv.from_slurm(env)
         plan = plan_for_task(cfg, env, allowed=range(per_node), numa=numa, libraries=libraries, numactl=numactl)
@@ -157,7 +170,9 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
         out.append("rendezvous: " + rendezvous_rule(first, denv.job_id))
     out.append("signals: " + signal_plan(cfg))
     if environ.get(APPLIED_VAR):
-        out.append(f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "
-                   "(its variables now count as set by the user)")
+        out.append(
+            f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "
+            "(its variables now count as set by the user)"
+        )
     out += rank_lines(denv, plan, list(WORKER))
     return "\n".join(out) + "\n"

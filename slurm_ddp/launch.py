@@ -40,7 +40,7 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
     cut = argv.index("--")
-    opts, cmd = argv[:cut], argv[cut + 1:]
+    opts, cmd = argv[:cut], argv[cut + 1 :]
     run_dir, dry = None, False
     i = 0
     while i < len(opts):
@@ -76,8 +76,16 @@ def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
             gpus = binding.read_gpu_numa_nodes(environ)
     libraries = binding.locate_libraries(binding.needed_libraries(cfg), environ)
     numactl = shutil.which("numactl", path=environ.get("PATH")) if e.cpu_bind == "numa" else None
-    return binding.plan_for_task(cfg, environ, allowed=allowed, numa=numa, core_ids=core_ids,
-                                 gpu_numa_nodes=gpus, libraries=libraries, numactl=numactl)
+    return binding.plan_for_task(
+        cfg,
+        environ,
+        allowed=allowed,
+        numa=numa,
+        core_ids=core_ids,
+        gpu_numa_nodes=gpus,
+        libraries=libraries,
+        numactl=numactl,
+    )
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -102,11 +110,23 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     env[APPLIED_VAR] = plan.summary()
     full = plan.command(cmd)
     if dry:
-        print(json.dumps({
-            "cpus": format_cpulist(plan.cpus), "affinity": None if plan.affinity is None else
-            format_cpulist(plan.affinity), "numa_nodes": list(plan.numa_nodes), "threads": plan.threads,
-            "env": dict(plan.env), "kept": dict(plan.kept), "preload": list(plan.preload),
-            "source": plan.source, "notes": list(plan.notes), "command": full}, indent=1))
+        print(
+            json.dumps(
+                {
+                    "cpus": format_cpulist(plan.cpus),
+                    "affinity": None if plan.affinity is None else format_cpulist(plan.affinity),
+                    "numa_nodes": list(plan.numa_nodes),
+                    "threads": plan.threads,
+                    "env": dict(plan.env),
+                    "kept": dict(plan.kept),
+                    "preload": list(plan.preload),
+                    "source": plan.source,
+                    "notes": list(plan.notes),
+                    "command": full,
+                },
+                indent=1,
+            )
+        )
         return 0
     for note in plan.notes:
         print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)

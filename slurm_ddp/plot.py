@@ -36,8 +36,7 @@ def _eval_key(events: List[Dict[str, Any]]) -> Optional[str]:
     return keys[0] if keys else None
 
 
-def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, None] = None, *,
-             dpi: int = 100) -> Path:
+def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, None] = None, *, dpi: int = 100) -> Path:
     """Write the PNG of ``run`` (a :class:`~slurm_ddp.ops.Run` or its directory) to ``out``
     (default ``RUN/metrics.png``); returns its path.
 
@@ -55,8 +54,10 @@ def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, Non
     train = run.events("train")
     evals = [m for m in run.metrics if m.get("event") in ("eval", "finished")]
     if not train and not evals:
-        raise UserError(f"run {run.name!r} has no train or eval metrics yet ({run.path / 'metrics.jsonl'}); "
-                        "plot again once it has logged a step")
+        raise UserError(
+            f"run {run.name!r} has no train or eval metrics yet ({run.path / 'metrics.jsonl'}); "
+            "plot again once it has logged a step"
+        )
     out_path = Path(out) if out is not None else run.path / DEFAULT_NAME
 
     fig = Figure(figsize=(8, 6), dpi=dpi)
@@ -80,10 +81,22 @@ def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, Non
         if not isinstance(step, int):
             continue
         for ax in (ax_loss, ax_eval):
-            ax.axvline(step, color="tab:red", linestyle="--", linewidth=1,
-                       label="restart" if (i == 0 and ax is ax_loss) else None)
-        ax_loss.annotate(f"restart {m.get('restart', i + 1)}", xy=(step, 1), xycoords=("data", "axes fraction"),
-                         xytext=(3, -12), textcoords="offset points", color="tab:red", fontsize=8)
+            ax.axvline(
+                step,
+                color="tab:red",
+                linestyle="--",
+                linewidth=1,
+                label="restart" if (i == 0 and ax is ax_loss) else None,
+            )
+        ax_loss.annotate(
+            f"restart {m.get('restart', i + 1)}",
+            xy=(step, 1),
+            xycoords=("data", "axes fraction"),
+            xytext=(3, -12),
+            textcoords="offset points",
+            color="tab:red",
+            fontsize=8,
+        )
     for ax in (ax_loss, ax_eval):
         ax.grid(True, alpha=0.3)
     if ax_loss.get_legend_handles_labels()[0]:

@@ -82,8 +82,14 @@ def _python(cfg: JobConfig) -> str:
     return cfg.environment.python or sys.executable
 
 
-def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_path: bool = False,
-                       timeout_s: float = TIMEOUT_S, warn: Optional[Callable[[str], None]] = None) -> None:
+def check_task_imports(
+    cfg: JobConfig,
+    run: Runner = subprocess.run,
+    *,
+    cwd_on_path: bool = False,
+    timeout_s: float = TIMEOUT_S,
+    warn: Optional[Callable[[str], None]] = None,
+) -> None:
     """Import ``cfg.train.task`` in a child process of the job's interpreter.
 
     ``cwd_on_path``: the current directory is on the worker's ``sys.path`` (local backend: the
@@ -105,8 +111,9 @@ def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_p
     try:
         proc = run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
-        warn(f"not checking that train.task {tc.task!r} imports: the job's interpreter {python!r} is not on this "
-             "machine")
+        warn(
+            f"not checking that train.task {tc.task!r} imports: the job's interpreter {python!r} is not on this machine"
+        )
         return
     except subprocess.TimeoutExpired:
         warn(f"not checking that train.task {tc.task!r} imports: importing it took longer than {timeout_s:.0f} s")
@@ -118,19 +125,20 @@ def check_task_imports(cfg: JobConfig, run: Runner = subprocess.run, *, cwd_on_p
     for line in reversed((proc.stdout or "").splitlines()):
         if line.startswith(_MARK):
             try:
-                result = json.loads(line[len(_MARK):])
+                result = json.loads(line[len(_MARK) :])
             except ValueError:
                 result = None
             break
     if result is None:  # the child died before it could answer (a crash at import, os._exit, …)
         tail = ((proc.stderr or "").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
-        raise UserError(f"train.task {tc.task!r}: importing it with {python} failed: "
-                        f"{' '.join(tail.split())}{skip}")
+        raise UserError(f"train.task {tc.task!r}: importing it with {python} failed: {' '.join(tail.split())}{skip}")
     if result.get("error"):
         where = ""
         if result.get("kind") == "import":
-            where = (f" (searched train.pythonpath={list(tc.pythonpath)}; checked with {python}"
-                     f"{'' if python == sys.executable else ' on this machine'})")
+            where = (
+                f" (searched train.pythonpath={list(tc.pythonpath)}; checked with {python}"
+                f"{'' if python == sys.executable else ' on this machine'})"
+            )
         raise UserError(f"train.task {tc.task!r}: {result['error']}{where}{skip}")
 
 
@@ -156,9 +164,11 @@ def sbatch_test_only(plan: SubmitPlan, run: Runner = subprocess.run, *, timeout_
             raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
         except subprocess.TimeoutExpired:
             raise ClusterError(f"sbatch --test-only did not answer within {timeout_s:.0f} s") from None
-    lines = [" ".join(ln.split()) for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines()
-             if ln.strip()]
+    lines = [
+        " ".join(ln.split()) for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines() if ln.strip()
+    ]
     if proc.returncode != 0:
-        raise ClusterError(f"sbatch --test-only refused the job (exit {proc.returncode}): "
-                           f"{'; '.join(lines) or 'no message'}")
+        raise ClusterError(
+            f"sbatch --test-only refused the job (exit {proc.returncode}): {'; '.join(lines) or 'no message'}"
+        )
     return "; ".join(lines) or "no message"

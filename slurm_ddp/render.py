@@ -148,25 +148,29 @@ def render(
     run_dir = os.path.abspath(run_dir)
     flags = sbatch_flags(cfg, run_dir)
     output_in_script = any(f.startswith("--output=") for f in flags)
-    text = _env().get_template(TEMPLATE).render(
-        name=cfg.name,
-        version=version,
-        command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
-        config_hash=cfg.config_hash(),
-        sbatch_flags=flags,
-        output_in_script=output_in_script,
-        signal=cfg.requeue.signal_name,
-        signal_delay_s=cfg.requeue.signal_delay_s,
-        max_requeues=cfg.requeue.max_requeues,
-        preempted_exit_code=PREEMPTED_EXIT_CODE,
-        run_dir=run_dir,
-        python=python or cfg.environment.python or sys.executable,
-        env=sorted(cfg.environment.env.items()),
-        setup=list(cfg.environment.setup),
-        srun_flags=srun_flags(cfg),
-        logs_dir=LOGS_DIR,
-        rank_log=rank_log_name("%t"),
-        finished_name=FINISHED_NAME,
+    text = (
+        _env()
+        .get_template(TEMPLATE)
+        .render(
+            name=cfg.name,
+            version=version,
+            command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
+            config_hash=cfg.config_hash(),
+            sbatch_flags=flags,
+            output_in_script=output_in_script,
+            signal=cfg.requeue.signal_name,
+            signal_delay_s=cfg.requeue.signal_delay_s,
+            max_requeues=cfg.requeue.max_requeues,
+            preempted_exit_code=PREEMPTED_EXIT_CODE,
+            run_dir=run_dir,
+            python=python or cfg.environment.python or sys.executable,
+            env=sorted(cfg.environment.env.items()),
+            setup=list(cfg.environment.setup),
+            srun_flags=srun_flags(cfg),
+            logs_dir=LOGS_DIR,
+            rank_log=rank_log_name("%t"),
+            finished_name=FINISHED_NAME,
+        )
     )
     extra = () if output_in_script else (f"--output={run_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
     return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)

@@ -53,8 +53,10 @@ def choose(environ: Mapping[str, str]) -> Tuple[str, int]:
     port_text = environ.get("MASTER_PORT")
     if port_text:
         if not (port_text.isdigit() and 1 <= int(port_text) <= 65535):
-            raise ValueError(f"MASTER_PORT={port_text!r} is not a TCP port (1-65535); "
-                             "unset it to let slurm_ddp choose a free one, or set a number")
+            raise ValueError(
+                f"MASTER_PORT={port_text!r} is not a TCP port (1-65535); "
+                "unset it to let slurm_ddp choose a free one, or set a number"
+            )
         port = int(port_text)
     else:
         port = choose_port(environ.get("SLURM_JOB_ID", "0"))

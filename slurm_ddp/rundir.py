@@ -248,15 +248,15 @@ def decide_requeue(
     elif not preempted:
         pass
     elif got_term:
-        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing; "
-                     "Slurm requeues a preempted job itself")
+        notes.append(
+            "stopped by SIGTERM (preemption or scancel): not requeueing; Slurm requeues a preempted job itself"
+        )
     elif not can_requeue:
         notes.append("checkpoint saved, but scontrol is missing: cannot requeue")
     elif not job_id:
         notes.append("checkpoint saved, but SLURM_JOB_ID is not set: cannot requeue")
     elif restart_count >= max_requeues:
-        notes.append(f"checkpoint saved; max_requeues={max_requeues} reached (restart {restart_count}): "
-                     "not requeueing")
+        notes.append(f"checkpoint saved; max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
     else:
         requeue = True
         notes.append(f"checkpoint saved; requeueing (restart {restart_count + 1} of at most {max_requeues})")
@@ -355,13 +355,21 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         args = _parser().parse_args(args_list)
         try:
             decision = decide_requeue_here(
-                args.run_dir, exit_code=args.exit_code, max_requeues=args.max_requeues,
-                got_term=bool(args.got_term), can_requeue=bool(args.can_requeue), environ=env)
+                args.run_dir,
+                exit_code=args.exit_code,
+                max_requeues=args.max_requeues,
+                got_term=bool(args.got_term),
+                can_requeue=bool(args.can_requeue),
+                environ=env,
+            )
         except ValueError as e:
             raise UserError(str(e)) from None
         handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(logging.Formatter(
-            f"%(asctime)s slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: %(message)s", "%Y-%m-%dT%H:%M:%S"
+            )
+        )
         blog = logging.getLogger("slurm_ddp.batch")
         blog.handlers[:] = [handler]
         blog.propagate = False

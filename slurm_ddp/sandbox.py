@@ -372,9 +372,7 @@ class SlurmSandbox:
         }
 
     def _node_states(self, timeout: float = 10) -> Dict[str, str]:
-        out = self.run(
-            ["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=timeout
-        )
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=timeout)
         if out.returncode != 0:
             raise RuntimeError(out.stderr.strip())
         states: Dict[str, str] = {}

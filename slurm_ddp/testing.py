@@ -88,8 +88,9 @@ def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSan
         sandbox.down()
 
 
-def wait_for(pred: Callable[[], T], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "",
-             interval_s: float = 0.25) -> T:
+def wait_for(
+    pred: Callable[[], T], timeout_s: float, what: str, diag: Callable[[], str] = lambda: "", interval_s: float = 0.25
+) -> T:
     """Poll ``pred()`` every ``interval_s`` seconds until it returns a truthy value, and return it.
 
     Every wait on a cluster needs its own deadline: after ``timeout_s`` seconds this raises

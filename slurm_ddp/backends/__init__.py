@@ -46,7 +46,8 @@ class SubmitPlan:
     def describe(self) -> str:
         head = [
             f"# backend: {self.backend}",
-            f"# run directory: {self.run_dir}" + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
+            f"# run directory: {self.run_dir}"
+            + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
             f"# command: {shlex.join(self.command)}",
             f"# script ({self.script_path}):",
         ]
@@ -66,7 +67,9 @@ def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
     try:
         old = config_from_dict(read_yaml(existing))
     except ConfigError as e:
-        raise UserError(f"run directory {run_dir!r} holds an unreadable {CONFIG_NAME} ({e}); choose another --run-dir") from None
+        raise UserError(
+            f"run directory {run_dir!r} holds an unreadable {CONFIG_NAME} ({e}); choose another --run-dir"
+        ) from None
     if old.config_hash() != cfg.config_hash():
         changed = _changed_keys(old.to_dict(), cfg.to_dict())
         raise UserError(
@@ -102,8 +105,16 @@ def plan_submit(
     if backend == "sbatch":
         argv: Tuple[str, ...] = ("sbatch", "--parsable", *rendered.sbatch_args, os.path.join(run_dir, SCRIPT_NAME))
     elif backend == "local":
-        argv = ("slurm-ddp", "local launcher", f"{cfg.slurm.world_size} ranks", "python", "-m", "slurm_ddp.worker",
-                "--run-dir", run_dir)
+        argv = (
+            "slurm-ddp",
+            "local launcher",
+            f"{cfg.slurm.world_size} ranks",
+            "python",
+            "-m",
+            "slurm_ddp.worker",
+            "--run-dir",
+            run_dir,
+        )
     else:
         argv = ("submitit.SlurmExecutor", "python", "-m", "slurm_ddp.worker", "--run-dir", run_dir)
     return SubmitPlan(cfg=cfg, backend=backend, run_dir=run_dir, rendered=rendered, command=argv, resuming=resuming)
@@ -119,4 +130,3 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
     atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
     os.chmod(rd / SCRIPT_NAME, 0o755)
     return rd
-

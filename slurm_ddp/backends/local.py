@@ -36,24 +36,34 @@ from . import SubmitPlan, prepare_run_dir
 KILL_GRACE_S = 10.0
 
 
-def rank_environ(plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int,
-                 base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+def rank_environ(
+    plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int, base: Optional[Dict[str, str]] = None
+) -> Dict[str, str]:
     """The environment of ``rank``: ``base`` (default os.environ) without its SLURM_* variables,
     plus the config's ``environment.env`` and srun's task variables."""
     s = plan.cfg.slurm
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
     env.update(plan.cfg.environment.env)
-    env.update(synthetic_slurm_env(
-        rank=rank, nodes=s.nodes, tasks_per_node=s.tasks_per_node, job_id=job_id,
-        cpus_per_task=s.cpus_per_task, restart_count=restart,
-        node_names=[f"local{i}" for i in range(s.nodes)]))
-    env.update({
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(port),
-        "SLURM_DDP_RUN_DIR": plan.run_dir,
-        "SLURM_DDP_BACKEND": "local",
-        "PYTHONUNBUFFERED": "1",
-    })
+    env.update(
+        synthetic_slurm_env(
+            rank=rank,
+            nodes=s.nodes,
+            tasks_per_node=s.tasks_per_node,
+            job_id=job_id,
+            cpus_per_task=s.cpus_per_task,
+            restart_count=restart,
+            node_names=[f"local{i}" for i in range(s.nodes)],
+        )
+    )
+    env.update(
+        {
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(port),
+            "SLURM_DDP_RUN_DIR": plan.run_dir,
+            "SLURM_DDP_BACKEND": "local",
+            "PYTHONUNBUFFERED": "1",
+        }
+    )
     return env
 
 
@@ -119,8 +129,13 @@ class _Progress:
             return
         step, total = int(m.group(1)), int(m.group(2))
         if self.bar is None:
-            self.bar = make_bar(total=total, initial=step, file=self.echo, dynamic_ncols=True,
-                                bar_format="{l_bar}{bar}| step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]")
+            self.bar = make_bar(
+                total=total,
+                initial=step,
+                file=self.echo,
+                dynamic_ncols=True,
+                bar_format="{l_bar}{bar}| step {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]",
+            )
         bar = self.bar
         bar.update(step - bar.n)
         bar.set_postfix_str(f"loss {m.group(3)} {m.group(4)} steps/s", refresh=True)
@@ -149,8 +164,13 @@ class LocalJob:
     each, without a program prefix); either may be ``None`` to drop them.
     """
 
-    def __init__(self, plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None,
-                 say: Optional[Callable[[str], None]] = None):
+    def __init__(
+        self,
+        plan: SubmitPlan,
+        echo: Optional[IO[str]] = None,
+        python: Optional[str] = None,
+        say: Optional[Callable[[str], None]] = None,
+    ):
         self.plan = plan
         self.echo = echo
         self.say = say or (lambda message: None)
@@ -175,8 +195,10 @@ class LocalJob:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise UserError(f"run directory {self.plan.run_dir!r} is in use by another local launcher; wait for "
-                            "it to stop (or Ctrl-C it), or submit with another --run-dir") from None
+            raise UserError(
+                f"run directory {self.plan.run_dir!r} is in use by another local launcher; wait for "
+                "it to stop (or Ctrl-C it), or submit with another --run-dir"
+            ) from None
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
@@ -197,13 +219,31 @@ class LocalJob:
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
-            cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--",
-                   self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(rd)]
+            cmd = [
+                self.python,
+                "-m",
+                "slurm_ddp.launch",
+                "--run-dir",
+                str(rd),
+                "--",
+                self.python,
+                "-u",
+                "-m",
+                "slurm_ddp.worker",
+                "--run-dir",
+                str(rd),
+            ]
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
-            p = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
-            t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None),
-                                 daemon=True)
+            p = subprocess.Popen(
+                cmd,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+            t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None), daemon=True)
             t.start()
             self.procs.append(p)
             self.threads.append(t)
@@ -253,8 +293,10 @@ class LocalJob:
                     for rank, c in enumerate(codes):
                         if c is not None and c not in (0, PREEMPTED_EXIT_CODE):
                             failed = (rank, c)
-                            self.say(f"rank {rank} exited with status {c}; stopping the other ranks "
-                                     f"(see {Path(self.plan.run_dir) / LOGS_DIR / rank_log_name(rank)})")
+                            self.say(
+                                f"rank {rank} exited with status {c}; stopping the other ranks "
+                                f"(see {Path(self.plan.run_dir) / LOGS_DIR / rank_log_name(rank)})"
+                            )
                             self.send(signal.SIGTERM)
                             kill_at = time.monotonic() + KILL_GRACE_S
                             break
@@ -278,8 +320,12 @@ class LocalJob:
         return max(exit_codes) if exit_codes else 0
 
 
-def schedule(plan: SubmitPlan, echo: Optional[IO[str]] = None, python: Optional[str] = None,
-             say: Optional[Callable[[str], None]] = None) -> int:
+def schedule(
+    plan: SubmitPlan,
+    echo: Optional[IO[str]] = None,
+    python: Optional[str] = None,
+    say: Optional[Callable[[str], None]] = None,
+) -> int:
     """Run the job's ranks here and wait; returns the job's exit status.
 
     ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``).

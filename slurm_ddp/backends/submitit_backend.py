@@ -51,7 +51,8 @@ class SubmititWorker:
         if os.environ.get("SLURM_PROCID") == "0" and shutil.which("scontrol") is None:
             # Reported at start, not when a preemption arrives (the worker configured logging).
             logging.getLogger("slurm_ddp.worker").warning(
-                "scontrol is not on PATH: this job cannot requeue itself after SIGUSR2")
+                "scontrol is not on PATH: this job cannot requeue itself after SIGUSR2"
+            )
         return self.after_worker(main(self.run_dir))
 
     def after_worker(self, status: int, run: Callable[..., Any] = subprocess.run) -> int:
@@ -77,8 +78,9 @@ class SubmititWorker:
     def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
         """The requeue decision for this task's environment; submitit's tasks get no batch-shell
         SIGTERM, so a stop by SIGTERM is known from the marker's signal alone."""
-        return decide_requeue_here(self.run_dir, exit_code=status, max_requeues=self.max_requeues,
-                                   got_term=False, can_requeue=can_requeue)
+        return decide_requeue_here(
+            self.run_dir, exit_code=status, max_requeues=self.max_requeues, got_term=False, can_requeue=can_requeue
+        )
 
     def checkpoint(self, *args: Any, **kwargs: Any) -> None:  # pragma: no cover - documented refusal
         """Not used: slurm_ddp's flag replaces submitit's handler before training starts."""
@@ -108,11 +110,12 @@ def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
         "setup": [
             *plan.cfg.environment.setup,
             *[f"export {k}={_q(v)}" for k, v in sorted(plan.cfg.environment.env.items())],
-            f"read -r MASTER_ADDR MASTER_PORT <<< \"$({_q(python)} -m slurm_ddp.rendezvous)\"",
+            f'read -r MASTER_ADDR MASTER_PORT <<< "$({_q(python)} -m slurm_ddp.rendezvous)"',
             "export MASTER_ADDR MASTER_PORT",
         ],
-        "additional_parameters": {k: True if v is None else v for k, v in opts.items()
-                                  if k not in SUBMITIT_OWN_OPTIONS},
+        "additional_parameters": {
+            k: True if v is None else v for k, v in opts.items() if k not in SUBMITIT_OWN_OPTIONS
+        },
     }
     return params
 
@@ -139,8 +142,9 @@ def schedule(plan: SubmitPlan) -> str:
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
     py = plan.cfg.environment.python or sys.executable
     launcher = f"{_q(py)} -m slurm_ddp.launch --run-dir {_q(str(rd))} -- {_q(py)}"
-    executor = submitit.SlurmExecutor(folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues,
-                                      python=launcher)
+    executor = submitit.SlurmExecutor(
+        folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues, python=launcher
+    )
     executor.update_parameters(**executor_parameters(plan))
     try:
         job = executor.submit(SubmititWorker(str(rd), plan.cfg.requeue.max_requeues))

@@ -22,14 +22,26 @@ def _plain(t: Any) -> bool:
     """A dense tensor without lazy conjugate/negative bits, of torch's own Tensor type."""
     import torch
 
-    return (type(t) is torch.Tensor and t.layout == torch.strided and not t.is_quantized
-            and not t.is_conj() and not t.is_neg())
+    return (
+        type(t) is torch.Tensor
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+    )
 
 
 def _reusable(buf: Any, t: Any) -> bool:
     """Whether ``buf`` (a tensor of an earlier snapshot) can receive a copy of ``t`` in place."""
-    return (_plain(t) and _plain(buf) and buf.device.type == "cpu" and buf.dtype == t.dtype
-            and buf.shape == t.shape and buf.stride() == t.stride() and not buf.requires_grad)
+    return (
+        _plain(t)
+        and _plain(buf)
+        and buf.device.type == "cpu"
+        and buf.dtype == t.dtype
+        and buf.shape == t.shape
+        and buf.stride() == t.stride()
+        and not buf.requires_grad
+    )
 
 
 COPIERS = ("memmove", "torch")
@@ -154,8 +166,9 @@ class _Job:
 
     __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error", "like", "buffers")
 
-    def __init__(self, manager: Optional[CheckpointManager], state: Any, step: int, world_size: int, done: Any,
-                 like: Any = None):
+    def __init__(
+        self, manager: Optional[CheckpointManager], state: Any, step: int, world_size: int, done: Any, like: Any = None
+    ):
         self.manager, self.state, self.step, self.world_size, self.done = manager, state, step, world_size, done
         self.like = like
         self.buffers: Any = None
@@ -237,8 +250,9 @@ class AsyncCheckpointer:
 
     def _start_worker(self) -> None:
         if self._worker is None or not self._worker.is_alive():
-            self._worker = self._threading.Thread(target=_writer_loop, args=(self._jobs,),
-                                                  name="checkpoint-writer", daemon=True)
+            self._worker = self._threading.Thread(
+                target=_writer_loop, args=(self._jobs,), name="checkpoint-writer", daemon=True
+            )
             self._worker.start()
 
     def prepare(self, state: Dict[str, Any]) -> None:

@@ -113,7 +113,7 @@ class _HashingWriter:
             return n
         off = 0
         while off < n:
-            piece = mv[off:off + (_PIECE if self.size >= _HEAD else _BIG)]
+            piece = mv[off : off + (_PIECE if self.size >= _HEAD else _BIG)]
             self._f.write(piece)
             self.size += piece.nbytes
             off += piece.nbytes
@@ -136,8 +136,9 @@ class _HashingWriter:
 
         self._f.flush()
         self._in_kernel = self.size  # hashed inline so far
-        self._hasher = threading.Thread(target=self._hash_loop, args=(self._fd, self.size), name="checkpoint-hash",
-                                        daemon=True)
+        self._hasher = threading.Thread(
+            target=self._hash_loop, args=(self._fd, self.size), name="checkpoint-hash", daemon=True
+        )
         self._hasher.start()
         if _sync_file_range is False:
             _sync_file_range = _load_sync_file_range()

@@ -183,8 +183,12 @@ class CheckpointManager:
             problem = self.verify(info)
             if problem is None:
                 return info
-            log.warning("checkpoint of step %d in %s is invalid (%s); falling back to an older one",
-                        info.step, self.directory, problem)
+            log.warning(
+                "checkpoint of step %d in %s is invalid (%s); falling back to an older one",
+                info.step,
+                self.directory,
+                problem,
+            )
         return None
 
     def load(self, info: Optional[CheckpointInfo] = None, map_location: Any = "cpu") -> Optional[Dict[str, Any]]:

@@ -19,11 +19,14 @@ from .slurm import REQUEUED_STATES, Runner, call, last_line, query_jobs
 
 def _slurm_job_of(run: Run, verb: str) -> str:
     if not run.jobs or not run.latest_job_id:
-        raise UserError(f"run {str(run.path)!r} has no job id recorded in {JOBS_NAME}: nothing to {verb} "
-                        "(was it submitted?)")
+        raise UserError(
+            f"run {str(run.path)!r} has no job id recorded in {JOBS_NAME}: nothing to {verb} (was it submitted?)"
+        )
     if run.is_local:
-        raise UserError(f"run {str(run.path)!r} ran on the local backend: there is no Slurm job to {verb} "
-                        f"(its launcher is process {run.latest_job_id} on the machine that submitted it)")
+        raise UserError(
+            f"run {str(run.path)!r} ran on the local backend: there is no Slurm job to {verb} "
+            f"(its launcher is process {run.latest_job_id} on the machine that submitted it)"
+        )
     return run.latest_job_id
 
 
@@ -49,8 +52,10 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     if job is None and ans.controller_answered:
         raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}: it ended; nothing to cancel")
     _act(["scancel", jid], run_cmd)
-    return (f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
-            f"continue later with: slurm-ddp requeue {run.path}")
+    return (
+        f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
+        f"continue later with: slurm-ddp requeue {run.path}"
+    )
 
 
 def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
@@ -63,16 +68,23 @@ def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
     """
     jid = _slurm_job_of(run, "requeue")
     if run.finished is not None:
-        raise UserError(f"run {run.name!r} already finished ({FINISHED_NAME} in {run.path}); a requeued job would exit "
-                        "at once. Submit with another --run-dir to train again")
+        raise UserError(
+            f"run {run.name!r} already finished ({FINISHED_NAME} in {run.path}); a requeued job would exit "
+            "at once. Submit with another --run-dir to train again"
+        )
     ans = query_jobs([jid], run_cmd, detail=True)
     job = ans.jobs.get(jid)
     if job is not None and (job.state == "PENDING" or job.state in REQUEUED_STATES):
-        raise UserError(f"job {jid} of run {run.name!r} is {job.state}: it is already waiting to start; "
-                        "nothing to requeue")
+        raise UserError(
+            f"job {jid} of run {run.name!r} is {job.state}: it is already waiting to start; nothing to requeue"
+        )
     if job is None and ans.controller_answered:
-        raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}; to resume it, submit again: "
-                        f"slurm-ddp submit {run.path / CONFIG_NAME} --run-dir {run.path}")
+        raise UserError(
+            f"Slurm no longer knows job {jid} of run {run.name!r}; to resume it, submit again: "
+            f"slurm-ddp submit {run.path / CONFIG_NAME} --run-dir {run.path}"
+        )
     _act(["scontrol", "requeue", jid], run_cmd)
-    return (f"requeued job {jid} of run {run.name!r}: Slurm stops it (the ranks checkpoint) and starts it again; "
-            "it resumes from its newest checkpoint")
+    return (
+        f"requeued job {jid} of run {run.name!r}: Slurm stops it (the ranks checkpoint) and starts it again; "
+        "it resumes from its newest checkpoint"
+    )

@@ -82,8 +82,10 @@ def check_rank(run: Run, rank: int) -> None:
     """Raises ``UserError`` unless ``rank`` is one of the run's ranks."""
     if run.world_size:
         if not 0 <= rank < run.world_size:
-            raise UserError(f"--rank {rank}: run {run.name!r} has {run.world_size} rank"
-                            f"{'s' if run.world_size > 1 else ''} (0..{run.world_size - 1})")
+            raise UserError(
+                f"--rank {rank}: run {run.name!r} has {run.world_size} rank"
+                f"{'s' if run.world_size > 1 else ''} (0..{run.world_size - 1})"
+            )
         return
     known = sorted({int(s.label.split()[1]) for s in log_sources(run.path) if s.label.startswith("rank ")})
     if rank not in known:
@@ -126,8 +128,9 @@ class _Tail:
         return out
 
 
-def _emit(lines: List[Tuple[bytes, int, int, str]], tails: Sequence[_Tail], write: Callable[[str], Any],
-          prefix: bool) -> None:
+def _emit(
+    lines: List[Tuple[bytes, int, int, str]], tails: Sequence[_Tail], write: Callable[[str], Any], prefix: bool
+) -> None:
     # Ordered by timestamp; lines of one file keep their order (the sort is stable, and a
     # file's lines carry non-decreasing timestamps: undated lines inherit the one before).
     for _ts, seq, _, text in sorted(lines, key=lambda t: t[0]):
@@ -145,8 +148,10 @@ def show_logs(run: Run, rank: Optional[int], write: Callable[[str], Any]) -> int
     sources = log_sources(run.path, rank)
     if not sources:
         which = f"rank {rank}" if rank is not None else "any rank"
-        raise UserError(f"no log of {which} in {run.path / LOGS_DIR} yet (the job has not started?); "
-                        "wait for it with: slurm-ddp logs RUN -f")
+        raise UserError(
+            f"no log of {which} in {run.path / LOGS_DIR} yet (the job has not started?); "
+            "wait for it with: slurm-ddp logs RUN -f"
+        )
     tails = [_Tail(s, i) for i, s in enumerate(sources)]
     lines = [ln for t in tails for ln in t.read(final=True)]
     _emit(lines, tails, write, prefix=rank is None)

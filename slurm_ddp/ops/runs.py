@@ -95,8 +95,7 @@ class Run:
         if self.finished and any(k.startswith("eval_") and k != "eval_samples" for k in self.finished):
             return self.finished
         for m in reversed(self.metrics):
-            if m.get("event") in ("eval", "finished") and any(k.startswith("eval_") and k != "eval_samples"
-                                                             for k in m):
+            if m.get("event") in ("eval", "finished") and any(k.startswith("eval_") and k != "eval_samples" for k in m):
                 event: Dict[str, Any] = m
                 return event
         return None
@@ -115,7 +114,6 @@ class Run:
         return 0.0
 
 
-
 def is_run_dir(path: Path) -> bool:
     """True when ``path`` is a directory that ``slurm-ddp submit`` prepared."""
     return path.is_dir() and ((path / CONFIG_NAME).is_file() or (path / JOBS_NAME).is_file())
@@ -130,16 +128,19 @@ def resolve_run(arg: str, runs_dir: str = DEFAULT_RUNS_DIR) -> Path:
     if not p.exists() and os.sep not in arg and is_run_dir(Path(runs_dir) / arg):
         p = Path(runs_dir) / arg
     if not p.exists():
-        raise UserError(f"RUN {arg!r}: no such directory; give a run directory "
-                        f"(list them with: slurm-ddp runs {runs_dir})")
+        raise UserError(
+            f"RUN {arg!r}: no such directory; give a run directory (list them with: slurm-ddp runs {runs_dir})"
+        )
     if not p.is_dir():
-        raise UserError(f"RUN {arg!r} is a file, not a run directory; give the directory that holds "
-                        f"{CONFIG_NAME} and {JOBS_NAME}")
+        raise UserError(
+            f"RUN {arg!r} is a file, not a run directory; give the directory that holds {CONFIG_NAME} and {JOBS_NAME}"
+        )
     if not is_run_dir(p):
-        raise UserError(f"RUN {arg!r} is not a run directory (no {CONFIG_NAME} or {JOBS_NAME} in it); "
-                        f"list the runs under it with: slurm-ddp runs {arg}")
+        raise UserError(
+            f"RUN {arg!r} is not a run directory (no {CONFIG_NAME} or {JOBS_NAME} in it); "
+            f"list the runs under it with: slurm-ddp runs {arg}"
+        )
     return p.resolve()
-
 
 
 def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
@@ -165,7 +166,6 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     nodes, tasks = as_int(get("slurm", "nodes"), 1), as_int(get("slurm", "tasks_per_node"), 1)
     world = nodes * tasks if nodes and tasks else None
     return name, as_int(get("train", "max_steps"), None), world
-
 
 
 def read_run(path: Path) -> Run:
@@ -194,8 +194,10 @@ def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
     root = Path(base)
     if not root.is_dir():
         what = "no such directory" if not root.exists() else "not a directory"
-        raise UserError(f"runs {base!r}: {what}; give the directory that holds run directories "
-                        f"(default ./{DEFAULT_RUNS_DIR}, or the --run-dir parent you used)")
+        raise UserError(
+            f"runs {base!r}: {what}; give the directory that holds run directories "
+            f"(default ./{DEFAULT_RUNS_DIR}, or the --run-dir parent you used)"
+        )
     found: List[Path] = []
 
     def walk(d: Path, depth: int) -> None:
@@ -214,5 +216,3 @@ def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
     walk(root, 0)
     runs = [read_run(p) for p in found]
     return sorted(runs, key=lambda r: r.submitted_at, reverse=True)
-
-

@@ -19,10 +19,19 @@ Runner = Callable[..., subprocess.CompletedProcess[str]]
 
 #: Slurm job states after which nothing more happens to the job (squeue(1) "JOB STATE CODES").
 #: PREEMPTED is missing on purpose: with PreemptMode=REQUEUE the job starts again.
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
-    "REVOKED",
-})
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "REVOKED",
+    }
+)
 #: States of a job that is waiting to run again.
 REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "SPECIAL_EXIT"})
 
@@ -51,7 +60,9 @@ class SlurmJob:
         return is_final(self.state)
 
 
-def call(run: Runner, argv: Sequence[str], timeout: float = 30) -> Tuple[Optional[subprocess.CompletedProcess[str]], str]:
+def call(
+    run: Runner, argv: Sequence[str], timeout: float = 30
+) -> Tuple[Optional[subprocess.CompletedProcess[str]], str]:
     """Run a Slurm client command, output captured as text: (result, "") or (None, why it could
     not run: not on PATH, no answer within ``timeout`` seconds, another ``OSError``)."""
     try:
@@ -93,11 +104,15 @@ def scontrol_job(job_id: str, run: Runner = subprocess.run) -> Tuple[Optional[Sl
         if "JobState" not in fields:
             continue
         restarts = fields.get("Restarts", "")
-        return SlurmJob(job_id=fields.get("JobId", job_id), state=fields["JobState"],
-                        reason=_clean(fields.get("Reason", "")),
-                        restarts=int(restarts) if restarts.isdigit() else None,
-                        exit_code=fields.get("ExitCode", ""), nodes=_clean(fields.get("NodeList", "")),
-                        source="scontrol"), ""
+        return SlurmJob(
+            job_id=fields.get("JobId", job_id),
+            state=fields["JobState"],
+            reason=_clean(fields.get("Reason", "")),
+            restarts=int(restarts) if restarts.isdigit() else None,
+            exit_code=fields.get("ExitCode", ""),
+            nodes=_clean(fields.get("NodeList", "")),
+            source="scontrol",
+        ), ""
     return None, ""
 
 
@@ -105,8 +120,9 @@ def squeue_jobs(job_ids: Sequence[str], run: Runner = subprocess.run) -> Tuple[D
     """``squeue`` for ``job_ids`` in every state the controller still remembers."""
     if not job_ids:
         return {}, ""
-    proc, why = call(run, ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}",
-                            "--format=%i|%T|%r|%N"])
+    proc, why = call(
+        run, ["squeue", "--noheader", "--states=all", f"--jobs={','.join(job_ids)}", "--format=%i|%T|%r|%N"]
+    )
     if proc is None:
         return {}, why
     if proc.returncode != 0:
@@ -115,9 +131,13 @@ def squeue_jobs(job_ids: Sequence[str], run: Runner = subprocess.run) -> Tuple[D
     for line in (proc.stdout or "").splitlines():
         parts = line.strip().split("|")
         if len(parts) >= 2 and parts[0] in job_ids:
-            out[parts[0]] = SlurmJob(job_id=parts[0], state=parts[1].split()[0] if parts[1] else "?",
-                                     reason=_clean(parts[2]) if len(parts) > 2 else "",
-                                     nodes=_clean(parts[3]) if len(parts) > 3 else "", source="squeue")
+            out[parts[0]] = SlurmJob(
+                job_id=parts[0],
+                state=parts[1].split()[0] if parts[1] else "?",
+                reason=_clean(parts[2]) if len(parts) > 2 else "",
+                nodes=_clean(parts[3]) if len(parts) > 3 else "",
+                source="squeue",
+            )
     return out, ""
 
 
@@ -125,8 +145,17 @@ def sacct_jobs(job_ids: Sequence[str], run: Runner = subprocess.run) -> Tuple[Di
     """``sacct`` for jobs the controller forgot. Fails where accounting is off (the sandbox)."""
     if not job_ids:
         return {}, ""
-    proc, why = call(run, ["sacct", "--noheader", "--parsable2", "--allocations", f"--jobs={','.join(job_ids)}",
-                            "--format=JobID,State,ExitCode,NodeList"])
+    proc, why = call(
+        run,
+        [
+            "sacct",
+            "--noheader",
+            "--parsable2",
+            "--allocations",
+            f"--jobs={','.join(job_ids)}",
+            "--format=JobID,State,ExitCode,NodeList",
+        ],
+    )
     if proc is None:
         return {}, why
     if proc.returncode != 0:
@@ -135,9 +164,13 @@ def sacct_jobs(job_ids: Sequence[str], run: Runner = subprocess.run) -> Tuple[Di
     for line in (proc.stdout or "").splitlines():
         parts = line.strip().split("|")
         if len(parts) >= 2 and parts[0] in job_ids and parts[1]:
-            out[parts[0]] = SlurmJob(job_id=parts[0], state=parts[1].split()[0].rstrip("+"),
-                                     exit_code=parts[2] if len(parts) > 2 else "",
-                                     nodes=_clean(parts[3]) if len(parts) > 3 else "", source="sacct")
+            out[parts[0]] = SlurmJob(
+                job_id=parts[0],
+                state=parts[1].split()[0].rstrip("+"),
+                exit_code=parts[2] if len(parts) > 2 else "",
+                nodes=_clean(parts[3]) if len(parts) > 3 else "",
+                source="sacct",
+            )
     return out, ""
 
 

@@ -36,8 +36,9 @@ def _proc_start_time(pid: int) -> Optional[float]:
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
         ticks = int(stat.rsplit(")", 1)[1].split()[19])
-        btime = next(int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
-                     if line.startswith("btime "))
+        btime = next(
+            int(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime ")
+        )
         return btime + ticks / os.sysconf("SC_CLK_TCK")
     except (OSError, ValueError, IndexError, StopIteration):
         return None
@@ -119,13 +120,23 @@ class RunStatus:
     def to_dict(self) -> Dict[str, Any]:
         r = self.run
         return {
-            "run_dir": str(r.path), "name": r.name, "backend": r.backend, "job_ids": r.job_ids,
-            "job_id": r.latest_job_id, "state": self.state, "final": self.final, "source": self.source,
+            "run_dir": str(r.path),
+            "name": r.name,
+            "backend": r.backend,
+            "job_ids": r.job_ids,
+            "job_id": r.latest_job_id,
+            "state": self.state,
+            "final": self.final,
+            "source": self.source,
             "slurm": None if self.slurm is None else self.slurm.__dict__,
-            "step": r.step, "max_steps": r.max_steps, "last_checkpoint_step": r.last_checkpoint,
-            "finished": r.finished is not None, "restarts": r.restarts,
+            "step": r.step,
+            "max_steps": r.max_steps,
+            "last_checkpoint_step": r.last_checkpoint,
+            "finished": r.finished is not None,
+            "restarts": r.restarts,
             "slurm_restarts": None if self.slurm is None else self.slurm.restarts,
-            "last_eval": r.last_eval, "notes": self.notes,
+            "last_eval": r.last_eval,
+            "notes": self.notes,
         }
 
 
@@ -136,11 +147,19 @@ def _local_status(run: Run) -> RunStatus:
     if local_launcher_alive(run.jobs[-1], run.path):
         return RunStatus(run, "RUNNING", False, src, notes=[f"launcher pid {run.latest_job_id} runs on this machine"])
     if run.preempted is not None and run.preempted.job_id == run.latest_job_id:
-        return RunStatus(run, "PREEMPTED", True, src, notes=[
-            f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; "
-            "submit it again with the same --run-dir to resume"])
-    return RunStatus(run, "STOPPED", True, src, notes=[
-        "the local launcher is gone and the run did not finish; see its logs"])
+        return RunStatus(
+            run,
+            "PREEMPTED",
+            True,
+            src,
+            notes=[
+                f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; "
+                "submit it again with the same --run-dir to resume"
+            ],
+        )
+    return RunStatus(
+        run, "STOPPED", True, src, notes=["the local launcher is gone and the run did not finish; see its logs"]
+    )
 
 
 def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
@@ -152,18 +171,22 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         st = RunStatus(run, job.state, job.final, f"slurm ({job.source})", slurm=job, notes=notes)
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
             step = run.preempted.step if run.preempted else run.last_checkpoint
-            st.notes.append(f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption (checkpoint of step {step}) and not "
-                            f"requeued; continue with: slurm-ddp requeue {run.path}")
+            st.notes.append(
+                f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption (checkpoint of step {step}) and not "
+                f"requeued; continue with: slurm-ddp requeue {run.path}"
+            )
         return st
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago
         notes = [f"Slurm no longer knows job {jid}"] + notes
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes)
-        return RunStatus(run, "ENDED", True, "run directory", notes=notes + [
-            f"the run did not finish (last step {run.step})"])
+        return RunStatus(
+            run, "ENDED", True, "run directory", notes=notes + [f"the run did not finish (last step {run.step})"]
+        )
     state = "COMPLETED" if run.finished is not None else "UNKNOWN"
-    return RunStatus(run, state, run.finished is not None, "run directory",
-                     notes=[f"cannot ask Slurm about job {jid}"] + notes)
+    return RunStatus(
+        run, state, run.finished is not None, "run directory", notes=[f"cannot ask Slurm about job {jid}"] + notes
+    )
 
 
 def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
@@ -190,15 +213,22 @@ def refuse_active_run(run_dir: Path, run_cmd: Runner = subprocess.run) -> Option
         return None
     st = run_status(run, run_cmd)
     if st.state == "UNKNOWN":
-        return (f"could not ask Slurm whether job {run.latest_job_id} of {run_dir} still runs "
-                f"({'; '.join(st.notes)}); submitting anyway")
+        return (
+            f"could not ask Slurm whether job {run.latest_job_id} of {run_dir} still runs "
+            f"({'; '.join(st.notes)}); submitting anyway"
+        )
     if st.final:
         return None
-    how = ("wait for it to stop, or stop it with Ctrl-C / kill -USR2 " + str(run.latest_job_id)
-           if run.is_local else f"wait for it, or cancel it first: slurm-ddp cancel {run_dir}")
-    raise UserError(f"run directory {str(run_dir)!r} already has job {run.latest_job_id} in state "
-                    f"{st.state}; a second job would write the same checkpoints. HINT: {how}, "
-                    "or submit with another --run-dir")
+    how = (
+        "wait for it to stop, or stop it with Ctrl-C / kill -USR2 " + str(run.latest_job_id)
+        if run.is_local
+        else f"wait for it, or cancel it first: slurm-ddp cancel {run_dir}"
+    )
+    raise UserError(
+        f"run directory {str(run_dir)!r} already has job {run.latest_job_id} in state "
+        f"{st.state}; a second job would write the same checkpoints. HINT: {how}, "
+        "or submit with another --run-dir"
+    )
 
 
 def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[RunStatus]:

@@ -55,13 +55,20 @@ def require_executable(*names: str, why: str = "") -> str:
     missing_prerequisite(f"none of {', '.join(names)} is on PATH" + (f": {why}" if why else ""))
 
 
-def wait_process(proc: subprocess.Popen[Any], pred: Callable[[], T], timeout_s: float, what: str,
-                 diag: Callable[[], str] | None = None, interval_s: float = 0.05) -> T:
+def wait_process(
+    proc: subprocess.Popen[Any],
+    pred: Callable[[], T],
+    timeout_s: float,
+    what: str,
+    diag: Callable[[], str] | None = None,
+    interval_s: float = 0.05,
+) -> T:
     """``wait_for(pred)``, but fail at once if ``proc`` exits before ``pred()`` holds.
 
     The error names ``what``, the exit status and ``diag()`` (default: nothing more; a caller whose
     process writes to a pipe passes a ``diag`` that reads it once the process is gone).
     """
+
     def ready() -> T | None:
         value = pred()
         if value:

@@ -67,17 +67,27 @@ def requeued(stubs: Path, job_id: str = JOB_ID) -> bool:
     return True
 
 
-def run_script(script: str, tmp_path: Path, stubs: Path, restart_count: int = 0,
-               env_extra: Optional[dict] = None, **popen: Any) -> Any:
+def run_script(
+    script: str, tmp_path: Path, stubs: Path, restart_count: int = 0, env_extra: Optional[dict] = None, **popen: Any
+) -> Any:
     """Run ``script`` with bash as job ``JOB_ID``; a ``CompletedProcess`` (bytes), or a ``Popen``
     with ``background=True``."""
     path = tmp_path / "job.sbatch"
     path.write_text(script)
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MASTER_ADDR", "MASTER_PORT", "HOSTILE_VALUE") and not k.startswith("SLURM_")}
-    env.update(PATH=str(stubs / "bin"), SLURM_JOB_ID=JOB_ID, SLURM_JOB_NODELIST="node[1-2]",
-               SLURM_RESTART_COUNT=str(restart_count), **(env_extra or {}))
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("MASTER_ADDR", "MASTER_PORT", "HOSTILE_VALUE") and not k.startswith("SLURM_")
+    }
+    env.update(
+        PATH=str(stubs / "bin"),
+        SLURM_JOB_ID=JOB_ID,
+        SLURM_JOB_NODELIST="node[1-2]",
+        SLURM_RESTART_COUNT=str(restart_count),
+        **(env_extra or {}),
+    )
     if popen.pop("background", False):
-        return subprocess.Popen(["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, **popen)
+        return subprocess.Popen(
+            ["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen
+        )
     return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=120, **popen)

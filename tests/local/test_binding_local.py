@@ -44,7 +44,7 @@ json.dump({
 }, open(os.path.join(sys.argv[1], 'report-%s.json' % os.environ['SLURM_PROCID']), 'w'))
 """
 
-TASK = '''
+TASK = """
 import json, os
 import torch
 from torch.utils.data import TensorDataset
@@ -64,28 +64,33 @@ class ReportTask(Task):
         g = torch.Generator().manual_seed(0)
         x = torch.randn(64, 4, generator=g)
         return TensorDataset(x, (x[:, 0] > 0).long()), None
-'''
+"""
 
 
 def clean_environ() -> dict:
     """This process's environment without SLURM_/OMP_/KMP_ variables or LD_PRELOAD (the test
     runner's own values would count as user-set)."""
-    return {k: v for k, v in os.environ.items()
-            if not k.startswith(("SLURM_", "OMP_", "KMP_")) and k != "LD_PRELOAD"}
+    return {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "KMP_")) and k != "LD_PRELOAD"}
 
 
 def expected_plan(cfg, env):
     allowed = os.sched_getaffinity(0)
     return binding.plan_for_task(
-        cfg, env, allowed=allowed, numa=binding.read_numa_nodes(), core_ids=binding.read_core_ids(allowed),
+        cfg,
+        env,
+        allowed=allowed,
+        numa=binding.read_numa_nodes(),
+        core_ids=binding.read_core_ids(allowed),
         libraries=binding.locate_libraries(binding.needed_libraries(cfg), env),
-        numactl=shutil.which("numactl"))
+        numactl=shutil.which("numactl"),
+    )
 
 
 def make_run_dir(tmp_path: Path, *sets: str) -> Path:
     job = tmp_path / "job.yaml"
-    job.write_text("name: bind\nslurm: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1}\n"
-                   "train: {task: 'report_task:ReportTask'}\n")
+    job.write_text(
+        "name: bind\nslurm: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1}\ntrain: {task: 'report_task:ReportTask'}\n"
+    )
     rd = tmp_path / "run"
     rd.mkdir()
     (rd / "config.yaml").write_text(dump_config(load_config(job, list(sets))))
@@ -101,9 +106,30 @@ def run_ranks(rd: Path, ranks, extra_env: dict = None) -> list:
         env.update(synthetic_slurm_env(rank=rank, nodes=1, tasks_per_node=2, cpus_per_task=1))
         env["SLURM_DDP_BACKEND"] = "local"
         env.update(extra_env or {})
-        procs.append((rank, env, subprocess.Popen(
-            [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", sys.executable, "-c", REPORT,
-             str(rd)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)))
+        procs.append(
+            (
+                rank,
+                env,
+                subprocess.Popen(
+                    [
+                        sys.executable,
+                        "-m",
+                        "slurm_ddp.launch",
+                        "--run-dir",
+                        str(rd),
+                        "--",
+                        sys.executable,
+                        "-c",
+                        REPORT,
+                        str(rd),
+                    ],
+                    env=env,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    text=True,
+                ),
+            )
+        )
     out = []
     for rank, env, p in procs:
         _, err = p.communicate(timeout=120)
@@ -125,12 +151,19 @@ def test_local_backend_ranks_get_the_planned_threads_affinity_and_jemalloc(tmp_p
         "slurm: {nodes: 1, tasks_per_node: 2, cpus_per_task: 1}\n"
         "environment: {cpu_bind: cores, allocator: jemalloc}\n"
         "train: {task: 'report_task:ReportTask', max_steps: 2, batch_size: 4, log_every: 1}\n"
-        "checkpoint: {every_steps: 0}\n")
+        "checkpoint: {every_steps: 0}\n"
+    )
     rd = tmp_path / "run"
-    res = subprocess.run([sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "local",
-                          "--run-dir", str(rd)], env=clean_environ(), capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr + "".join(
-        p.read_text() for p in (rd / "logs").glob("rank-*.log"))
+    res = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "local", "--run-dir", str(rd)],
+        env=clean_environ(),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert res.returncode == 0, (
+        res.stdout + res.stderr + "".join(p.read_text() for p in (rd / "logs").glob("rank-*.log"))
+    )
     cfg = load_config(rd / "config.yaml")
     for rank in (0, 1):
         report = json.loads((rd / f"report-{rank}.json").read_text())
@@ -199,8 +232,13 @@ def test_wrapper_tcmalloc_when_installed(tmp_path: Path) -> None:
         rd = make_run_dir(tmp_path, "environment.allocator=tcmalloc")
         env = clean_environ()
         env.update(synthetic_slurm_env(rank=0, nodes=1, tasks_per_node=2))
-        res = subprocess.run([sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", "true"],
-                             env=env, capture_output=True, text=True, timeout=60)
+        res = subprocess.run(
+            [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", "true"],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert res.returncode == 2 and "libtcmalloc-minimal4" in res.stderr and str(e) in res.stderr
         return
     rd = make_run_dir(tmp_path, "environment.allocator=tcmalloc")

@@ -63,11 +63,16 @@ def test_kill_minus_9_at_every_commit_step_and_spread_over_the_save(harness):
     assert len(points) >= 20
     outcomes = []
     for pt in points:
-        o = harness.kill_point(pt["sc"], kill_after=pt.get("kill_after"), kill_at_event=pt.get("kill_at_event"),
-                               event_names=pt.get("event_names"))
+        o = harness.kill_point(
+            pt["sc"],
+            kill_after=pt.get("kill_after"),
+            kill_at_event=pt.get("kill_at_event"),
+            event_names=pt.get("event_names"),
+        )
         outcomes.append(o)
-    report = "\n".join(f"{o.scenario} {o.how}: killed={o.killed} latest={o.found} problem={o.problem}"
-                       for o in outcomes)
+    report = "\n".join(
+        f"{o.scenario} {o.how}: killed={o.killed} latest={o.found} problem={o.problem}" for o in outcomes
+    )
     assert [o for o in outcomes if o.problem] == [], report
     assert sum(o.killed for o in outcomes) >= 20, report
     # the event kills land on both sides of the commit (the manifest's rename), deterministically
@@ -78,8 +83,10 @@ def test_kill_minus_9_at_every_commit_step_and_spread_over_the_save(harness):
     # fsync for both renames, then retention deletes the old checkpoint (manifest first, then data)
     _, events = harness.measure(SC["next-step"], reps=1)
     assert events == ["fsync", "replace", "fsync", "replace", "fsync", "unlink", "unlink"], events
-    print(f"\n{len(outcomes)} kill points ({sum(o.killed for o in outcomes)} mid-save), 0 invalid latest "
-          f"checkpoints, {time.monotonic() - t0:.1f} s")
+    print(
+        f"\n{len(outcomes)} kill points ({sum(o.killed for o in outcomes)} mid-save), 0 invalid latest "
+        f"checkpoints, {time.monotonic() - t0:.1f} s"
+    )
 
 
 def test_a_resave_of_the_same_step_never_overwrites_the_committed_data(harness, tmp_path):

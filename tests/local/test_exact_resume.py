@@ -123,8 +123,10 @@ def kill_between_checkpoints(run_dir: Path, step: int, after: int) -> int:
     try:
         while True:
             wait_step(proc, run_dir, step)
-            ranks = [int(p) for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True,
-                                                    text=True).stdout.split()]
+            ranks = [
+                int(p)
+                for p in subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout.split()
+            ]
             assert len(ranks) == 2, ranks
             for pid in ranks:
                 os.kill(pid, signal.SIGSTOP)

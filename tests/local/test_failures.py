@@ -46,8 +46,13 @@ def max_train_step(run_dir: Path) -> int:
 def wait_step(run_dir: Path, step: int, proc: subprocess.Popen, timeout_s: float = 180) -> None:
     """Wait until training logged ``step`` and the checkpoint of step 20 is committed (the async
     writer may still be writing it a few steps later), so that it is there to survive the failure."""
-    wait_process(proc, lambda: max_train_step(run_dir) >= step and (latest_checkpoint_step(run_dir) or 0) >= 20,
-                 timeout_s, f"step {step} and the checkpoint of step 20", lambda: proc.communicate()[1])
+    wait_process(
+        proc,
+        lambda: max_train_step(run_dir) >= step and (latest_checkpoint_step(run_dir) or 0) >= 20,
+        timeout_s,
+        f"step {step} and the checkpoint of step 20",
+        lambda: proc.communicate()[1],
+    )
 
 
 def rank_of(pid: int) -> int:
@@ -72,16 +77,19 @@ def test_killed_rank_ends_the_job_and_is_named(tmp_path: Path) -> None:
     print(f"TIMING rank death → every rank gone: {gone_s:.2f} s")
     assert proc.returncode not in (0, 75)
     assert "rank 1 exited with status -9" in err, err
-    assert all(not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text().lower()
-               for p in pids.values())
+    assert all(
+        not Path(f"/proc/{p}").exists() or "zombie" in Path(f"/proc/{p}/status").read_text().lower()
+        for p in pids.values()
+    )
     info = CheckpointManager(run_dir / "checkpoints").latest()
     assert info is not None and info.step >= 20
 
 
 def test_hung_rank_fails_peers_at_the_timeout_with_a_clear_message(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    proc = subprocess.Popen(cmd(run_dir, "train.pg_timeout_s=8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(
+        cmd(run_dir, "train.pg_timeout_s=8"), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     pids = {}
     try:
         wait_step(run_dir, 25, proc)
@@ -107,8 +115,12 @@ def test_hung_rank_fails_peers_at_the_timeout_with_a_clear_message(tmp_path: Pat
 
 def test_task_that_does_not_import_is_one_clear_line(tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
-    r = subprocess.run(cmd(run_dir, "train.task=no_such_module:Task", "train.max_steps=10"),
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        cmd(run_dir, "train.task=no_such_module:Task", "train.max_steps=10"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0
     text = r.stderr + (run_dir / "logs" / "rank-0.log").read_text() if (run_dir / "logs").exists() else r.stderr
     assert "no_such_module" in text and "train.task" in text, text

@@ -53,8 +53,13 @@ def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
     # First submit: stop it with SIGUSR2 once it passed the first periodic checkpoint, mid-interval.
     proc = subprocess.Popen(submit_cmd(run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        wait_process(proc, lambda: any(m.get("event") == "train" and m["step"] >= 50 for m in read_metrics(run_dir)),
-                     240, "step 50", lambda: proc.stdout.read())
+        wait_process(
+            proc,
+            lambda: any(m.get("event") == "train" and m["step"] >= 50 for m in read_metrics(run_dir)),
+            240,
+            "step 50",
+            lambda: proc.stdout.read(),
+        )
         proc.send_signal(signal.SIGUSR2)
         out, _ = proc.communicate(timeout=120)
     finally:
@@ -126,9 +131,12 @@ def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
         "        return super().build_datasets()\n"
     )
     cmd = submit_cmd(tmp_path / "run") + [
-        "--set", "train.task=bad_task:BadTask",
-        "--set", f"train.pythonpath=[{task_dir}, {JOB.parent}]",
-        "--set", "train.pg_timeout_s=60",
+        "--set",
+        "train.task=bad_task:BadTask",
+        "--set",
+        f"train.pythonpath=[{task_dir}, {JOB.parent}]",
+        "--set",
+        "train.pg_timeout_s=60",
     ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=180)
     assert res.returncode not in (0, PREEMPTED_EXIT_CODE)

@@ -40,12 +40,21 @@ SMALL = ["train.eval_every=0", "train.batch_size=16", "train.args.width=8"]
 
 
 def submit(run_dir: Path, sets: List[str], timeout: float = 240, env: dict = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "local", "--run-dir", str(run_dir),
-           "--no-check-task"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "slurm_ddp",
+        "submit",
+        str(JOB),
+        "--backend",
+        "local",
+        "--run-dir",
+        str(run_dir),
+        "--no-check-task",
+    ]
     for s in sets:
         cmd += ["--set", s]
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})})
 
 
 def free_port() -> int:
@@ -56,13 +65,25 @@ def free_port() -> int:
 
 # --------------------------------------------------------------------------- in-process ranks
 
+
 def _init(rank: int, port: int) -> torch.device:
     from slurm_ddp.env import DistEnv
     from slurm_ddp.worker.runtime import init_distributed
 
     torch.set_num_threads(1)
-    denv = DistEnv(rank=rank, local_rank=rank, world_size=2, node_rank=0, num_nodes=1, local_world_size=2,
-                   master_addr="127.0.0.1", master_port=port, job_id="test", hostname="", restart_count=0)
+    denv = DistEnv(
+        rank=rank,
+        local_rank=rank,
+        world_size=2,
+        node_rank=0,
+        num_nodes=1,
+        local_world_size=2,
+        master_addr="127.0.0.1",
+        master_port=port,
+        job_id="test",
+        hostname="",
+        restart_count=0,
+    )
     return init_distributed(denv, "gloo", timeout_s=60)
 
 
@@ -91,6 +112,7 @@ def _accum_rank(rank: int, port: int, out_dir: str) -> None:
         # a tiny bucket cap: one bucket per parameter, so "once per bucket" means something
         ddp = DDP(model, bucket_cap_mb=0.0001, gradient_as_bucket_view=True)
         if hook_calls is not None:
+
             def counting_allreduce(state, bucket):
                 hook_calls.append(bucket.index())
                 return default_hooks.allreduce_hook(state, bucket)
@@ -106,15 +128,17 @@ def _accum_rank(rank: int, port: int, out_dir: str) -> None:
     for _ in range(steps):
         x = torch.randn(accum * micro, 1, 8, 8, generator=gen)
         y = torch.randint(0, 10, (accum * micro,), generator=gen)
-        micro_batches = [(x[i * micro:(i + 1) * micro], y[i * micro:(i + 1) * micro]) for i in range(accum)]
+        micro_batches = [(x[i * micro : (i + 1) * micro], y[i * micro : (i + 1) * micro]) for i in range(accum)]
         calls.clear()
         optimizer_step(ddp_acc, micro_batches, F.cross_entropy, opt_acc, device=device, clip_grad_norm=0.5)
         per_step.append(list(calls))
         optimizer_step(ddp_ref, [(x, y)], F.cross_entropy, opt_ref, device=device, clip_grad_norm=0.5)
-    max_diff = max(float((a.detach() - b.detach()).abs().max())
-                   for a, b in zip(model_acc.parameters(), model_ref.parameters()))
-    close = all(torch.allclose(a, b, rtol=1e-5, atol=1e-6)
-                for a, b in zip(model_acc.parameters(), model_ref.parameters()))
+    max_diff = max(
+        float((a.detach() - b.detach()).abs().max()) for a, b in zip(model_acc.parameters(), model_ref.parameters())
+    )
+    close = all(
+        torch.allclose(a, b, rtol=1e-5, atol=1e-6) for a, b in zip(model_acc.parameters(), model_ref.parameters())
+    )
 
     # Negative control: the same accumulation without no_sync all-reduces at every backward.
     naive_calls: List[int] = []
@@ -137,11 +161,19 @@ def _accum_rank(rank: int, port: int, out_dir: str) -> None:
     gloo_threads_before = _gloo_threads()
     del ddp_acc, ddp_ref, ddp_naive
     shutdown_distributed()
-    Path(out_dir, f"rank-{rank}.json").write_text(json.dumps({
-        "per_step": per_step, "naive": naive_calls, "allclose": close, "max_diff": max_diff,
-        "ranks_equal": ranks_equal, "gloo_threads_before": gloo_threads_before,
-        "gloo_threads_after": _gloo_threads(),
-    }))
+    Path(out_dir, f"rank-{rank}.json").write_text(
+        json.dumps(
+            {
+                "per_step": per_step,
+                "naive": naive_calls,
+                "allclose": close,
+                "max_diff": max_diff,
+                "ranks_equal": ranks_equal,
+                "gloo_threads_before": gloo_threads_before,
+                "gloo_threads_after": _gloo_threads(),
+            }
+        )
+    )
 
 
 def _agreement_rank(rank: int, port: int, out_dir: str) -> None:
@@ -179,7 +211,8 @@ def test_accumulation_all_reduces_once_per_step_and_equals_the_big_batch(tmp_pat
         for step, calls in enumerate(r["per_step"]):
             buckets = sorted(set(calls))
             assert calls and sorted(calls) == buckets == list(range(len(buckets))), (
-                f"rank {rank} step {step}: hook calls per bucket {calls} (expected each bucket once)")
+                f"rank {rank} step {step}: hook calls per bucket {calls} (expected each bucket once)"
+            )
         assert max(len(c) for c in r["per_step"]) > 1, "the test needs several buckets"
         # without no_sync each of the 4 backward passes all-reduces every bucket
         assert len(r["naive"]) == 4 * len(set(r["naive"])), r["naive"]
@@ -187,7 +220,8 @@ def test_accumulation_all_reduces_once_per_step_and_equals_the_big_batch(tmp_pat
         assert r["ranks_equal"]
         assert r["gloo_threads_before"] > 0, "the thread count cannot see gloo's threads"
         assert r["gloo_threads_after"] == 0, (
-            f"rank {rank}: {r['gloo_threads_after']} gloo threads outlive shutdown_distributed()")
+            f"rank {rank}: {r['gloo_threads_after']} gloo threads outlive shutdown_distributed()"
+        )
 
 
 def test_step_agreement_stops_every_rank_after_the_same_step(tmp_path: Path) -> None:
@@ -199,6 +233,7 @@ def test_step_agreement_stops_every_rank_after_the_same_step(tmp_path: Path) -> 
 
 # --------------------------------------------------------------------------- local-backend runs
 
+
 def _trace_files(run_dir: Path) -> List[Path]:
     return sorted((run_dir / "profile").glob("*.pt.trace.json"))
 
@@ -206,10 +241,18 @@ def _trace_files(run_dir: Path) -> List[Path]:
 def test_many_switches_at_once_train_and_profile(tmp_path: Path) -> None:
     run = tmp_path / "run"
     sets = SMALL + [
-        "train.max_steps=8", "train.log_every=4", "train.grad_accum_steps=2", "train.amp=bf16",
-        "train.channels_last=true", "train.clip_grad_norm=1.0", "train.num_workers=2",
-        "train.persistent_workers=true", "train.profile_first_step=3", "train.profile_last_step=5",
-        "train.deterministic=true", "checkpoint.every_steps=4",
+        "train.max_steps=8",
+        "train.log_every=4",
+        "train.grad_accum_steps=2",
+        "train.amp=bf16",
+        "train.channels_last=true",
+        "train.clip_grad_norm=1.0",
+        "train.num_workers=2",
+        "train.persistent_workers=true",
+        "train.profile_first_step=3",
+        "train.profile_last_step=5",
+        "train.deterministic=true",
+        "checkpoint.every_steps=4",
     ]
     r = submit(run, sets)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -290,9 +333,17 @@ def test_a_finished_worker_frees_its_process_group_before_exit(tmp_path: Path) -
     task_dir.mkdir()
     (task_dir / "exit_task.py").write_text(EXIT_TASK)
     run = tmp_path / "run"
-    r = submit(run, SMALL + [
-        "train.task=exit_task:ExitReport", f"train.pythonpath=[{json.dumps(str(task_dir))}, {json.dumps(str(DIGITS_DIR))}]",
-        "train.max_steps=4", "train.log_every=2", "checkpoint.every_steps=2"])
+    r = submit(
+        run,
+        SMALL
+        + [
+            "train.task=exit_task:ExitReport",
+            f"train.pythonpath=[{json.dumps(str(task_dir))}, {json.dumps(str(DIGITS_DIR))}]",
+            "train.max_steps=4",
+            "train.log_every=2",
+            "checkpoint.every_steps=2",
+        ],
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     for rank in range(2):
         report = json.loads((run / f"exit-threads-{rank}.json").read_text())
@@ -325,9 +376,14 @@ def test_nan_check_stops_the_job_and_keeps_the_last_good_checkpoint(tmp_path: Pa
     (task_dir / "nan_task.py").write_text(textwrap.dedent(NAN_TASK))
     run = tmp_path / "run"
     sets = SMALL + [
-        "train.task=nan_task:NaNFrom", f"train.pythonpath=[{json.dumps(str(task_dir))}, {json.dumps(str(DIGITS_DIR))}]",
-        "train.args.nan_from=8", "train.nan_check=true", "train.max_steps=30", "train.log_every=100",
-        "checkpoint.every_steps=5", "checkpoint.keep_last=2",
+        "train.task=nan_task:NaNFrom",
+        f"train.pythonpath=[{json.dumps(str(task_dir))}, {json.dumps(str(DIGITS_DIR))}]",
+        "train.args.nan_from=8",
+        "train.nan_check=true",
+        "train.max_steps=30",
+        "train.log_every=100",
+        "checkpoint.every_steps=5",
+        "checkpoint.keep_last=2",
     ]
     r = submit(run, sets)
     out = r.stdout + r.stderr
@@ -349,9 +405,12 @@ def test_torch_compile_opt_in(tmp_path: Path) -> None:
     run = tmp_path / "run"
     t0 = time.monotonic()
     # ~10-15 s of start-up plus ~20-60 s of compiling on an idle CPU; the deadline only ends a hang
-    r = submit(run, SMALL + ["train.max_steps=4", "train.log_every=2", "train.compile=true",
-                             "checkpoint.every_steps=0"],
-               timeout=480, env={"TORCHINDUCTOR_COMPILE_THREADS": "1"})
+    r = submit(
+        run,
+        SMALL + ["train.max_steps=4", "train.log_every=2", "train.compile=true", "checkpoint.every_steps=0"],
+        timeout=480,
+        env={"TORCHINDUCTOR_COMPILE_THREADS": "1"},
+    )
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert json.loads((run / "FINISHED").read_text())["step"] == 4
     print(f"compiled 4-step run: {time.monotonic() - t0:.1f} s")

@@ -55,8 +55,15 @@ def status(cli, run_dir: Path) -> dict:
 def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "sbatch", "--run-dir", str(run_dir)]
-    for s in ("slurm.nodes=1", "slurm.tasks_per_node=1", "slurm.time=00:10:00", "train.max_steps=100000",
-              "train.eval_every=0", "train.log_every=10", "checkpoint.every_steps=50"):
+    for s in (
+        "slurm.nodes=1",
+        "slurm.tasks_per_node=1",
+        "slurm.time=00:10:00",
+        "train.max_steps=100000",
+        "train.eval_every=0",
+        "train.log_every=10",
+        "checkpoint.every_steps=50",
+    ):
         cmd += ["--set", s]
     r = slurm_sandbox.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -80,9 +87,13 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         assert re.search(r"rank 0/1 local_rank 0/1 node_rank 0", out) and "step 10/100000" in out, out
 
         # logs -f in its own process: it must stop by itself once the job has ended
-        follower = subprocess.Popen([sys.executable, "-m", "slurm_ddp", "logs", str(run_dir), "-f"],
-                                    env=slurm_sandbox.client_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True)
+        follower = subprocess.Popen(
+            [sys.executable, "-m", "slurm_ddp", "logs", str(run_dir), "-f"],
+            env=slurm_sandbox.client_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
 
         # requeue: the ranks checkpoint on SIGTERM, Slurm starts the job again, it resumes
         rc, out, err = cli("requeue", str(run_dir))
@@ -97,8 +108,9 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         wait_for(lambda: status(cli, run_dir)["state"] == "RUNNING", 30, "the job to run again")
         rc, out, err = cli("cancel", str(run_dir))
         assert rc == 0 and out.startswith(f"cancelled job {job_id}"), err
-        st = wait_for(lambda: (lambda s: s if s["final"] else None)(status(cli, run_dir)), 60,
-                      "the cancelled job to end", diag)
+        st = wait_for(
+            lambda: (lambda s: s if s["final"] else None)(status(cli, run_dir)), 60, "the cancelled job to end", diag
+        )
         assert st["state"] == "CANCELLED", st
         rc, out, err = cli("cancel", str(run_dir))
         assert rc == 2 and err.startswith("slurm-ddp: error: ") and "already ended (CANCELLED)" in err, err
@@ -116,12 +128,28 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
 
 def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path: Path, monkeypatch) -> None:
     monkeypatch.chdir(tmp_path)
-    rc, out, err = cli("submit", str(JOB), "--test-only", "--no-check-task", "--set", "slurm.nodes=2",
-                       "--set", "slurm.tasks_per_node=1")
+    rc, out, err = cli(
+        "submit",
+        str(JOB),
+        "--test-only",
+        "--no-check-task",
+        "--set",
+        "slurm.nodes=2",
+        "--set",
+        "slurm.tasks_per_node=1",
+    )
     assert rc == 0, err
     assert re.search(r"sbatch: Job \d+ to start at \S+ using \d+ processors on nodes n\[1-2\]", out), out
-    rc, out, err = cli("submit", str(JOB), "--test-only", "--no-check-task", "--set", "slurm.nodes=5",
-                       "--set", "slurm.tasks_per_node=1")
+    rc, out, err = cli(
+        "submit",
+        str(JOB),
+        "--test-only",
+        "--no-check-task",
+        "--set",
+        "slurm.nodes=5",
+        "--set",
+        "slurm.tasks_per_node=1",
+    )
     assert rc == 3 and err.startswith("slurm-ddp: error: sbatch --test-only refused the job"), err
     assert len(err.splitlines()) == 1
     assert list(tmp_path.iterdir()) == []  # no run directory, nothing else

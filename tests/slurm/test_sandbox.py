@@ -79,9 +79,7 @@ def test_prerequisites_and_status(slurm_sandbox):
 
 def test_srun_runs_on_two_named_nodes(slurm_sandbox):
     t0 = time.monotonic()
-    out = slurm_sandbox.run(
-        ["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, timeout=60
-    )
+    out = slurm_sandbox.run(["srun", "-N2", "-n2", "hostname"], capture_output=True, text=True, timeout=60)
     print(f"\nsrun -N2 -n2 hostname: {time.monotonic() - t0:.2f} s")
     assert out.returncode == 0, out.stderr
     assert sorted(out.stdout.split()) == ["n1", "n2"]

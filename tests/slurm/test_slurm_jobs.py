@@ -74,25 +74,43 @@ class Job:
         assert r.returncode == 0, r.stderr
 
     def wait_step(self, step: int, timeout_s: float = 180) -> None:
-        wait_for(lambda: any(s >= step for s in train_steps(self.run_dir)), timeout_s, f"job {self.id} step {step}",
-                 lambda: f"{self.show()}\n{logs(self.run_dir)}")
+        wait_for(
+            lambda: any(s >= step for s in train_steps(self.run_dir)),
+            timeout_s,
+            f"job {self.id} step {step}",
+            lambda: f"{self.show()}\n{logs(self.run_dir)}",
+        )
 
     def wait_finished(self, timeout_s: float = 300) -> dict:
-        wait_for(lambda: (self.run_dir / "FINISHED").exists(), timeout_s, f"job {self.id} to finish",
-                 lambda: f"{self.show()}\n{logs(self.run_dir)}")
+        wait_for(
+            lambda: (self.run_dir / "FINISHED").exists(),
+            timeout_s,
+            f"job {self.id} to finish",
+            lambda: f"{self.show()}\n{logs(self.run_dir)}",
+        )
         wait_for(lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED"), 60, f"job {self.id} to end")
         return json.loads((self.run_dir / "FINISHED").read_text())
 
     def wait_ended(self, timeout_s: float = 120) -> str:
-        wait_for(lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"), timeout_s,
-                 f"job {self.id} to end", lambda: f"{self.show()}\n{logs(self.run_dir)}")
+        wait_for(
+            lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
+            timeout_s,
+            f"job {self.id} to end",
+            lambda: f"{self.show()}\n{logs(self.run_dir)}",
+        )
         return self.state()
 
 
 def submit(sandbox, run_dir: Path, *sets: str, backend: str = "sbatch") -> Job:
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", backend, "--run-dir", str(run_dir)]
-    for s in ("train.max_steps=200", "train.eval_every=0", "train.log_every=10", "checkpoint.every_steps=50",
-              "slurm.time=00:10:00", *sets):
+    for s in (
+        "train.max_steps=200",
+        "train.eval_every=0",
+        "train.log_every=10",
+        "checkpoint.every_steps=50",
+        "slurm.time=00:10:00",
+        *sets,
+    ):
         cmd += ["--set", s]
     r = sandbox.run(cmd, capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stdout + r.stderr
@@ -126,8 +144,12 @@ def signal_and_measure(job: Job, *scancel_args: str, at_step: int = 40) -> int:
     job.wait_step(at_step)
     t_signal = time.time()
     job.scancel(*scancel_args)
-    wait_for(lambda: (job.run_dir / "PREEMPTED").exists(), 90, "the preemption checkpoint",
-             lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    wait_for(
+        lambda: (job.run_dir / "PREEMPTED").exists(),
+        90,
+        "the preemption checkpoint",
+        lambda: f"{job.show()}\n{logs(job.run_dir)}",
+    )
     ck = [m for m in metrics(job.run_dir) if m["event"] == "checkpoint" and m["reason"].startswith("preemption")]
     assert ck, metrics(job.run_dir)[-5:]
     record_timing(f"signal→checkpoint committed ({' '.join(scancel_args)})", ck[-1]["time"] - t_signal)
@@ -164,7 +186,9 @@ def test_two_nodes_signal_at_steps_then_finished_requeue(slurm_sandbox, tmp_path
     hosts = set()
     for rank in (0, 1):
         text = (job.run_dir / "logs" / f"rank-{rank}.log").read_text()
-        facts = re.findall(rf"host (\S+) \(\S+\) rank {rank}/2 local_rank 0/1 node_rank {rank} master (\S+):(\d+)", text)
+        facts = re.findall(
+            rf"host (\S+) \(\S+\) rank {rank}/2 local_rank 0/1 node_rank {rank} master (\S+):(\d+)", text
+        )
         assert facts, text[-2000:]
         hosts.add(facts[0][0])
         assert facts[0][1] == "n1"
@@ -177,8 +201,12 @@ def test_two_nodes_signal_at_steps_then_finished_requeue(slurm_sandbox, tmp_path
     n_train = len(train_steps(job.run_dir))
     r = slurm_sandbox.run(["scontrol", "requeue", job.id], capture_output=True, text=True, timeout=20)
     assert r.returncode == 0, r.stderr
-    wait_for(lambda: "already finished" in "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out")),
-             90, "the requeued finished job to run", lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    wait_for(
+        lambda: "already finished" in "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out")),
+        90,
+        "the requeued finished job to run",
+        lambda: f"{job.show()}\n{logs(job.run_dir)}",
+    )
     job.wait_ended()
     assert len(train_steps(job.run_dir)) == n_train
 
@@ -197,8 +225,14 @@ def test_one_node_two_tasks_signal_at_batch_shell(slurm_sandbox, tmp_path: Path)
 
 
 def test_max_requeues_is_honoured(slurm_sandbox, tmp_path: Path) -> None:
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=1",
-                 "requeue.max_requeues=0", "train.max_steps=100000")
+    job = submit(
+        slurm_sandbox,
+        tmp_path / "run",
+        "slurm.nodes=1",
+        "slurm.tasks_per_node=1",
+        "requeue.max_requeues=0",
+        "train.max_steps=100000",
+    )
     signal_and_measure(job, "--signal=USR2", at_step=20)
     job.wait_ended()
     assert job.restarts() == 0
@@ -208,20 +242,36 @@ def test_max_requeues_is_honoured(slurm_sandbox, tmp_path: Path) -> None:
 
 
 def test_partition_preemption_requeues_and_resumes(slurm_sandbox, tmp_path: Path) -> None:
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1",
-                 "slurm.partition=debug")
+    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1", "slurm.partition=debug")
     job.wait_step(40)
     t0 = time.time()
     # Needs every CPU of both nodes: the scheduler must preempt the training job.
     hi = slurm_sandbox.run(
-        ["sbatch", "--parsable", "--partition=high", "--nodes=2", "--ntasks-per-node=2",
-         f"--output={tmp_path}/high-%j.out", "--wrap", "sleep 3"],
-        capture_output=True, text=True, timeout=30)
+        [
+            "sbatch",
+            "--parsable",
+            "--partition=high",
+            "--nodes=2",
+            "--ntasks-per-node=2",
+            f"--output={tmp_path}/high-%j.out",
+            "--wrap",
+            "sleep 3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert hi.returncode == 0, hi.stderr
-    wait_for(lambda: (job.run_dir / "PREEMPTED").exists(), 60, "the preempted job's checkpoint",
-             lambda: f"{job.show()}\n{logs(job.run_dir)}")
-    record_timing("preemption (high job submitted)→checkpoint committed",
-                  [m for m in metrics(job.run_dir) if m["event"] == "preempted"][-1]["time"] - t0)
+    wait_for(
+        lambda: (job.run_dir / "PREEMPTED").exists(),
+        60,
+        "the preempted job's checkpoint",
+        lambda: f"{job.show()}\n{logs(job.run_dir)}",
+    )
+    record_timing(
+        "preemption (high job submitted)→checkpoint committed",
+        [m for m in metrics(job.run_dir) if m["event"] == "preempted"][-1]["time"] - t0,
+    )
     stopped = preempted_step(job.run_dir)
     assert (job.run_dir / "PREEMPTED").read_text().split()[3] == "SIGTERM"
     finished = job.wait_finished(timeout_s=300)
@@ -243,15 +293,30 @@ def test_submitit_backend_trains_and_requeues(slurm_sandbox, tmp_path: Path) -> 
 
 def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
     """The real path: #SBATCH --signal=B:USR2@60 with --time=2 arrives at the batch shell."""
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=1",
-                 "slurm.time=2", "requeue.signal_delay_s=60", "requeue.max_requeues=1",
-                 "train.max_steps=1000000", "checkpoint.every_steps=0")
-    wait_for(lambda: job.restarts() >= 1, 150, "the time-limit signal to requeue the job",
-             lambda: f"{job.show()}\n{logs(job.run_dir)}")
+    job = submit(
+        slurm_sandbox,
+        tmp_path / "run",
+        "slurm.nodes=1",
+        "slurm.tasks_per_node=1",
+        "slurm.time=2",
+        "requeue.signal_delay_s=60",
+        "requeue.max_requeues=1",
+        "train.max_steps=1000000",
+        "checkpoint.every_steps=0",
+    )
+    wait_for(
+        lambda: job.restarts() >= 1,
+        150,
+        "the time-limit signal to requeue the job",
+        lambda: f"{job.show()}\n{logs(job.run_dir)}",
+    )
     stopped = preempted_step(job.run_dir)
-    wait_for(lambda: re.findall(r"resumed from checkpoint of step (\d+)",
-                                (job.run_dir / "logs" / "rank-0.log").read_text()),
-             90, "the requeued job to resume", lambda: logs(job.run_dir))
+    wait_for(
+        lambda: re.findall(r"resumed from checkpoint of step (\d+)", (job.run_dir / "logs" / "rank-0.log").read_text()),
+        90,
+        "the requeued job to resume",
+        lambda: logs(job.run_dir),
+    )
     rank0 = (job.run_dir / "logs" / "rank-0.log").read_text()
     assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)]
     batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
@@ -262,11 +327,18 @@ def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
 
 def test_killed_rank_ends_the_whole_job(slurm_sandbox, tmp_path: Path) -> None:
     """kill -9 of one rank on node n2: srun --kill-on-bad-exit stops the others; the logs name it."""
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1",
-                 "train.max_steps=100000", "train.pg_timeout_s=30")
+    job = submit(
+        slurm_sandbox,
+        tmp_path / "run",
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "train.max_steps=100000",
+        "train.pg_timeout_s=30",
+    )
     job.wait_step(20)
-    pids = subprocess.run(["pgrep", "-f", f"slurm_ddp.worker --run-dir {job.run_dir}"],
-                          capture_output=True, text=True).stdout.split()
+    pids = subprocess.run(
+        ["pgrep", "-f", f"slurm_ddp.worker --run-dir {job.run_dir}"], capture_output=True, text=True
+    ).stdout.split()
     by_rank = {}
     for pid in pids:
         try:
@@ -279,8 +351,12 @@ def test_killed_rank_ends_the_whole_job(slurm_sandbox, tmp_path: Path) -> None:
     assert set(by_rank) == {0, 1}, (pids, by_rank)
     t0 = time.monotonic()
     os.kill(by_rank[1], 9)
-    wait_for(lambda: all(not Path(f"/proc/{p}").exists() for p in by_rank.values()), 60,
-             "every rank to exit", lambda: logs(job.run_dir))
+    wait_for(
+        lambda: all(not Path(f"/proc/{p}").exists() for p in by_rank.values()),
+        60,
+        "every rank to exit",
+        lambda: logs(job.run_dir),
+    )
     record_timing("rank killed → every rank gone (Slurm)", time.monotonic() - t0)
     assert job.wait_ended() == "FAILED"
     batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))

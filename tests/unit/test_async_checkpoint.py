@@ -26,8 +26,10 @@ def live_state(seed: int = 0) -> dict:
             p.copy_(torch.randn(p.shape, generator=g))
     return {
         "model": model.state_dict(),  # views of the live parameters: mutated by "training" below
-        "optimizer": {"state": {0: {"exp_avg": torch.randn(32, 64, generator=g), "step": torch.tensor(3.0)}},
-                      "param_groups": [{"lr": 0.1, "params": [0, 1]}]},
+        "optimizer": {
+            "state": {0: {"exp_avg": torch.randn(32, 64, generator=g), "step": torch.tensor(3.0)}},
+            "param_groups": [{"lr": 0.1, "params": [0, 1]}],
+        },
         "step": 7,
         "rngs": [torch.randn(5, generator=g), (1, 2)],
     }
@@ -150,8 +152,12 @@ def test_snapshot_is_isolated_from_later_in_place_mutation(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("copier", ["memmove", "torch"])
 def test_snapshot_reuses_the_previous_buffers_only_when_they_fit(copier):
-    state = {"a": torch.arange(6.0).reshape(2, 3), "b": [torch.ones(4)], "c": torch.zeros(3, dtype=torch.int64),
-             "t": torch.arange(6.0).reshape(3, 2).t()}  # non-contiguous
+    state = {
+        "a": torch.arange(6.0).reshape(2, 3),
+        "b": [torch.ones(4)],
+        "c": torch.zeros(3, dtype=torch.int64),
+        "t": torch.arange(6.0).reshape(3, 2).t(),
+    }  # non-contiguous
     first = snapshot_to_cpu(state, copier=copier)
     assert first["a"].data_ptr() != state["a"].data_ptr() and torch.equal(first["a"], state["a"])
     ptrs = {k: first[k].data_ptr() for k in ("a", "c", "t")}
@@ -431,11 +437,14 @@ def helper_threads():
     return [t for t in threading.enumerate() if t.name.startswith(("checkpoint-hash", "checkpoint-writeback"))]
 
 
-@pytest.mark.parametrize("sizes", [
-    [10, 0, 3],                                       # small: hashed inline
-    [100, (1 << 20) + 7, 5, 9 << 20, 0, 1],           # large ones: read back and hashed by a helper
-    [(4 << 20) * 3, 1 << 20, (1 << 20) - 1, 17],      # exact pieces, then just below the threshold
-])
+@pytest.mark.parametrize(
+    "sizes",
+    [
+        [10, 0, 3],  # small: hashed inline
+        [100, (1 << 20) + 7, 5, 9 << 20, 0, 1],  # large ones: read back and hashed by a helper
+        [(4 << 20) * 3, 1 << 20, (1 << 20) - 1, 17],  # exact pieces, then just below the threshold
+    ],
+)
 def test_atomic_write_hashes_exactly_what_it_wrote(tmp_path, sizes):
     import os
 

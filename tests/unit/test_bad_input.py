@@ -59,9 +59,17 @@ class Case:
     """One bad input: a job (patch of BASE, a full dict, or raw text), extra argv, and the
     fragments the error line must contain (and must not)."""
 
-    def __init__(self, expect: List[str], patch: Optional[Dict[str, Any]] = None, data: Any = None,
-                 text: Optional[str] = None, args: Optional[List[str]] = None, raw: Optional[bytes] = None,
-                 setup: Optional[Callable[[Path], Optional[Path]]] = None, absent: Optional[List[str]] = None):
+    def __init__(
+        self,
+        expect: List[str],
+        patch: Optional[Dict[str, Any]] = None,
+        data: Any = None,
+        text: Optional[str] = None,
+        args: Optional[List[str]] = None,
+        raw: Optional[bytes] = None,
+        setup: Optional[Callable[[Path], Optional[Path]]] = None,
+        absent: Optional[List[str]] = None,
+    ):
         self.expect, self.patch, self.data, self.text = expect, patch, data, text
         self.args, self.raw, self.setup, self.absent = args or [], raw, setup, absent or []
 
@@ -142,15 +150,18 @@ CASES: Dict[str, Case] = {
     "time with spaces": Case(["slurm.time"], {"slurm": {"time": " 10"}}),
     "time with a newline": Case(["slurm.time", "\\n"], {"slurm": {"time": "10\nid"}}),
     "time is a bool": Case(["slurm.time"], {"slurm": {"time": True}}),
-    "signal delay not below the time limit": Case(["requeue.signal_delay_s", "600"],
-                                                  {"requeue": {"signal_delay_s": 600}}),
+    "signal delay not below the time limit": Case(
+        ["requeue.signal_delay_s", "600"], {"requeue": {"signal_delay_s": 600}}
+    ),
     # ---- unknown keys: list the valid ones, suggest the closest
     "unknown section": Case(["'slrum'", "valid keys:", "did you mean 'slurm'"], {"slrum": {"nodes": 1}}),
-    "unknown slurm key": Case(["'slurm.node'", "valid keys:", "tasks_per_node", "did you mean 'nodes'"],
-                              {"slurm": {"node": 2}}),
+    "unknown slurm key": Case(
+        ["'slurm.node'", "valid keys:", "tasks_per_node", "did you mean 'nodes'"], {"slurm": {"node": 2}}
+    ),
     "unknown train key": Case(["'train.max_step'", "did you mean 'max_steps'"], {"train": {"max_step": 5}}),
-    "unknown key from --set": Case(["'checkpoint.evry_steps'", "did you mean 'every_steps'"],
-                                   args=["--set", "checkpoint.evry_steps=5"]),
+    "unknown key from --set": Case(
+        ["'checkpoint.evry_steps'", "did you mean 'every_steps'"], args=["--set", "checkpoint.evry_steps=5"]
+    ),
     "unknown key, nothing close": Case(["'zzqqxx'", "valid keys:"], {"zzqqxx": 1}, absent=["did you mean"]),
     # ---- signals
     "signal USR3": Case(["requeue.signal", "'USR3'", "USR2"], {"requeue": {"signal": "USR3"}}),
@@ -159,38 +170,50 @@ CASES: Dict[str, Case] = {
     # ---- the task
     "task without a colon": Case(["train.task", "'goodtask'", "module:"], {"train": {"task": "goodtask"}}),
     "task missing": Case(["train.task", "missing"], data=without("train", "task")),
-    "task module not found": Case(["train.task", "No module named 'nosuchmodule_xyz'", "--no-check-task"],
-                                  {"train": {"task": "nosuchmodule_xyz:Task"}}),
-    "task module has a syntax error": Case(["train.task", "SyntaxError", "syntaxtask.py", "line 1"],
-                                           {"train": {"task": "syntaxtask:Broken"}}),
-    "task dependency missing": Case(["train.task", "cannot import module 'deptask'",
-                                     "No module named 'missing_dep_abc'"],
-                                    {"train": {"task": "deptask:Task"}}),
-    "task raises at import": Case(["train.task", "RuntimeError: boom at import", "boomtask.py"],
-                                  {"train": {"task": "boomtask:Task"}}),
+    "task module not found": Case(
+        ["train.task", "No module named 'nosuchmodule_xyz'", "--no-check-task"],
+        {"train": {"task": "nosuchmodule_xyz:Task"}},
+    ),
+    "task module has a syntax error": Case(
+        ["train.task", "SyntaxError", "syntaxtask.py", "line 1"], {"train": {"task": "syntaxtask:Broken"}}
+    ),
+    "task dependency missing": Case(
+        ["train.task", "cannot import module 'deptask'", "No module named 'missing_dep_abc'"],
+        {"train": {"task": "deptask:Task"}},
+    ),
+    "task raises at import": Case(
+        ["train.task", "RuntimeError: boom at import", "boomtask.py"], {"train": {"task": "boomtask:Task"}}
+    ),
     "task attribute missing": Case(["train.task", "has no attribute 'Nope'"], {"train": {"task": "goodtask:Nope"}}),
-    "task is not a Task": Case(["train.task", "does not derive from slurm_ddp.task.Task"],
-                               {"train": {"task": "nottask:NotATask"}}),
-    "task kills the interpreter": Case(["train.task", "importing it with", "exit status 7"],
-                                       {"train": {"task": "exittask:Task"}}),
-    "task pythonpath points elsewhere": Case(["No module named 'goodtask'", "train.pythonpath="],
-                                             {"train": {"pythonpath": ["/nonexistent-dir"]}}),
+    "task is not a Task": Case(
+        ["train.task", "does not derive from slurm_ddp.task.Task"], {"train": {"task": "nottask:NotATask"}}
+    ),
+    "task kills the interpreter": Case(
+        ["train.task", "importing it with", "exit status 7"], {"train": {"task": "exittask:Task"}}
+    ),
+    "task pythonpath points elsewhere": Case(
+        ["No module named 'goodtask'", "train.pythonpath="], {"train": {"pythonpath": ["/nonexistent-dir"]}}
+    ),
     # ---- GPUs
-    "gpus_per_node != tasks_per_node": Case(["slurm.tasks_per_node", "gpus_per_node", "one task per GPU"],
-                                            {"slurm": {"gpus_per_node": 4, "tasks_per_node": 2}}),
+    "gpus_per_node != tasks_per_node": Case(
+        ["slurm.tasks_per_node", "gpus_per_node", "one task per GPU"],
+        {"slurm": {"gpus_per_node": 4, "tasks_per_node": 2}},
+    ),
     "nccl on a CPU job": Case(["train.backend", "nccl", "gpus_per_node"], {"train": {"backend": "nccl"}}),
     "unknown process-group backend": Case(["train.backend", "'mpi'", "gloo"], {"train": {"backend": "mpi"}}),
     # ---- environment.setup
     "setup line is a number": Case(["environment.setup[0]", "a string"], {"environment": {"setup": [1]}}),
-    "setup line is a mapping": Case(["environment.setup[1]", "a string"],
-                                    {"environment": {"setup": ["module load x", {"a": 1}]}}),
+    "setup line is a mapping": Case(
+        ["environment.setup[1]", "a string"], {"environment": {"setup": ["module load x", {"a": 1}]}}
+    ),
     "setup is a number": Case(["environment.setup", "a list of strings"], {"environment": {"setup": 42}}),
     # ---- YAML syntax: line and column
     "yaml unclosed bracket": Case(["YAML syntax error", "line 2, column 1"], text="name: [x\n"),
-    "yaml bad indentation": Case(["YAML syntax error", "line 4, column 18"],
-                                 text="name: bad\nslurm:\n  nodes: 1\n   tasks_per_node: 2\n"),
+    "yaml bad indentation": Case(
+        ["YAML syntax error", "line 4, column 18"], text="name: bad\nslurm:\n  nodes: 1\n   tasks_per_node: 2\n"
+    ),
     "yaml tab indentation": Case(["YAML syntax error", "line 2"], text="name: bad\n\tslurm: {}\n"),
-    "yaml unclosed quote": Case(["YAML syntax error", "line"], text="name: \"bad\ntrain: {}\n"),
+    "yaml unclosed quote": Case(["YAML syntax error", "line"], text='name: "bad\ntrain: {}\n'),
     "yaml is a list": Case(["<top level>", "a mapping"], text="- name: bad\n"),
     "yaml is empty": Case(["'name' is missing"], text=""),
     # ---- files
@@ -198,8 +221,9 @@ CASES: Dict[str, Case] = {
     "job file is a directory": Case(["is a directory"], setup=_job_is_directory),
     "job file is not UTF-8": Case(["cannot read job file"], raw=b"name: \xff\xfe\x00bad\n"),
     # ---- run directories
-    "run dir of a different config": Case(["belongs to a different config", "train.max_steps"],
-                                          setup=_other_config_run_dir),
+    "run dir of a different config": Case(
+        ["belongs to a different config", "train.max_steps"], setup=_other_config_run_dir
+    ),
     "run dir is a file": Case(["exists and is not a directory"], setup=_run_dir_is_a_file),
     # ---- --set and arguments
     "--set without a value": Case(["--set", "section.key=value"], args=["--set", "slurm.nodes"]),
@@ -246,8 +270,9 @@ def test_there_are_at_least_40_cases() -> None:
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_bad_input_is_refused_in_one_line(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture, fake_sbatch: Path) -> None:
+def test_bad_input_is_refused_in_one_line(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_sbatch: Path
+) -> None:
     case = CASES[name]
     work = tmp_path / "work"
     work.mkdir()
@@ -272,8 +297,9 @@ def test_bad_input_is_refused_in_one_line(name: str, tmp_path: Path, monkeypatch
     assert not fake_sbatch.exists(), f"sbatch was called: {fake_sbatch.read_text()}"
 
 
-def test_control_a_good_job_reaches_the_fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                    capsys: pytest.CaptureFixture, fake_sbatch: Path) -> None:
+def test_control_a_good_job_reaches_the_fake_sbatch(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_sbatch: Path
+) -> None:
     """The harness sees a submission: a valid job passes the task check and calls sbatch once."""
     monkeypatch.chdir(tmp_path)
     job = Case([]).write(tmp_path)
@@ -287,8 +313,9 @@ def test_control_a_good_job_reaches_the_fake_sbatch(tmp_path: Path, monkeypatch:
     assert err == ""
 
 
-def test_no_check_task_skips_the_import_check(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                              capsys: pytest.CaptureFixture, fake_sbatch: Path) -> None:
+def test_no_check_task_skips_the_import_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_sbatch: Path
+) -> None:
     monkeypatch.chdir(tmp_path)
     job = Case([], {"train": {"task": "nosuchmodule_xyz:Task"}}).write(tmp_path)
     rc = _submit(["submit", str(job), "--backend", "sbatch", "--no-check-task"])
@@ -297,8 +324,9 @@ def test_no_check_task_skips_the_import_check(tmp_path: Path, monkeypatch: pytes
     assert len(fake_sbatch.read_text().splitlines()) == 1
 
 
-def test_dry_run_does_not_import_the_task(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                          capsys: pytest.CaptureFixture, fake_sbatch: Path) -> None:
+def test_dry_run_does_not_import_the_task(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_sbatch: Path
+) -> None:
     """--dry-run stays what it was: print, nothing else (no task import, no sbatch, no files)."""
     monkeypatch.chdir(tmp_path)
     job = Case([], {"train": {"task": "nosuchmodule_xyz:Task"}}).write(tmp_path)

@@ -41,10 +41,17 @@ def plan(slot, slots, cpt, allowed, **kw):
 # --------------------------------------------------------------------------- cpu lists
 
 
-@pytest.mark.parametrize("text,expected", [
-    ("0-3", {0, 1, 2, 3}), ("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}), ("5", {5}), ("0-6:2", {0, 2, 4, 6}),
-    ("0-1,\n", {0, 1}), ("", set()),
-])
+@pytest.mark.parametrize(
+    "text,expected",
+    [
+        ("0-3", {0, 1, 2, 3}),
+        ("0-3,8,10-11", {0, 1, 2, 3, 8, 10, 11}),
+        ("5", {5}),
+        ("0-6:2", {0, 2, 4, 6}),
+        ("0-1,\n", {0, 1}),
+        ("", set()),
+    ],
+)
 def test_parse_cpulist(text, expected):
     assert parse_cpulist(text) == expected
 
@@ -62,16 +69,19 @@ def test_format_cpulist_and_places():
     assert omp_places([4, 0]) == "{4},{0}"
 
 
-@pytest.mark.parametrize("value,kind,sets", [
-    ("", "none", ()),
-    ("none", "none", ()),
-    ("quiet,none", "none", ()),
-    ("quiet,cores", "cores", ()),
-    ("quiet,mask_cpu:0x3,0xC", "mask_cpu", ({0, 1}, {2, 3})),
-    ("verbose,mask_cpu:F0", "mask_cpu", ({4, 5, 6, 7},)),
-    ("map_cpu:0,4", "map_cpu", ({0}, {4})),
-    ("quiet,map_cpu:0*2,5", "map_cpu", ({0}, {0}, {5})),
-])
+@pytest.mark.parametrize(
+    "value,kind,sets",
+    [
+        ("", "none", ()),
+        ("none", "none", ()),
+        ("quiet,none", "none", ()),
+        ("quiet,cores", "cores", ()),
+        ("quiet,mask_cpu:0x3,0xC", "mask_cpu", ({0, 1}, {2, 3})),
+        ("verbose,mask_cpu:F0", "mask_cpu", ({4, 5, 6, 7},)),
+        ("map_cpu:0,4", "map_cpu", ({0}, {4})),
+        ("quiet,map_cpu:0*2,5", "map_cpu", ({0}, {0}, {5})),
+    ],
+)
 def test_parse_slurm_cpu_bind(value, kind, sets):
     got_kind, got_sets = parse_slurm_cpu_bind(value)
     assert got_kind == kind
@@ -105,16 +115,19 @@ def test_cpus_per_task_one(slot, expected):
     assert p.env["OMP_PLACES"] == f"{{{expected}}}"
 
 
-@pytest.mark.parametrize("slots,cpt,allowed,expected,note", [
-    # fewer CPUs than asked: blocks differing by at most one CPU
-    (3, 4, "0-7", ["0-1", "2-4", "5-7"], "8 CPUs for 3 tasks"),
-    # more CPUs than asked (one NUMA node): packed blocks of cpus_per_task
-    (3, 2, "0-7", ["0-1", "2-3", "4-5"], None),
-    # 2 tasks on 3 CPUs, 1 CPU each asked
-    (2, 1, "0-2", ["0", "1"], None),
-    # fewer CPUs than tasks: one CPU each, reused
-    (4, 1, "0-1", ["0", "1", "0", "1"], "oversubscribed"),
-])
+@pytest.mark.parametrize(
+    "slots,cpt,allowed,expected,note",
+    [
+        # fewer CPUs than asked: blocks differing by at most one CPU
+        (3, 4, "0-7", ["0-1", "2-4", "5-7"], "8 CPUs for 3 tasks"),
+        # more CPUs than asked (one NUMA node): packed blocks of cpus_per_task
+        (3, 2, "0-7", ["0-1", "2-3", "4-5"], None),
+        # 2 tasks on 3 CPUs, 1 CPU each asked
+        (2, 1, "0-2", ["0", "1"], None),
+        # fewer CPUs than tasks: one CPU each, reused
+        (4, 1, "0-1", ["0", "1", "0", "1"], "oversubscribed"),
+    ],
+)
 def test_uneven_counts(slots, cpt, allowed, expected, note):
     for slot in range(slots):
         p = plan(slot, slots, cpt, allowed)
@@ -195,8 +208,9 @@ def test_no_cpu_allowed_is_an_error():
 
 
 def test_two_nodes_plan_for_task(make_config):
-    cfg = make_config({"slurm": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 4},
-                       "environment": {"cpu_bind": "cores"}})
+    cfg = make_config(
+        {"slurm": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 4}, "environment": {"cpu_bind": "cores"}}
+    )
     got = {}
     for rank in range(4):
         env = synthetic_slurm_env(rank=rank, nodes=2, tasks_per_node=2, cpus_per_task=4)
@@ -206,8 +220,9 @@ def test_two_nodes_plan_for_task(make_config):
 
 
 def test_local_backend_divides_the_machine_among_all_ranks(make_config):
-    cfg = make_config({"slurm": {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1},
-                       "environment": {"cpu_bind": "cores"}})
+    cfg = make_config(
+        {"slurm": {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1}, "environment": {"cpu_bind": "cores"}}
+    )
     out = []
     for rank in range(2):
         env = synthetic_slurm_env(rank=rank, nodes=2, tasks_per_node=1, cpus_per_task=1)
@@ -268,11 +283,14 @@ def test_intel_openmp():
     assert dict(n.env) == {"OMP_NUM_THREADS": "2", "KMP_BLOCKTIME": "1", "LD_PRELOAD": LIBS["iomp5"]}
 
 
-@pytest.mark.parametrize("kw,needle", [
-    ({"allocator": "jemalloc"}, "libjemalloc2"),
-    ({"allocator": "tcmalloc"}, "libtcmalloc-minimal4"),
-    ({"openmp": "intel"}, "intel-openmp"),
-])
+@pytest.mark.parametrize(
+    "kw,needle",
+    [
+        ({"allocator": "jemalloc"}, "libjemalloc2"),
+        ({"allocator": "tcmalloc"}, "libtcmalloc-minimal4"),
+        ({"openmp": "intel"}, "intel-openmp"),
+    ],
+)
 def test_missing_library_in_plan_names_the_package(kw, needle):
     with pytest.raises(BindingError, match=needle):
         plan(0, 1, 1, "0", libraries={}, **kw)
@@ -297,8 +315,13 @@ def test_unpinned_threads_when_dataloader_workers_are_used(make_config):
     assert p.affinity == (2, 3) and any("not pinned" in n for n in p.notes)
     i = plan(1, 2, 2, "0-3", pin_threads=False, openmp="intel", libraries=LIBS)
     assert i.env["KMP_AFFINITY"] == "disabled"
-    cfg = make_config({"slurm": {"tasks_per_node": 2, "cpus_per_task": 2},
-                       "environment": {"cpu_bind": "cores"}, "train": {"num_workers": 2}})
+    cfg = make_config(
+        {
+            "slurm": {"tasks_per_node": 2, "cpus_per_task": 2},
+            "environment": {"cpu_bind": "cores"},
+            "train": {"num_workers": 2},
+        }
+    )
     env = synthetic_slurm_env(rank=0, nodes=1, tasks_per_node=2, cpus_per_task=2)
     assert plan_for_task(cfg, env, allowed=range(4)).env["OMP_PROC_BIND"] == "false"
 
@@ -330,20 +353,25 @@ def test_locate_library_from_ldconfig():
     found = locate_library("jemalloc", ldconfig_text=LDCONFIG, exists=lambda p: True)
     assert found == "/lib/x86_64-linux-gnu/libjemalloc.so.2"  # the 64-bit entry
     assert locate_library("tcmalloc", ldconfig_text=LDCONFIG, exists=lambda p: True).endswith(
-        "libtcmalloc_minimal.so.4")  # the minimal library is preferred
+        "libtcmalloc_minimal.so.4"
+    )  # the minimal library is preferred
 
 
 def test_locate_library_from_usual_dirs(tmp_path: Path):
     (tmp_path / "libiomp5.so").write_bytes(b"")
-    assert locate_library("iomp5", ldconfig_text="", search_dirs=["/nonexistent", str(tmp_path)]) == \
-        str(tmp_path / "libiomp5.so")
+    assert locate_library("iomp5", ldconfig_text="", search_dirs=["/nonexistent", str(tmp_path)]) == str(
+        tmp_path / "libiomp5.so"
+    )
 
 
-@pytest.mark.parametrize("kind,debian,rpm", [
-    ("jemalloc", "apt-get install libjemalloc2", "dnf install jemalloc"),
-    ("tcmalloc", "apt-get install libtcmalloc-minimal4", "gperftools-libs"),
-    ("iomp5", "pip install intel-openmp", "conda install intel-openmp"),
-])
+@pytest.mark.parametrize(
+    "kind,debian,rpm",
+    [
+        ("jemalloc", "apt-get install libjemalloc2", "dnf install jemalloc"),
+        ("tcmalloc", "apt-get install libtcmalloc-minimal4", "gperftools-libs"),
+        ("iomp5", "pip install intel-openmp", "conda install intel-openmp"),
+    ],
+)
 def test_locate_library_missing_names_the_packages(kind, debian, rpm, tmp_path: Path):
     with pytest.raises(BindingError) as e:
         locate_library(kind, ldconfig_text=LDCONFIG.replace("lib", "xx"), search_dirs=[str(tmp_path)])
@@ -389,9 +417,13 @@ def test_read_core_ids(tmp_path: Path):
 
 
 def test_read_gpu_numa_nodes(tmp_path: Path):
-    devs = [("0000:17:00.0", "0x030200", "0x10de", "0"), ("0000:03:00.0", "0x030000", "0x1a03", "0"),  # BMC VGA
-            ("0000:ca:00.0", "0x030200", "0x10de", "1"), ("0000:65:00.0", "0x030200", "0x10de", "0"),
-            ("0000:b1:00.0", "0x020000", "0x15b3", "1")]  # a NIC
+    devs = [
+        ("0000:17:00.0", "0x030200", "0x10de", "0"),
+        ("0000:03:00.0", "0x030000", "0x1a03", "0"),  # BMC VGA
+        ("0000:ca:00.0", "0x030200", "0x10de", "1"),
+        ("0000:65:00.0", "0x030200", "0x10de", "0"),
+        ("0000:b1:00.0", "0x020000", "0x15b3", "1"),
+    ]  # a NIC
     for bdf, cls, vendor, node in devs:
         d = tmp_path / bdf
         d.mkdir()
@@ -406,8 +438,9 @@ def test_read_gpu_numa_nodes(tmp_path: Path):
 def test_readers_on_this_machine():
     allowed = os.sched_getaffinity(0)
     numa = binding.read_numa_nodes()
-    p = plan_binding(slot=0, slots=1, cpus_per_task=len(allowed), allowed=allowed, numa=numa,
-                     core_ids=binding.read_core_ids(allowed))
+    p = plan_binding(
+        slot=0, slots=1, cpus_per_task=len(allowed), allowed=allowed, numa=numa, core_ids=binding.read_core_ids(allowed)
+    )
     assert set(p.cpus) == allowed
 
 
@@ -437,8 +470,11 @@ def _run_dir(tmp_path: Path, make_config, patch) -> Path:
 def test_launch_dry_run_prints_the_plan(tmp_path, make_config, monkeypatch, capsys):
     from slurm_ddp.launch import main
 
-    rd = _run_dir(tmp_path, make_config, {"slurm": {"tasks_per_node": 2, "cpus_per_task": 1},
-                                          "environment": {"cpu_bind": "cores"}})
+    rd = _run_dir(
+        tmp_path,
+        make_config,
+        {"slurm": {"tasks_per_node": 2, "cpus_per_task": 1}, "environment": {"cpu_bind": "cores"}},
+    )
     for k in [k for k in os.environ if k.startswith(("SLURM_", "OMP_", "KMP_"))]:
         monkeypatch.delenv(k)
     for k, v in synthetic_slurm_env(rank=1, nodes=1, tasks_per_node=2).items():
@@ -495,10 +531,14 @@ def test_env_explain_two_nodes_two_tasks_matches_the_plan(write_job, capsys, mon
 
     for k in [k for k in os.environ if k.startswith(("OMP_", "KMP_")) or k == "LD_PRELOAD"]:
         monkeypatch.delenv(k)
-    job = write_job({"name": "explained",
-                     "slurm": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 4, "time": "1:00:00"},
-                     "environment": {"cpu_bind": "cores", "env": {"OMP_SCHEDULE": "DYNAMIC"}},
-                     "requeue": {"signal": "USR1", "signal_delay_s": 300, "max_requeues": 5}})
+    job = write_job(
+        {
+            "name": "explained",
+            "slurm": {"nodes": 2, "tasks_per_node": 2, "cpus_per_task": 4, "time": "1:00:00"},
+            "environment": {"cpu_bind": "cores", "env": {"OMP_SCHEDULE": "DYNAMIC"}},
+            "requeue": {"signal": "USR1", "signal_delay_s": 300, "max_requeues": 5},
+        }
+    )
     rc = main(["env", str(job), "--explain", "--nodelist", "gpu[07-08]", "--job-id", "4242", "--numa-nodes", "2"])
     out = capsys.readouterr().out
     assert rc == 0, out
@@ -509,16 +549,22 @@ def test_env_explain_two_nodes_two_tasks_matches_the_plan(write_job, capsys, mon
     cfg = load_config(job)
     numa = {0: frozenset(range(0, 4)), 1: frozenset(range(4, 8))}
     for rank, lines in blocks.items():
-        env = synthetic_slurm_env(rank=rank, nodes=2, tasks_per_node=2, job_id="4242", cpus_per_task=4,
-                                  nodelist="gpu[07-08]")
+        env = synthetic_slurm_env(
+            rank=rank, nodes=2, tasks_per_node=2, job_id="4242", cpus_per_task=4, nodelist="gpu[07-08]"
+        )
         env["OMP_SCHEDULE"] = "DYNAMIC"
         denv = DistEnv.from_slurm(env)
         p = plan_for_task(cfg, env, allowed=range(8), numa=numa)
         head = dict(kv.split("=", 1) for kv in lines[0].split()[2:])
-        assert head == {"local_rank": f"{denv.local_rank}/2", "node": str(denv.node_rank),
-                        "host": ["gpu07", "gpu08"][rank // 2], "cpus": format_cpulist(p.cpus),
-                        "numa": ",".join(map(str, p.numa_nodes)), "affinity": format_cpulist(p.affinity),
-                        "threads": str(p.threads)}
+        assert head == {
+            "local_rank": f"{denv.local_rank}/2",
+            "node": str(denv.node_rank),
+            "host": ["gpu07", "gpu08"][rank // 2],
+            "cpus": format_cpulist(p.cpus),
+            "numa": ",".join(map(str, p.numa_nodes)),
+            "affinity": format_cpulist(p.affinity),
+            "threads": str(p.threads),
+        }
         env_line = next(x for x in lines if x.startswith("env: "))
         assert env_line.split()[1:] == [f"{k}={v}" if "{" not in v else f"{k}='{v}'" for k, v in p.env.items()]
         assert "kept (set by the user): OMP_SCHEDULE=DYNAMIC" in lines

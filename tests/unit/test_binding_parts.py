@@ -46,8 +46,7 @@ def test_choose_cpus_keeps_slurms_binding_and_reads_a_mask_list():
 def test_choose_cpus_follows_the_gpus_numa_node_or_says_why_not():
     c = choose_cpus(slot=0, slots=2, cpus_per_task=1, allowed=range(8), numa=TWO_NODES, gpu_numa_nodes=[1, 0])
     assert c.numa_nodes == (1,) and set(c.cpus) <= set(TWO_NODES[1]) and "of this task's GPU" in c.source
-    unknown = choose_cpus(slot=0, slots=2, cpus_per_task=1, allowed=range(8), numa=TWO_NODES,
-                          gpu_numa_nodes=[-1, -1])
+    unknown = choose_cpus(slot=0, slots=2, cpus_per_task=1, allowed=range(8), numa=TWO_NODES, gpu_numa_nodes=[-1, -1])
     assert any("GPU NUMA nodes unknown" in n for n in unknown.notes)
 
 
@@ -66,35 +65,53 @@ def test_choose_cpus_oversubscribed_and_refusals():
 def test_plan_environment_gnu_cores():
     p = plan_environment(cpus=(4, 5, 6), numa_nodes=(1,), cpu_bind="cores")
     assert isinstance(p, EnvironmentPlan)
-    assert dict(p.env) == {"OMP_NUM_THREADS": "3", "OMP_SCHEDULE": "STATIC", "OMP_PROC_BIND": "close",
-                           "OMP_PLACES": "{4}:3"}
+    assert dict(p.env) == {
+        "OMP_NUM_THREADS": "3",
+        "OMP_SCHEDULE": "STATIC",
+        "OMP_PROC_BIND": "close",
+        "OMP_PLACES": "{4}:3",
+    }
     assert (dict(p.kept), p.preload, p.prefix, p.notes) == ({}, (), (), ())
 
 
 def test_plan_environment_intel_jemalloc_keeps_the_users_values_first():
     environ = {"OMP_NUM_THREADS": "7", "LD_PRELOAD": "/mine.so"}
-    p = plan_environment(cpus=(0, 2), numa_nodes=(0,), cpu_bind="cores", openmp="intel", allocator="jemalloc",
-                         environ=environ, libraries={"iomp5": IOMP, "jemalloc": JEMALLOC})
+    p = plan_environment(
+        cpus=(0, 2),
+        numa_nodes=(0,),
+        cpu_bind="cores",
+        openmp="intel",
+        allocator="jemalloc",
+        environ=environ,
+        libraries={"iomp5": IOMP, "jemalloc": JEMALLOC},
+    )
     assert dict(p.kept) == {"OMP_NUM_THREADS": "7"}
     assert p.env["KMP_AFFINITY"] == "granularity=fine,explicit,proclist=[0,2]" and p.env["KMP_BLOCKTIME"] == "1"
     assert p.env["LD_PRELOAD"] == f"/mine.so:{IOMP}:{JEMALLOC}" and p.preload == (IOMP, JEMALLOC)
-    over = plan_environment(cpus=(0, 2), numa_nodes=(0,), cpu_bind="cores", openmp="intel", override_env=True,
-                            environ=environ, libraries={"iomp5": IOMP})
+    over = plan_environment(
+        cpus=(0, 2),
+        numa_nodes=(0,),
+        cpu_bind="cores",
+        openmp="intel",
+        override_env=True,
+        environ=environ,
+        libraries={"iomp5": IOMP},
+    )
     assert over.env["OMP_NUM_THREADS"] == "2" and over.env["LD_PRELOAD"] == f"{IOMP}:/mine.so"
 
 
 def test_plan_environment_unpinned_threads_and_numactl():
-    p = plan_environment(cpus=(4, 5), numa_nodes=(1,), cpu_bind="numa", numactl="/usr/bin/numactl",
-                         pin_threads=False)
+    p = plan_environment(cpus=(4, 5), numa_nodes=(1,), cpu_bind="numa", numactl="/usr/bin/numactl", pin_threads=False)
     assert p.env["OMP_PROC_BIND"] == "false" and "OMP_PLACES" not in p.env
     assert p.prefix == ("/usr/bin/numactl", "--cpunodebind=1", "--membind=1")
     assert len(p.notes) == 1 and "not pinned" in p.notes[0]
     assert dict(plan_environment(cpus=(0,), numa_nodes=(0,)).env) == {"OMP_NUM_THREADS": "1"}  # cpu_bind none
 
 
-@pytest.mark.parametrize("kw, needle", [({"cpu_bind": "numa"}, "numactl"),
-                                        ({"allocator": "tcmalloc"}, "tcmalloc"),
-                                        ({"openmp": "intel"}, "iomp5")])
+@pytest.mark.parametrize(
+    "kw, needle",
+    [({"cpu_bind": "numa"}, "numactl"), ({"allocator": "tcmalloc"}, "tcmalloc"), ({"openmp": "intel"}, "iomp5")],
+)
 def test_plan_environment_names_what_is_missing(kw, needle):
     with pytest.raises(BindingError, match=needle):
         plan_environment(cpus=(0,), numa_nodes=(0,), **kw)
@@ -106,9 +123,15 @@ def test_plan_environment_names_what_is_missing(kw, needle):
 def test_plan_binding_is_the_two_halves_put_together():
     kw = {"slot": 1, "slots": 2, "cpus_per_task": 2, "allowed": range(8), "numa": TWO_NODES}
     c = choose_cpus(**kw)
-    e = plan_environment(cpus=c.cpus, numa_nodes=c.numa_nodes, cpu_bind="numa", numactl="/bin/numactl",
-                         pin_threads=False)
+    e = plan_environment(
+        cpus=c.cpus, numa_nodes=c.numa_nodes, cpu_bind="numa", numactl="/bin/numactl", pin_threads=False
+    )
     p = plan_binding(cpu_bind="numa", numactl="/bin/numactl", pin_threads=False, **kw)
-    assert (p.cpus, p.numa_nodes, p.source, p.affinity, p.threads) == (c.cpus, c.numa_nodes, c.source,
-                                                                      c.numa_cpus, len(c.cpus))
+    assert (p.cpus, p.numa_nodes, p.source, p.affinity, p.threads) == (
+        c.cpus,
+        c.numa_nodes,
+        c.source,
+        c.numa_cpus,
+        len(c.cpus),
+    )
     assert (dict(p.env), p.prefix, p.notes) == (dict(e.env), e.prefix, c.notes + e.notes)

@@ -83,8 +83,16 @@ def test_manifest_fields(tmp_path):
     after = time.time()
     manifest = json.loads((tmp_path / "step-00000007.json").read_text())
     data = tmp_path / "step-00000007.pt"
-    assert set(manifest) == {"step", "file", "world_size", "config_hash", "size_bytes", "sha256", "created",
-                             "torch_version"}
+    assert set(manifest) == {
+        "step",
+        "file",
+        "world_size",
+        "config_hash",
+        "size_bytes",
+        "sha256",
+        "created",
+        "torch_version",
+    }
     assert manifest["step"] == 7 and manifest["file"] == "step-00000007.pt"
     assert manifest["world_size"] == 2 and manifest["config_hash"] == "cafe"
     assert manifest["size_bytes"] == data.stat().st_size
@@ -93,7 +101,11 @@ def test_manifest_fields(tmp_path):
     assert before <= manifest["created"] <= after  # the wall-clock time of the save
     info = mgr.latest()
     assert (info.path, info.manifest, info.size_bytes, info.sha256) == (
-        data, tmp_path / "step-00000007.json", manifest["size_bytes"], manifest["sha256"])
+        data,
+        tmp_path / "step-00000007.json",
+        manifest["size_bytes"],
+        manifest["sha256"],
+    )
 
 
 class _RunsCode:
@@ -124,7 +136,11 @@ def test_keep_last_keeps_the_newest_n(tmp_path):
     mgr = saved(tmp_path, [1, 2, 3, 4, 5], keep_last=2)
     assert [i.step for i in mgr.committed()] == [4, 5]
     assert sorted(p.name for p in tmp_path.iterdir()) == [
-        "step-00000004.json", "step-00000004.pt", "step-00000005.json", "step-00000005.pt"]
+        "step-00000004.json",
+        "step-00000004.pt",
+        "step-00000005.json",
+        "step-00000005.pt",
+    ]
 
 
 def test_keep_last_one(tmp_path):
@@ -369,8 +385,13 @@ def _try_install():
 
 @pytest.mark.parametrize(
     "spec, expected",
-    [("USR2", signal.SIGUSR2), ("usr2", signal.SIGUSR2), ("SIGTERM", signal.SIGTERM), (15, signal.SIGTERM),
-     (signal.SIGINT, signal.SIGINT)],
+    [
+        ("USR2", signal.SIGUSR2),
+        ("usr2", signal.SIGUSR2),
+        ("SIGTERM", signal.SIGTERM),
+        (15, signal.SIGTERM),
+        (signal.SIGINT, signal.SIGINT),
+    ],
 )
 def test_to_signal(spec, expected):
     assert to_signal(spec) == expected

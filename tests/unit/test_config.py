@@ -214,8 +214,11 @@ BAD = [
     ({"na\tme": "x"}, "na\\tme", ["unknown config key", "valid keys: name"]),
     ({"environment": {"envs": {}}}, "environment.envs", ["valid keys: setup, env, python", "did you mean 'env'"]),
     ({"train": {"max_step": 5}}, "train.max_step", ["valid keys: task,", "did you mean 'max_steps'"]),
-    ({"checkpoint": {"keep": 3}}, "checkpoint.keep",
-     ["valid keys: every_steps, keep_last", "did you mean 'keep_last'"]),
+    (
+        {"checkpoint": {"keep": 3}},
+        "checkpoint.keep",
+        ["valid keys: every_steps, keep_last", "did you mean 'keep_last'"],
+    ),
     ({"requeue": {"signl": "USR2"}}, "requeue.signl", ["valid keys: signal,", "did you mean 'signal'"]),
     # wrong types
     ({"slurm": {"nodes": "2"}}, "slurm.nodes", ["got '2'", "an integer"]),
@@ -266,12 +269,18 @@ BAD = [
     ],
     ({"requeue": {"signal": 12}}, "requeue.signal", ["got '12'", "USR2"]),
     # the signal must come before the time limit
-    ({"slurm": {"time": "00:02:00"}, "requeue": {"signal_delay_s": 120}}, "requeue.signal_delay_s",
-     ["got 120", "fewer seconds than slurm.time (00:02:00 = 120 s)"]),
+    (
+        {"slurm": {"time": "00:02:00"}, "requeue": {"signal_delay_s": 120}},
+        "requeue.signal_delay_s",
+        ["got 120", "fewer seconds than slurm.time (00:02:00 = 120 s)"],
+    ),
     ({"slurm": {"time": "1"}}, "requeue.signal_delay_s", ["got 120", "slurm.time (1 = 60 s)"]),
     # one task per GPU
-    ({"slurm": {"gpus_per_node": 4, "tasks_per_node": 2}}, "slurm.tasks_per_node",
-     ["got 2", "one task per GPU (4, from slurm.gpus_per_node)", "hint:"]),
+    (
+        {"slurm": {"gpus_per_node": 4, "tasks_per_node": 2}},
+        "slurm.tasks_per_node",
+        ["got 2", "one task per GPU (4, from slurm.gpus_per_node)", "hint:"],
+    ),
     ({"slurm": {"gpus_per_node": 2}}, "slurm.tasks_per_node", ["got 1", "one task per GPU (2"]),
     ({"train": {"backend": "nccl"}}, "train.backend", ["got 'nccl'", "gloo or auto", "gpus_per_node"]),
     ({"train": {"backend": "mpi"}}, "train.backend", ["got 'mpi'", "one of auto, gloo, nccl"]),

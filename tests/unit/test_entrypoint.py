@@ -32,8 +32,9 @@ def _env(**extra: str) -> dict:
 
 
 def _run(module: str, *args: str, **env: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, env=_env(**env),
-                          timeout=120, check=False)
+    return subprocess.run(
+        [sys.executable, "-m", module, *args], capture_output=True, text=True, env=_env(**env), timeout=120, check=False
+    )
 
 
 # --------------------------------------------------------------------------- run_main
@@ -44,8 +45,15 @@ def test_run_main_returns_the_status_of_fn():
     assert run_main("prog", lambda: 75) == 75
 
 
-@pytest.mark.parametrize("error, code", [(UserError("bad x"), 2), (CheckpointError("bad x"), 5),
-                                         (EnvironmentMismatch("bad x"), 2), (SlurmDDPError("bad x"), 1)])
+@pytest.mark.parametrize(
+    "error, code",
+    [
+        (UserError("bad x"), 2),
+        (CheckpointError("bad x"), 5),
+        (EnvironmentMismatch("bad x"), 2),
+        (SlurmDDPError("bad x"), 1),
+    ],
+)
 def test_run_main_turns_an_error_into_one_line_and_its_exit_code(error, code):
     def fail() -> int:
         raise error
@@ -81,8 +89,10 @@ def test_error_classes_live_in_errors_and_keep_their_old_names():
     assert binding.BindingError is errors.BindingError and errors.BindingError.exit_code == 2
     assert errors.PeerFailure.exit_code == 1 and errors.TrainingDiverged.exit_code == 1
     assert errors.CommandNotRunnable.exit_code == 127
-    assert all(issubclass(c, SlurmDDPError) for c in (errors.BindingError, errors.PeerFailure,
-                                                       errors.TrainingDiverged, errors.CommandNotRunnable))
+    assert all(
+        issubclass(c, SlurmDDPError)
+        for c in (errors.BindingError, errors.PeerFailure, errors.TrainingDiverged, errors.CommandNotRunnable)
+    )
 
 
 # --------------------------------------------------------------------------- the three entry points
@@ -111,8 +121,10 @@ def test_rendezvous_main_reports_a_bad_port_through_the_wrapper(monkeypatch, cap
 def test_launch_entry_reports_a_missing_run_dir_in_one_line(tmp_path):
     r = _run("slurm_ddp.launch", "--run-dir", str(tmp_path / "nope"), "--", "true")
     assert r.returncode == 2 and "Traceback" not in r.stderr
-    expected = (f"slurm_ddp launch: error: {tmp_path / 'nope' / 'config.yaml'} does not exist: "
-                "--run-dir must be a run directory made by `slurm-ddp submit`")
+    expected = (
+        f"slurm_ddp launch: error: {tmp_path / 'nope' / 'config.yaml'} does not exist: "
+        "--run-dir must be a run directory made by `slurm-ddp submit`"
+    )
     assert r.stderr.splitlines() == [expected]
 
 
@@ -124,8 +136,14 @@ def test_launch_entry_cannot_run_the_command_is_127(tmp_path, make_config):
     rd.mkdir()
     (rd / "config.yaml").write_text(dump_config(make_config({})))
     missing = str(tmp_path / "no-such-program")
-    r = _run("slurm_ddp.launch", "--run-dir", str(rd), "--", missing,
-             **synthetic_slurm_env(rank=0, nodes=1, tasks_per_node=1))
+    r = _run(
+        "slurm_ddp.launch",
+        "--run-dir",
+        str(rd),
+        "--",
+        missing,
+        **synthetic_slurm_env(rank=0, nodes=1, tasks_per_node=1),
+    )
     assert r.returncode == 127 and "Traceback" not in r.stderr
     assert r.stderr.splitlines()[-1].startswith(f"slurm_ddp launch: error: cannot run {missing!r}: ")
     assert len([line for line in r.stderr.splitlines() if "error:" in line]) == 1

@@ -49,8 +49,17 @@ def task_env(*, procid, localid, nodeid, ntasks, nnodes, nodelist, tasks_per_nod
 @pytest.mark.parametrize("rank", [0, 1])
 def test_one_node_two_tasks(rank):
     env = DistEnv.from_slurm(
-        task_env(procid=rank, localid=rank, nodeid=0, ntasks=2, nnodes=1, nodelist="cn01", tasks_per_node="2",
-                 SLURMD_NODENAME="cn01", SLURM_RESTART_COUNT=1)
+        task_env(
+            procid=rank,
+            localid=rank,
+            nodeid=0,
+            ntasks=2,
+            nnodes=1,
+            nodelist="cn01",
+            tasks_per_node="2",
+            SLURMD_NODENAME="cn01",
+            SLURM_RESTART_COUNT=1,
+        )
     )
     assert (env.rank, env.local_rank, env.world_size) == (rank, rank, 2)
     assert (env.node_rank, env.num_nodes, env.local_world_size) == (0, 1, 2)
@@ -66,8 +75,15 @@ TWO_BY_FOUR = [(r, r % 4, r // 4) for r in range(8)]
 @pytest.mark.parametrize("rank, local_rank, node_rank", TWO_BY_FOUR)
 def test_two_nodes_four_tasks_every_rank(rank, local_rank, node_rank):
     env = DistEnv.from_slurm(
-        task_env(procid=rank, localid=local_rank, nodeid=node_rank, ntasks=8, nnodes=2,
-                 nodelist="gpu-[001-002]", tasks_per_node="4(x2)")
+        task_env(
+            procid=rank,
+            localid=local_rank,
+            nodeid=node_rank,
+            ntasks=8,
+            nnodes=2,
+            nodelist="gpu-[001-002]",
+            tasks_per_node="4(x2)",
+        )
     )
     assert env.rank == rank
     assert env.local_rank == local_rank
@@ -80,8 +96,11 @@ def test_two_nodes_four_tasks_every_rank(rank, local_rank, node_rank):
 
 def test_shared_fields_are_identical_on_every_rank():
     envs = [
-        DistEnv.from_slurm(task_env(procid=r, localid=lr, nodeid=n, ntasks=8, nnodes=2,
-                                    nodelist="gpu-[001-002]", tasks_per_node="4(x2)"))
+        DistEnv.from_slurm(
+            task_env(
+                procid=r, localid=lr, nodeid=n, ntasks=8, nnodes=2, nodelist="gpu-[001-002]", tasks_per_node="4(x2)"
+            )
+        )
         for r, lr, n in TWO_BY_FOUR
     ]
     assert len({(e.master_addr, e.master_port, e.world_size, e.num_nodes, e.job_id) for e in envs}) == 1
@@ -94,8 +113,15 @@ def test_shared_fields_are_identical_on_every_rank():
 )
 def test_uneven_tasks_per_node(nodeid, localid, expected_local_world):
     env = DistEnv.from_slurm(
-        task_env(procid=2 * nodeid + localid, localid=localid, nodeid=nodeid, ntasks=7, nnodes=4,
-                 nodelist="n[1-4]", tasks_per_node="2(x3),1")
+        task_env(
+            procid=2 * nodeid + localid,
+            localid=localid,
+            nodeid=nodeid,
+            ntasks=7,
+            nnodes=4,
+            nodelist="n[1-4]",
+            tasks_per_node="2(x3),1",
+        )
     )
     assert env.local_world_size == expected_local_world
     assert env.master_addr == "n1"
@@ -107,14 +133,28 @@ def test_without_tasks_per_node_the_local_world_is_the_even_share():
 
 
 def test_step_tasks_per_node_is_the_fallback():
-    environ = task_env(procid=0, localid=0, nodeid=0, ntasks=3, nnodes=1, nodelist="a1", tasks_per_node="",
-                       SLURM_STEP_TASKS_PER_NODE="3")
+    environ = task_env(
+        procid=0,
+        localid=0,
+        nodeid=0,
+        ntasks=3,
+        nnodes=1,
+        nodelist="a1",
+        tasks_per_node="",
+        SLURM_STEP_TASKS_PER_NODE="3",
+    )
     assert DistEnv.from_slurm(environ).local_world_size == 3
 
 
 def test_old_variable_names_are_understood():
-    environ = {"SLURM_PROCID": "1", "SLURM_LOCALID": "1", "SLURM_NTASKS": "2", "SLURM_NODELIST": "x[7-8]",
-               "SLURM_JOB_NUM_NODES": "1", "SLURM_JOBID": "99"}
+    environ = {
+        "SLURM_PROCID": "1",
+        "SLURM_LOCALID": "1",
+        "SLURM_NTASKS": "2",
+        "SLURM_NODELIST": "x[7-8]",
+        "SLURM_JOB_NUM_NODES": "1",
+        "SLURM_JOBID": "99",
+    }
     env = DistEnv.from_slurm(environ)
     assert (env.master_addr, env.num_nodes, env.job_id, env.local_world_size) == ("x7", 1, "99", 2)
     assert env.master_port == PORT_BASE + 99
@@ -141,8 +181,17 @@ def test_old_variable_names_are_understood():
 )
 def test_expand_nodelist(nodelist, hosts):
     assert expand_nodelist(nodelist) == hosts
-    env = DistEnv.from_slurm(task_env(procid=0, localid=0, nodeid=0, ntasks=len(hosts), nnodes=len(hosts),
-                                      nodelist=nodelist, tasks_per_node=f"1(x{len(hosts)})"))
+    env = DistEnv.from_slurm(
+        task_env(
+            procid=0,
+            localid=0,
+            nodeid=0,
+            ntasks=len(hosts),
+            nnodes=len(hosts),
+            nodelist=nodelist,
+            tasks_per_node=f"1(x{len(hosts)})",
+        )
+    )
     assert env.master_addr == hosts[0]
 
 
@@ -211,9 +260,19 @@ def test_bad_tasks_per_node(spec):
 
 def test_master_port_and_addr_from_the_environment_win():
     envs = [
-        DistEnv.from_slurm(task_env(procid=r, localid=r % 2, nodeid=r // 2, ntasks=4, nnodes=2,
-                                    nodelist="a[1-2]", tasks_per_node="2(x2)",
-                                    MASTER_PORT=29500, MASTER_ADDR="10.0.0.5"))
+        DistEnv.from_slurm(
+            task_env(
+                procid=r,
+                localid=r % 2,
+                nodeid=r // 2,
+                ntasks=4,
+                nnodes=2,
+                nodelist="a[1-2]",
+                tasks_per_node="2(x2)",
+                MASTER_PORT=29500,
+                MASTER_ADDR="10.0.0.5",
+            )
+        )
         for r in range(4)
     ]
     assert {(e.master_addr, e.master_port) for e in envs} == {("10.0.0.5", 29500)}
@@ -221,8 +280,18 @@ def test_master_port_and_addr_from_the_environment_win():
 
 def test_without_master_port_every_rank_derives_the_same_port():
     ports = {
-        DistEnv.from_slurm(task_env(procid=r, localid=r % 2, nodeid=r // 2, ntasks=4, nnodes=2,
-                                    nodelist="a[1-2]", tasks_per_node="2(x2)", job_id="987654")).master_port
+        DistEnv.from_slurm(
+            task_env(
+                procid=r,
+                localid=r % 2,
+                nodeid=r // 2,
+                ntasks=4,
+                nnodes=2,
+                nodelist="a[1-2]",
+                tasks_per_node="2(x2)",
+                job_id="987654",
+            )
+        ).master_port
         for r in range(4)
     }
     assert ports == {fallback_port("987654")}
@@ -230,8 +299,16 @@ def test_without_master_port_every_rank_derives_the_same_port():
 
 @pytest.mark.parametrize(
     "job_id, port",
-    [("4242", 19242), ("0", 15000), ("15000", 15000), ("29999", 29999), ("123456789", 15000 + 123456789 % 15000),
-     ("12_3", 15123), ("abc", 15000), ("", 15000)],
+    [
+        ("4242", 19242),
+        ("0", 15000),
+        ("15000", 15000),
+        ("29999", 29999),
+        ("123456789", 15000 + 123456789 % 15000),
+        ("12_3", 15123),
+        ("abc", 15000),
+        ("", 15000),
+    ],
 )
 def test_fallback_port(job_id, port):
     assert fallback_port(job_id) == port
@@ -240,8 +317,9 @@ def test_fallback_port(job_id, port):
 
 def test_bad_master_port():
     for value in ("http", "0", "70000"):
-        environ = task_env(procid=0, localid=0, nodeid=0, ntasks=1, nnodes=1, nodelist="a1", tasks_per_node="1",
-                           MASTER_PORT=value)
+        environ = task_env(
+            procid=0, localid=0, nodeid=0, ntasks=1, nnodes=1, nodelist="a1", tasks_per_node="1", MASTER_PORT=value
+        )
         with pytest.raises(UserError) as ei:
             DistEnv.from_slurm(environ)
         assert "MASTER_PORT" in str(ei.value)
@@ -287,8 +365,9 @@ def test_inconsistent_task_variables(overrides, fragment):
 def test_from_slurm_only_reads_its_input(monkeypatch):
     monkeypatch.delenv("RANK", raising=False)
     monkeypatch.delenv("MASTER_PORT", raising=False)
-    environ = MappingProxyType(task_env(procid=1, localid=1, nodeid=0, ntasks=2, nnodes=1, nodelist="a1",
-                                        tasks_per_node="2"))
+    environ = MappingProxyType(
+        task_env(procid=1, localid=1, nodeid=0, ntasks=2, nnodes=1, nodelist="a1", tasks_per_node="2")
+    )
     env = DistEnv.from_slurm(environ)  # a read-only mapping is enough
     assert "RANK" not in os.environ and "MASTER_PORT" not in os.environ
     assert env.rank == 1
@@ -299,15 +378,17 @@ def test_from_slurm_only_reads_its_input(monkeypatch):
 
 def test_validate_against_matching_config(make_config):
     cfg = make_config({"slurm": {"nodes": 2, "tasks_per_node": 4}})
-    env = DistEnv.from_slurm(task_env(procid=5, localid=1, nodeid=1, ntasks=8, nnodes=2,
-                                      nodelist="gpu-[001-002]", tasks_per_node="4(x2)"))
+    env = DistEnv.from_slurm(
+        task_env(procid=5, localid=1, nodeid=1, ntasks=8, nnodes=2, nodelist="gpu-[001-002]", tasks_per_node="4(x2)")
+    )
     env.validate_against(cfg)  # no error
 
 
 def test_validate_against_wrong_number_of_nodes(make_config):
     cfg = make_config({"slurm": {"nodes": 2, "tasks_per_node": 4}})
-    env = DistEnv.from_slurm(task_env(procid=0, localid=0, nodeid=0, ntasks=4, nnodes=1, nodelist="gpu-001",
-                                      tasks_per_node="4"))
+    env = DistEnv.from_slurm(
+        task_env(procid=0, localid=0, nodeid=0, ntasks=4, nnodes=1, nodelist="gpu-001", tasks_per_node="4")
+    )
     with pytest.raises(EnvironmentMismatch) as ei:
         env.validate_against(cfg)
     msg = str(ei.value)
@@ -317,8 +398,9 @@ def test_validate_against_wrong_number_of_nodes(make_config):
 
 def test_validate_against_wrong_tasks_per_node(make_config):
     cfg = make_config({"slurm": {"nodes": 2, "tasks_per_node": 4}})
-    env = DistEnv.from_slurm(task_env(procid=0, localid=0, nodeid=0, ntasks=4, nnodes=2, nodelist="gpu-[001-002]",
-                                      tasks_per_node="2(x2)"))
+    env = DistEnv.from_slurm(
+        task_env(procid=0, localid=0, nodeid=0, ntasks=4, nnodes=2, nodelist="gpu-[001-002]", tasks_per_node="2(x2)")
+    )
     with pytest.raises(EnvironmentMismatch) as ei:
         env.validate_against(cfg)
     msg = str(ei.value)
@@ -337,8 +419,9 @@ def test_synthetic_env_round_trips_for_every_rank(nodes, tasks_per_node, nodelis
     world = nodes * tasks_per_node
     hosts = expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(nodes)]
     for rank in range(world):
-        environ = synthetic_slurm_env(rank=rank, nodes=nodes, tasks_per_node=tasks_per_node, job_id="31337",
-                                      nodelist=nodelist, restart_count=2)
+        environ = synthetic_slurm_env(
+            rank=rank, nodes=nodes, tasks_per_node=tasks_per_node, job_id="31337", nodelist=nodelist, restart_count=2
+        )
         env = DistEnv.from_slurm(environ)
         assert env.rank == rank
         assert env.local_rank == rank % tasks_per_node
@@ -359,14 +442,31 @@ def test_synthetic_env_validates_against_its_config(make_config):
 
 
 def test_torch_env_keys_and_values():
-    env = DistEnv.from_slurm(synthetic_slurm_env(rank=5, nodes=2, tasks_per_node=4, job_id="77",
-                                                 nodelist="gpu-[001-002]"))
+    env = DistEnv.from_slurm(
+        synthetic_slurm_env(rank=5, nodes=2, tasks_per_node=4, job_id="77", nodelist="gpu-[001-002]")
+    )
     te = env.torch_env()
-    assert set(te) == {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "NODE_RANK", "GROUP_RANK",
-                       "MASTER_ADDR", "MASTER_PORT"}
+    assert set(te) == {
+        "RANK",
+        "LOCAL_RANK",
+        "WORLD_SIZE",
+        "LOCAL_WORLD_SIZE",
+        "NODE_RANK",
+        "GROUP_RANK",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+    }
     assert all(isinstance(v, str) for v in te.values())
-    assert te == {"RANK": "5", "LOCAL_RANK": "1", "WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "NODE_RANK": "1",
-                  "GROUP_RANK": "1", "MASTER_ADDR": "gpu-001", "MASTER_PORT": str(fallback_port("77"))}
+    assert te == {
+        "RANK": "5",
+        "LOCAL_RANK": "1",
+        "WORLD_SIZE": "8",
+        "LOCAL_WORLD_SIZE": "4",
+        "NODE_RANK": "1",
+        "GROUP_RANK": "1",
+        "MASTER_ADDR": "gpu-001",
+        "MASTER_PORT": str(fallback_port("77")),
+    }
 
 
 # --------------------------------------------------------------------------- rendezvous.choose
@@ -386,8 +486,12 @@ def test_choose_honours_user_set_master_addr_and_port(monkeypatch):
         raise AssertionError("must not probe a port the user set")
 
     monkeypatch.setattr(rendezvous, "choose_port", no_probe)
-    environ = {"SLURM_JOB_NODELIST": "gpu-[003-004]", "SLURM_JOB_ID": "5", "MASTER_ADDR": "login7",
-               "MASTER_PORT": "29400"}
+    environ = {
+        "SLURM_JOB_NODELIST": "gpu-[003-004]",
+        "SLURM_JOB_ID": "5",
+        "MASTER_ADDR": "login7",
+        "MASTER_PORT": "29400",
+    }
     assert rendezvous.choose(environ) == ("login7", 29400)
 
 

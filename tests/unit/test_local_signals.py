@@ -49,7 +49,9 @@ def test_wait_acts_on_a_recorded_signal_and_says_which_rank_failed(job, capsys):
         rank.kill()
         rank.wait()
     assert rank.returncode == -signal.SIGTERM
-    expected = (f"rank 0 exited with status {-signal.SIGTERM}; stopping the other ranks "
-                f"(see {job.plan.run_dir}/logs/rank-0.log)")
+    expected = (
+        f"rank 0 exited with status {-signal.SIGTERM}; stopping the other ranks "
+        f"(see {job.plan.run_dir}/logs/rank-0.log)"
+    )
     assert job.said == [expected]
     assert capsys.readouterr() == ("", "")

@@ -26,7 +26,7 @@ from slurm_ddp.errors import UserError
 
 SLURM_COMMANDS = ("scontrol", "squeue", "sacct", "scancel", "sbatch")
 
-_FAKE = r'''#!{python}
+_FAKE = r"""#!{python}
 import json, os, sys
 name = os.path.basename(sys.argv[0])
 args = sys.argv[1:]
@@ -41,7 +41,7 @@ for rule in rules:
         sys.exit(rule.get("rc", 0))
 sys.stderr.write("slurm_load_partitions: Unable to contact slurm controller (connect failure)\n")
 sys.exit(1)
-'''
+"""
 
 
 class FakeSlurm:
@@ -75,18 +75,28 @@ class FakeSlurm:
         return [c for c in out if cmd is None or c["cmd"] == cmd]
 
     # canned answers of Slurm 22.05
-    def job(self, job_id: str, state: str, restarts: int = 0, reason: str = "None", exit_code: str = "0:0",
-            nodes: str = "n[1-2]") -> None:
-        line = (f"JobId={job_id} JobName=digits UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
-                f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
-                f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode={exit_code} RunTime=00:01:03 "
-                f"TimeLimit=00:10:00 NodeList={nodes} BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
-                "WorkDir=/tmp/run dir StdOut=/tmp/run dir/logs/batch-%j.out Power=\n")
+    def job(
+        self,
+        job_id: str,
+        state: str,
+        restarts: int = 0,
+        reason: str = "None",
+        exit_code: str = "0:0",
+        nodes: str = "n[1-2]",
+    ) -> None:
+        line = (
+            f"JobId={job_id} JobName=digits UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
+            f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+            f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode={exit_code} RunTime=00:01:03 "
+            f"TimeLimit=00:10:00 NodeList={nodes} BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
+            "WorkDir=/tmp/run dir StdOut=/tmp/run dir/logs/batch-%j.out Power=\n"
+        )
         self.set("scontrol", stdout=line, when=["show", "job", job_id])
 
     def unknown_job(self, job_id: str) -> None:
-        self.set("scontrol", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1,
-                 when=["show", "job", job_id])
+        self.set(
+            "scontrol", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1, when=["show", "job", job_id]
+        )
         self.set("squeue", stderr="slurm_load_jobs error: Invalid job id specified\n", rc=1)
 
     def no_accounting(self) -> None:
@@ -122,8 +132,11 @@ def make_run(
     rd = root / name
     (rd / "logs").mkdir(parents=True)
     (rd / "checkpoints").mkdir()
-    cfg = {"name": name, "slurm": {"nodes": nodes, "tasks_per_node": tasks_per_node, "time": "00:20:00"},
-           "train": {"task": "digits_task:DigitsTask", "max_steps": max_steps}}
+    cfg = {
+        "name": name,
+        "slurm": {"nodes": nodes, "tasks_per_node": tasks_per_node, "time": "00:20:00"},
+        "train": {"task": "digits_task:DigitsTask", "max_steps": max_steps},
+    }
     (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
     if jobs:
         with open(rd / "jobs.jsonl", "w") as f:
@@ -141,9 +154,19 @@ def make_run(
     for step in checkpoints:
         data = rd / "checkpoints" / f"step-{step:08d}.pt"
         data.write_bytes(b"x" * 100)
-        (rd / "checkpoints" / f"step-{step:08d}.json").write_text(json.dumps(
-            {"step": step, "file": data.name, "world_size": 2, "config_hash": "abc", "size_bytes": 100,
-             "sha256": "0" * 64, "created": t0}))
+        (rd / "checkpoints" / f"step-{step:08d}.json").write_text(
+            json.dumps(
+                {
+                    "step": step,
+                    "file": data.name,
+                    "world_size": 2,
+                    "config_hash": "abc",
+                    "size_bytes": 100,
+                    "sha256": "0" * 64,
+                    "created": t0,
+                }
+            )
+        )
     for fname, text in (logs or {}).items():
         (rd / "logs" / fname).write_text(text)
     return rd
@@ -153,24 +176,44 @@ def training_metrics(last: int = 400, resume_at: Sequence[int] = (), every: int 
     out: List[dict] = []
     for step in range(every, last + 1, every):
         if step - every in resume_at:
-            out.append({"event": "resume", "step": step - every, "restart": len(
-                [r for r in resume_at if r <= step - every]), "time": 1.0})
-        out.append({"event": "train", "step": step, "epoch": 0, "loss": 2.0 / step ** 0.5, "steps_per_s": 50.0,
-                    "time": 1.0})
+            out.append(
+                {
+                    "event": "resume",
+                    "step": step - every,
+                    "restart": len([r for r in resume_at if r <= step - every]),
+                    "time": 1.0,
+                }
+            )
+        out.append(
+            {"event": "train", "step": step, "epoch": 0, "loss": 2.0 / step**0.5, "steps_per_s": 50.0, "time": 1.0}
+        )
         if step % 200 == 0:
-            out.append({"event": "eval", "step": step, "loss": 0.1, "eval_accuracy": 0.9 + step / 10000,
-                        "eval_loss": 0.2, "eval_samples": 360, "time": 1.0})
+            out.append(
+                {
+                    "event": "eval",
+                    "step": step,
+                    "loss": 0.1,
+                    "eval_accuracy": 0.9 + step / 10000,
+                    "eval_loss": 0.2,
+                    "eval_samples": 360,
+                    "time": 1.0,
+                }
+            )
             out.append({"event": "checkpoint", "step": step, "reason": "periodic", "seconds": 0.01, "time": 1.0})
     return out
 
 
-RANK0 = ("2024-01-01T10:00:01 rank0 INFO host n1 (n1) rank 0/2 local_rank 0/2 node_rank 0 master n1:29500\n"
-         "2024-01-01T10:00:05 rank0 INFO step 50/600 loss 1.2000 40.0 steps/s eta 14 s\n"
-         "Traceback-like line without a timestamp\n"
-         "2024-01-01T10:00:09 rank0 INFO step 100/600 loss 0.8000 40.0 steps/s eta 12 s\n")
+RANK0 = (
+    "2024-01-01T10:00:01 rank0 INFO host n1 (n1) rank 0/2 local_rank 0/2 node_rank 0 master n1:29500\n"
+    "2024-01-01T10:00:05 rank0 INFO step 50/600 loss 1.2000 40.0 steps/s eta 14 s\n"
+    "Traceback-like line without a timestamp\n"
+    "2024-01-01T10:00:09 rank0 INFO step 100/600 loss 0.8000 40.0 steps/s eta 12 s\n"
+)
 RANK1 = "2024-01-01T10:00:02 rank1 WARNING something on rank 1\n2024-01-01T10:00:07 rank1 WARNING later on rank 1\n"
-BATCH = ("2024-01-01T10:00:00 slurm_ddp[batch 101]: host n1, restart 0, nodes n1\n"
-         "2024-01-01T10:00:08 slurm_ddp[batch 101]: MASTER_ADDR=n1 MASTER_PORT=29500\n")
+BATCH = (
+    "2024-01-01T10:00:00 slurm_ddp[batch 101]: host n1, restart 0, nodes n1\n"
+    "2024-01-01T10:00:08 slurm_ddp[batch 101]: MASTER_ADDR=n1 MASTER_PORT=29500\n"
+)
 
 
 def cli(argv: List[str], capsys: pytest.CaptureFixture) -> tuple:
@@ -194,10 +237,24 @@ def one_error(rc: int, err: str, *fragments: str, code: int = 2) -> None:
 # --------------------------------------------------------------------------- runs
 def test_runs_lists_runs_newest_first_with_state_step_eval_restarts(tmp_path, slurm, capsys, monkeypatch):
     base = tmp_path / "runs"
-    make_run(base, "old", jobs=[("sbatch", "90")], metrics=training_metrics(600), max_steps=600,
-             finished={"step": 600, "eval_accuracy": 0.975}, checkpoints=[600], t0=1_000.0)
-    make_run(base, "mid", jobs=[("sbatch", "100"), ("sbatch", "101")], metrics=training_metrics(400, resume_at=[200]),
-             checkpoints=[400], t0=2_000.0)
+    make_run(
+        base,
+        "old",
+        jobs=[("sbatch", "90")],
+        metrics=training_metrics(600),
+        max_steps=600,
+        finished={"step": 600, "eval_accuracy": 0.975},
+        checkpoints=[600],
+        t0=1_000.0,
+    )
+    make_run(
+        base,
+        "mid",
+        jobs=[("sbatch", "100"), ("sbatch", "101")],
+        metrics=training_metrics(400, resume_at=[200]),
+        checkpoints=[400],
+        t0=2_000.0,
+    )
     make_run(base / "nested", "deep", jobs=[("local", "999999999")], metrics=training_metrics(100), t0=3_000.0)
     (base / "not-a-run").mkdir()
     (base / "not-a-run" / "notes.txt").write_text("hi")
@@ -239,8 +296,12 @@ def test_runs_json_and_empty_and_missing_directory(tmp_path, slurm, capsys, monk
 
 # --------------------------------------------------------------------------- status
 def test_status_joins_scontrol_with_the_run_directory(tmp_path, slurm, capsys):
-    rd = make_run(tmp_path, jobs=[("sbatch", "100"), ("sbatch", "101")],
-                  metrics=training_metrics(400, resume_at=[200]), checkpoints=[200, 400])
+    rd = make_run(
+        tmp_path,
+        jobs=[("sbatch", "100"), ("sbatch", "101")],
+        metrics=training_metrics(400, resume_at=[200]),
+        checkpoints=[200, 400],
+    )
     slurm.job("101", "RUNNING", restarts=1)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err
@@ -258,11 +319,24 @@ def test_status_joins_scontrol_with_the_run_directory(tmp_path, slurm, capsys):
     assert slurm.calls("sacct") == []
 
 
-@pytest.mark.parametrize("state,final", [
-    ("PENDING", False), ("RUNNING", False), ("COMPLETING", False), ("PREEMPTED", False), ("REQUEUED", False),
-    ("REQUEUE_HOLD", False), ("SUSPENDED", False), ("COMPLETED", True), ("FAILED", True), ("CANCELLED", True),
-    ("TIMEOUT", True), ("NODE_FAIL", True), ("OUT_OF_MEMORY", True),
-])
+@pytest.mark.parametrize(
+    "state,final",
+    [
+        ("PENDING", False),
+        ("RUNNING", False),
+        ("COMPLETING", False),
+        ("PREEMPTED", False),
+        ("REQUEUED", False),
+        ("REQUEUE_HOLD", False),
+        ("SUSPENDED", False),
+        ("COMPLETED", True),
+        ("FAILED", True),
+        ("CANCELLED", True),
+        ("TIMEOUT", True),
+        ("NODE_FAIL", True),
+        ("OUT_OF_MEMORY", True),
+    ],
+)
 def test_status_preempted_and_requeued_are_not_final(tmp_path, slurm, capsys, state, final):
     rd = make_run(tmp_path, metrics=training_metrics(100))
     slurm.job("101", state, restarts=1)
@@ -335,8 +409,14 @@ def test_status_of_local_runs_comes_from_the_run_directory(tmp_path, slurm, caps
     now = time.time()
     running = make_run(tmp_path, "running", jobs=[("local", str(os.getpid()))], metrics=training_metrics(100), t0=now)
     finished = make_run(tmp_path, "finished", jobs=[("local", "999999999")], finished={"step": 600})
-    preempted = make_run(tmp_path, "preempted", jobs=[("local", "999999998")], preempted="999999998 0 150 SIGTERM",
-                         metrics=training_metrics(150), checkpoints=[150])
+    preempted = make_run(
+        tmp_path,
+        "preempted",
+        jobs=[("local", "999999998")],
+        preempted="999999998 0 150 SIGTERM",
+        metrics=training_metrics(150),
+        checkpoints=[150],
+    )
     stopped = make_run(tmp_path, "stopped", jobs=[("local", "999999997")], metrics=training_metrics(100))
     # a live process that started after the submission is another process that reused the pid
     reused = make_run(tmp_path, "reused", jobs=[("local", str(os.getpid()))], t0=1_000.0)
@@ -347,8 +427,13 @@ def test_status_of_local_runs_comes_from_the_run_directory(tmp_path, slurm, caps
         rec = json.loads(out)
         states[rd.name] = (rec["state"], rec["final"])
         assert rec["source"] == "run directory (local backend)"
-    assert states == {"running": ("RUNNING", False), "finished": ("COMPLETED", True),
-                      "preempted": ("PREEMPTED", True), "stopped": ("STOPPED", True), "reused": ("STOPPED", True)}
+    assert states == {
+        "running": ("RUNNING", False),
+        "finished": ("COMPLETED", True),
+        "preempted": ("PREEMPTED", True),
+        "stopped": ("STOPPED", True),
+        "reused": ("STOPPED", True),
+    }
     assert slurm.calls() == []  # no Slurm command for a local run
 
 
@@ -415,8 +500,10 @@ def test_logs_of_submitit_runs_are_found_per_task(tmp_path, slurm, capsys):
     rc, out, err = cli(["logs", str(rd), "--rank", "1"], capsys)
     assert out == "2024-01-01T10:00:02 rank1 INFO there\n"
     rc, out, err = cli(["logs", str(rd)], capsys)
-    assert out.splitlines() == ["[rank 0] 2024-01-01T10:00:01 rank0 INFO hello",
-                                "[rank 1] 2024-01-01T10:00:02 rank1 INFO there"]
+    assert out.splitlines() == [
+        "[rank 0] 2024-01-01T10:00:01 rank0 INFO hello",
+        "[rank 1] 2024-01-01T10:00:02 rank1 INFO there",
+    ]
 
 
 def test_log_sources_read_the_names_rundir_writes(tmp_path):
@@ -427,8 +514,10 @@ def test_log_sources_read_the_names_rundir_writes(tmp_path):
     for name in (rundir.rank_log_name(12), rundir.rank_log_name(3), rundir.batch_log_name("77_1"), "rank-x.log"):
         (logs / name).write_text("")
     assert [(s.label, s.path.name) for s in ops.log_sources(tmp_path)] == [
-        ("batch 77_1", rundir.batch_log_name("77_1")), ("rank 3", rundir.rank_log_name(3)),
-        ("rank 12", rundir.rank_log_name(12))]
+        ("batch 77_1", rundir.batch_log_name("77_1")),
+        ("rank 3", rundir.rank_log_name(3)),
+        ("rank 12", rundir.rank_log_name(12)),
+    ]
     assert [s.label for s in ops.log_sources(tmp_path, rank=3)] == ["rank 3"]
 
 
@@ -446,8 +535,9 @@ def test_logs_mistakes(tmp_path, slurm, capsys):
 
 
 def test_logs_follow_of_an_ended_run_prints_everything_and_returns(tmp_path, slurm, capsys):
-    rd = make_run(tmp_path, logs={"rank-0.log": RANK0, "rank-1.log": RANK1 + "no newline at the end"},
-                  finished={"step": 600})
+    rd = make_run(
+        tmp_path, logs={"rank-0.log": RANK0, "rank-1.log": RANK1 + "no newline at the end"}, finished={"step": 600}
+    )
     slurm.job("101", "COMPLETED")
     rc, out, err = cli(["logs", str(rd), "-f"], capsys)
     assert rc == 0, err
@@ -461,8 +551,14 @@ def test_follow_goes_on_across_a_requeue_until_the_run_ends(tmp_path):
     (PENDING after a restart) is not an end; COMPLETED is."""
     import subprocess
 
-    rd = make_run(tmp_path, tasks_per_node=1, logs={"rank-0.log": "2024-01-01T10:00:01 rank0 INFO step 10\n",
-                                                    "batch-101.out": "2024-01-01T10:00:00 batch first start\n"})
+    rd = make_run(
+        tmp_path,
+        tasks_per_node=1,
+        logs={
+            "rank-0.log": "2024-01-01T10:00:01 rank0 INFO step 10\n",
+            "batch-101.out": "2024-01-01T10:00:00 batch first start\n",
+        },
+    )
     states = iter(["RUNNING", "COMPLETING", "PENDING", "RUNNING", "RUNNING", "COMPLETED"])
     current = {"state": "RUNNING"}
 
@@ -475,14 +571,16 @@ def test_follow_goes_on_across_a_requeue_until_the_run_ends(tmp_path):
         with open(rd / "logs" / name, "a") as f:
             f.write(text)
 
-    script = iter([
-        lambda: append("rank-0.log", "2024-01-01T10:00:02 rank0 WARNING stopping for preemption after step 12\n"),
-        lambda: append("batch-101.out", "2024-01-01T10:00:03 batch requeueing\n"),
-        lambda: append("rank-0.log", "2024-01-01T10:00:20 rank0 INFO resumed from checkpoint of step 12\n"),
-        lambda: append("rank-0.log", "2024-01-01T10:00:21 rank0 INFO step 2"),  # half a line …
-        lambda: append("rank-0.log", "0\n"),  # … completed
-        lambda: (rd / "FINISHED").write_text('{"step": 20}\n'),
-    ])
+    script = iter(
+        [
+            lambda: append("rank-0.log", "2024-01-01T10:00:02 rank0 WARNING stopping for preemption after step 12\n"),
+            lambda: append("batch-101.out", "2024-01-01T10:00:03 batch requeueing\n"),
+            lambda: append("rank-0.log", "2024-01-01T10:00:20 rank0 INFO resumed from checkpoint of step 12\n"),
+            lambda: append("rank-0.log", "2024-01-01T10:00:21 rank0 INFO step 2"),  # half a line …
+            lambda: append("rank-0.log", "0\n"),  # … completed
+            lambda: (rd / "FINISHED").write_text('{"step": 20}\n'),
+        ]
+    )
     written: List[str] = []
 
     def sleep(_: float) -> None:
@@ -513,6 +611,7 @@ def test_follow_picks_up_a_new_batch_log_and_one_rank_only(tmp_path):
         return subprocess.CompletedProcess(argv, 0, f"JobId=101 JobState={state} Restarts=0\n", "")
 
     out: List[str] = []
+
     def sleep(_: float) -> None:
         (rd / "logs" / "batch-202.out").write_text("new batch\n")
         with open(rd / "logs" / "rank-1.log", "a") as f:
@@ -533,8 +632,9 @@ def test_follow_waits_with_a_timeout_when_slurm_cannot_be_asked(tmp_path):
         raise FileNotFoundError(argv[0])
 
     clock = iter(range(0, 1000)).__next__
-    st = ops.follow_logs(rd, 0, lambda s: None, no_slurm, sleep=lambda _: None, clock=lambda: float(clock()),
-                         timeout_s=5)
+    st = ops.follow_logs(
+        rd, 0, lambda s: None, no_slurm, sleep=lambda _: None, clock=lambda: float(clock()), timeout_s=5
+    )
     assert st.state == "UNKNOWN" and not st.final
 
 
@@ -621,8 +721,9 @@ def test_plot_writes_a_png_with_restarts(tmp_path, slurm, capsys):
     require_module("matplotlib", "slurm-ddp plot")
     import matplotlib.image
 
-    rd = make_run(tmp_path, metrics=training_metrics(600, resume_at=[200, 400]),
-                  finished={"step": 600, "eval_accuracy": 0.97})
+    rd = make_run(
+        tmp_path, metrics=training_metrics(600, resume_at=[200, 400]), finished={"step": 600, "eval_accuracy": 0.97}
+    )
     rc, out, err = cli(["plot", str(rd)], capsys)
     assert rc == 0, err
     png = rd / "metrics.png"
@@ -678,16 +779,26 @@ def test_plot_mistakes(tmp_path, slurm, capsys):
 # --------------------------------------------------------------------------- submit --test-only
 def write_job(d: Path, **train: Any) -> Path:
     job = d / "job.yaml"
-    job.write_text(yaml.safe_dump({"name": "t", "slurm": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
-                                   "train": {"task": "nosuch_task_mod:T", **train}}))
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "t",
+                "slurm": {"nodes": 2, "tasks_per_node": 1, "time": "00:10:00"},
+                "train": {"task": "nosuch_task_mod:T", **train},
+            }
+        )
+    )
     return job
 
 
 def test_test_only_asks_sbatch_and_leaves_nothing_behind(tmp_path, slurm, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = write_job(tmp_path)
-    slurm.set("sbatch", stderr="sbatch: Job 12 to start at 2024-01-01T10:00:00 using 2 processors on nodes "
-                               "n[1-2] in partition debug\n", when=["--test-only"])
+    slurm.set(
+        "sbatch",
+        stderr="sbatch: Job 12 to start at 2024-01-01T10:00:00 using 2 processors on nodes n[1-2] in partition debug\n",
+        when=["--test-only"],
+    )
     before = sorted(p.name for p in tmp_path.iterdir())
     rc, out, err = cli(["submit", str(job), "--test-only", "--no-check-task"], capsys)
     assert rc == 0, err

@@ -53,7 +53,7 @@ FULL = {
     },
     "environment": {
         "setup": ["module load cuda/12.1", "source /opt/venv/bin/activate"],
-        "env": {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": 8, "GREETING": "it's \"quoted\" $HOME"},
+        "env": {"NCCL_DEBUG": "WARN", "OMP_NUM_THREADS": 8, "GREETING": 'it\'s "quoted" $HOME'},
         "python": "/opt/venv/bin/python",
     },
     "train": {"task": "mypkg.tasks:ResNet", "backend": "nccl", "max_steps": 10000, "batch_size": 64},
@@ -100,8 +100,7 @@ def assert_golden(path: Path, text: str) -> None:
     expected = path.read_text()
     diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True), str(path), "rendered"))
     assert text == expected, (
-        f"rendered script differs from {path}. If the change is intended, regenerate with:\n"
-        f"    {REGEN_COMMAND}\n{diff}"
+        f"rendered script differs from {path}. If the change is intended, regenerate with:\n    {REGEN_COMMAND}\n{diff}"
     )
 
 
@@ -182,10 +181,25 @@ def test_header_records_version_command_and_hash():
 
 def test_full_config_flags():
     flags = sbatch_flags(config_from_dict(FULL), "/scratch/r")
-    for flag in ["--partition=gpu", "--account=proj123", "--qos=high", "--nodes=2", "--ntasks-per-node=4",
-                 "--gpus-per-node=4", "--cpus-per-task=8", "--mem=65536M", "--time=2-03:04:05",
-                 "--constraint=a100&ib", "--exclusive", "--mail-type=END,FAIL", "--mail-user=me@example.org",
-                 "--overcommit", "--signal=B:USR1@300", "--requeue", "--job-name=resnet-2node"]:
+    for flag in [
+        "--partition=gpu",
+        "--account=proj123",
+        "--qos=high",
+        "--nodes=2",
+        "--ntasks-per-node=4",
+        "--gpus-per-node=4",
+        "--cpus-per-task=8",
+        "--mem=65536M",
+        "--time=2-03:04:05",
+        "--constraint=a100&ib",
+        "--exclusive",
+        "--mail-type=END,FAIL",
+        "--mail-user=me@example.org",
+        "--overcommit",
+        "--signal=B:USR1@300",
+        "--requeue",
+        "--job-name=resnet-2node",
+    ]:
         assert flag in flags
     assert flags == sorted(flags, key=lambda f: f.split("=")[0])
 
@@ -237,11 +251,13 @@ def no_marker(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("hostile", list(HOSTILE.values()), ids=list(HOSTILE))
 def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, hostile):
-    cfg = make_config({
-        "name": "job " + hostile.replace("\n", " "),  # a newline in the name is a config error (below)
-        "environment": {"env": {"HOSTILE_VALUE": hostile}},
-        "train": {"args": {"note": hostile, hostile: hostile}},
-    })
+    cfg = make_config(
+        {
+            "name": "job " + hostile.replace("\n", " "),  # a newline in the name is a config error (below)
+            "environment": {"env": {"HOSTILE_VALUE": hostile}},
+            "train": {"args": {"note": hostile, hostile: hostile}},
+        }
+    )
     run_dir = tmp_path / ("run " + hostile)
     rendered = render(cfg, str(run_dir), command=["slurm-ddp", "render", hostile], python=sys.executable)
     bash_n(rendered.script, tmp_path)
@@ -257,8 +273,14 @@ def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, h
     argv = (stubs / "srun.argv").read_bytes().split(b"\0")[:-1]
     assert argv[0] == b"--kill-on-bad-exit=1"
     assert f"--output={run_dir}/logs/rank-%t.log".encode() in argv
-    assert argv[-6:] == [sys.executable.encode(), b"-u", b"-m", b"slurm_ddp.worker", b"--run-dir",
-                         str(run_dir).encode()]
+    assert argv[-6:] == [
+        sys.executable.encode(),
+        b"-u",
+        b"-m",
+        b"slurm_ddp.worker",
+        b"--run-dir",
+        str(run_dir).encode(),
+    ]
     master = (stubs / "master.env").read_text().split()
     assert master[0] == "node1" and 1 <= int(master[1]) <= 65535
     assert not (stubs / "scontrol.argv").exists()  # not preempted: no requeue
@@ -303,11 +325,13 @@ def test_a_signal_before_srun_started_reaches_srun(make_config, tmp_path):
     """The batch shell gets SIGUSR2 while a setup line still runs: srun gets it once it starts."""
     ready, gate = tmp_path / "setup.ready", tmp_path / "setup.gate"
     os.mkfifo(gate)
-    cfg = make_config({
-        "requeue": {"signal": "USR2", "max_requeues": 1},
-        # handshake: the setup line says it runs, then blocks until the test opens the fifo
-        "environment": {"setup": [f"touch {shlex.quote(str(ready))}", f"cat {shlex.quote(str(gate))} >/dev/null"]},
-    })
+    cfg = make_config(
+        {
+            "requeue": {"signal": "USR2", "max_requeues": 1},
+            # handshake: the setup line says it runs, then blocks until the test opens the fifo
+            "environment": {"setup": [f"touch {shlex.quote(str(ready))}", f"cat {shlex.quote(str(gate))} >/dev/null"]},
+        }
+    )
     rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
     got = tmp_path / "stubs" / "srun.got"
     # srun's first line handles USR2. The batch shell delivers the remembered signal right after
@@ -355,9 +379,22 @@ def test_render_cli_works_where_torch_cannot_be_imported(tmp_path, example_job):
     assert check.returncode != 0 and "not importable" in check.stderr  # the fake really hides torch
     run_dir = tmp_path / "run"
     out = subprocess.run(
-        [sys.executable, "-m", "slurm_ddp", "render", str(example_job), "--run-dir", str(run_dir),
-         "--set", "slurm.partition=gpu"],
-        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=60,
+        [
+            sys.executable,
+            "-m",
+            "slurm_ddp",
+            "render",
+            str(example_job),
+            "--run-dir",
+            str(run_dir),
+            "--set",
+            "slurm.partition=gpu",
+        ],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("#!/bin/bash\n") and "#SBATCH --partition=gpu" in out.stdout

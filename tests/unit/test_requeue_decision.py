@@ -42,12 +42,14 @@ class Row:
 TABLE = {
     "preempted-by-status": Row(P, requeue=True, exit=P),
     "preempted-by-status-below-cap": Row(P, restart=2, requeue=True, exit=P),
-    "preempted-by-marker-of-this-job-and-restart": Row(1, restart=1, marker=(JOB_ID, 1, "SIGUSR2"),
-                                                       requeue=True, exit=P),
+    "preempted-by-marker-of-this-job-and-restart": Row(
+        1, restart=1, marker=(JOB_ID, 1, "SIGUSR2"), requeue=True, exit=P
+    ),
     "stale-marker-of-another-job": Row(1, marker=("4700", 0, "SIGUSR2"), exit=1),
     "stale-marker-of-another-restart": Row(1, restart=2, marker=(JOB_ID, 1, "SIGUSR2"), exit=1),
-    "stale-marker-with-status-preempted-still-requeues": Row(P, restart=1, marker=(JOB_ID, 0, "SIGTERM"),
-                                                             requeue=True, exit=P),
+    "stale-marker-with-status-preempted-still-requeues": Row(
+        P, restart=1, marker=(JOB_ID, 0, "SIGTERM"), requeue=True, exit=P
+    ),
     "sigterm-stop": Row(P, marker=(JOB_ID, 0, "SIGTERM"), exit=P),
     "max-requeues-reached": Row(P, restart=3, exit=P),
     "max-requeues-zero": Row(P, max_requeues=0, marker=(JOB_ID, 0, "SIGUSR2"), exit=P),
@@ -116,8 +118,11 @@ def test_sigterm_to_the_batch_shell_is_not_requeued(make_config, tmp_path: Path)
     cfg = make_config({"requeue": {"signal": "USR2", "max_requeues": 3}})
     script = render(cfg, str(tmp_path / "run"), command=["t"], python=sys.executable).script
     ready = tmp_path / "stubs" / "srun.ready"
-    stubs = make_stubs(tmp_path, srun_first=f"trap 'exit {P}' TERM",
-                       srun_body=f"touch {shlex.quote(str(ready))}\nwhile :; do sleep 0.05; done")
+    stubs = make_stubs(
+        tmp_path,
+        srun_first=f"trap 'exit {P}' TERM",
+        srun_body=f"touch {shlex.quote(str(ready))}\nwhile :; do sleep 0.05; done",
+    )
     proc = run_script(script, tmp_path, stubs, background=True)
     try:
         wait_process(proc, ready.exists, 60, "the srun stub to start", lambda: proc.stdout.read().decode())
@@ -140,7 +145,8 @@ def test_a_failed_decision_never_requeues(make_config, tmp_path: Path, python_do
     python.write_text(
         "#!/bin/bash\n"
         f'if [ "${{1:-}}" = -m ] && [ "${{2:-}}" = slurm_ddp.rundir ]; then {python_does}; exit; fi\n'
-        f"exec {shlex.quote(sys.executable)} \"$@\"\n")
+        f'exec {shlex.quote(sys.executable)} "$@"\n'
+    )
     python.chmod(0o755)
     cfg = make_config({"requeue": {"max_requeues": 3}})
     script = render(cfg, str(tmp_path / "run"), command=["t"], python=str(python)).script
@@ -150,4 +156,3 @@ def test_a_failed_decision_never_requeues(make_config, tmp_path: Path, python_do
     assert out.returncode == P, text
     assert not requeued(stubs), text
     assert "the requeue decision failed" in text and "not requeueing" in text, text
-

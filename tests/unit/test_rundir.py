@@ -98,8 +98,15 @@ def _checkpoint(run_dir: Path, step: int, size: int = 100, written: int = 100) -
     d.mkdir(parents=True, exist_ok=True)
     data = d / f"step-{step:08d}.pt"
     data.write_bytes(b"x" * written)
-    manifest: Dict[str, Any] = {"step": step, "file": data.name, "world_size": 2, "config_hash": "abc",
-                                "size_bytes": size, "sha256": "0" * 64, "created": 1.0}
+    manifest: Dict[str, Any] = {
+        "step": step,
+        "file": data.name,
+        "world_size": 2,
+        "config_hash": "abc",
+        "size_bytes": size,
+        "sha256": "0" * 64,
+        "created": 1.0,
+    }
     (d / f"step-{step:08d}.json").write_text(json.dumps(manifest))
 
 
@@ -116,8 +123,15 @@ def test_latest_checkpoint_step_is_the_newest_complete_one(tmp_path: Path) -> No
 
 # --------------------------------------------------------------------------- the requeue rule
 def decide(**kw: Any) -> rundir.RequeueDecision:
-    args: Dict[str, Any] = {"exit_code": P, "marker": None, "job_id": "9", "restart_count": 0,
-                            "max_requeues": 2, "got_term": False, "can_requeue": True}
+    args: Dict[str, Any] = {
+        "exit_code": P,
+        "marker": None,
+        "job_id": "9",
+        "restart_count": 0,
+        "max_requeues": 2,
+        "got_term": False,
+        "can_requeue": True,
+    }
     args.update(kw)
     return decide_requeue(**args)
 
@@ -151,32 +165,101 @@ def test_a_marker_of_this_job_and_restart_is_a_preemption_and_names_its_step() -
 # --------------------------------------------------------------------------- the CLI the batch script calls
 def run_cli(tmp_path: Path, *args: str, env_extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
     env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "slurm_ddp.rundir", *args], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_ddp.rundir", *args],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
 
 
 def test_cli_prints_two_integers_and_logs_the_reason(tmp_path: Path) -> None:
     write_preempted(tmp_path, Preempted("9", 1, 12, "SIGUSR2"))
-    out = run_cli(tmp_path, "requeue-decision", "--run-dir", str(tmp_path), "--exit-code", "1",
-                  "--got-term", "0", "--can-requeue", "1", "--max-requeues", "3")
+    out = run_cli(
+        tmp_path,
+        "requeue-decision",
+        "--run-dir",
+        str(tmp_path),
+        "--exit-code",
+        "1",
+        "--got-term",
+        "0",
+        "--can-requeue",
+        "1",
+        "--max-requeues",
+        "3",
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout == f"1 {P}\n"
     assert "slurm_ddp[batch 9]: rank 0 committed the checkpoint of step 12" in out.stderr
     assert "requeueing (restart 2 of at most 3)" in out.stderr and out.stderr.count("\n") == 1
 
 
-@pytest.mark.parametrize("args, env_extra, expected", [
-    (["requeue-decision", "--run-dir", "R", "--exit-code", "x", "--got-term", "0", "--can-requeue", "1",
-      "--max-requeues", "3"], {}, "--exit-code: 'x' is not an integer"),
-    (["requeue-decision", "--run-dir", "R", "--exit-code", "1", "--got-term", "2", "--can-requeue", "1",
-      "--max-requeues", "3"], {}, "--got-term: 2 is out of range (0..1)"),
-    (["requeue-decision", "--run-dir", "R", "--exit-code", "1", "--got-term", "0", "--can-requeue", "1"],
-     {}, "required: --max-requeues"),
-    (["requeue-decision", "--run-dir", "R", "--exit-code", "1", "--got-term", "0", "--can-requeue", "1",
-      "--max-requeues", "3"], {"SLURM_RESTART_COUNT": "-1"}, "SLURM_RESTART_COUNT='-1' is not"),
-    (["requeue"], {}, "invalid choice: 'requeue'"),
-    ([], {}, "required"),
-])
+@pytest.mark.parametrize(
+    "args, env_extra, expected",
+    [
+        (
+            [
+                "requeue-decision",
+                "--run-dir",
+                "R",
+                "--exit-code",
+                "x",
+                "--got-term",
+                "0",
+                "--can-requeue",
+                "1",
+                "--max-requeues",
+                "3",
+            ],
+            {},
+            "--exit-code: 'x' is not an integer",
+        ),
+        (
+            [
+                "requeue-decision",
+                "--run-dir",
+                "R",
+                "--exit-code",
+                "1",
+                "--got-term",
+                "2",
+                "--can-requeue",
+                "1",
+                "--max-requeues",
+                "3",
+            ],
+            {},
+            "--got-term: 2 is out of range (0..1)",
+        ),
+        (
+            ["requeue-decision", "--run-dir", "R", "--exit-code", "1", "--got-term", "0", "--can-requeue", "1"],
+            {},
+            "required: --max-requeues",
+        ),
+        (
+            [
+                "requeue-decision",
+                "--run-dir",
+                "R",
+                "--exit-code",
+                "1",
+                "--got-term",
+                "0",
+                "--can-requeue",
+                "1",
+                "--max-requeues",
+                "3",
+            ],
+            {"SLURM_RESTART_COUNT": "-1"},
+            "SLURM_RESTART_COUNT='-1' is not",
+        ),
+        (["requeue"], {}, "invalid choice: 'requeue'"),
+        ([], {}, "required"),
+    ],
+)
 def test_cli_malformed_input_is_one_line_and_exit_2(tmp_path: Path, args, env_extra, expected) -> None:
     out = run_cli(tmp_path, *args, env_extra=env_extra)
     assert out.returncode == 2 and out.stdout == "", out
@@ -195,17 +278,29 @@ def test_submitit_writes_the_same_sbatch_options_as_the_script(make_config, tmp_
     )
     from slurm_ddp.render import sbatch_flags
 
-    cfg = make_config({
-        "name": "my job",
-        "slurm": {"nodes": 2, "tasks_per_node": 2, "gpus_per_node": 2, "mem_gb": 1.5, "time": "0-01:30:30",
-                  "partition": "gpu", "exclusive": True, "extra": {"mail-type": "END", "hold": True}},
-    })
+    cfg = make_config(
+        {
+            "name": "my job",
+            "slurm": {
+                "nodes": 2,
+                "tasks_per_node": 2,
+                "gpus_per_node": 2,
+                "mem_gb": 1.5,
+                "time": "0-01:30:30",
+                "partition": "gpu",
+                "exclusive": True,
+                "extra": {"mail-type": "END", "hold": True},
+            },
+        }
+    )
     plan = plan_submit(cfg, "submitit", str(tmp_path / "run"))
     text = submitit_slurm._make_sbatch_string(command="true", folder=str(tmp_path / "f"), **executor_parameters(plan))
     theirs = {line.split()[1] for line in text.splitlines() if line.startswith("#SBATCH")}
     ours = set(sbatch_flags(cfg))
     own = {f"--{k.replace('_', '-')}" for k in SUBMITIT_OWN_OPTIONS}
+
     def strip(flags):
         return {f for f in flags if f.split("=")[0] not in own}
+
     assert strip(theirs) - {"--wckey=submitit"} == strip(ours)
     assert "--time=0-01:30:30" in theirs and "--job-name=my_job" in theirs and "--hold" in theirs

@@ -35,8 +35,12 @@ def test_missing_scontrol_is_reported_at_start_not_at_preemption(tmp_path: Path)
     script = tmp_path / "job.sbatch"
     script.write_text(render(cfg, str(tmp_path / "run"), command=["x"], python=sys.executable).script)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-    env.update(PATH=path_without_scontrol(tmp_path, PREEMPTED_EXIT_CODE), SLURM_JOB_ID="7",
-               SLURM_JOB_NODELIST="n1", SLURM_RESTART_COUNT="0")
+    env.update(
+        PATH=path_without_scontrol(tmp_path, PREEMPTED_EXIT_CODE),
+        SLURM_JOB_ID="7",
+        SLURM_JOB_NODELIST="n1",
+        SLURM_RESTART_COUNT="0",
+    )
     out = subprocess.run(["bash", str(script)], env=env, capture_output=True, text=True, timeout=60)
     text = out.stdout + out.stderr
     warning = text.find("scontrol is not on PATH")
