@@ -614,7 +614,7 @@ def plan_for_task(
         numa=numa,
         core_ids=core_ids,
         slurm_cpu_bind="" if local else environ.get("SLURM_CPU_BIND", ""),
-        gpu_numa_nodes=None if local or not cfg.slurm.gpus_per_node else gpu_numa_nodes,
+        gpu_numa_nodes=None if local or not cfg.slurm.gpu_job else gpu_numa_nodes,
         environ=environ,
         libraries=libraries,
         numactl=numactl,

@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--root", default="/tmp/slurm-ddp-sandbox", help="directory of the sandbox's state")
     p.add_argument("--nodes", type=int, default=2, help="slurmd nodes to start (up)")
     p.add_argument("--cpus-per-node", type=int, default=2, help="CPUs each node advertises (up)")
+    p.add_argument(
+        "--gpus-per-node", type=int, default=0, help="emulated GPUs per node (GRES gpu on placeholder devices; up)"
+    )
 
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
@@ -240,8 +243,11 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .sandbox import SlurmSandbox
 
     if args.action == "up":
-        sb = SlurmSandbox(args.root, nodes=args.nodes, cpus_per_node=args.cpus_per_node).up()
-        print(f"sandbox up: {args.nodes} nodes; use it with:\n  export SLURM_CONF={sb.env['SLURM_CONF']}")
+        sb = SlurmSandbox(
+            args.root, nodes=args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node
+        ).up()
+        gpus = f" x {args.gpus_per_node} emulated GPUs" if args.gpus_per_node else ""
+        print(f"sandbox up: {args.nodes} nodes{gpus}; use it with:\n  export SLURM_CONF={sb.env['SLURM_CONF']}")
         return 0
     if not Path(args.root).exists():
         print(f"no sandbox in {args.root}")

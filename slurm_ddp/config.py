@@ -65,6 +65,10 @@ _MANAGED_FLAGS = {
     "ntasks": "slurm.nodes and slurm.tasks_per_node",
     "cpus-per-task": "slurm.cpus_per_task",
     "gpus-per-node": "slurm.gpus_per_node",
+    "gpus-per-task": "slurm.gpus_per_task",
+    "gpus": "slurm.gpus_per_node or slurm.gpus_per_task",
+    "gpu-bind": "slurm.gpu_bind",
+    "gres": "slurm.gres",
     "mem": "slurm.mem_gb",
     "time": "slurm.time",
     "partition": "slurm.partition",
@@ -182,6 +186,52 @@ def _check_name(v: Any) -> Optional[str]:
     return None
 
 
+# gres(5) / sbatch(1) --gres: "name[[:type]:count]", comma-separated.
+_GRES_ITEM = re.compile(r"^([A-Za-z][A-Za-z0-9_]*)(?::([A-Za-z0-9_.-]+))?(?::([0-9]+))?\Z")
+_GPU_TYPE = re.compile(r"^[A-Za-z0-9_.-]+\Z")
+
+
+def _check_gpu_type(v: Any) -> Optional[str]:
+    return None if _GPU_TYPE.match(v) else "a GPU type name of letters, digits, '.', '_' or '-' (e.g. a100)"
+
+
+def _check_gpu_bind(v: Any) -> Optional[str]:
+    from .devices import check_gpu_bind
+
+    return check_gpu_bind(v)
+
+
+def _gres_items(value: str) -> Optional[Tuple[Tuple[str, Optional[str], int], ...]]:
+    """``"gpu:a100:4,nvme:1"`` → ``(("gpu", "a100", 4), ("nvme", None, 1))``; None when malformed.
+
+    A type without a count (``gpu:a100``) is not accepted: ``gpu:2`` would be ambiguous only
+    to a reader, but a count is what the job is checked against.
+    """
+    items = []
+    for part in value.split(","):
+        m = _GRES_ITEM.match(part)
+        if not m:
+            return None
+        name, second, third = m.groups()
+        if third is None and second is not None and second.isdigit():
+            kind, count = None, int(second)
+        elif third is not None:
+            kind, count = second, int(third)
+        else:
+            return None
+        items.append((name, kind, count))
+    return tuple(items)
+
+
+def _check_gres(v: Any) -> Optional[str]:
+    items = _gres_items(v)
+    if items is None:
+        return "name[:type]:count, comma-separated (sbatch --gres), e.g. gpu:4 or gpu:a100:4"
+    if any(name == "gpu" and count < 1 for name, _, count in items):
+        return "a GPU count of at least 1 (leave slurm.gres out for a CPU job)"
+    return None
+
+
 @dataclass(frozen=True)
 class SlurmConfig:
     """The allocation, as sbatch options (sbatch(1); field ``x_y`` is flag ``--x-y``)."""
@@ -190,8 +240,39 @@ class SlurmConfig:
     account: Optional[str] = field(default=None, metadata=_meta("--account", check=_check_sbatch_token))
     qos: Optional[str] = field(default=None, metadata=_meta("--qos", check=_check_sbatch_token))
     nodes: int = field(default=1, metadata=_meta("--nodes: number of nodes", min=1))
-    tasks_per_node: int = field(default=1, metadata=_meta("--ntasks-per-node: ranks per node", min=1))
-    gpus_per_node: int = field(default=0, metadata=_meta("--gpus-per-node; 0 = CPU job (gloo)", min=0))
+    tasks_per_node: int = field(
+        default=1,
+        metadata=_meta("--ntasks-per-node: ranks per node; unset in a GPU job: one per GPU (gpus_per_node)", min=1),
+    )
+    gpus_per_node: int = field(
+        default=0,
+        metadata=_meta(
+            "--gpus-per-node: GPUs per node; 0 = none asked this way (a CPU job without the keys below)", min=0
+        ),
+    )
+    gpus_per_task: Optional[int] = field(
+        default=None,
+        metadata=_meta("--gpus-per-task: GPUs per rank; 1 = each task sees one GPU (cuda:0); unset = not asked", min=1),
+    )
+    gpu_type: Optional[str] = field(
+        default=None,
+        metadata=_meta("GPU type prefixed to the GPU count (--gpus-per-node=a100:4)", check=_check_gpu_type),
+    )
+    gpu_bind: Optional[str] = field(
+        default=None,
+        metadata=_meta(
+            "--gpu-bind (sbatch and srun): closest | none | single:1 | per_task:1 | map_gpu:… | mask_gpu:… "
+            "(verbose, may come first)",
+            check=_check_gpu_bind,
+        ),
+    )
+    gres: Optional[str] = field(
+        default=None,
+        metadata=_meta(
+            "--gres, for sites that ask for GPUs as gpu[:type]:N (other resources may follow a comma)",
+            check=_check_gres,
+        ),
+    )
     cpus_per_task: int = field(default=1, metadata=_meta("--cpus-per-task: CPUs per rank", min=1))
     mem_gb: Optional[float] = field(default=None, metadata=_meta("--mem in GB per node", min=0.001))
     time: str = field(default="01:00:00", metadata=_meta("--time: wall-clock limit", check=_check_time))
@@ -211,6 +292,27 @@ class SlurmConfig:
     def world_size(self) -> int:
         """Number of ranks: ``nodes × tasks_per_node``."""
         return self.nodes * self.tasks_per_node
+
+    @property
+    def gres_gpus(self) -> int:
+        """GPUs per node asked through ``gres`` (its ``gpu`` entry), 0 without one."""
+        items = _gres_items(self.gres) if self.gres else None
+        return sum(count for name, _, count in items or () if name == "gpu")
+
+    @property
+    def node_gpus(self) -> int:
+        """GPUs each node gives the job: ``gpus_per_node``, the ``gres`` gpu count, or
+        ``gpus_per_task × tasks_per_node``; 0 for a CPU job."""
+        if self.gpus_per_node:
+            return self.gpus_per_node
+        if self.gres_gpus:
+            return self.gres_gpus
+        return (self.gpus_per_task or 0) * self.tasks_per_node
+
+    @property
+    def gpu_job(self) -> bool:
+        """True when the job asks for GPUs (any of gpus_per_node, gpus_per_task, gres gpu)."""
+        return self.node_gpus > 0
 
 
 @dataclass(frozen=True)
@@ -475,6 +577,64 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def _check_gpus(s: SlurmConfig) -> None:
+    """The GPU keys agree with each other and give one GPU per task (DDP: one process per GPU)."""
+    if s.gres_gpus and (s.gpus_per_node or s.gpus_per_task):
+        other = "slurm.gpus_per_node" if s.gpus_per_node else "slurm.gpus_per_task"
+        raise _bad(
+            "slurm.gres", s.gres, f"no GPU count when {other} asks for GPUs", f"keep one of slurm.gres and {other}"
+        )
+    if s.gpu_type and not (s.gpus_per_node or s.gpus_per_task):
+        hint = (
+            "put the type into slurm.gres (gpu:TYPE:N)" if s.gres_gpus else "set slurm.gpus_per_node or gpus_per_task"
+        )
+        raise _bad("slurm.gpu_type", s.gpu_type, "a type for slurm.gpus_per_node or slurm.gpus_per_task", hint)
+    if s.gpus_per_task is not None and s.gpus_per_task != 1:
+        raise _bad(
+            "slurm.gpus_per_task",
+            s.gpus_per_task,
+            "1 (DDP runs one process per GPU; a rank would use one of its GPUs)",
+            "ask for more ranks with slurm.tasks_per_node instead",
+        )
+    if s.gpus_per_node and s.gpus_per_task and s.gpus_per_task * s.tasks_per_node != s.gpus_per_node:
+        raise _bad(
+            "slurm.gpus_per_node",
+            s.gpus_per_node,
+            f"slurm.gpus_per_task × slurm.tasks_per_node = {s.gpus_per_task} × {s.tasks_per_node}",
+            "the two keys contradict; set only one of slurm.gpus_per_node and slurm.gpus_per_task",
+        )
+    per_node = s.gpus_per_node or s.gres_gpus
+    if per_node and s.tasks_per_node != per_node:
+        key = "slurm.gpus_per_node" if s.gpus_per_node else "slurm.gres"
+        raise _bad(
+            "slurm.tasks_per_node",
+            s.tasks_per_node,
+            f"one task per GPU ({per_node}, from {key})",
+            f"DDP runs one process per GPU; leave slurm.tasks_per_node out (it defaults to the GPUs per node) "
+            f"or set it to {per_node}",
+        )
+    if s.gpu_bind and not s.gpu_job:
+        raise _bad("slurm.gpu_bind", s.gpu_bind, "no value for a CPU job", "set slurm.gpus_per_node or gpus_per_task")
+    bind = (s.gpu_bind or "").removeprefix("verbose,")
+    if bind.startswith(("single:", "per_task:")) and bind.split(":", 1)[1] != "1":
+        raise _bad(
+            "slurm.gpu_bind",
+            s.gpu_bind,
+            f"{bind.split(':', 1)[0]}:1 (one GPU per task: DDP cannot share a GPU between ranks or use two)",
+        )
+
+
+def _default_tasks_per_node(cfg: JobConfig, data: Any) -> JobConfig:
+    """A GPU job whose YAML does not set ``slurm.tasks_per_node`` gets one task per GPU of the node
+    (``gpus_per_node``, or the gpu count of ``gres``); otherwise the key's default (1) stays."""
+    slurm = data.get("slurm") if isinstance(data, Mapping) else None
+    given = isinstance(slurm, Mapping) and "tasks_per_node" in slurm
+    per_node = cfg.slurm.gpus_per_node or cfg.slurm.gres_gpus
+    if given or not per_node:
+        return cfg
+    return dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, tasks_per_node=per_node))
+
+
 def _cross_checks(cfg: JobConfig) -> None:
     s, r = cfg.slurm, cfg.requeue
     if not cfg.name:
@@ -485,14 +645,8 @@ def _cross_checks(cfg: JobConfig) -> None:
         raise _bad(
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
         )
-    if s.gpus_per_node and s.tasks_per_node != s.gpus_per_node:
-        raise _bad(
-            "slurm.tasks_per_node",
-            s.tasks_per_node,
-            f"one task per GPU ({s.gpus_per_node}, from slurm.gpus_per_node)",
-            "DDP runs one process per GPU; set tasks_per_node equal to gpus_per_node",
-        )
-    if cfg.train.backend == "nccl" and not s.gpus_per_node:
+    _check_gpus(s)
+    if cfg.train.backend == "nccl" and not s.gpu_job:
         raise _bad("train.backend", "nccl", "gloo or auto for a CPU job", "set slurm.gpus_per_node to use nccl")
     for k, v in s.extra.items():
         if not _SBATCH_FLAG.match(k):
@@ -536,6 +690,7 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
                 },
             }
     cfg: JobConfig = _build(JobConfig, data, "")
+    cfg = _default_tasks_per_node(cfg, data)
     _cross_checks(cfg)
     if base_dir is not None:
         base = Path(base_dir).resolve()

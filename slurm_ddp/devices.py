@@ -40,6 +40,7 @@ __all__ = [
     "check_gpu_bind",
     "nccl_environment",
     "select_device",
+    "slot_gpus",
     "synthetic_gpu_env",
     "visible_devices",
 ]
@@ -218,6 +219,30 @@ def select_device(environ: Mapping[str, str], device_count: Optional[int] = None
     )
 
 
+def slot_gpus(environ: Mapping[str, str]) -> List[Optional[str]]:
+    """The physical GPU of every local task on this node (index = LOCAL_RANK; None = unknown). Pure.
+
+    When this task sees the node's GPUs (``cuda:LOCAL_RANK``), task k has the k-th of them. When it
+    sees one, only its own is known from its variables; the others are taken from
+    ``SLURM_JOB_GPUS`` in order when that lists exactly one GPU per task (Slurm's assignment under
+    ``--gpus-per-task=1`` without ``--gpu-bind``), else left unknown. Feeds the GPU-affine CPU
+    choice (``slurm_ddp.binding.choose_cpus``). Empty when no task place or GPU is known.
+    """
+    try:
+        mine = select_device(environ)
+    except UserError:
+        return []
+    n = mine.local_world_size
+    if len(mine.visible) >= n:
+        step = _split(environ.get("SLURM_STEP_GPUS") or environ.get("SLURM_JOB_GPUS"))
+        names = step if len(step) == len(mine.visible) else mine.visible
+        return list(names[:n])
+    job = _split(environ.get("SLURM_JOB_GPUS"))
+    if len(job) == n and job[mine.local_rank] == mine.physical:
+        return list(job)
+    return [mine.physical if k == mine.local_rank else None for k in range(n)]
+
+
 def check_gpu_bind(value: str) -> Optional[str]:
     """None when ``value`` is a ``--gpu-bind`` value srun(1) accepts, else what is valid."""
     return None if _GPU_BIND.match(value) else "one of " + ", ".join(GPU_BIND_FORMS) + " (optionally 'verbose,' first)"
@@ -252,7 +277,8 @@ def synthetic_gpu_env(
     cyclically); ``mask_gpu:M`` the bits of entry k; otherwise (``--gpus-per-node``, ``none``,
     ``closest`` — which on a real node picks the GPUs nearest the task's CPUs and is assumed here
     to give all) every GPU of the node. Without cgroup device constraints, as in srun(1)'s
-    examples: CUDA_VISIBLE_DEVICES lists the node's indices. Empty for ``node_gpus`` 0.
+    examples: CUDA_VISIBLE_DEVICES lists the node's indices; SLURM_JOB_GPUS lists all of the node's
+    GPUs (the job has them all). Empty for ``node_gpus`` 0.
     """
     if node_gpus <= 0:
         return {}
@@ -270,7 +296,12 @@ def synthetic_gpu_env(
     else:
         gpus = everything
     text = ",".join(map(str, gpus))
-    return {"CUDA_VISIBLE_DEVICES": text, "SLURM_STEP_GPUS": text, "GPU_DEVICE_ORDINAL": text}
+    return {
+        "CUDA_VISIBLE_DEVICES": text,
+        "SLURM_STEP_GPUS": text,
+        "GPU_DEVICE_ORDINAL": text,
+        "SLURM_JOB_GPUS": ",".join(map(str, everything)),
+    }
 
 
 def nccl_environment(environ: Mapping[str, str]) -> Tuple[Dict[str, str], Dict[str, str], Dict[str, str]]:
@@ -299,6 +330,7 @@ def probe_record(environ: Mapping[str, str]) -> Dict[str, object]:
         k: environ.get(k)
         for k in (
             "SLURMD_NODENAME",
+            "SLURM_NODEID",
             "SLURM_PROCID",
             "SLURM_LOCALID",
             "CUDA_VISIBLE_DEVICES",

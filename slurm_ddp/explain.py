@@ -29,6 +29,7 @@ from .binding import (
     plan_for_task,
 )
 from .config import JobConfig
+from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
 
@@ -88,10 +89,36 @@ def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = 
     return lines
 
 
+def gpu_line(choice: DeviceChoice, numa_node: Optional[int] = None) -> str:
+    """``  gpu: cuda:N = physical GPU P (NUMA node X); CUDA_VISIBLE_DEVICES=…; rule: …``."""
+    where = "" if numa_node is None or numa_node < 0 else f" (NUMA node {numa_node})"
+    return (
+        f"  gpu: {choice.device} = physical GPU {choice.physical}{where}; "
+        f"CUDA_VISIBLE_DEVICES={','.join(choice.visible)}; rule: {choice.rule}"
+    )
+
+
+def nccl_line(environ: Mapping[str, str]) -> str:
+    """What a GPU rank gets for NCCL (``slurm_ddp.devices.nccl_environment``), in one line."""
+    out, kept, passed = nccl_environment(environ)
+    parts = [" ".join(f"{k}={v}" for k, v in out.items()) + " (set where unset)" if out else ""]
+    if kept:
+        parts.append("kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in kept.items()))
+    parts.append(
+        "passed through: "
+        + (" ".join(f"{k}={shlex.quote(v)}" for k, v in passed.items()) or "(no NCCL_SOCKET_IFNAME/NCCL_IB_* set)")
+    )
+    return "nccl: " + "; ".join(p for p in parts if p)
+
+
 def _user_environ(cfg: JobConfig, environ: Mapping[str, str]) -> Dict[str, str]:
     """What counts as user-set in a rank: the binding variables of the submitting
     environment (sbatch propagates it) and ``environment.env`` (exported to every rank)."""
-    out = {k: v for k, v in environ.items() if k in PLAN_VARS or k == "LD_PRELOAD"}
+    out = {
+        k: v
+        for k, v in environ.items()
+        if k in PLAN_VARS or k == "LD_PRELOAD" or k.startswith(("NCCL_", "TORCH_NCCL_"))
+    }
     out.update(cfg.environment.env)
     return out
 
@@ -137,11 +164,25 @@ def explain_job(
         f"cpu_bind={e.cpu_bind} openmp={e.openmp} allocator={e.allocator} override_env={str(e.override_env).lower()}",
         f"assumed (no cluster): job id {job_id}; each node holds {per_node} CPUs 0-{per_node - 1} in {numa_nodes} "
         "NUMA node(s); at job start the wrapper (python -m slurm_ddp.launch) reads the real ones "
-        "(sched_getaffinity, /sys/devices/system/node" + (", the GPUs' NUMA nodes" if s.gpus_per_node else "") + ")",
+        "(sched_getaffinity, /sys/devices/system/node" + (", the GPUs' NUMA nodes" if s.gpu_job else "") + ")",
         "rendezvous: " + rendezvous_rule(names[0], job_id),
         "signals: " + signal_plan(cfg),
     ]
     user = _user_environ(cfg, environ)
+    gpus = s.node_gpus
+
+    def gpu_numa(index: Optional[str]) -> int:  # assumed: GPU g of G on NUMA node g·N/G
+        return int(index) * numa_nodes // gpus if index is not None and index.isdigit() else -1
+
+    if gpus:
+        out.insert(
+            2,
+            f"assumed GPUs: {gpus} per node (index 0-{gpus - 1}), GPU g on NUMA node g x {numa_nodes} / {gpus}; "
+            f"each task's CUDA_VISIBLE_DEVICES as Slurm hands them out"
+            + (f" with --gpu-bind={s.gpu_bind}" if s.gpu_bind else "")
+            + " (closest: assumed all of the node's)" * bool(s.gpu_bind and "closest" in s.gpu_bind),
+        )
+        out.append(nccl_line(user))
     for rank in range(s.world_size):
         env = synthetic_slurm_env(
             rank=rank,
@@ -153,8 +194,31 @@ def explain_job(
         )
         env.update(user)
         denv = DistEnv.from_slurm(env)
-        plan = plan_for_task(cfg, env, allowed=range(per_node), numa=numa, libraries=libraries, numactl=numactl)
-        out += rank_lines(denv, plan, list(WORKER))
+        choice = None
+        if gpus:
+            env.update(
+                synthetic_gpu_env(
+                    local_rank=denv.local_rank,
+                    tasks_per_node=s.tasks_per_node,
+                    node_gpus=gpus,
+                    gpus_per_task=s.gpus_per_task or 0,
+                    gpu_bind=s.gpu_bind,
+                )
+            )
+            choice = select_device(env)
+        plan = plan_for_task(
+            cfg,
+            env,
+            allowed=range(per_node),
+            numa=numa,
+            gpu_numa_nodes=[gpu_numa(g) for g in slot_gpus(env)] if gpus else None,
+            libraries=libraries,
+            numactl=numactl,
+        )
+        lines = rank_lines(denv, plan, list(WORKER))
+        if choice is not None:
+            lines.insert(1, gpu_line(choice, gpu_numa(choice.physical)))
+        out += lines
     return "\n".join(out) + "\n"
 
 
@@ -169,6 +233,16 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
     else:
         out.append("rendezvous: " + rendezvous_rule(first, denv.job_id))
     out.append("signals: " + signal_plan(cfg))
+    if cfg.slurm.gpu_job or visible_devices(environ) is not None:
+        try:
+            choice = select_device(environ)
+        except UserError as e:
+            out.append(f"gpu: {e}")
+        else:
+            out.append(
+                gpu_line(choice).strip() + " (decided from what Slurm made visible, whether or not CUDA works here)"
+            )
+        out.append(nccl_line(environ))
     if environ.get(APPLIED_VAR):
         out.append(
             f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "

@@ -72,8 +72,14 @@ def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
     if not plain:
         numa = binding.read_numa_nodes()
         core_ids = binding.read_core_ids(allowed)
-        if cfg.slurm.gpus_per_node:
-            gpus = binding.read_gpu_numa_nodes(environ)
+        if cfg.slurm.gpu_job:  # each local task's GPU (what Slurm assigned) → its NUMA node
+            from .devices import slot_gpus
+
+            by_index = binding.read_gpu_numa_nodes({})  # every GPU of the node, in index order
+            gpus = [
+                by_index[int(g)] if g is not None and g.isdigit() and int(g) < len(by_index) else -1
+                for g in slot_gpus(environ)
+            ]
     libraries = binding.locate_libraries(binding.needed_libraries(cfg), environ)
     numactl = shutil.which("numactl", path=environ.get("PATH")) if e.cpu_bind == "numa" else None
     return binding.plan_for_task(
@@ -108,6 +114,10 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     plan = plan_here(cfg, os.environ)
     env = plan.environ(os.environ)
     env[APPLIED_VAR] = plan.summary()
+    if cfg.slurm.gpu_job:  # NCCL's settings where the user set none (slurm_ddp.devices.NCCL_DEFAULTS)
+        from .devices import nccl_environment
+
+        env.update(nccl_environment(env)[0])
     full = plan.command(cmd)
     if dry:
         print(

@@ -83,8 +83,7 @@ def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, O
         "requeue": None,
         "open_mode": "append",
     }
-    if s.gpus_per_node:
-        opts["gpus_per_node"] = str(s.gpus_per_node)
+    opts.update(gpu_options(cfg))
     if s.mem_gb is not None:
         opts["mem"] = f"{int(round(s.mem_gb * 1024))}M"
     for key in ("partition", "account", "qos", "constraint"):
@@ -104,6 +103,23 @@ def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, O
     return opts
 
 
+def gpu_options(cfg: JobConfig) -> Dict[str, str]:
+    """The GPU part of ``sbatch_options`` (sbatch(1) "--gpus-per-node", "--gpus-per-task",
+    "--gpu-bind", "--gres"): a count is prefixed by ``gpu_type`` (``a100:4``); empty for a CPU job."""
+    s = cfg.slurm
+    typed = (s.gpu_type + ":") if s.gpu_type else ""
+    opts: Dict[str, str] = {}
+    if s.gpus_per_node:
+        opts["gpus_per_node"] = f"{typed}{s.gpus_per_node}"
+    if s.gpus_per_task:
+        opts["gpus_per_task"] = f"{typed}{s.gpus_per_task}"
+    if s.gres:
+        opts["gres"] = s.gres
+    if s.gpu_bind:
+        opts["gpu_bind"] = s.gpu_bind
+    return opts
+
+
 def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
     name (deterministic, golden-testable)."""
@@ -119,6 +135,7 @@ def srun_flags(cfg: JobConfig) -> List[str]:
         f"--nodes={s.nodes}",
         f"--ntasks-per-node={s.tasks_per_node}",
         f"--cpus-per-task={s.cpus_per_task}",
+        *([f"--gpu-bind={s.gpu_bind}"] if s.gpu_bind else []),  # also in #SBATCH; here explicit for the step
         "--open-mode=append",
     ]
 

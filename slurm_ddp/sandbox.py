@@ -44,6 +44,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import time
 from pathlib import Path
@@ -195,7 +196,11 @@ class SlurmSandbox:
     ``root``: directory for everything (created). ``nodes``: number of nodes ``n1..nN``.
     ``cpus_per_node``: CPUs each node advertises (may exceed the real cores).
     ``name``: short id (lowercase letters/digits, ≤ 8) used in interface, namespace and
-    cluster names; random when omitted.
+    cluster names; random when omitted. ``gpus_per_node``: emulated GPUs per node (GRES
+    ``gpu``): placeholder character devices ``ROOT/dev/nvidia0..N-1`` (``mknod c 195 K``, as
+    slurmd accepts only devices) listed in a ``gres.conf`` with ``AutoDetect=off``. Slurm then
+    schedules them and sets ``CUDA_VISIBLE_DEVICES``/``SLURM_STEP_GPUS`` per task exactly as on
+    a GPU cluster; CUDA cannot use them, so jobs run on the CPU (gloo).
     """
 
     def __init__(
@@ -204,14 +209,18 @@ class SlurmSandbox:
         nodes: int = 2,
         cpus_per_node: int = 2,
         name: Optional[str] = None,
+        gpus_per_node: int = 0,
     ) -> None:
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
         if int(cpus_per_node) < 1:
             raise ValueError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
+        if not 0 <= int(gpus_per_node) <= 64:
+            raise ValueError(f"gpus_per_node must be 0..64, got {gpus_per_node}")
         self.root = Path(root).absolute()
         self.num_nodes = int(nodes)
         self.cpus_per_node = int(cpus_per_node)
+        self.gpus_per_node = int(gpus_per_node)
         self.id = self._make_id(name)
         self.real_memory_mb = 1000
         self._state: Dict[str, Any] = {}
@@ -301,6 +310,7 @@ class SlurmSandbox:
             id=self.id,
             nodes=self.num_nodes,
             cpus_per_node=self.cpus_per_node,
+            gpus_per_node=self.gpus_per_node,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )
@@ -317,7 +327,13 @@ class SlurmSandbox:
             state = json.loads(path.read_text())
         except FileNotFoundError:
             raise SandboxUnavailable(f"no sandbox state file {path}: nothing was started in {root}") from None
-        sb = cls(root, nodes=state["nodes"], cpus_per_node=state["cpus_per_node"], name=state["id"])
+        sb = cls(
+            root,
+            nodes=state["nodes"],
+            cpus_per_node=state["cpus_per_node"],
+            name=state["id"],
+            gpus_per_node=state.get("gpus_per_node", 0),
+        )
         sb._state = state
         return sb
 
@@ -400,19 +416,20 @@ class SlurmSandbox:
                 if state.get("pids"):  # started earlier, maybe by another process: attach
                     self._state, self.id = state, state["id"]
         if self._state.get("pids"):
-            wanted = (self.num_nodes, self.cpus_per_node)
+            wanted = (self.num_nodes, self.cpus_per_node, self.gpus_per_node)
             self.num_nodes, self.cpus_per_node = self._state["nodes"], self._state["cpus_per_node"]
+            self.gpus_per_node = self._state.get("gpus_per_node", 0)
             if self.status()["up"]:
-                if (self.num_nodes, self.cpus_per_node) != wanted:
+                if (self.num_nodes, self.cpus_per_node, self.gpus_per_node) != wanted:
                     raise SandboxUnavailable(
-                        f"a sandbox with {self.num_nodes} nodes x {self.cpus_per_node} CPUs already runs in "
-                        f"{self.root}; stop it first (slurm-ddp sandbox down) to start one with "
-                        f"{wanted[0]} x {wanted[1]}"
+                        f"a sandbox with {self.num_nodes} nodes x {self.cpus_per_node} CPUs x {self.gpus_per_node} "
+                        f"GPUs already runs in {self.root}; stop it first (slurm-ddp sandbox down) to start one with "
+                        f"{wanted[0]} x {wanted[1]} x {wanted[2]}"
                     )
                 self._wait_idle(deadline)
                 return self
             self.down()  # stale or partial: clear it before starting afresh
-            self.num_nodes, self.cpus_per_node = wanted
+            self.num_nodes, self.cpus_per_node, self.gpus_per_node = wanted
         with open(_LOCK_PATH, "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)  # ports, subnet and names are chosen one sandbox at a time
             self._check_id_free()
@@ -480,7 +497,38 @@ class SlurmSandbox:
         hosts += [f"::ffff:{a}\t{n}" for a, n in names]
         (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
         (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        self._make_gpu_devices()
         self.slurm_conf.write_text(self._render_conf())
+
+    @property
+    def gpu_dir(self) -> Path:
+        """Where the placeholder GPU devices live (``nvidia0`` …)."""
+        return self.root / "dev"
+
+    def _make_gpu_devices(self) -> None:
+        """``gpus_per_node`` placeholder character devices (major 195, NVIDIA's) and ``gres.conf``.
+
+        gres.conf(5): ``AutoDetect=off`` (no NVML here), one ``Name=gpu File=…`` line covering
+        ``nvidia[0-N-1]``; every node lists the same files (they are placeholders). slurmd refuses
+        regular files ("is not a valid character or block device"), hence ``mknod``.
+        """
+        gres = self.root / "etc" / "gres.conf"
+        shutil.rmtree(self.gpu_dir, ignore_errors=True)
+        if not self.gpus_per_node:
+            gres.unlink(missing_ok=True)
+            return
+        self.gpu_dir.mkdir(parents=True)
+        for k in range(self.gpus_per_node):
+            try:
+                os.mknod(self.gpu_dir / f"nvidia{k}", 0o600 | stat.S_IFCHR, os.makedev(195, k))
+            except OSError as e:
+                raise SandboxUnavailable(f"cannot make the emulated GPU device {self.gpu_dir}/nvidia{k}: {e}") from None
+        files = (
+            f"{self.gpu_dir}/nvidia[0-{self.gpus_per_node - 1}]"
+            if self.gpus_per_node > 1
+            else f"{self.gpu_dir}/nvidia0"
+        )
+        gres.write_text(f"# Written by slurm_ddp.sandbox: emulated GPUs.\nAutoDetect=off\nName=gpu File={files}\n")
 
     def _pick_subnet(self) -> str:
         text = _sh("ip", "-4", "-o", "addr", "show").stdout + _sh("ip", "-4", "route", "show", "table", "all").stdout
@@ -503,6 +551,7 @@ class SlurmSandbox:
         node_lines = [
             f"NodeName={n} NodeHostname={n} NodeAddr={self.node_addr(n)} Port={ports[n]} "
             f"CPUs={self.cpus_per_node} RealMemory={self.real_memory_mb} State=UNKNOWN"
+            + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
             for n in self.node_names
         ]
         all_nodes = f"n[1-{self.num_nodes}]" if self.num_nodes > 1 else "n1"
@@ -546,6 +595,7 @@ class SlurmSandbox:
             "MailProg=/bin/true",
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
+            *(["GresTypes=gpu"] if self.gpus_per_node else []),
             *node_lines,
             f"PartitionName=debug Nodes={all_nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
             f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
@@ -764,6 +814,7 @@ class SlurmSandbox:
         short = self._state.get("short_dir")
         if short and Path(short).name.startswith("sdsb-"):
             shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(self.gpu_dir, ignore_errors=True)  # the placeholder GPU devices
         if self._state:
             self._state.pop("pids", None)
             self._state.pop("starttimes", None)

@@ -15,7 +15,7 @@ and ask for the session-scoped ``slurm_sandbox`` fixture::
         assert sorted(out.stdout.split()) == ["n1", "n2"]
 
 The fixture starts a 2-node :class:`slurm_ddp.sandbox.SlurmSandbox` (nodes ``n1``,
-``n2``, 2 CPUs each, partitions ``debug`` (default) and ``high`` (preempts ``debug``
+``n2``, 2 CPUs and 2 emulated GPUs each, partitions ``debug`` (default) and ``high`` (preempts ``debug``
 by requeue)) under a pytest temporary directory, yields it, and stops it at the end of
 the session. Clients reach it through ``slurm_sandbox.env`` (``SLURM_CONF``), which
 ``slurm_sandbox.run`` merges in for you; jobs inherit sbatch's environment.
@@ -45,6 +45,9 @@ T = TypeVar("T")
 #: Nodes and CPUs per node of the session sandbox.
 SANDBOX_NODES = 2
 SANDBOX_CPUS_PER_NODE = 2
+#: Emulated GPUs per node (GRES ``gpu`` on placeholder devices; CUDA cannot use them): GPU jobs
+#: are scheduled as on a GPU cluster and run on the CPU. CPU jobs do not see them.
+SANDBOX_GPUS_PER_NODE = 2
 
 
 def _required() -> bool:
@@ -76,7 +79,10 @@ def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSan
     if problems:
         sandbox_unavailable("; ".join(problems))
     sandbox = SlurmSandbox(
-        tmp_path_factory.mktemp("slurm-sandbox"), nodes=SANDBOX_NODES, cpus_per_node=SANDBOX_CPUS_PER_NODE
+        tmp_path_factory.mktemp("slurm-sandbox"),
+        nodes=SANDBOX_NODES,
+        cpus_per_node=SANDBOX_CPUS_PER_NODE,
+        gpus_per_node=SANDBOX_GPUS_PER_NODE,
     )
     try:
         sandbox.up(timeout_s=60)

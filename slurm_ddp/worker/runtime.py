@@ -12,10 +12,11 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import os
 import random
 import time
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
 
 import numpy as np
 import torch
@@ -30,6 +31,7 @@ import torch.distributed as dist
 import torch.distributed.nn.functional  # noqa: F401
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
+from ..devices import DeviceSelectionError, select_device, visible_devices
 from ..env import DistEnv
 
 log = logging.getLogger("slurm_ddp.worker")
@@ -42,20 +44,38 @@ def choose_backend(requested: str = "auto") -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(denv: DistEnv, backend: str = "auto", timeout_s: float = 600) -> torch.device:
+def init_distributed(
+    denv: DistEnv, backend: str = "auto", timeout_s: float = 600, environ: Optional[Mapping[str, str]] = None
+) -> torch.device:
     """``init_process_group`` over TCP at ``MASTER_ADDR:MASTER_PORT``; returns this rank's device.
 
-    With NCCL the device is ``cuda:LOCAL_RANK`` (one process per GPU, the DDP recipe);
-    with gloo it is the CPU. ``timeout_s`` bounds every collective (a dead peer turns
-    into an error after it instead of a hang). Returns after the group formed.
+    With NCCL the device is the one ``slurm_ddp.devices.select_device`` chooses from what Slurm
+    made visible (``environ``, default ``os.environ``, with this rank's LOCAL_RANK and
+    LOCAL_WORLD_SIZE): ``cuda:0`` when the task sees one GPU, ``cuda:LOCAL_RANK`` when it sees
+    the node's GPUs (one process per GPU, the DDP recipe); with gloo it is the CPU. When GPUs are
+    visible but CUDA is not usable here (``backend="auto"``: gloo on the CPU), the device the rule
+    would choose is still logged on every rank. ``timeout_s`` bounds every collective (a dead peer
+    turns into an error after it instead of a hang). Returns after the group formed. Raises
+    ``DeviceSelectionError`` (one line) when the visible GPUs do not fit the rank's place.
     """
     backend = choose_backend(backend)
     device = torch.device("cpu")
     kwargs: Dict[str, Any] = {}
+    env = {**(os.environ if environ is None else environ)}
+    env.update(LOCAL_RANK=str(denv.local_rank), LOCAL_WORLD_SIZE=str(denv.local_world_size))
+    rank_log = logging.getLogger("slurm_ddp.rank")
     if backend == "nccl":
-        device = torch.device("cuda", denv.local_rank)
+        choice = select_device(env, device_count=torch.cuda.device_count())
+        device = torch.device("cuda", choice.ordinal)
         torch.cuda.set_device(device)
         kwargs["device_id"] = device
+        rank_log.info("device %s", choice.describe())
+    elif visible_devices(env):
+        try:
+            rule = select_device(env).describe()
+        except DeviceSelectionError as e:
+            rule = f"none ({e})"
+        rank_log.info("device cpu (backend %s); the GPU rule gives %s", backend, rule)
     dist.init_process_group(
         backend=backend,
         init_method=f"tcp://{denv.master_addr}:{denv.master_port}",

@@ -200,6 +200,30 @@ CASES: Dict[str, Case] = {
         {"slurm": {"gpus_per_node": 4, "tasks_per_node": 2}},
     ),
     "nccl on a CPU job": Case(["train.backend", "nccl", "gpus_per_node"], {"train": {"backend": "nccl"}}),
+    "0 GPUs with gpus_per_task": Case(["slurm.gpus_per_task", "got 0", ">= 1"], {"slurm": {"gpus_per_task": 0}}),
+    "tasks that do not divide the GPUs": Case(
+        ["slurm.tasks_per_node", "got 3", "slurm.gpus_per_node"], {"slurm": {"gpus_per_node": 4, "tasks_per_node": 3}}
+    ),
+    "unknown gpu_bind": Case(
+        ["slurm.gpu_bind", "'nearest'", "closest", "map_gpu"], {"slurm": {"gpus_per_node": 1, "gpu_bind": "nearest"}}
+    ),
+    "gpus_per_task contradicts gpus_per_node": Case(
+        ["slurm.gpus_per_node", "slurm.gpus_per_task"],
+        {"slurm": {"gpus_per_node": 4, "gpus_per_task": 1, "tasks_per_node": 2}},
+    ),
+    "two GPUs per task": Case(["slurm.gpus_per_task", "got 2"], {"slurm": {"gpus_per_task": 2}}),
+    "gres and gpus_per_node": Case(
+        ["slurm.gres", "slurm.gpus_per_node"], {"slurm": {"gres": "gpu:1", "gpus_per_node": 1}}
+    ),
+    "gres without a count": Case(["slurm.gres", "name[:type]:count"], {"slurm": {"gres": "gpu"}}),
+    "gpu_type without a GPU count": Case(["slurm.gpu_type", "slurm.gpus_per_node"], {"slurm": {"gpu_type": "a100"}}),
+    "gpu_bind on a CPU job": Case(["slurm.gpu_bind", "CPU job"], {"slurm": {"gpu_bind": "closest"}}),
+    "gpu_bind shares a GPU": Case(
+        ["slurm.gpu_bind", "single:1"], {"slurm": {"gpus_per_node": 1, "gpu_bind": "single:2"}}
+    ),
+    "gpus-per-task in slurm.extra": Case(
+        ["slurm.extra.gpus-per-task", "slurm.gpus_per_task"], {"slurm": {"extra": {"gpus-per-task": 1}}}
+    ),
     "unknown process-group backend": Case(["train.backend", "'mpi'", "gloo"], {"train": {"backend": "mpi"}}),
     # ---- environment.setup
     "setup line is a number": Case(["environment.setup[0]", "a string"], {"environment": {"setup": [1]}}),

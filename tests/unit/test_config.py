@@ -48,6 +48,27 @@ def test_defaults_of_a_minimal_config(make_config):
     assert cfg.environment.setup == () and dict(cfg.environment.env) == {}
 
 
+@pytest.mark.parametrize(
+    "slurm, tasks, node_gpus",
+    [
+        ({"gpus_per_node": 4}, 4, 4),  # a GPU job gets one task per GPU unless told otherwise
+        ({"gres": "gpu:a100:2"}, 2, 2),
+        ({"gpus_per_task": 1}, 1, 1),  # one task, as tasks_per_node's default says
+        ({"gpus_per_task": 1, "tasks_per_node": 3}, 3, 3),
+        ({"gpus_per_node": 2, "gpus_per_task": 1}, 2, 2),
+        ({}, 1, 0),
+    ],
+)
+def test_gpu_jobs_get_one_task_per_gpu_by_default(make_config, slurm, tasks, node_gpus):
+    import yaml
+
+    from slurm_ddp.config import config_from_dict, dump_config
+
+    cfg = make_config({"slurm": slurm})
+    assert (cfg.slurm.tasks_per_node, cfg.slurm.node_gpus, cfg.slurm.gpu_job) == (tasks, node_gpus, node_gpus > 0)
+    assert config_from_dict(yaml.safe_load(dump_config(cfg))) == cfg  # the resolved count round-trips
+
+
 def test_dump_and_load_round_trip(tmp_path, example_job):
     cfg = load_config(example_job, ["slurm.time=1:30:00", "slurm.extra.mail-type=END"])
     path = tmp_path / "again.yaml"
@@ -281,7 +302,7 @@ BAD = [
         "slurm.tasks_per_node",
         ["got 2", "one task per GPU (4, from slurm.gpus_per_node)", "hint:"],
     ),
-    ({"slurm": {"gpus_per_node": 2}}, "slurm.tasks_per_node", ["got 1", "one task per GPU (2"]),
+    ({"slurm": {"gpus_per_node": 2, "tasks_per_node": 1}}, "slurm.tasks_per_node", ["got 1", "one task per GPU (2"]),
     ({"train": {"backend": "nccl"}}, "train.backend", ["got 'nccl'", "gloo or auto", "gpus_per_node"]),
     ({"train": {"backend": "mpi"}}, "train.backend", ["got 'mpi'", "one of auto, gloo, nccl"]),
     # environment.setup entries are strings

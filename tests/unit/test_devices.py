@@ -157,3 +157,46 @@ def test_probe_record_names_the_choice_or_the_error() -> None:
     assert rec["device"] == "cuda:0" and rec["physical"] == "1" and rec["CUDA_VISIBLE_DEVICES"] == "1"
     rec = probe_record(task("0,1", "0,1", 3, 4))
     assert "error" in rec and "device" not in rec
+
+
+# --------------------------------------------------------------------------- env --explain
+def _cfg(**slurm):
+    from slurm_ddp.config import config_from_dict
+
+    return config_from_dict({"name": "g", "train": {"task": "m:T"}, "slurm": {"time": "10", **slurm}})
+
+
+def test_explain_job_shows_each_ranks_gpu_numa_node_and_cpus() -> None:
+    from slurm_ddp.explain import explain_job
+
+    text = explain_job(_cfg(gpus_per_task=1, tasks_per_node=2, nodes=2), numa_nodes=2, environ={})
+    gpu = [line for line in text.splitlines() if line.startswith("  gpu:")]
+    assert [g.split(";")[0] for g in gpu] == [
+        "  gpu: cuda:0 = physical GPU 0 (NUMA node 0)",
+        "  gpu: cuda:0 = physical GPU 1 (NUMA node 1)",
+    ] * 2
+    assert "rank 1: local_rank=1/2 node=0 host=node0 cpus=1 numa=1" in text
+    assert "NUMA node 1 of this task's GPU" in text
+    assert "nccl: TORCH_NCCL_ASYNC_ERROR_HANDLING=1 NCCL_DEBUG=WARN (set where unset)" in text
+    text = explain_job(_cfg(gpus_per_node=2), environ={"NCCL_SOCKET_IFNAME": "ib0", "NCCL_DEBUG": "INFO"})
+    assert "  gpu: cuda:1 = physical GPU 1 (NUMA node 0); CUDA_VISIBLE_DEVICES=0,1" in text
+    assert "kept (set by the user): NCCL_DEBUG=INFO" in text and "passed through: NCCL_SOCKET_IFNAME=ib0" in text
+
+
+def test_explain_task_names_the_cuda_device_of_this_task() -> None:
+    from slurm_ddp.binding import plan_for_task
+    from slurm_ddp.env import synthetic_slurm_env
+    from slurm_ddp.explain import explain_task
+
+    cfg = _cfg(gpus_per_task=1, tasks_per_node=2)
+    env = {
+        **synthetic_slurm_env(rank=1, nodes=1, tasks_per_node=2),
+        "CUDA_VISIBLE_DEVICES": "1",
+        "SLURM_STEP_GPUS": "1",
+    }
+    text = explain_task(cfg, env, plan_for_task(cfg, env, allowed=range(2)))
+    assert "gpu: cuda:0 = physical GPU 1; CUDA_VISIBLE_DEVICES=1" in text
+    env["CUDA_VISIBLE_DEVICES"] = env["SLURM_STEP_GPUS"] = "0,1"
+    env["SLURM_TASKS_PER_NODE"] = "4"
+    text = explain_task(cfg, env, plan_for_task(cfg, env, allowed=range(2)))
+    assert "gpu: cannot choose this rank's GPU" in text

@@ -106,10 +106,57 @@ def assert_golden(path: Path, text: str) -> None:
 
 # --------------------------------------------------------------------------- golden files
 
+#: The GPU layouts (README "GPU jobs"): slurm keys of the digits job → the GPU lines they render.
+GPU_LAYOUTS = {
+    "gpu_per_node.sbatch": (
+        {"gpus_per_node": 2},
+        ["--gpus-per-node=2", "--ntasks-per-node=2"],
+    ),
+    "gpu_per_task.sbatch": (
+        {"gpus_per_task": 1, "tasks_per_node": 2, "gpu_type": "a100"},
+        ["--gpus-per-task=a100:1", "--ntasks-per-node=2"],
+    ),
+    "gpu_bind_closest.sbatch": (
+        {"gpus_per_node": 2, "gpu_bind": "closest"},
+        ["--gpus-per-node=2", "--gpu-bind=closest", "--ntasks-per-node=2"],
+    ),
+    "gpu_gres_two_nodes.sbatch": (
+        {"nodes": 2, "gres": "gpu:2"},
+        ["--gres=gpu:2", "--nodes=2", "--ntasks-per-node=2"],
+    ),
+}
+
+
+def gpu_config(slurm):
+    data = read_yaml(EXAMPLE)
+    data["slurm"] = {k: v for k, v in data["slurm"].items() if k != "tasks_per_node"} | slurm
+    return config_from_dict(data)
+
+
 GOLDEN_CASES = {
     "digits.sbatch": (digits_config, "/scratch/runs/digits"),
     "two_node_full.sbatch": (lambda: config_from_dict(FULL), "/scratch/runs/resnet-2node"),
+    **{name: (lambda s=slurm: gpu_config(s), "/scratch/runs/digits") for name, (slurm, _) in GPU_LAYOUTS.items()},
 }
+
+
+@pytest.mark.parametrize("golden", list(GPU_LAYOUTS))
+def test_gpu_layout_lines(golden):
+    """Each GPU layout's #SBATCH lines; --gpu-bind is also on the srun line (the step's binding)."""
+    slurm, expected = GPU_LAYOUTS[golden]
+    cfg = gpu_config(slurm)
+    script = render(cfg, "/scratch/runs/digits", **FIXED).script
+    lines = sbatch_lines(script)
+    for flag in expected:
+        assert f"#SBATCH {flag}" in lines
+    gpu_lines = [
+        line
+        for line in lines
+        if line.split("=")[0].split()[1] in ("--gpus-per-node", "--gpus-per-task", "--gres", "--gpu-bind")
+    ]
+    assert len(gpu_lines) == len([f for f in expected if not f.startswith(("--ntasks", "--nodes"))]), gpu_lines
+    srun = [line for line in script.splitlines() if line.startswith("srun ")][0]
+    assert ("--gpu-bind=" in srun) == ("gpu_bind" in slurm), srun
 
 
 @pytest.mark.parametrize("golden", list(GOLDEN_CASES))
