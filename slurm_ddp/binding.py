@@ -587,20 +587,25 @@ def plan_for_task(
 ) -> BindingPlan:
     """``plan_binding`` for the SLURM task described by ``environ`` under the job config ``cfg``.
 
-    The slot is SLURM_LOCALID among the node's tasks (``DistEnv.from_slurm``); under the
+    The slot is SLURM_LOCALID among the node's tasks (``DistEnv.from_environ``); under the
     local backend (``SLURM_DDP_BACKEND=local``) the "nodes" share this machine, so the slot
-    is the global rank among all ranks and GPUs are not used for placement.
+    is the global rank among all ranks and GPUs are not used for placement. Under torchrun
+    (``slurm.launcher: torchrun``) the Slurm task is the node's torchrun agent: the slot is
+    torchrun's LOCAL_RANK among LOCAL_WORLD_SIZE workers sharing the agent's CPUs (its affinity
+    and SLURM_CPU_BIND describe the whole node task, so Slurm's binding is not the rank's), and
+    ``cpus_per_task`` is ``slurm.cpus_per_task``. Otherwise
     ``cpus_per_task`` is SLURM_CPUS_PER_TASK, else ``slurm.cpus_per_task``. OpenMP threads
     are pinned only when ``train.num_workers`` is 0 (see ``plan_binding``). Raises
     ``UserError`` when ``environ`` is not a SLURM task, ``BindingError`` as ``plan_binding``.
     """
     from .env import DistEnv
 
-    denv = DistEnv.from_slurm(environ)
+    denv = DistEnv.from_environ(environ)
     local = environ.get("SLURM_DDP_BACKEND") == "local"
+    torchrun = denv.launcher == "torchrun"
     slot, slots = (denv.rank, denv.world_size) if local else (denv.local_rank, denv.local_world_size)
     text = environ.get("SLURM_CPUS_PER_TASK", "")
-    cpt = int(text) if text.isdigit() and int(text) > 0 else cfg.slurm.cpus_per_task
+    cpt = int(text) if text.isdigit() and int(text) > 0 and not torchrun else cfg.slurm.cpus_per_task
     e = cfg.environment
     return plan_binding(
         cpu_bind=e.cpu_bind,
@@ -613,12 +618,12 @@ def plan_for_task(
         allowed=allowed,
         numa=numa,
         core_ids=core_ids,
-        slurm_cpu_bind="" if local else environ.get("SLURM_CPU_BIND", ""),
+        slurm_cpu_bind="" if local or torchrun else environ.get("SLURM_CPU_BIND", ""),
         gpu_numa_nodes=None if local or not cfg.slurm.gpu_job else gpu_numa_nodes,
         environ=environ,
         libraries=libraries,
         numactl=numactl,
-        shared_pool=local,
+        shared_pool=local or torchrun,
         pin_threads=cfg.train.num_workers == 0,
     )
 

@@ -170,11 +170,14 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         if note:
             print(f"slurm-ddp: warning: {note}", file=sys.stderr)
     if not args.no_check_task:
-        from .preflight import check_task_imports
+        from .preflight import check_command, check_task_imports
 
-        check_task_imports(
-            cfg, cwd_on_path=backend == "local", warn=lambda msg: print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
-        )
+        def warn(msg: str) -> None:
+            print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
+
+        if not cfg.train.command:
+            check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
+        check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
     if args.test_only:
         from .preflight import sbatch_test_only
 
@@ -205,7 +208,9 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         plan, echo=sys.stdout, say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True)
     )
     rec = read_finished(plan.run_dir)
-    if status == 0 and rec is not None:
+    if status == 0 and rec is not None and rec.get("command"):
+        print(f"slurm-ddp: finished: every rank of train.command exited with status 0; run directory {plan.run_dir}")
+    elif status == 0 and rec is not None:
         acc = rec.get("eval_accuracy")
         print(
             f"slurm-ddp: finished at step {rec.get('step', '?')}"
@@ -354,7 +359,9 @@ def format_status(st: RunStatus) -> str:
         lines.append(
             (
                 "finished",
-                f"yes, at step {r.finished.get('step', '?')}"
+                "yes, every rank of train.command exited with status 0"
+                if r.finished.get("command")
+                else f"yes, at step {r.finished.get('step', '?')}"
                 + (f", eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else ""),
             )
         )

@@ -17,10 +17,11 @@ import hashlib
 import json
 import os
 import re
+import shlex
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 import yaml
 
@@ -40,6 +41,11 @@ _TIME_PATTERNS = (
 )
 _TIME_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 TIME_FORMATS = "minutes, MM:SS, HH:MM:SS, D-HH, D-HH:MM or D-HH:MM:SS (sbatch --time)"
+
+#: ``slurm.launcher`` values: ``srun`` starts one Slurm task per rank (srun(1)); ``torchrun``
+#: starts one Slurm task per node, which runs ``torchrun`` (``python -m torch.distributed.run``,
+#: PyTorch "torchrun (Elastic Launch)") with ``tasks_per_node`` processes.
+LAUNCHERS = ("srun", "torchrun")
 
 #: Signals a job may ask for before its time limit. USR2 is the default because NCCL
 #: may install its own handler for USR1 (submitit makes the same choice).
@@ -175,7 +181,12 @@ def _check_signal(v: Any) -> Optional[str]:
 
 
 def _check_task(v: Any) -> Optional[str]:
-    return None if _TASK_PATH.match(v) else "an import path 'package.module:Attribute', e.g. 'digits_task:DigitsTask'"
+    # "" is "no task" (how a train.command config is written back); _cross_checks wants one of the two
+    return (
+        None
+        if v == "" or _TASK_PATH.match(v)
+        else "an import path 'package.module:Attribute', e.g. 'digits_task:DigitsTask'"
+    )
 
 
 def _check_name(v: Any) -> Optional[str]:
@@ -278,6 +289,14 @@ class SlurmConfig:
     time: str = field(default="01:00:00", metadata=_meta("--time: wall-clock limit", check=_check_time))
     constraint: Optional[str] = field(default=None, metadata=_meta("--constraint", check=_check_sbatch_token))
     exclusive: bool = field(default=False, metadata=_meta("--exclusive"))
+    launcher: str = field(
+        default="srun",
+        metadata=_meta(
+            "how the ranks start: srun (one Slurm task per rank) | torchrun (one Slurm task per node running "
+            "torchrun with tasks_per_node processes)",
+            choices=LAUNCHERS,
+        ),
+    )
     extra: Mapping[str, Union[str, int, float, bool]] = field(
         default_factory=_empty_mapping,
         metadata=_meta("other sbatch flags: {flag-name: value}; true = flag without value"),
@@ -350,6 +369,17 @@ class TrainConfig:
     """What the shared DDP worker trains and how."""
 
     task: str = field(default="", metadata=_meta("import path of the task: 'module:Class'", check=_check_task))
+    command: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "your own script instead of a task: the argv every rank runs (a list, or a string split like a "
+            "shell line); 'python'/'python3' or a first argument ending in .py runs with environment.python; "
+            "a relative script path is relative to the YAML's directory"
+        ),
+    )
+    workdir: Optional[str] = field(
+        default=None, metadata=_meta("working directory of train.command; default: the YAML's directory")
+    )
     pythonpath: Tuple[str, ...] = field(
         default=(), metadata=_meta("directories put on sys.path to import the task; default: the YAML's directory")
     )
@@ -639,8 +669,21 @@ def _cross_checks(cfg: JobConfig) -> None:
     s, r = cfg.slurm, cfg.requeue
     if not cfg.name:
         raise ConfigError("config key 'name' is missing; give the job a name, e.g. name: digits")
-    if not cfg.train.task:
-        raise ConfigError("config key 'train.task' is missing; expected an import path 'module:Class'")
+    t = cfg.train
+    if t.task and t.command:
+        raise ConfigError(
+            "config keys 'train.task' and 'train.command' are both set; set exactly one: train.task (a "
+            "slurm_ddp Task, 'module:Class') or train.command (your own script, e.g. [python, train.py])"
+        )
+    if not t.task and not t.command:
+        raise ConfigError(
+            "config key 'train.task' is missing, and so is 'train.command'; set exactly one: train.task (an "
+            "import path 'module:Class') or train.command (your own script, e.g. [python, train.py])"
+        )
+    if t.command and not t.command[0].strip():
+        raise _bad("train.command[0]", t.command[0], "the program to run (e.g. python or train.py)")
+    if t.workdir is not None and not t.command:
+        raise _bad("train.workdir", t.workdir, "no value with train.task", "train.workdir applies to train.command")
     if r.signal_delay_s >= s.time_s:
         raise _bad(
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
@@ -689,6 +732,7 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
                     },
                 },
             }
+    data = _split_command(data)
     cfg: JobConfig = _build(JobConfig, data, "")
     cfg = _default_tasks_per_node(cfg, data)
     _cross_checks(cfg)
@@ -696,8 +740,79 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
         base = Path(base_dir).resolve()
         paths = cfg.train.pythonpath or (".",)
         resolved = tuple(str((base / p).resolve()) for p in paths)
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, pythonpath=resolved))
+        train = dataclasses.replace(cfg.train, pythonpath=resolved)
+        if train.command:
+            argv = list(train.command)
+            i = command_script_index(argv)
+            if i is not None and not os.path.isabs(argv[i]):
+                argv[i] = str(base / argv[i])
+            workdir = str((base / (train.workdir or ".")).resolve())
+            train = dataclasses.replace(train, command=tuple(argv), workdir=workdir)
+        cfg = dataclasses.replace(cfg, train=train)
     return cfg
+
+
+def _split_command(data: Any) -> Any:
+    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words)."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("train"), Mapping):
+        return data
+    command = data["train"].get("command")
+    if not isinstance(command, str):
+        return data
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise _bad("train.command", command, f"a command line shlex can split ({e})") from None
+    return {**data, "train": {**data["train"], "command": argv}}
+
+
+_PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
+
+
+def command_script_index(argv: Sequence[str]) -> Optional[int]:
+    """Index of the script file in a ``train.command`` argv, or None when it names none.
+
+    ``train.py …`` → 0; ``python [options] train.py …`` → the first argument that is not an
+    option (python(1): ``-W``/``-X`` take a value; ``-m``/``-c`` mean there is no script file);
+    a program given by a path (``./run.sh``, ``bin/train``) → 0; a program found on PATH → None.
+    """
+    if not argv:
+        return None
+    prog = argv[0]
+    if prog.endswith(".py"):
+        return 0
+    if _PYTHON_NAME.match(os.path.basename(prog)):
+        i = 1
+        while i < len(argv):
+            a = argv[i]
+            if a == "-" or (a.startswith("-") and not a.startswith("--") and any(c in a[1:] for c in "mc")):
+                return None
+            if a in ("-W", "-X", "--check-hash-based-pycs"):
+                i += 2
+                continue
+            if a.startswith("-"):
+                i += 1
+                continue
+            return i
+        return None
+    return 0 if "/" in prog else None
+
+
+def command_argv(command: Sequence[str], python: str) -> List[str]:
+    """The argv a rank runs for ``train.command``, with ``python`` the ranks' interpreter.
+
+    A bare ``python``/``python3``/``python3.X`` as the program becomes ``python`` (the
+    interpreter ``submit`` checked, ``environment.python`` or the submitting one); a first
+    argument ending in ``.py`` is run by it (``train.py --lr 1`` → ``python train.py --lr 1``).
+    """
+    argv = list(command)
+    if not argv:
+        return argv
+    if argv[0].endswith(".py"):
+        return [python, *argv]
+    if "/" not in argv[0] and _PYTHON_NAME.match(argv[0]):
+        return [python, *argv[1:]]
+    return argv
 
 
 def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:

@@ -154,6 +154,56 @@ class DistEnv:
     job_id: str  #: SLURM_JOB_ID (with SLURM_ARRAY_JOB_ID_TASK when an array task)
     hostname: str  #: this node's name (SLURMD_NODENAME), "" when unknown
     restart_count: int  #: SLURM_RESTART_COUNT: how often the job was requeued
+    #: what started this process: ``srun`` (one Slurm task per rank) or ``torchrun`` (one torchrun
+    #: agent per node, see ``from_environ``)
+    launcher: str = "srun"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> DistEnv:
+        """This rank's environment under either launcher (``slurm.launcher``).
+
+        Under torchrun (``TORCHELASTIC_RUN_ID`` is set) the rank comes from the variables torchrun
+        gives each worker (PyTorch docs, "torchrun (Elastic Launch)", Environment Variables):
+        ``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK`` (the node),
+        ``GROUP_WORLD_SIZE``, ``MASTER_ADDR``/``MASTER_PORT``; the job id, host name and restart count
+        still come from SLURM's variables of the node's task. Otherwise :meth:`from_slurm`.
+        Raises ``UserError`` naming a missing or malformed variable.
+        """
+        if not environ.get("TORCHELASTIC_RUN_ID"):
+            return cls.from_slurm(environ)
+
+        def need_int(name: str) -> int:
+            value = environ.get(name, "")
+            try:
+                return int(value)
+            except ValueError:
+                raise UserError(
+                    f"{name}={value!r} is not an integer: torchrun sets it for every worker "
+                    "(TORCHELASTIC_RUN_ID is set, so this process claims to be one)"
+                ) from None
+
+        world_size, local_world_size = need_int("WORLD_SIZE"), need_int("LOCAL_WORLD_SIZE")
+        groups = environ.get("GROUP_WORLD_SIZE")
+        job_id = environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID") or environ["TORCHELASTIC_RUN_ID"]
+        port_text = environ.get("MASTER_PORT")
+        env = cls(
+            rank=need_int("RANK"),
+            local_rank=need_int("LOCAL_RANK"),
+            world_size=world_size,
+            node_rank=need_int("GROUP_RANK"),
+            num_nodes=need_int("GROUP_WORLD_SIZE") if groups else max(1, world_size // max(local_world_size, 1)),
+            local_world_size=local_world_size,
+            master_addr=environ.get("MASTER_ADDR") or "127.0.0.1",
+            master_port=need_int("MASTER_PORT") if port_text else fallback_port(job_id),
+            job_id=job_id,
+            hostname=environ.get("SLURMD_NODENAME", ""),
+            restart_count=int(environ.get("SLURM_RESTART_COUNT") or "0")
+            if (environ.get("SLURM_RESTART_COUNT") or "0").isdigit()
+            else 0,
+            launcher="torchrun",
+        )
+        env._check_ranges()
+        return env
 
     @classmethod
     def from_slurm(cls, environ: Mapping[str, str]) -> DistEnv:

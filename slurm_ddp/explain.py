@@ -28,17 +28,83 @@ from .binding import (
     needed_libraries,
     plan_for_task,
 )
-from .config import JobConfig
+from .config import JobConfig, command_argv
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
+from .render import torchrun_flags
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
+
+
+def rank_program(cfg: JobConfig) -> List[str]:
+    """What every rank execs after the launch wrapper: the shared worker, or ``train.command``
+    (``python``/``*.py`` run by the ranks' interpreter, shown as ``PYTHON``)."""
+    return command_argv(cfg.train.command, "PYTHON") if cfg.train.command else list(WORKER)
+
+
+def launcher_line(cfg: JobConfig) -> str:
+    """One line: how the ranks start (``slurm.launcher``), with torchrun's exact options."""
+    s = cfg.slurm
+    if s.launcher == "torchrun":
+        return (
+            f"torchrun: one Slurm task per node ({s.tasks_per_node * s.cpus_per_task} CPUs) runs PYTHON -m "
+            f"torch.distributed.run {' '.join(torchrun_flags(cfg))} --rdzv-endpoint=MASTER_ADDR:MASTER_PORT "
+            "--rdzv-id=SLURM_JOB_ID --no-python PYTHON -m slurm_ddp.launch --run-dir RUN_DIR --rank-log -- ...; "
+            "a rank's slot among the node's CPUs is torchrun's LOCAL_RANK"
+        )
+    return f"srun: one Slurm task per rank ({s.tasks_per_node} per node); a rank's slot is SLURM_LOCALID"
+
+
+def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, names: List[str]) -> Dict[str, str]:
+    """The variables ``rank`` has in a synthetic allocation: srun's task variables, or under torchrun
+    those of the node's one task (all of the node's CPUs) plus what torchrun gives the worker."""
+    s = cfg.slurm
+    if s.launcher != "torchrun":
+        return synthetic_slurm_env(
+            rank=rank,
+            nodes=s.nodes,
+            tasks_per_node=s.tasks_per_node,
+            job_id=job_id,
+            cpus_per_task=cpus_per_task,
+            node_names=names,
+        )
+    node = rank // s.tasks_per_node
+    env = synthetic_slurm_env(
+        rank=node,
+        nodes=s.nodes,
+        tasks_per_node=1,
+        job_id=job_id,
+        cpus_per_task=s.tasks_per_node * cpus_per_task,
+        node_names=names,
+    )
+    env.update(
+        {
+            "TORCHELASTIC_RUN_ID": job_id,
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank % s.tasks_per_node),
+            "WORLD_SIZE": str(s.world_size),
+            "LOCAL_WORLD_SIZE": str(s.tasks_per_node),
+            "GROUP_RANK": str(node),
+            "GROUP_WORLD_SIZE": str(s.nodes),
+            "MASTER_ADDR": names[0],
+            "MASTER_PORT": str(fallback_port(job_id)),
+        }
+    )
+    return env
 
 
 def signal_plan(cfg: JobConfig) -> str:
     """One line: the signal, its delay before the time limit, and the requeue cap."""
     r = cfg.requeue
+    if cfg.train.command:
+        return (
+            f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
+            "forwarded to the ranks of train.command (a script using slurm_ddp.preemption stops at a step "
+            f"boundary and exits {PREEMPTED_EXIT_CODE}; one that does not dies of it) -> requeue unless every rank "
+            f"exited 0 (FINISHED), at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
+            "SIGTERM (preemption, scancel): no requeue by the script"
+        )
     return (
         f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
         f"forwarded to the ranks -> checkpoint at the next step boundary, exit {PREEMPTED_EXIT_CODE}, "
@@ -167,6 +233,7 @@ def explain_job(
         "(sched_getaffinity, /sys/devices/system/node" + (", the GPUs' NUMA nodes" if s.gpu_job else "") + ")",
         "rendezvous: " + rendezvous_rule(names[0], job_id),
         "signals: " + signal_plan(cfg),
+        "launcher: " + launcher_line(cfg),
     ]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus
@@ -184,16 +251,9 @@ def explain_job(
         )
         out.append(nccl_line(user))
     for rank in range(s.world_size):
-        env = synthetic_slurm_env(
-            rank=rank,
-            nodes=s.nodes,
-            tasks_per_node=s.tasks_per_node,
-            job_id=job_id,
-            cpus_per_task=cpt,
-            node_names=names,
-        )
+        env = _rank_environ(cfg, rank, job_id, cpt, names)
         env.update(user)
-        denv = DistEnv.from_slurm(env)
+        denv = DistEnv.from_environ(env)
         choice = None
         if gpus:
             env.update(
@@ -215,7 +275,7 @@ def explain_job(
             libraries=libraries,
             numactl=numactl,
         )
-        lines = rank_lines(denv, plan, list(WORKER))
+        lines = rank_lines(denv, plan, rank_program(cfg))
         if choice is not None:
             lines.insert(1, gpu_line(choice, gpu_numa(choice.physical)))
         out += lines
@@ -224,7 +284,7 @@ def explain_job(
 
 def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) -> str:
     """The text of ``slurm-ddp env JOB`` inside a SLURM task: this task's rank and ``plan``."""
-    denv = DistEnv.from_slurm(environ)
+    denv = DistEnv.from_environ(environ)
     hosts = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
     first = expand_nodelist(hosts)[0] if hosts else "?"
     out = [f"job {cfg.name} (SLURM job {denv.job_id}, restart {denv.restart_count}): this task"]
@@ -248,5 +308,5 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
             f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "
             "(its variables now count as set by the user)"
         )
-    out += rank_lines(denv, plan, list(WORKER))
+    out += rank_lines(denv, plan, rank_program(cfg))
     return "\n".join(out) + "\n"

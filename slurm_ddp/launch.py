@@ -6,8 +6,11 @@ LD_PRELOAD), pins the process with ``os.sched_setaffinity`` and replaces itself 
 (prefixed by ``numactl --cpunodebind=N --membind=N`` in ``numa`` mode) through
 ``os.execvpe`` — same pid, so signals sent to the task reach CMD. ``LD_PRELOAD`` only
 takes effect in a process started after it is set, which is why this is a wrapper and not
-code inside the worker. The srun line of the sbatch script and the local backend start
-every rank through it. Imports no torch; with ``cpu_bind: none``, ``allocator: system``
+code inside the worker. The srun line of the sbatch script (or, with ``slurm.launcher:
+torchrun``, torchrun on each node), the local backend and submitit start every rank through
+it. CMD gets the torchrun environment contract (``DistEnv.torch_env``: RANK, LOCAL_RANK,
+WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, MASTER_ADDR, MASTER_PORT), the run
+directory as ``SLURM_DDP_RUN_DIR`` and the requeue signal as ``SLURM_DDP_REQUEUE_SIGNAL``. Imports no torch; with ``cpu_bind: none``, ``allocator: system``
 and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
 
 ``--dry-run`` prints the plan as JSON and the command instead of running it. A binding
@@ -31,17 +34,37 @@ if TYPE_CHECKING:  # imported where used, so that a plain binding imports as lit
     from .binding import BindingPlan
     from .config import JobConfig
 
-USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] -- CMD [ARG...]"
+USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] -- CMD [ARG...]"
+
+#: Set for CMD: the run directory (absolute), where a script of one's own may keep its snapshots
+#: and ``metrics.jsonl`` (the batch script exports it too), and the job's ``requeue.signal``
+#: (``USR2``), which ``slurm_ddp.preemption`` handles.
+RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
+SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
+#: Set to 1 by the batch script (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
+#: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the
+#: user's choice, so the wrapper plans the rank's own value instead of keeping that one.
+TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
-    """``(run_dir, dry_run, command)`` from ``argv``; raises ``UserError`` with the usage line."""
+    """``(run_dir, dry_run, command)`` from ``argv``; raises ``UserError`` with the usage line.
+    (``--rank-log`` is read by :func:`parse_options`.)"""
+    run_dir, dry, _, cmd = parse_options(argv)
+    return run_dir, dry, cmd
+
+
+def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, List[str]]:
+    """``(run_dir, dry_run, rank_log, command)`` from ``argv``; raises ``UserError`` with the usage line.
+
+    ``--rank-log``: send this rank's stdout and stderr to ``RUN_DIR/logs/rank-RANK.log`` (appended),
+    as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it."""
     argv = list(argv)
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
     cut = argv.index("--")
     opts, cmd = argv[:cut], argv[cut + 1 :]
-    run_dir, dry = None, False
+    run_dir, dry, rank_log = None, False, False
     i = 0
     while i < len(opts):
         if opts[i] == "--run-dir" and i + 1 < len(opts):
@@ -53,11 +76,14 @@ def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
         elif opts[i] == "--dry-run":
             dry = True
             i += 1
+        elif opts[i] == "--rank-log":
+            rank_log = True
+            i += 1
         else:
             raise UserError(f"unknown option {opts[i]!r}; {USAGE}")
     if not run_dir or not cmd:
         raise UserError(USAGE)
-    return run_dir, dry, cmd
+    return run_dir, dry, rank_log, cmd
 
 
 def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
@@ -104,20 +130,30 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _bind_and_exec(argv: Sequence[str]) -> int:
     from .binding import APPLIED_VAR, format_cpulist
     from .config import load_config
-    from .rundir import CONFIG_NAME
+    from .env import DistEnv
+    from .rundir import CONFIG_NAME, LOGS_DIR, rank_log_name
 
-    run_dir, dry, cmd = parse_args(argv)
+    run_dir, dry, rank_log, cmd = parse_options(argv)
     path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
     cfg = load_config(path)
-    plan = plan_here(cfg, os.environ)
-    env = plan.environ(os.environ)
+    environ = dict(os.environ)
+    denv = DistEnv.from_environ(environ)
+    if environ.pop(TORCHRUN_OMP_VAR, "") == "1" and denv.launcher == "torchrun":
+        environ.pop("OMP_NUM_THREADS", None)  # torchrun's default of 1, not the user's
+    plan = plan_here(cfg, environ)
+    env = plan.environ(environ)
     env[APPLIED_VAR] = plan.summary()
     if cfg.slurm.gpu_job:  # NCCL's settings where the user set none (slurm_ddp.devices.NCCL_DEFAULTS)
         from .devices import nccl_environment
 
         env.update(nccl_environment(env)[0])
+    # The torchrun environment contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    # GROUP_RANK/NODE_RANK, MASTER_ADDR/PORT) for CMD, whichever launcher started it.
+    env.update(denv.torch_env())
+    env[RUN_DIR_VAR] = str(Path(run_dir).resolve())
+    env[SIGNAL_VAR] = cfg.requeue.signal_name
     full = plan.command(cmd)
     if dry:
         print(
@@ -133,6 +169,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
                     "source": plan.source,
                     "notes": list(plan.notes),
                     "command": full,
+                    "torch_env": denv.torch_env(),
                 },
                 indent=1,
             )
@@ -147,6 +184,15 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
             raise UserError(f"cannot pin this task to CPUs {format_cpulist(plan.affinity)}: {err}") from None
     sys.stdout.flush()
     sys.stderr.flush()
+    if rank_log:
+        log_path = Path(run_dir) / LOGS_DIR / rank_log_name(denv.rank)
+        try:
+            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        except OSError as err:
+            raise UserError(f"cannot open the rank log {log_path}: {err}") from None
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:

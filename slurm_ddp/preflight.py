@@ -142,6 +142,114 @@ def check_task_imports(
         raise UserError(f"train.task {tc.task!r}: {result['error']}{where}{skip}")
 
 
+# Runs in the child: argv = [check_torchrun]. Prints one line "MARK {json}" last. It imports no
+# torch: torchrun's options are read from the text of torch/distributed/run.py.
+_COMMAND_CHILD = r"""
+import importlib.util, json, os, sys
+MARK = "SLURM_DDP_PREFLIGHT "
+error = None
+if sys.argv[1] == "1":
+    spec = importlib.util.find_spec("torch")
+    if spec is None or not spec.origin:
+        error = "torch is not installed"
+    else:
+        run_py = os.path.join(os.path.dirname(spec.origin), "distributed", "run.py")
+        try:
+            text = open(run_py, encoding="utf-8").read()
+        except OSError:
+            error = "its torch has no torchrun (torch/distributed/run.py)"
+        else:
+            missing = [o for o in TORCHRUN_OPTIONS if '"' + o + '"' not in text]
+            if missing:
+                try:
+                    from importlib.metadata import version
+                    v = version("torch")
+                except Exception:
+                    v = "?"
+                error = f"its torch {v} has a torchrun without {', '.join(missing)}"
+print("\n" + MARK + json.dumps({"error": error}), flush=True)
+"""
+
+#: torchrun options the torchrun launcher needs (``render.torchrun_flags``): without
+#: ``--signals-to-handle`` torchrun does not forward the requeue signal to its workers.
+TORCHRUN_OPTIONS = ("--signals-to-handle", "--shutdown-timeout")
+
+
+def check_command(
+    cfg: JobConfig,
+    run: Runner = subprocess.run,
+    *,
+    timeout_s: float = TIMEOUT_S,
+    warn: Optional[Callable[[str], None]] = None,
+) -> None:
+    """Check what the ranks will start, before anything is written or submitted.
+
+    For ``train.command``: the script file it names exists (``config.command_script_index``) and
+    its program is found (the ranks' interpreter for ``python``/``*.py``, else on PATH or in
+    ``train.workdir``). Under ``slurm.launcher: torchrun`` (worker or command): the ranks'
+    interpreter has a torch whose torchrun has ``--signals-to-handle`` and ``--shutdown-timeout``
+    (torch 2.13 has both; an older torchrun would die of the requeue signal without passing it on,
+    and its ranks would be killed without a snapshot). The interpreter runs once, in a child,
+    importing nothing heavy. Raises ``UserError`` naming the key; when the interpreter is not on
+    this machine or does not answer within ``timeout_s`` it calls ``warn`` and returns.
+    """
+    import shutil
+
+    from .config import command_argv, command_script_index
+
+    warn = warn or logging.getLogger("slurm_ddp.preflight").warning
+    tc, python = cfg.train, _python(cfg)
+    skip = " (skip this check with --no-check-task)"
+    needs_python = cfg.slurm.launcher == "torchrun"
+    if tc.command:
+        i = command_script_index(tc.command)
+        if i is not None and not os.path.isfile(tc.command[i]):
+            raise UserError(
+                f"train.command: script {tc.command[i]!r} does not exist (a relative path is relative to the "
+                f"job file's directory){skip}"
+            )
+        argv = command_argv(tc.command, python)
+        if argv[0] == python:
+            needs_python = True
+        elif shutil.which(argv[0], path=tc.workdir if "/" in argv[0] else None) is None and not (
+            "/" in argv[0] and os.access(argv[0], os.X_OK)
+        ):
+            raise UserError(f"train.command: program {argv[0]!r} is not found or not executable here{skip}")
+    if not needs_python:
+        return
+    torchrun = "1" if cfg.slurm.launcher == "torchrun" else "0"
+    child = _COMMAND_CHILD.replace("TORCHRUN_OPTIONS", repr(TORCHRUN_OPTIONS))
+    try:
+        proc = run(
+            [python, "-c", child, torchrun], capture_output=True, text=True, timeout=timeout_s, stdin=subprocess.DEVNULL
+        )
+    except FileNotFoundError:
+        raise UserError(
+            f"the ranks' interpreter {python!r} (environment.python) cannot start: not found{skip}"
+        ) from None
+    except subprocess.TimeoutExpired:
+        warn(f"not checking the ranks' interpreter {python!r}: it did not answer within {timeout_s:.0f} s")
+        return
+    except OSError as e:
+        raise UserError(f"the ranks' interpreter {python!r} (environment.python) cannot start: {e}{skip}") from None
+    result = None
+    for line in reversed((proc.stdout or "").splitlines()):
+        if line.startswith(_MARK):
+            try:
+                result = json.loads(line[len(_MARK) :])
+            except ValueError:
+                result = None
+            break
+    if result is None:
+        tail = ((proc.stderr or "").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
+        raise UserError(f"the ranks' interpreter {python!r} cannot start: {' '.join(tail.split())}{skip}")
+    if result.get("error"):
+        raise UserError(
+            f"slurm.launcher=torchrun: {result['error']} ({python}); torchrun would not pass the requeue signal "
+            f"to the ranks. Use a newer torch or slurm.launcher: srun{skip}"
+        )
+
+
 def sbatch_test_only(plan: SubmitPlan, run: Runner = subprocess.run, *, timeout_s: float = 60.0) -> str:
     """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
     (``sbatch: Job N to start at … on nodes … in partition …``).

@@ -22,8 +22,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import jinja2
 
 from . import PREEMPTED_EXIT_CODE, __version__
-from .config import JobConfig
-from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, rank_log_name
+from .config import JobConfig, command_argv
+from .launch import TORCHRUN_OMP_VAR
+from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
 
 TEMPLATE = "sbatch.sh.j2"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
@@ -128,16 +129,57 @@ def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
 
 
 def srun_flags(cfg: JobConfig) -> List[str]:
-    """Options of the ``srun`` that starts one worker per task (srun(1))."""
+    """Options of the ``srun`` that starts the ranks (srun(1)): one task per rank, or with
+    ``slurm.launcher: torchrun`` one task per node holding all of the node's ranks' CPUs."""
     s = cfg.slurm
+    torchrun = s.launcher == "torchrun"
     return [
         "--kill-on-bad-exit=1",
         f"--nodes={s.nodes}",
-        f"--ntasks-per-node={s.tasks_per_node}",
-        f"--cpus-per-task={s.cpus_per_task}",
-        *([f"--gpu-bind={s.gpu_bind}"] if s.gpu_bind else []),  # also in #SBATCH; here explicit for the step
+        f"--ntasks-per-node={1 if torchrun else s.tasks_per_node}",
+        f"--cpus-per-task={s.tasks_per_node * s.cpus_per_task if torchrun else s.cpus_per_task}",
+        # also in #SBATCH; here explicit for the step (torchrun's one task per node needs every GPU)
+        *([f"--gpu-bind={s.gpu_bind}"] if s.gpu_bind and not torchrun else []),
         "--open-mode=append",
     ]
+
+
+#: Signals torchrun forwards to its workers by default (``--signals-to-handle``'s default in
+#: torch/distributed/run.py); the job's ``requeue.signal`` is added to them.
+TORCHRUN_DEFAULT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")
+
+
+def torchrun_flags(cfg: JobConfig) -> List[str]:
+    """Options of ``python -m torch.distributed.run`` (torchrun) under ``slurm.launcher: torchrun``,
+    except the rendezvous endpoint and id, which the batch script fills in at run time.
+
+    PyTorch docs "torchrun (Elastic Launch)": ``--nnodes``/``--nproc-per-node``, the ``c10d``
+    rendezvous, ``--max-restarts=0`` (a failed rank fails the job; requeue is the batch script's),
+    ``--signals-to-handle`` (torchrun forwards only SIGTERM/SIGINT/SIGHUP/SIGQUIT to its workers
+    unless told; the requeue signal is added) and ``--shutdown-timeout`` = ``requeue.signal_delay_s``
+    (how long workers may take to save after a signal before torchrun kills them). Both options need
+    a torch whose torchrun has them; ``submit`` checks that.
+    """
+    s, r = cfg.slurm, cfg.requeue
+    handled = ",".join(dict.fromkeys(("SIG" + r.signal_name, *TORCHRUN_DEFAULT_SIGNALS)))
+    return [
+        f"--nnodes={s.nodes}",
+        f"--nproc-per-node={s.tasks_per_node}",
+        "--rdzv-backend=c10d",
+        "--max-restarts=0",
+        f"--signals-to-handle={handled}",
+        f"--shutdown-timeout={r.signal_delay_s}",
+    ]
+
+
+def rank_command(cfg: JobConfig, python: str) -> List[str]:
+    """What every rank runs after the launch wrapper, as shell words (``"$PYTHON"`` and
+    ``"$RUN_DIR"`` are the batch script's variables; everything else is quoted): the shared worker,
+    or ``train.command`` (``config.command_argv``: ``python``/``*.py`` run by the ranks' interpreter)."""
+    if not cfg.train.command:
+        return ['"$PYTHON"', "-u", "-m", "slurm_ddp.worker", "--run-dir", '"$RUN_DIR"']
+    argv = command_argv(cfg.train.command, python)
+    return ['"$PYTHON"' if i == 0 and a == python else shlex.quote(a) for i, a in enumerate(argv)]
 
 
 @dataclass(frozen=True)
@@ -184,6 +226,13 @@ def render(
             env=sorted(cfg.environment.env.items()),
             setup=list(cfg.environment.setup),
             srun_flags=srun_flags(cfg),
+            launcher=cfg.slurm.launcher,
+            torchrun_flags=torchrun_flags(cfg),
+            torchrun_omp_var=TORCHRUN_OMP_VAR,
+            rank_command=rank_command(cfg, python or cfg.environment.python or sys.executable),
+            command_mode=bool(cfg.train.command),
+            workdir=cfg.train.workdir if cfg.train.command else None,
+            node_log=launcher_log_name("%n"),
             logs_dir=LOGS_DIR,
             rank_log=rank_log_name("%t"),
             finished_name=FINISHED_NAME,

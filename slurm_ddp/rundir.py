@@ -11,7 +11,8 @@ A run directory holds:
 - ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``);
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
-- ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``);
+- ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``), and
+  ``torchrun-node-N.log`` per node under ``slurm.launcher: torchrun``;
 - ``checkpoints/``: ``step-NNNNNNNN.{pt,json}`` (data and manifest, see ``slurm_ddp.checkpoint``);
 - the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
@@ -59,6 +60,12 @@ DEFAULT_RUNS_DIR = "runs"
 def rank_log_name(rank: Union[int, str]) -> str:
     """``rank-N.log``: rank N's output in ``LOGS_DIR``; ``rank_log_name("%t")`` is srun's pattern."""
     return f"rank-{rank}.log"
+
+
+def launcher_log_name(node: Union[int, str]) -> str:
+    """``torchrun-node-N.log``: node N's torchrun agent (``slurm.launcher: torchrun``) in ``LOGS_DIR``;
+    its ranks still write ``rank-N.log``. ``launcher_log_name("%n")`` is srun's pattern (node id)."""
+    return f"torchrun-node-{node}.log"
 
 
 def batch_log_name(job_id: Union[int, str]) -> str:
@@ -219,17 +226,24 @@ def decide_requeue(
     got_term: bool,
     can_requeue: bool,
     finished: bool = False,
+    got_signal: bool = False,
 ) -> RequeueDecision:
     """THE requeue rule, for the batch script and the submitit backend alike. Pure.
 
     ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
     ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
-    ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``.
+    ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``; ``got_signal``: the ranks
+    were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job.
 
     Preempted when the status is ``PREEMPTED_EXIT_CODE``, or when the marker belongs to this job
     AND this restart (srun may report a rank killed by ``--kill-on-bad-exit`` after rank 0 had
-    committed the checkpoint; a marker of another job or an earlier restart is stale). A preempted
+    committed the checkpoint; a marker of another job or an earlier restart is stale), or when
+    the ranks got the time-limit signal and the run did not finish, whatever their status: a
+    script of one's own (``train.command``) that ignores the signal dies of it or is killed at
+    the limit, and one that resumes from its own snapshot (the PyTorch DDP tutorial's pattern)
+    continues after the requeue. A status other than 0/75 *without* that signal is a crash and
+    never requeues. A preempted
     job requeues itself unless it was stopped by SIGTERM (Slurm requeues a job it preempts itself
     with ``PreemptMode=REQUEUE``, and ``scancel`` means stop), ``scontrol`` is missing, there is no
     job id, or ``restart_count >= max_requeues`` (the cap counts every restart of the job). A
@@ -241,6 +255,9 @@ def decide_requeue(
         preempted = True
         notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
         got_term = got_term or marker.signal == "SIGTERM"
+    if not preempted and got_signal and not finished:
+        preempted = True
+        notes.append(f"the ranks got the time-limit signal and stopped (status {exit_code}) before the run finished")
     requeue = False
     if finished:
         preempted = False
@@ -278,6 +295,7 @@ def decide_requeue_here(
     got_term: bool,
     can_requeue: bool,
     environ: Optional[Mapping[str, str]] = None,
+    got_signal: bool = False,
 ) -> RequeueDecision:
     """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s markers.
 
@@ -296,7 +314,32 @@ def decide_requeue_here(
         got_term=got_term,
         can_requeue=can_requeue,
         finished=is_finished(run_dir),
+        got_signal=got_signal,
     )
+
+
+def mark_command_finished(run_dir: PathLike, *, exit_code: int, environ: Optional[Mapping[str, str]] = None) -> bool:
+    """Write ``FINISHED`` for a ``train.command`` run whose ranks all exited with status 0; True if written.
+
+    A script of one's own knows nothing of the run directory, so its exit status is its only
+    statement: 0 is "done" (the batch script, the local launcher and submitit's rank 0 call this
+    after the ranks exit, before the requeue decision, so a finished run is never requeued and a
+    requeued or resubmitted job of it exits at once). Any other status writes nothing.
+    """
+    if exit_code != 0 or is_finished(run_dir):
+        return False
+    env = os.environ if environ is None else environ
+    write_finished(
+        run_dir,
+        {
+            "command": True,
+            "exit_code": 0,
+            "job_id": env.get("SLURM_JOB_ID", ""),
+            "restart": env.get("SLURM_RESTART_COUNT") or "0",
+            "time": time.time(),
+        },
+    )
+    return True
 
 
 # --------------------------------------------------------------------------- batch-shell entry point
@@ -332,12 +375,17 @@ def _parser() -> _Parser:
     d.add_argument("--got-term", required=True, type=_int_arg(0, 1))
     d.add_argument("--can-requeue", required=True, type=_int_arg(0, 1))
     d.add_argument("--max-requeues", required=True, type=_int_arg(0))
+    d.add_argument("--got-signal", default=0, type=_int_arg(0, 1))
+    d.add_argument("--command-mode", default=0, type=_int_arg(0, 1))
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
     """``python -m slurm_ddp.rundir requeue-decision --run-dir D --exit-code N --got-term 0|1
-    --can-requeue 0|1 --max-requeues M``: the batch script's requeue decision.
+    --can-requeue 0|1 --max-requeues M [--got-signal 0|1] [--command-mode 0|1]``: the batch
+    script's requeue decision (``--got-signal``: it forwarded the time-limit signal to the ranks;
+    ``--command-mode``: a ``train.command`` run, whose status 0 writes ``FINISHED`` first, see
+    :func:`mark_command_finished`).
 
     The job id and restart come from ``SLURM_JOB_ID``/``SLURM_RESTART_COUNT``. Prints one line
     ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers and nothing else, so the shell
@@ -353,6 +401,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
 
     def decide() -> int:
         args = _parser().parse_args(args_list)
+        if args.command_mode:
+            mark_command_finished(args.run_dir, exit_code=args.exit_code, environ=env)
         try:
             decision = decide_requeue_here(
                 args.run_dir,
@@ -361,6 +411,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                 got_term=bool(args.got_term),
                 can_requeue=bool(args.can_requeue),
                 environ=env,
+                got_signal=bool(args.got_signal),
             )
         except ValueError as e:
             raise UserError(str(e)) from None

@@ -10,12 +10,13 @@ from __future__ import annotations
 import os
 import re
 import shlex
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Optional, Sequence, Tuple
 
 from ..checkpoint import atomic_write_text
-from ..config import JobConfig, config_from_dict, dump_config, read_yaml
+from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
 from ..render import RenderedJob, render
 from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
@@ -102,6 +103,11 @@ def plan_submit(
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
     rendered = render(cfg, run_dir, command=command, python=python)
+    py = python or cfg.environment.python or sys.executable
+    rank: Tuple[str, ...] = (
+        tuple(command_argv(cfg.train.command, py)) if cfg.train.command else ("python", "-m", "slurm_ddp.worker")
+    )
+    ranks_run = (*rank, "--run-dir", run_dir) if not cfg.train.command else rank
     if backend == "sbatch":
         argv: Tuple[str, ...] = ("sbatch", "--parsable", *rendered.sbatch_args, os.path.join(run_dir, SCRIPT_NAME))
     elif backend == "local":
@@ -109,14 +115,10 @@ def plan_submit(
             "slurm-ddp",
             "local launcher",
             f"{cfg.slurm.world_size} ranks",
-            "python",
-            "-m",
-            "slurm_ddp.worker",
-            "--run-dir",
-            run_dir,
+            *ranks_run,
         )
     else:
-        argv = ("submitit.SlurmExecutor", "python", "-m", "slurm_ddp.worker", "--run-dir", run_dir)
+        argv = ("submitit.SlurmExecutor", *ranks_run)
     return SubmitPlan(cfg=cfg, backend=backend, run_dir=run_dir, rendered=rendered, command=argv, resuming=resuming)
 
 

@@ -27,10 +27,20 @@ from pathlib import Path
 from typing import IO, Callable, Deque, Dict, List, Optional, Protocol
 
 from .. import PREEMPTED_EXIT_CODE
+from ..config import command_argv
 from ..env import synthetic_slurm_env
 from ..errors import UserError
 from ..rendezvous import choose_port
-from ..rundir import LAUNCHER_LOCK_NAME, LOGS_DIR, rank_log_name, read_jobs, record_job
+from ..rundir import (
+    FINISHED_NAME,
+    LAUNCHER_LOCK_NAME,
+    LOGS_DIR,
+    is_finished,
+    mark_command_finished,
+    rank_log_name,
+    read_jobs,
+    record_job,
+)
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
@@ -219,24 +229,12 @@ class LocalJob:
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
-            cmd = [
-                self.python,
-                "-m",
-                "slurm_ddp.launch",
-                "--run-dir",
-                str(rd),
-                "--",
-                self.python,
-                "-u",
-                "-m",
-                "slurm_ddp.worker",
-                "--run-dir",
-                str(rd),
-            ]
+            cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *self.rank_command(str(rd))]
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
             p = subprocess.Popen(
                 cmd,
                 env=env,
+                cwd=self.plan.cfg.train.workdir if self.plan.cfg.train.command else None,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -248,6 +246,14 @@ class LocalJob:
             self.procs.append(p)
             self.threads.append(t)
         return self
+
+    def rank_command(self, run_dir: str) -> List[str]:
+        """What each rank execs after the launch wrapper: the shared worker, or ``train.command``
+        (``config.command_argv``, run in ``train.workdir``)."""
+        tc = self.plan.cfg.train
+        if tc.command:
+            return command_argv(tc.command, self.python)
+        return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
 
     def send(self, sig: int) -> None:
         """Send ``sig`` to every rank still running."""
@@ -331,7 +337,16 @@ def schedule(
     ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``).
     """
     job = LocalJob(plan, echo=echo, python=python, say=say)
+    command_mode = bool(plan.cfg.train.command)
+    if command_mode and is_finished(plan.run_dir):
+        job.say(f"the run in {plan.run_dir} already finished ({FINISHED_NAME} exists); nothing to do")
+        return 0
+    if plan.cfg.slurm.launcher == "torchrun":
+        job.say("slurm.launcher=torchrun: the local backend starts every rank itself, as the srun launcher does")
     try:
-        return job.start().wait()
+        status = job.start().wait()
     finally:
         job.release()
+    if command_mode:  # the script's status 0 on every rank is its "done" (rundir.mark_command_finished)
+        mark_command_finished(plan.run_dir, exit_code=status, environ={"SLURM_JOB_ID": job.job_id})
+    return status

@@ -24,11 +24,12 @@ import os
 import shutil
 import subprocess
 import sys
-from typing import Any, Callable, Dict
+from typing import Any, Callable, Dict, List, Optional
 
+from ..config import command_argv
 from ..errors import ClusterError, UserError
 from ..render import sbatch_options
-from ..rundir import SUBMITIT_DIR, RequeueDecision, decide_requeue_here, record_job
+from ..rundir import SUBMITIT_DIR, RequeueDecision, decide_requeue_here, mark_command_finished, record_job
 from . import SubmitPlan, prepare_run_dir
 
 log = logging.getLogger("slurm_ddp.submitit")
@@ -87,6 +88,64 @@ class SubmititWorker:
         return None
 
 
+class SubmititCommand(SubmititWorker):
+    """The callable submitit runs in every task for ``train.command``: one rank of the user's script.
+
+    It starts the rank's command through the launch wrapper (``python -m slurm_ddp.launch``, as the
+    sbatch backend's srun line does) in ``train.workdir`` and waits for it. Its own handlers only
+    record a signal (they replace submitit's, whose checkpoint hook is not used); the wait loop
+    passes each one on to the script, as the batch shell does. Then, as ``SubmititWorker``, rank 0
+    takes the requeue decision, with ``got_signal`` when the requeue signal arrived and ``got_term``
+    for SIGTERM; a status of 0 on rank 0 first writes ``FINISHED`` (``rundir.mark_command_finished``).
+    (``submitit.helpers.CommandFunction`` runs a command too, but neither passes signals on nor
+    returns the status the decision needs.)
+    """
+
+    def __init__(self, run_dir: str, max_requeues: int, argv: List[str], workdir: Optional[str], signal_name: str):
+        super().__init__(run_dir, max_requeues)
+        self.argv, self.workdir, self.signal_name = list(argv), workdir, signal_name
+        self._got_signal = self._got_term = False
+
+    def __call__(self) -> int:
+        import signal
+        import time
+
+        pending: List[int] = []
+        requeue_sig = signal.Signals["SIG" + self.signal_name]
+        originals = {s: signal.signal(s, lambda n, f: pending.append(n)) for s in {requeue_sig, signal.SIGTERM}}
+        try:
+            child = subprocess.Popen(self.argv, cwd=self.workdir)
+            while child.poll() is None:
+                while pending:
+                    sig = pending.pop(0)
+                    self._got_signal |= sig == requeue_sig
+                    self._got_term |= sig == signal.SIGTERM
+                    child.send_signal(sig)
+                time.sleep(0.1)
+        finally:
+            for s, h in originals.items():
+                signal.signal(s, h)
+        return self.after_command(child.returncode if child.returncode >= 0 else 128 - child.returncode)
+
+    def after_command(self, status: int, run: Callable[..., Any] = subprocess.run) -> int:
+        """Rank 0 writes ``FINISHED`` for status 0 (``rundir.mark_command_finished``); then
+        ``after_worker``'s requeue decision and return value."""
+        if os.environ.get("SLURM_PROCID", "0") == "0":
+            mark_command_finished(self.run_dir, exit_code=status)
+        return self.after_worker(status, run)
+
+    def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
+        """``SubmititWorker.decide`` with what this task saw: the requeue signal, SIGTERM."""
+        return decide_requeue_here(
+            self.run_dir,
+            exit_code=status,
+            max_requeues=self.max_requeues,
+            got_term=self._got_term,
+            can_requeue=can_requeue,
+            got_signal=self._got_signal,
+        )
+
+
 def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
     """``SlurmExecutor.update_parameters`` arguments for the plan's config (submitit's names).
 
@@ -132,6 +191,11 @@ def schedule(plan: SubmitPlan) -> str:
         import submitit
     except ImportError:
         raise UserError("--backend submitit needs submitit: pip install 'slurm-ddp[submitit]'") from None
+    if plan.cfg.slurm.launcher != "srun":
+        raise UserError(
+            "slurm.launcher=torchrun is for --backend sbatch; submitit starts one task per rank itself "
+            "(use slurm.launcher: srun with --backend submitit)"
+        )
     if plan.cfg.requeue.signal_name != "USR2":
         raise UserError(
             f"requeue.signal={plan.cfg.requeue.signal!r}: submitit always sends USR2 before the time limit; "
@@ -146,8 +210,15 @@ def schedule(plan: SubmitPlan) -> str:
         folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues, python=launcher
     )
     executor.update_parameters(**executor_parameters(plan))
+    tc = plan.cfg.train
+    callable_: SubmititWorker = SubmititWorker(str(rd), plan.cfg.requeue.max_requeues)
+    if tc.command:  # the rank's command, through the launch wrapper (binding, torchrun variables)
+        argv = [py, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *command_argv(tc.command, py)]
+        callable_ = SubmititCommand(
+            str(rd), plan.cfg.requeue.max_requeues, argv, tc.workdir, plan.cfg.requeue.signal_name
+        )
     try:
-        job = executor.submit(SubmititWorker(str(rd), plan.cfg.requeue.max_requeues))
+        job = executor.submit(callable_)
     except (subprocess.CalledProcessError, FileNotFoundError, OSError) as e:
         raise ClusterError(f"submitit could not submit the job: {e}") from None
     record_job(plan.run_dir, backend="submitit", job_id=str(job.job_id))

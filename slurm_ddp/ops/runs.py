@@ -165,7 +165,9 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     name = data.get("name") if isinstance(data.get("name"), str) else None
     nodes, tasks = as_int(get("slurm", "nodes"), 1), as_int(get("slurm", "tasks_per_node"), 1)
     world = nodes * tasks if nodes and tasks else None
-    return name, as_int(get("train", "max_steps"), None), world
+    # train.command: the script's own steps (metrics.jsonl) have no known end; max_steps is the worker's
+    max_steps = None if get("train", "command") else as_int(get("train", "max_steps"), None)
+    return name, max_steps, world
 
 
 def read_run(path: Path) -> Run:

@@ -263,7 +263,9 @@ class StepAgreement:
     ``max_every`` — of which the smallest wins. All ranks therefore check at the same steps
     and stop after the same step, at most about ``interval_s`` plus one step after the signal
     (0 steps lost: the checkpoint is of that step). Slow steps (> ``interval_s``) are checked
-    every step. ``group``: a gloo process group (the flag lives on the CPU; pass
+    every step. The first check (at the first ``poll``) proposes 1: the time since construction
+    is no step time (it may be a few microseconds, or all of the setup), so the interval is
+    measured from the first check on. ``group``: a gloo process group (the flag lives on the CPU; pass
     ``dist.new_group(backend="gloo")`` when the default group is NCCL).
     """
 
@@ -272,6 +274,7 @@ class StepAgreement:
         self._countdown = 1  # the first check is at the first step
         self._steps = 0
         self._t = time.perf_counter()
+        self._measured = False  # no step time measured yet: the first check proposes 1
         #: steps between the last two checks (for tests and logs)
         self.every = 1
 
@@ -287,6 +290,8 @@ class StepAgreement:
         now = time.perf_counter()
         step_s = (now - self._t) / self._steps
         propose = self.max_every if step_s <= 0 else int(min(max(self.interval_s / step_s, 1), self.max_every))
+        if not self._measured:
+            propose, self._measured = 1, True
         t = torch.tensor([1 if local else 0, -propose], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         agreed, self.every = bool(t[0]), int(-t[1])

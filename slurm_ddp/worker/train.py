@@ -481,7 +481,7 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
     """Entry of ``python -m slurm_ddp.worker --run-dir DIR``: returns the exit status."""
     environ = dict(os.environ if environ is None else environ)
     rd = Path(run_dir).resolve()
-    denv = DistEnv.from_slurm(environ)
+    denv = DistEnv.from_environ(environ)  # srun's task variables, or torchrun's under slurm.launcher=torchrun
     setup_logging(denv.rank)
     logging.getLogger("slurm_ddp.rank").info(
         "host %s (%s) rank %d/%d local_rank %d/%d node_rank %d master %s:%d job %s restart %d pid %d",

@@ -318,7 +318,7 @@ BAD = [
     # train.task
     *[
         ({"train": {"task": t}}, "train.task", [f"got {t!r}", "'package.module:Attribute'"])
-        for t in ["digits_task.DigitsTask", "digits_task:", ":DigitsTask", "a b:C", "m:C:D", "m:C\n", "1m:C", ""]
+        for t in ["digits_task.DigitsTask", "digits_task:", ":DigitsTask", "a b:C", "m:C:D", "m:C\n", "1m:C"]
     ],
     # name
     ({"name": "job\ntouch X"}, "name", ["got 'job\\ntouch X'", "without control characters"]),
@@ -374,6 +374,7 @@ def test_there_are_plenty_of_bad_input_cases():
         ({"train": {"task": "m:C"}}, "name"),
         ({"name": "x"}, "train.task"),
         ({"name": "x", "train": {"max_steps": 3}}, "train.task"),
+        ({"name": "x", "train": {"task": ""}}, "train.task"),  # "" is no task (a train.command config)
         (None, "name"),  # an empty file
     ],
 )
@@ -489,3 +490,75 @@ def test_cli_config_keys_lists_every_section(capsys):
     out = capsys.readouterr().out
     for section in ("slurm:", "environment:", "train:", "checkpoint:", "requeue:"):
         assert section in out
+
+
+# --------------------------------------------------------------------------- train.command, slurm.launcher
+
+
+def test_command_string_is_split_and_paths_resolve_against_the_yaml(write_job, tmp_path):
+    path = write_job({"train": {"task": "", "command": "python -u train.py --lr '0.1 0.2'"}})
+    cfg = load_config(path)
+    assert cfg.train.command == ("python", "-u", str(tmp_path / "train.py"), "--lr", "0.1 0.2")
+    assert cfg.train.workdir == str(tmp_path.resolve()) and cfg.train.task == ""
+    sub = tmp_path / "w"
+    path = write_job({"train": {"task": "", "command": ["train.py"], "workdir": "w"}})
+    cfg = load_config(path)
+    assert cfg.train.command == (str(tmp_path / "train.py"),) and cfg.train.workdir == str(sub.resolve())
+    assert load_config(path).config_hash() == config_from_dict(cfg.to_dict()).config_hash()  # written back as is
+
+
+@pytest.mark.parametrize(
+    "argv, index",
+    [
+        (["python", "t.py"], 1),
+        (["python3", "-u", "-W", "ignore", "t.py", "x.py"], 4),
+        (["python", "-m", "pkg.train"], None),
+        (["python", "-c", "pass"], None),
+        (["python", "-um", "pkg"], None),
+        (["t.py", "--a"], 0),
+        (["./run.sh"], 0),
+        (["torchrun_like_tool", "t.py"], None),
+    ],
+)
+def test_command_script_index(argv, index):
+    from slurm_ddp.config import command_script_index
+
+    assert command_script_index(argv) == index
+
+
+def test_command_argv_uses_the_ranks_interpreter():
+    from slurm_ddp.config import command_argv
+
+    assert command_argv(["python", "t.py"], "/py") == ["/py", "t.py"]
+    assert command_argv(["python3.11", "t.py"], "/py") == ["/py", "t.py"]
+    assert command_argv(["t.py", "-x"], "/py") == ["/py", "t.py", "-x"]
+    assert command_argv(["/opt/bin/python", "t.py"], "/py") == ["/opt/bin/python", "t.py"]
+    assert command_argv(["bash", "run.sh"], "/py") == ["bash", "run.sh"]
+
+
+@pytest.mark.parametrize(
+    "train, fragments",
+    [
+        ({"task": "m:C", "command": ["python", "t.py"]}, ["'train.task'", "'train.command'", "both set"]),
+        ({"task": "", "command": []}, ["'train.task' is missing", "'train.command'"]),
+        ({"task": "", "command": ["python", 3]}, ["train.command[1]", "got 3", "a string"]),
+        ({"task": "", "command": {"a": 1}}, ["train.command", "a list of strings"]),
+        ({"task": "", "command": "python 'unclosed"}, ["train.command", "No closing quotation"]),
+        ({"task": "", "command": [""]}, ["train.command[0]"]),
+        ({"task": "m:C", "workdir": "w"}, ["train.workdir", "train.command"]),
+    ],
+)
+def test_command_mistakes_are_one_line(write_job, train, fragments):
+    with pytest.raises(ConfigError) as ei:
+        load_config(write_job({"train": train}))
+    msg = str(ei.value)
+    assert "\n" not in msg
+    for f in fragments:
+        assert f in msg, (f, msg)
+
+
+def test_launcher_choices(make_config):
+    assert make_config().slurm.launcher == "srun"
+    assert make_config({"slurm": {"launcher": "torchrun"}}).slurm.launcher == "torchrun"
+    with pytest.raises(ConfigError, match="slurm.launcher.*one of srun, torchrun"):
+        make_config({"slurm": {"launcher": "mpirun"}})

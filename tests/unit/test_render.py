@@ -133,8 +133,25 @@ def gpu_config(slurm):
     return config_from_dict(data)
 
 
+OWN_SCRIPT = REPO / "examples" / "own_script" / "job.yaml"
+
+
+def own_script_config(**slurm):
+    """examples/own_script/job.yaml (train.command) with fixed absolute paths (the hash does not
+    depend on where this checkout lives)."""
+    data = read_yaml(OWN_SCRIPT)
+    data["slurm"] = {**data["slurm"], **slurm}
+    data["train"] = {"command": "python /scratch/own/train.py --epochs 5", "workdir": "/scratch/own"}
+    return config_from_dict(data)
+
+
 GOLDEN_CASES = {
     "digits.sbatch": (digits_config, "/scratch/runs/digits"),
+    "own_script.sbatch": (lambda: own_script_config(nodes=2, tasks_per_node=1), "/scratch/runs/own-script"),
+    "own_script_torchrun.sbatch": (
+        lambda: own_script_config(nodes=2, tasks_per_node=2, launcher="torchrun"),
+        "/scratch/runs/own-script",
+    ),
     "two_node_full.sbatch": (lambda: config_from_dict(FULL), "/scratch/runs/resnet-2node"),
     **{name: (lambda s=slurm: gpu_config(s), "/scratch/runs/digits") for name, (slurm, _) in GPU_LAYOUTS.items()},
 }
@@ -166,6 +183,30 @@ def test_golden_script(golden, tmp_path):
     assert_golden(GOLDEN / golden, rendered.script)
     bash_n(rendered.script, tmp_path)
     assert rendered.run_dir == run_dir and rendered.sbatch_args == ()
+
+
+def test_command_mode_runs_the_script_through_the_launch_wrapper_in_its_workdir():
+    script = render(own_script_config(), "/r", **FIXED).script
+    srun = script[script.index("\nsrun ") :].split("&\n")[0]
+    assert "--chdir=/scratch/own" in srun
+    assert '"$PYTHON" -m slurm_ddp.launch --run-dir "$RUN_DIR" -- "$PYTHON" /scratch/own/train.py --epochs 5' in srun
+    assert "--command-mode 1" in script and "slurm_ddp.worker" not in script
+
+
+def test_torchrun_launcher_line():
+    """One task per node holding the node's CPUs; torchrun's options; the wrapper as its entry point."""
+    cfg = own_script_config(nodes=2, tasks_per_node=2, cpus_per_task=3, launcher="torchrun")
+    script = render(cfg, "/r", **FIXED).script
+    srun = script[script.index("\nsrun ") :].split("&\n")[0]
+    assert "--ntasks-per-node=1 --cpus-per-task=6" in srun and '--output="$RUN_DIR"/logs/torchrun-node-%n.log' in srun
+    assert (
+        '"$PYTHON" -m torch.distributed.run --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --max-restarts=0 '
+        "--signals-to-handle=SIGUSR2,SIGTERM,SIGINT,SIGHUP,SIGQUIT --shutdown-timeout=60" in srun
+    )
+    assert '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" --no-python' in srun
+    assert '"$PYTHON" -m slurm_ddp.launch --run-dir "$RUN_DIR" --rank-log -- "$PYTHON" /scratch/own/train.py' in srun
+    worker = render(config_from_dict({**read_yaml(EXAMPLE), "slurm": {"launcher": "torchrun"}}), "/r", **FIXED).script
+    assert '--rank-log -- "$PYTHON" -u -m slurm_ddp.worker --run-dir "$RUN_DIR" &' in worker
 
 
 def test_rendering_is_deterministic():

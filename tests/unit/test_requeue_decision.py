@@ -1,8 +1,9 @@
 """One requeue decision table, run through both paths that requeue a job.
 
 (a) the sbatch backend: the rendered batch script in bash, with fake ``srun``/``scontrol`` on PATH
-(``lib.fake_slurm``); (b) the submitit backend: ``SubmititWorker.after_worker`` in rank 0, with the
-same fake ``scontrol`` on PATH. Both must requeue (``scontrol requeue JOB_ID``, once) exactly in the
+(``lib.fake_slurm``), the signal rows sending SIGUSR2 to the batch shell; (b) the submitit backend:
+``SubmititWorker.after_worker`` (``SubmititCommand.after_command`` for ``train.command`` rows, told
+whether its task got the signal) in rank 0, with the same fake ``scontrol`` on PATH. Both must requeue (``scontrol requeue JOB_ID``, once) exactly in the
 same rows and end with the same status; the rule itself is ``slurm_ddp.rundir.decide_requeue``.
 """
 
@@ -20,9 +21,9 @@ from lib import wait_process
 from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
-from slurm_ddp.backends.submitit_backend import SubmititWorker
+from slurm_ddp.backends.submitit_backend import SubmititCommand, SubmititWorker
 from slurm_ddp.render import render
-from slurm_ddp.rundir import Preempted, write_finished, write_preempted
+from slurm_ddp.rundir import Preempted, read_finished, write_finished, write_preempted
 
 P = PREEMPTED_EXIT_CODE
 
@@ -35,6 +36,8 @@ class Row:
     max_requeues: int = 3
     scontrol: bool = True  #: scontrol on PATH
     finished: bool = False  #: FINISHED written before the job starts
+    signal: bool = False  #: the time-limit signal (USR2) reached the batch shell (sbatch) / the task (submitit)
+    command: bool = False  #: a train.command run (status 0 writes FINISHED)
     requeue: bool = False  #: expected: scontrol requeue JOB_ID called
     exit: int = 0  #: expected: the job's exit status (submitit: returned, or raised when not 0/75)
 
@@ -57,6 +60,13 @@ TABLE = {
     "crash": Row(1, exit=1),
     "success": Row(0, exit=0),
     "finished-run": Row(0, restart=1, finished=True, exit=0),
+    # train.command: a script of one's own
+    "script-killed-by-the-time-limit-signal": Row(128 + 12, signal=True, command=True, requeue=True, exit=P),
+    "script-killed-by-the-signal-at-the-cap": Row(128 + 12, restart=3, signal=True, command=True, exit=P),
+    "script-using-the-api-stops-for-the-signal": Row(P, signal=True, command=True, requeue=True, exit=P),
+    "script-exits-0-after-the-signal-finished": Row(0, signal=True, command=True, exit=0),
+    "script-crash-without-signal": Row(1, command=True, exit=1),
+    "script-success": Row(0, command=True, exit=0),
 }
 
 
@@ -69,18 +79,47 @@ def prepare(row: Row, run_dir: Path) -> None:
         write_finished(run_dir, {"step": 20, "world_size": 2})
 
 
+def _finished_by_the_job(row: Row, run_dir: Path) -> bool:
+    rec = read_finished(run_dir)
+    return not row.finished and rec is not None and rec.get("command") is True
+
+
 @pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
 def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) -> None:
     run_dir = tmp_path / "run"
     prepare(row, run_dir)
-    cfg = make_config({"requeue": {"max_requeues": row.max_requeues}})
+    patch: dict = {"requeue": {"max_requeues": row.max_requeues, "signal": "USR2"}}
+    if row.command:
+        patch["train"] = {"task": "", "command": ["python", "-c", "pass"]}
+    cfg = make_config(patch)
     script = render(cfg, str(run_dir), command=["t"], python=sys.executable).script
-    stubs = make_stubs(tmp_path, srun_body=f"exit {row.status}", scontrol=row.scontrol)
-    out = run_script(script, tmp_path, stubs, restart_count=row.restart)
-    text = out.stdout.decode() + out.stderr.decode()
-    assert out.returncode == row.exit, text
+    if not row.signal:
+        stubs = make_stubs(tmp_path, srun_body=f"exit {row.status}", scontrol=row.scontrol)
+        out = run_script(script, tmp_path, stubs, restart_count=row.restart)
+        text = out.stdout.decode() + out.stderr.decode()
+        returncode = out.returncode
+    else:  # handshake: srun says it runs, the batch shell gets USR2 and passes it on, srun exits
+        ready = tmp_path / "stubs" / "srun.ready"
+        stubs = make_stubs(
+            tmp_path,
+            srun_first=f"trap 'exit {row.status}' USR2",
+            srun_body=f"touch {shlex.quote(str(ready))}\nwhile :; do sleep 0.05; done",
+            scontrol=row.scontrol,
+        )
+        proc = run_script(script, tmp_path, stubs, restart_count=row.restart, background=True)
+        try:
+            wait_process(proc, ready.exists, 60, "the srun stub to start", lambda: proc.stdout.read().decode())
+            proc.send_signal(signal.SIGUSR2)
+            text = proc.communicate(timeout=60)[0].decode()
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        returncode = proc.returncode
+    assert returncode == row.exit, text
     assert requeued(stubs) == row.requeue, text
     assert (stubs / "srun.argv").exists() == (not row.finished), text
+    assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0), text
 
 
 @pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
@@ -92,13 +131,19 @@ def test_submitit_worker_takes_the_decision(monkeypatch, tmp_path: Path, row: Ro
     monkeypatch.setenv("SLURM_JOB_ID", JOB_ID)
     monkeypatch.setenv("SLURM_RESTART_COUNT", str(row.restart))
     monkeypatch.setenv("SLURM_PROCID", "0")
-    worker = SubmititWorker(str(run_dir), row.max_requeues)
+    if row.command:  # SubmititCommand sees the signal itself (submitit sends it to every task)
+        command = SubmititCommand(str(run_dir), row.max_requeues, [], None, "USR2")
+        command._got_signal = row.signal
+        decide = command.after_command
+    else:
+        decide = SubmititWorker(str(run_dir), row.max_requeues).after_worker
     if row.exit in (0, P):
-        assert worker.after_worker(row.status) == row.exit
+        assert decide(row.status) == row.exit
     else:
         with pytest.raises(RuntimeError, match=f"exited with status {row.exit}"):
-            worker.after_worker(row.status)
+            decide(row.status)
     assert requeued(stubs) == row.requeue
+    assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0)
 
 
 def test_submitit_worker_other_ranks_never_requeue(monkeypatch, tmp_path: Path) -> None:
