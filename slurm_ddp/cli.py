@@ -175,9 +175,9 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         def warn(msg: str) -> None:
             print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
 
+        check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
         if not cfg.train.command:
             check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
-        check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
     if args.test_only:
         from .preflight import sbatch_test_only
 

@@ -136,6 +136,8 @@ def srun_flags(cfg: JobConfig) -> List[str]:
     return [
         "--kill-on-bad-exit=1",
         f"--nodes={s.nodes}",
+        # under torchrun also --ntasks: srun would take the allocation's SLURM_NTASKS otherwise
+        *([f"--ntasks={s.nodes}"] if torchrun else []),
         f"--ntasks-per-node={1 if torchrun else s.tasks_per_node}",
         f"--cpus-per-task={s.tasks_per_node * s.cpus_per_task if torchrun else s.cpus_per_task}",
         # also in #SBATCH; here explicit for the step (torchrun's one task per node needs every GPU)

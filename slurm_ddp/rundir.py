@@ -255,6 +255,7 @@ def decide_requeue(
         preempted = True
         notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
         got_term = got_term or marker.signal == "SIGTERM"
+    saved = "checkpoint saved" if preempted else "stopped at the time-limit signal"
     if not preempted and got_signal and not finished:
         preempted = True
         notes.append(f"the ranks got the time-limit signal and stopped (status {exit_code}) before the run finished")
@@ -269,14 +270,14 @@ def decide_requeue(
             "stopped by SIGTERM (preemption or scancel): not requeueing; Slurm requeues a preempted job itself"
         )
     elif not can_requeue:
-        notes.append("checkpoint saved, but scontrol is missing: cannot requeue")
+        notes.append(f"{saved}, but scontrol is missing: cannot requeue")
     elif not job_id:
-        notes.append("checkpoint saved, but SLURM_JOB_ID is not set: cannot requeue")
+        notes.append(f"{saved}, but SLURM_JOB_ID is not set: cannot requeue")
     elif restart_count >= max_requeues:
-        notes.append(f"checkpoint saved; max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+        notes.append(f"{saved}; max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
     else:
         requeue = True
-        notes.append(f"checkpoint saved; requeueing (restart {restart_count + 1} of at most {max_requeues})")
+        notes.append(f"{saved}; requeueing (restart {restart_count + 1} of at most {max_requeues})")
     if not preempted and not notes:
         notes.append(f"not preempted (status {exit_code}): not requeueing")
     return RequeueDecision(

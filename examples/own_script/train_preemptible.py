@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import time
 
 import torch
@@ -85,7 +86,8 @@ def main() -> None:
     data = make_dataset()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
-    print(f"[rank {rank}] local_rank {local_rank} of world {world}; {len(loader)} steps per epoch", flush=True)
+    host = socket.gethostname()
+    print(f"[rank {rank}] host {host} local_rank {local_rank} of world {world}; {len(loader)} steps/epoch", flush=True)
     for epoch in range(epochs_run, args.epochs):
         sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
         total, correct, seen = 0.0, 0, 0

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 import textwrap
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional
@@ -117,7 +118,44 @@ def _missing_job(d: Path) -> Path:
     return d / "no-such-job.yaml"
 
 
+def _old_torchrun_interpreter(d: Path) -> Path:
+    """environment.python is an interpreter whose torch has a torchrun without --signals-to-handle
+    (a fake torch package first on its path: torch/distributed/run.py with older options only)."""
+    fake = d / "oldtorch" / "torch"
+    (fake / "distributed").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "distributed" / "run.py").write_text('parser.add_argument("--nnodes")\n')
+    python = d / "oldpython"
+    python.write_text(f'#!/bin/sh\nPYTHONPATH={d / "oldtorch"} exec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    job = d / "torchrun-job.yaml"
+    data = merged({"slurm": {"launcher": "torchrun"}, "environment": {"python": str(python)}})
+    job.write_text(yaml.safe_dump(data, sort_keys=False))
+    return job
+
+
 CASES: Dict[str, Case] = {
+    # ---- train.command (your own script) and slurm.launcher
+    "task and command both set": Case(
+        ["'train.task'", "'train.command'", "both set"], {"train": {"command": ["python", "train.py"]}}
+    ),
+    "script missing": Case(
+        ["train.command", "missing_script.py", "does not exist", "--no-check-task"],
+        {"train": {"task": "", "command": "python missing_script.py --epochs 2"}},
+    ),
+    "command is not a list of strings": Case(
+        ["train.command[1]", "got 3", "a string"], {"train": {"task": "", "command": ["python", 3]}}
+    ),
+    "command is a mapping": Case(["train.command", "a list of strings"], {"train": {"task": "", "command": {"a": 1}}}),
+    "command program not found": Case(
+        ["train.command", "'no-such-program-xyz'", "not found"],
+        {"train": {"task": "", "command": ["no-such-program-xyz", "x"]}},
+    ),
+    "launcher unknown": Case(["slurm.launcher", "'mpirun'", "srun, torchrun"], {"slurm": {"launcher": "mpirun"}}),
+    "torchrun launcher with a torch that lacks --signals-to-handle": Case(
+        ["slurm.launcher=torchrun", "without --signals-to-handle", "slurm.launcher: srun"],
+        setup=_old_torchrun_interpreter,
+    ),
     # ---- wrong types
     "nodes is a word": Case(["slurm.nodes", "'two'", "an integer"], {"slurm": {"nodes": "two"}}),
     "nodes is a float": Case(["slurm.nodes", "1.5"], {"slurm": {"nodes": 1.5}}),
