@@ -444,9 +444,14 @@ class Trainer:
             raise
         finally:
             self.flag.restore()
-            if self.writer is not None and self.writer.in_flight:
+            # close(), not just wait(): the writer thread must end here. Left idle, it still holds its
+            # last job (the snapshot buffers); weakref.finalize's atexit hook wakes it at exit, and a
+            # thread that frees tensors there (THPVariable_clear drops the GIL) and retakes the GIL
+            # after finalization began is pthread_exit'ed inside noexcept C++: std::terminate, the
+            # SIGABRT "terminate called without an active exception" of a finished rank 0.
+            if self.writer is not None:
                 try:
-                    self.writer.wait()
+                    self.writer.close()
                 except CheckpointError as e:
                     log.error("%s", e)
             if self.tb is not None:
