@@ -9,12 +9,16 @@ to a running interpreter (the binding wrapper's own interpreter, then exec of th
 imports and config after torch, and init_process_group waiting for the later rank. Under heavier
 load an earlier run gave 0.47 s vs 0.10 s.
 
-Two launches of 2 gloo ranks on this machine, interleaved ``--trials`` times (medians reported):
+Three launches of 2 gloo ranks on this machine, interleaved ``--trials`` times (medians reported):
 
 * **slurm_ddp**: ``slurm-ddp submit examples/digits/job.yaml --backend local`` — each rank is what
   srun starts in the sbatch script: ``python -m slurm_ddp.launch`` (the binding wrapper), which
   execs ``python -m slurm_ddp.worker``; the worker reads the run directory's config, derives its
   ``DistEnv`` from the SLURM task variables and calls ``init_distributed``.
+* **sd_torchrun**: slurm_ddp's torchrun launcher (``slurm.launcher: torchrun``): the rendered
+  ``python -m torch.distributed.run`` line (c10d rendezvous, ``--signals-to-handle``) on one node,
+  whose entry point is the binding wrapper (``--rank-log``), which execs the worker; the worker
+  reads torchrun's RANK/LOCAL_RANK/… (``DistEnv.from_environ``).
 * **torchrun**: ``torchrun --nproc_per_node=2`` running a tiny script that takes the same code
   path (``slurm_ddp.worker.runtime.init_distributed`` from a ``DistEnv``), built from torchrun's
   ``RANK``/``WORLD_SIZE``/``MASTER_*`` variables.
@@ -187,6 +191,33 @@ def run_torchrun(tools: Path, work: Path) -> Dict[str, float]:
     return collect(out, t_cmd)
 
 
+def run_slurm_ddp_torchrun(tools: Path, work: Path) -> Dict[str, float]:
+    """slurm_ddp's torchrun launcher (``slurm.launcher: torchrun``) on one node: the torchrun line the
+    batch script renders (``render.torchrun_flags``), the launch wrapper as torchrun's entry point
+    (binding by LOCAL_RANK, --rank-log), execing the worker, which reads torchrun's variables."""
+    from slurm_ddp.config import config_from_dict, dump_config, read_yaml
+    from slurm_ddp.render import torchrun_flags
+
+    out, run_dir = work / "out", work / "run"
+    out.mkdir(parents=True)
+    (run_dir / "logs").mkdir(parents=True)
+    data = read_yaml(JOB)
+    data["slurm"] = {**data["slurm"], "nodes": 1, "tasks_per_node": 2, "launcher": "torchrun"}
+    data["train"] = {**data["train"], "max_steps": 1, "pythonpath": [str(JOB.parent)]}
+    cfg = config_from_dict(data)
+    (run_dir / "config.yaml").write_text(dump_config(cfg))
+    py = sys.executable
+    cmd = [py, "-m", "torch.distributed.run", *torchrun_flags(cfg), f"--rdzv-endpoint=127.0.0.1:{free_port()}"]
+    cmd += ["--rdzv-id=bench", "--no-python", py, "-m", "slurm_ddp.launch", "--run-dir", str(run_dir), "--rank-log"]
+    cmd += ["--", py, "-u", "-m", "slurm_ddp.worker", "--run-dir", str(run_dir)]
+    t_cmd = time.time()
+    r = subprocess.run(cmd, env=env_for(tools, out), capture_output=True, text=True, timeout=300)
+    if not (out / "rank-1.json").exists():
+        logs = "".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))
+        raise RuntimeError(f"slurm_ddp torchrun launch failed ({r.returncode}):\n{r.stderr[-3000:]}\n{logs}")
+    return collect(out, t_cmd)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--trials", type=int, default=5)
@@ -196,7 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     tools.mkdir()
     (tools / "sitecustomize.py").write_text(textwrap.dedent(SITECUSTOMIZE))
     (tools / "torchrun_rank.py").write_text(textwrap.dedent(TORCHRUN_RANK))
-    results: Dict[str, List[Dict[str, float]]] = {"slurm_ddp": [], "torchrun": []}
+    results: Dict[str, List[Dict[str, float]]] = {"slurm_ddp": [], "sd_torchrun": [], "torchrun": []}
     print(
         f"P5: 2 gloo ranks on this machine, {args.trials} interleaved trials; load average "
         f"{' '.join(f'{x:.1f}' for x in os.getloadavg())}",
@@ -204,7 +235,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     )
     try:
         for i in range(args.trials):
-            order = [("slurm_ddp", run_slurm_ddp), ("torchrun", run_torchrun)]
+            order = [("slurm_ddp", run_slurm_ddp), ("sd_torchrun", run_slurm_ddp_torchrun), ("torchrun", run_torchrun)]
             for name, fn in order if i % 2 == 0 else order[::-1]:
                 r = fn(tools, root / f"{name}-{i}")
                 results[name].append(r)
@@ -229,11 +260,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             f"{'':9s}  slowest rank: process start → interpreter running {m['to_interpreter']:.3f} s, imports "
             f"and config after torch {m['imports_config']:.3f} s; ranks' init calls {m['init_skew']:.3f} s apart"
         )
-    s, t = med["slurm_ddp"], med["torchrun"]
+    s, st, t = med["slurm_ddp"], med["sd_torchrun"], med["torchrun"]
     print(
         f"P5 launch overhead (rank start → group ready − import torch): slurm_ddp {s['overhead']:.3f} s "
-        f"(goal < 0.5 s: {'met' if s['overhead'] < 0.5 else 'NOT met'}), torchrun {t['overhead']:.3f} s; "
-        f"command → ready: slurm_ddp {s['cmd_to_ready']:.3f} s, torchrun {t['cmd_to_ready']:.3f} s"
+        f"(goal < 0.5 s: {'met' if s['overhead'] < 0.5 else 'NOT met'}), slurm_ddp under its torchrun launcher "
+        f"{st['overhead']:.3f} s ({'met' if st['overhead'] < 0.5 else 'NOT met'}), plain torchrun "
+        f"{t['overhead']:.3f} s; command → ready: slurm_ddp {s['cmd_to_ready']:.3f} s, torchrun launcher "
+        f"{st['cmd_to_ready']:.3f} s, plain torchrun {t['cmd_to_ready']:.3f} s"
     )
     return 0
 

@@ -198,7 +198,10 @@ def test_torchrun_launcher_line():
     cfg = own_script_config(nodes=2, tasks_per_node=2, cpus_per_task=3, launcher="torchrun")
     script = render(cfg, "/r", **FIXED).script
     srun = script[script.index("\nsrun ") :].split("&\n")[0]
-    assert "--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6" in srun and '--output="$RUN_DIR"/logs/torchrun-node-%n.log' in srun
+    assert (
+        "--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6" in srun
+        and '--output="$RUN_DIR"/logs/torchrun-node-%n.log' in srun
+    )
     assert (
         '"$PYTHON" -m torch.distributed.run --nnodes=2 --nproc-per-node=2 --rdzv-backend=c10d --max-restarts=0 '
         "--signals-to-handle=SIGUSR2,SIGTERM,SIGINT,SIGHUP,SIGQUIT --shutdown-timeout=60" in srun
