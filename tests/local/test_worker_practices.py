@@ -316,9 +316,16 @@ from digits_task import DigitsTask
 _TRAINER = []
 
 
+def _comm(task):
+    try:
+        return (task / "comm").read_text()
+    except OSError:  # the thread ended since the directory was listed
+        return ""
+
+
 def _report():  # atexit: after the worker returned, before interpreter teardown
     tasks = Path("/proc/self/task")
-    gloo = sum((t / "comm").read_text().startswith(("pt_gloo", "gloo")) for t in tasks.iterdir())
+    gloo = sum(_comm(t).startswith(("pt_gloo", "gloo")) for t in tasks.iterdir())
     rank = os.environ["SLURM_PROCID"]
     Path(os.environ["SLURM_DDP_RUN_DIR"], f"exit-threads-{rank}.json").write_text(json.dumps({
         "gloo": gloo, "threads": [t.name for t in threading.enumerate()],
@@ -358,7 +365,10 @@ def _submit_exit_report(tmp_path: Path, sets: List[str], timeout: float = 240, e
 def _assert_nothing_left_at_exit(run: Path) -> None:
     """No gloo thread and no checkpoint-writer thread alive on any rank at interpreter exit."""
     for rank in range(2):
-        report = json.loads((run / f"exit-threads-{rank}.json").read_text())
+        path = run / f"exit-threads-{rank}.json"
+        log = (run / "logs" / f"rank-{rank}.log").read_text()
+        assert path.exists(), f"rank {rank} wrote no exit report; its log:\n{log[-3000:]}"
+        report = json.loads(path.read_text())
         assert report["gloo"] == 0, f"rank {rank}: {report['gloo']} gloo threads left at interpreter exit"
         assert report["had_writer"] == (rank == 0), report  # rank 0 writes checkpoints in the background
         assert "checkpoint-writer" not in report["threads"], (
