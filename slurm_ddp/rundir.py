@@ -227,6 +227,7 @@ def decide_requeue(
     can_requeue: bool,
     finished: bool = False,
     got_signal: bool = False,
+    command: bool = False,
 ) -> RequeueDecision:
     """THE requeue rule, for the batch script and the submitit backend alike. Pure.
 
@@ -234,7 +235,9 @@ def decide_requeue(
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
     ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
     ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``; ``got_signal``: the ranks
-    were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job.
+    were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job;
+    ``command``: the run is a ``train.command`` script (``got_signal`` counts only for those: the
+    shared worker states a preemption itself, by its status and marker, on every backend alike).
 
     Preempted when the status is ``PREEMPTED_EXIT_CODE``, or when the marker belongs to this job
     AND this restart (srun may report a rank killed by ``--kill-on-bad-exit`` after rank 0 had
@@ -256,7 +259,7 @@ def decide_requeue(
         notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
         got_term = got_term or marker.signal == "SIGTERM"
     saved = "checkpoint saved" if preempted else "stopped at the time-limit signal"
-    if not preempted and got_signal and not finished:
+    if not preempted and got_signal and command and not finished:
         preempted = True
         notes.append(f"the ranks got the time-limit signal and stopped (status {exit_code}) before the run finished")
     requeue = False
@@ -297,6 +300,7 @@ def decide_requeue_here(
     can_requeue: bool,
     environ: Optional[Mapping[str, str]] = None,
     got_signal: bool = False,
+    command: bool = False,
 ) -> RequeueDecision:
     """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s markers.
 
@@ -316,6 +320,7 @@ def decide_requeue_here(
         can_requeue=can_requeue,
         finished=is_finished(run_dir),
         got_signal=got_signal,
+        command=command,
     )
 
 
@@ -413,6 +418,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                 can_requeue=bool(args.can_requeue),
                 environ=env,
                 got_signal=bool(args.got_signal),
+                command=bool(args.command_mode),
             )
         except ValueError as e:
             raise UserError(str(e)) from None

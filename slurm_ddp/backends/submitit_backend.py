@@ -143,6 +143,7 @@ class SubmititCommand(SubmititWorker):
             got_term=self._got_term,
             can_requeue=can_requeue,
             got_signal=self._got_signal,
+            command=True,
         )
 
 

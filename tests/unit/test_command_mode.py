@@ -194,7 +194,11 @@ def test_render_and_explain_a_torchrun_command_job_without_torch(tmp_path, verb)
         (0, True, True, False, 0),  # it finished anyway
     ],
 )
-def test_the_rule_for_a_signalled_script(status, got_signal, finished, requeue, exit_code):
+@pytest.mark.parametrize("command", [True, False], ids=["command", "worker"])
+def test_the_rule_for_a_signalled_script(status, got_signal, finished, requeue, exit_code, command):
+    if not command and status != PREEMPTED_EXIT_CODE:
+        # the shared worker states a preemption itself (status 75 and its marker): a signal alone requeues nothing
+        requeue, exit_code = False, status
     d = decide_requeue(
         exit_code=status,
         marker=None,
@@ -205,6 +209,7 @@ def test_the_rule_for_a_signalled_script(status, got_signal, finished, requeue, 
         can_requeue=True,
         finished=finished,
         got_signal=got_signal,
+        command=command,
     )
     assert (d.requeue, d.exit_code) == (requeue, exit_code), d.reason
 

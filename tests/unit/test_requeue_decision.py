@@ -60,6 +60,8 @@ TABLE = {
     "crash": Row(1, exit=1),
     "success": Row(0, exit=0),
     "finished-run": Row(0, restart=1, finished=True, exit=0),
+    # the shared worker states a preemption itself (status 75, marker): a crash after the signal is a crash
+    "worker-crash-after-the-signal": Row(1, signal=True, exit=1),
     # train.command: a script of one's own
     "script-killed-by-the-time-limit-signal": Row(128 + 12, signal=True, command=True, requeue=True, exit=P),
     "script-killed-by-the-signal-at-the-cap": Row(128 + 12, restart=3, signal=True, command=True, exit=P),
