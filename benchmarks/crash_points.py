@@ -171,7 +171,7 @@ def _child(directory: Path, sc: Scenario, state: dict, wfd: int, kill_at_event: 
         if sc.mode == "async":
             w = AsyncCheckpointer(mgr)
             w.save(state, sc.new[0])
-            w.wait()
+            w.close()  # the write, then the writer thread joined: no thread left to interpreter teardown
         else:
             mgr.save(state, sc.new[0])
         dt = time.perf_counter() - t0

@@ -196,6 +196,7 @@ def _writer_loop(jobs: Any) -> None:
         finally:
             job.state = job.like = None
             job.done.set()
+        job = None  # an idle writer holds nothing (it may still be alive at interpreter teardown)
 
 
 class AsyncCheckpointer:

@@ -16,7 +16,7 @@ import os
 import random
 import time
 from datetime import timedelta
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sized, Tuple, cast
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ import torch.distributed as dist
 # could never free it, and gloo's worker threads would outlive the interpreter, where one that
 # still drops a finished collective aborts the process at exit ("terminate called without an
 # active exception", pytorch/pytorch#190489). Imported here, before any group exists, they are None.
-import torch.distributed.nn.functional  # noqa: F401
+import torch.distributed.nn.functional
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
 from ..devices import DeviceSelectionError, select_device, visible_devices
@@ -109,7 +109,9 @@ def seed_everything(seed: int) -> None:
 
 def capture_rng() -> Dict[str, Any]:
     """This process's RNG states, in types ``torch.load(weights_only=True)`` accepts."""
-    name, keys, pos, has_gauss, cached = np.random.get_state()
+    # the legacy form (numpy.random.get_state(legacy=True)): ("MT19937", keys, pos, has_gauss, cached_gaussian)
+    legacy = cast(Tuple[str, "np.ndarray[Any, Any]", int, int, float], np.random.get_state(legacy=True))
+    name, keys, pos, has_gauss, cached = legacy
     state: Dict[str, Any] = {
         "python": random.getstate(),
         "numpy": [name, torch.from_numpy(keys.astype(np.int64)), int(pos), int(has_gauss), float(cached)],
@@ -158,7 +160,7 @@ class ResumableDistributedSampler(DistributedSampler):
 
     def __iter__(self) -> Iterator[int]:
         indices = list(super().__iter__())
-        return iter(indices[self.start_index:])
+        return iter(indices[self.start_index :])
 
     def __len__(self) -> int:
         return max(self.num_samples - self.start_index, 0)
@@ -204,7 +206,7 @@ class SeededBatchSampler:
         for i in range(len(indices) // self.batch_size):
             b = self.start_batch + i
             s = batch_seed(self.seed, self.rank, self.epoch, b)
-            yield [(s, idx) for idx in indices[i * self.batch_size:(i + 1) * self.batch_size]]
+            yield [(s, idx) for idx in indices[i * self.batch_size : (i + 1) * self.batch_size]]
 
     def __len__(self) -> int:
         return len(self.sampler) // self.batch_size
@@ -331,7 +333,8 @@ def optimizer_step(
             inputs = inputs.contiguous(memory_format=torch.channels_last)
         targets = targets.to(device, non_blocking=non_blocking)
         sync = i == n - 1
-        ctx = contextlib.nullcontext() if sync or not hasattr(ddp, "no_sync") else ddp.no_sync()
+        no_sync = getattr(ddp, "no_sync", None)  # DDP has it; a plain module (one rank) does not
+        ctx = contextlib.nullcontext() if sync or no_sync is None else no_sync()
         with ctx:
             with torch.autocast(device.type, dtype=autocast_dtype, enabled=autocast_dtype is not None):
                 loss = loss_fn(ddp(inputs), targets) / n
@@ -373,7 +376,8 @@ def evaluate(
     DDP forward would turn into a hang). Returns ``{"eval_<name>": sum / len(dataset)}``
     and ``eval_samples``. A collective: every rank must call it.
     """
-    shard = Subset(dataset, eval_shard(len(dataset), denv.rank, denv.world_size))
+    n = len(cast(Sized, dataset))  # a map-style dataset with __len__ (the Task contract)
+    shard = Subset(dataset, eval_shard(n, denv.rank, denv.world_size))
     # A dedicated generator: the eval iterator draws nothing from the global torch RNG.
     loader = DataLoader(shard, batch_size=batch_size, shuffle=False, generator=torch.Generator())
     sums: Dict[str, torch.Tensor] = {}

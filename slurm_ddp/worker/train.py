@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional
+from typing import Any, Dict, Iterator, Optional, cast
 
 import torch
 import torch.distributed as dist
@@ -146,7 +146,8 @@ class Trainer:
             static_graph=tc.static_graph,
             gradient_as_bucket_view=tc.gradient_as_bucket_view,
         )
-        self.forward_model: torch.nn.Module = torch.compile(self.ddp) if tc.compile else self.ddp
+        # torch.compile of a Module returns an OptimizedModule (a Module); its annotation says Callable
+        self.forward_model: torch.nn.Module = cast(torch.nn.Module, torch.compile(self.ddp)) if tc.compile else self.ddp
         self.optimizer = self.task.build_optimizer(model)
         self.scheduler = self.task.build_scheduler(self.optimizer)
         self.autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[tc.amp]
@@ -204,8 +205,11 @@ class Trainer:
     def _big_state(self) -> Dict[str, Any]:
         """The tensor-holding part of ``state_dict()``, shaped alike, without its collective: what
         ``AsyncCheckpointer.prepare`` allocates snapshot buffers for (rank 0)."""
-        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scaler": self.scaler.state_dict() if self.scaler is not None else None}
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict() if self.scaler is not None else None,
+        }
 
     def save_checkpoint(self, reason: str, sync: bool = True) -> None:
         """Collective: gather the state; rank 0 commits it (in the background unless ``sync``); barrier."""
@@ -223,8 +227,13 @@ class Trainer:
             blocked = time.perf_counter() - t0
             self.blocked_s += blocked
             log.info("checkpoint of step %d %s (%s; training blocked %.3f s)", self.step, how, reason, blocked)
-            self.metrics.write(event="checkpoint", step=self.step, reason=reason, blocked_s=blocked,
-                               background=not sync and self.writer is not None)
+            self.metrics.write(
+                event="checkpoint",
+                step=self.step,
+                reason=reason,
+                blocked_s=blocked,
+                background=not sync and self.writer is not None,
+            )
         if sync:
             dist.barrier()
 
@@ -258,12 +267,19 @@ class Trainer:
             log.warning(
                 "checkpoint world size %s != current %d: the data order and random streams cannot continue "
                 "exactly (resume is not bit-exact); resuming with fresh per-rank seeds",
-                state.get("world_size"), self.denv.world_size)
+                state.get("world_size"),
+                self.denv.world_size,
+            )
             seed_everything(self.tc.seed + 7919 * (self.step + 1) + self.denv.rank)
             # The new world size splits an epoch differently: restart the interrupted epoch's order.
             self.batch_in_epoch = 0
-        log.info("resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
-                 self.step, self.epoch, self.batch_in_epoch, info.path)
+        log.info(
+            "resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
+            self.step,
+            self.epoch,
+            self.batch_in_epoch,
+            info.path,
+        )
         self.metrics.write(event="resume", step=self.step, restart=self.denv.restart_count)
 
     # ------------------------------------------------------------------ loop
@@ -309,7 +325,9 @@ class Trainer:
         return profile(
             activities=acts,
             schedule=schedule(wait=wait, warmup=0, active=active, repeat=1),
-            on_trace_ready=tensorboard_trace_handler(str(self.run_dir / "profile"), worker_name=f"rank{self.denv.rank}"),
+            on_trace_ready=tensorboard_trace_handler(
+                str(self.run_dir / "profile"), worker_name=f"rank{self.denv.rank}"
+            ),
         )
 
     def train(self) -> int:
@@ -321,8 +339,14 @@ class Trainer:
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
         t_log = time.perf_counter()
         step_at_log = self.step
-        log.info("training steps %d..%d: %d ranks × batch %d × %d micro-steps", self.step + 1, tc.max_steps,
-                 self.denv.world_size, tc.batch_size, tc.grad_accum_steps)
+        log.info(
+            "training steps %d..%d: %d ranks × batch %d × %d micro-steps",
+            self.step + 1,
+            tc.max_steps,
+            self.denv.world_size,
+            tc.batch_size,
+            tc.grad_accum_steps,
+        )
         prof = self._profiler()
         if prof is not None:
             prof.start()
@@ -332,9 +356,16 @@ class Trainer:
             while self.step < tc.max_steps:
                 micro = next(groups)
                 loss = optimizer_step(
-                    self.forward_model, micro, self.task.loss, self.optimizer, device=self.device,
-                    scaler=self.scaler, autocast_dtype=self.autocast_dtype, clip_grad_norm=tc.clip_grad_norm,
-                    channels_last=tc.channels_last)
+                    self.forward_model,
+                    micro,
+                    self.task.loss,
+                    self.optimizer,
+                    device=self.device,
+                    scaler=self.scaler,
+                    autocast_dtype=self.autocast_dtype,
+                    clip_grad_norm=tc.clip_grad_norm,
+                    channels_last=tc.channels_last,
+                )
                 if self.scheduler is not None:
                     self.scheduler.step()
                 self.step += 1
@@ -355,10 +386,22 @@ class Trainer:
                     dt = time.perf_counter() - t_log
                     sps = (self.step - step_at_log) / dt if dt > 0 else 0.0
                     eta = (tc.max_steps - self.step) / sps if sps > 0 else float("nan")
-                    log.info("step %d/%d loss %.4f %.1f steps/s eta %.0f s", self.step, tc.max_steps,
-                             self.last_loss, sps, eta)
-                    self.metrics.write(event="train", step=self.step, epoch=self.epoch, loss=self.last_loss,
-                                       steps_per_s=sps, lr=self.optimizer.param_groups[0]["lr"])
+                    log.info(
+                        "step %d/%d loss %.4f %.1f steps/s eta %.0f s",
+                        self.step,
+                        tc.max_steps,
+                        self.last_loss,
+                        sps,
+                        eta,
+                    )
+                    self.metrics.write(
+                        event="train",
+                        step=self.step,
+                        epoch=self.epoch,
+                        loss=self.last_loss,
+                        steps_per_s=sps,
+                        lr=self.optimizer.param_groups[0]["lr"],
+                    )
                     if self.tb is not None:
                         self.tb.add_scalar("loss", self.last_loss, self.step)
                         self.tb.add_scalar("steps_per_s", sps, self.step)
@@ -382,9 +425,15 @@ class Trainer:
                     self.save_checkpoint(f"preemption ({sig})")
                     self.metrics.write(event="preempted", step=self.step, signal=sig)
                     if self.denv.is_main:  # read by the batch script, even if srun's status is lost
-                        write_preempted(self.run_dir, Preempted(job_id=str(self.denv.job_id),
-                                                                restart=self.denv.restart_count,
-                                                                step=self.step, signal=sig))
+                        write_preempted(
+                            self.run_dir,
+                            Preempted(
+                                job_id=str(self.denv.job_id),
+                                restart=self.denv.restart_count,
+                                step=self.step,
+                                signal=sig,
+                            ),
+                        )
                     return PREEMPTED_EXIT_CODE
         finally:
             if prof is not None:
@@ -402,15 +451,21 @@ class Trainer:
         if bool(bad[0]):
             raise TrainingDiverged(
                 f"the loss became NaN or infinite before step {self.step} (train.nan_check); the last good "
-                f"checkpoint is kept in {self.ckpt.directory}. Lower train.lr or enable train.clip_grad_norm")
+                f"checkpoint is kept in {self.ckpt.directory}. Lower train.lr or enable train.clip_grad_norm"
+            )
 
     def finish(self) -> Dict[str, float]:
         result = self.run_eval()
         self.save_checkpoint("final")
         if self.denv.is_main:
             atomic_write(self.run_dir / FINAL_MODEL_NAME, lambda f: torch.save(self.model.state_dict(), f))
-            record = {"step": self.step, "world_size": self.denv.world_size, "time": time.time(),
-                      "checkpoint_blocked_s": self.blocked_s, **result}
+            record = {
+                "step": self.step,
+                "world_size": self.denv.world_size,
+                "time": time.time(),
+                "checkpoint_blocked_s": self.blocked_s,
+                **result,
+            }
             write_finished(self.run_dir, record)
             log.info("finished at step %d; weights in %s", self.step, self.run_dir / FINAL_MODEL_NAME)
             self.metrics.write(event="finished", step=self.step, **result)
@@ -427,8 +482,12 @@ class Trainer:
             if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
                 self.stop.group = dist.new_group(backend="gloo")
             if denv.is_main:
-                log.info("process group formed in %.3f s (backend %s, world size %d)",
-                         time.perf_counter() - t0, dist.get_backend(), denv.world_size)
+                log.info(
+                    "process group formed in %.3f s (backend %s, world size %d)",
+                    time.perf_counter() - t0,
+                    dist.get_backend(),
+                    denv.world_size,
+                )
             self.build()
             self.resume()
             status = self.train()
@@ -471,15 +530,27 @@ class Trainer:
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return (f"rank {self.denv.rank} on {self.denv.hostname or socket.gethostname()}: a peer rank stopped "
-                f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
-                f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})")
+        return (
+            f"rank {self.denv.rank} on {self.denv.hostname or socket.gethostname()}: a peer rank stopped "
+            f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
+            f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})"
+        )
 
 
 def _is_peer_failure(e: BaseException) -> bool:
     text = str(e).lower()
-    return any(k in text for k in ("timed out", "timeout", "connection closed", "connection reset",
-                                   "broken pipe", "connection refused", "peer"))
+    return any(
+        k in text
+        for k in (
+            "timed out",
+            "timeout",
+            "connection closed",
+            "connection reset",
+            "broken pipe",
+            "connection refused",
+            "peer",
+        )
+    )
 
 
 def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
@@ -490,9 +561,19 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
     setup_logging(denv.rank)
     logging.getLogger("slurm_ddp.rank").info(
         "host %s (%s) rank %d/%d local_rank %d/%d node_rank %d master %s:%d job %s restart %d pid %d",
-        denv.hostname or socket.gethostname(), socket.gethostname(), denv.rank, denv.world_size,
-        denv.local_rank, denv.local_world_size, denv.node_rank, denv.master_addr, denv.master_port,
-        denv.job_id, denv.restart_count, os.getpid())
+        denv.hostname or socket.gethostname(),
+        socket.gethostname(),
+        denv.rank,
+        denv.world_size,
+        denv.local_rank,
+        denv.local_world_size,
+        denv.node_rank,
+        denv.master_addr,
+        denv.master_port,
+        denv.job_id,
+        denv.restart_count,
+        os.getpid(),
+    )
     if is_finished(rd):
         log.info("run %s already finished (%s exists): nothing to do", rd, FINISHED_NAME)
         return 0
