@@ -15,7 +15,7 @@ import logging
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Callable, Optional
+from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
 
 from .config import JobConfig
 from .errors import ClusterError, UserError
@@ -82,6 +82,19 @@ def _python(cfg: JobConfig) -> str:
     return cfg.environment.python or sys.executable
 
 
+def _child_answer(proc: subprocess.CompletedProcess[str]) -> Optional[Dict[str, Any]]:
+    """The JSON answer a check child printed after ``_MARK`` (its last such line); None when it
+    died before answering or the line does not parse."""
+    for line in reversed((proc.stdout or "").splitlines()):
+        if line.startswith(_MARK):
+            try:
+                answer = json.loads(line[len(_MARK) :])
+            except ValueError:
+                return None
+            return answer if isinstance(answer, dict) else None
+    return None
+
+
 def check_task_imports(
     cfg: JobConfig,
     run: Runner = subprocess.run,
@@ -121,14 +134,7 @@ def check_task_imports(
     except OSError as e:
         warn(f"not checking that train.task {tc.task!r} imports: cannot run {python!r}: {e}")
         return
-    result = None
-    for line in reversed((proc.stdout or "").splitlines()):
-        if line.startswith(_MARK):
-            try:
-                result = json.loads(line[len(_MARK) :])
-            except ValueError:
-                result = None
-            break
+    result = _child_answer(proc)
     if result is None:  # the child died before it could answer (a crash at import, os._exit, …)
         tail = ((proc.stderr or "").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise UserError(f"train.task {tc.task!r}: importing it with {python} failed: {' '.join(tail.split())}{skip}")
@@ -232,14 +238,7 @@ def check_command(
         return
     except OSError as e:
         raise UserError(f"the ranks' interpreter {python!r} (environment.python) cannot start: {e}{skip}") from None
-    result = None
-    for line in reversed((proc.stdout or "").splitlines()):
-        if line.startswith(_MARK):
-            try:
-                result = json.loads(line[len(_MARK) :])
-            except ValueError:
-                result = None
-            break
+    result = _child_answer(proc)
     if result is None:
         tail = ((proc.stderr or "").strip().splitlines() or [f"exit status {proc.returncode}"])[-1]
         raise UserError(f"the ranks' interpreter {python!r} cannot start: {' '.join(tail.split())}{skip}")
