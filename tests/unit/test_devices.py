@@ -7,6 +7,10 @@ The task variables are what Slurm 22.05 gave on the emulated-GPU sandbox (SLURM-
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from typing import Dict, Optional
 
 import pytest
@@ -200,3 +204,29 @@ def test_explain_task_names_the_cuda_device_of_this_task() -> None:
     env["SLURM_TASKS_PER_NODE"] = "4"
     text = explain_task(cfg, env, plan_for_task(cfg, env, allowed=range(2)))
     assert "gpu: cannot choose this rank's GPU" in text
+
+
+@pytest.mark.parametrize("gpu_job", [True, False], ids=["gpu-job", "cpu-job"])
+def test_the_launch_wrapper_gives_a_gpu_rank_nccls_settings_where_unset(tmp_path, make_config, gpu_job):
+    """The one place NCCL's defaults are applied: the launch wrapper, for GPU jobs, never over the user's."""
+    from slurm_ddp.config import dump_config
+    from slurm_ddp.env import synthetic_slurm_env
+
+    rd = tmp_path / "run"
+    (rd / "logs").mkdir(parents=True)
+    slurm = {"tasks_per_node": 2, "gpus_per_node": 2} if gpu_job else {"tasks_per_node": 2}
+    (rd / "config.yaml").write_text(dump_config(make_config({"slurm": slurm})))
+    names = ["TORCH_NCCL_ASYNC_ERROR_HANDLING", "NCCL_DEBUG", "NCCL_SOCKET_IFNAME", "NCCL_IB_HCA"]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "KMP_", "NCCL_", "TORCH"))}
+    env.update(synthetic_slurm_env(rank=1, nodes=1, tasks_per_node=2))
+    env.update(
+        {"CUDA_VISIBLE_DEVICES": "0,1", "NCCL_DEBUG": "INFO", "NCCL_SOCKET_IFNAME": "ib0", "NCCL_IB_HCA": "mlx5"}
+    )
+    show = f"import json, os; print(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))"
+    cmd = [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", sys.executable, "-c", show]
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    got = json.loads(r.stdout)
+    # the user's NCCL_DEBUG and pass-through variables are kept as set, on either kind of job
+    assert (got["NCCL_DEBUG"], got["NCCL_SOCKET_IFNAME"], got["NCCL_IB_HCA"]) == ("INFO", "ib0", "mlx5")
+    assert got["TORCH_NCCL_ASYNC_ERROR_HANDLING"] == ("1" if gpu_job else None)
