@@ -9,7 +9,8 @@ Four jobs, each reused for every check it can honestly make:
 * the preemption-API variant, 2 nodes × 2 processes under torchrun, signalled at the batch shell:
   every rank stops after the same step, the job is requeued (the stop recorded by rank 0's marker)
   and resumes mid-epoch, and finishes;
-* a script that crashes: not requeued.
+* a script that crashes: not requeued;
+* the plain script through ``--backend submitit``, 2 nodes × 1 task: finishes every epoch.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from lib import wait_for
+from lib import require_module, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -79,8 +80,8 @@ class Job:
         assert r.returncode == 0, r.stderr
 
 
-def submit(sandbox, job: str, run_dir: Path, *sets: str) -> Job:
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(EXAMPLE / job), "--backend", "sbatch"]
+def submit(sandbox, job: str, run_dir: Path, *sets: str, backend: str = "sbatch") -> Job:
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(EXAMPLE / job), "--backend", backend]
     cmd += ["--run-dir", str(run_dir)]
     for s in ("slurm.time=00:10:00", "requeue.signal_delay_s=60", *sets):
         cmd += ["--set", s]
@@ -188,3 +189,30 @@ def test_a_crashing_script_is_not_requeued(slurm_sandbox, tmp_path: Path) -> Non
     assert job.wait_ended() == "FAILED", job.why()
     assert int(job.field("Restarts")) == 0 and not (job.run_dir / "FINISHED").exists()
     assert "not preempted (status 3): not requeueing" in batch_log(job.run_dir), batch_log(job.run_dir)
+
+
+def submitit_output(run_dir: Path, rank: int) -> str:
+    """Rank ``rank``'s output under the submitit backend: submitit's per-task logs, every start."""
+    return "".join(p.read_text(errors="replace") for p in sorted((run_dir / "submitit").glob(f"*/*_{rank}_log.*")))
+
+
+def test_plain_script_through_submitit_two_nodes_finishes(slurm_sandbox, tmp_path: Path) -> None:
+    require_module("submitit", "the submitit backend")
+    job = submit(
+        slurm_sandbox,
+        "job.yaml",
+        tmp_path / "run",
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "train.command=python train.py --epochs 2",
+        backend="submitit",
+    )
+    state = job.wait_ended()
+    out = {rank: submitit_output(job.run_dir, rank) for rank in (0, 1)}
+    assert state == "COMPLETED", f"{job.why()}\n{out}"
+    assert (job.run_dir / "FINISHED").exists(), out  # rank 0's status 0 is the script's "done"
+    for rank in (0, 1):
+        assert f"[rank {rank}] done: 2 epochs" in out[rank], out[rank]
+        assert "local_rank 0 of world 2" in out[rank], out[rank]
+    found = sorted(m.group(1) for r in (0, 1) for m in [re.search(rf"\[rank {r}\] host (\S+)", out[r])] if m)
+    assert found == ["n1", "n2"], out
