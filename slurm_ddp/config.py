@@ -645,6 +645,22 @@ def _check_gpus(s: SlurmConfig) -> None:
         )
     if s.gpu_bind and not s.gpu_job:
         raise _bad("slurm.gpu_bind", s.gpu_bind, "no value for a CPU job", "set slurm.gpus_per_node or gpus_per_task")
+    # Under torchrun one Slurm task per node starts every local rank, so that task must see all of
+    # the node's GPUs (each rank then takes cuda:LOCAL_RANK): per-task GPU options would give it one.
+    if s.launcher == "torchrun" and s.gpus_per_task:
+        raise _bad(
+            "slurm.gpus_per_task",
+            s.gpus_per_task,
+            "no value with slurm.launcher=torchrun (one Slurm task per node runs every local rank)",
+            "use slurm.gpus_per_node instead",
+        )
+    if s.launcher == "torchrun" and s.gpu_bind and s.gpu_bind.removeprefix("verbose,") != "none":
+        raise _bad(
+            "slurm.gpu_bind",
+            s.gpu_bind,
+            "none or no value with slurm.launcher=torchrun (one Slurm task per node must see all its GPUs)",
+            "leave slurm.gpu_bind out, or use slurm.launcher=srun",
+        )
     bind = (s.gpu_bind or "").removeprefix("verbose,")
     if bind.startswith(("single:", "per_task:")) and bind.split(":", 1)[1] != "1":
         raise _bad(

@@ -250,6 +250,14 @@ CASES: Dict[str, Case] = {
         {"slurm": {"gpus_per_node": 4, "gpus_per_task": 1, "tasks_per_node": 2}},
     ),
     "two GPUs per task": Case(["slurm.gpus_per_task", "got 2"], {"slurm": {"gpus_per_task": 2}}),
+    "gpus_per_task under the torchrun launcher": Case(
+        ["slurm.gpus_per_task", "slurm.launcher=torchrun", "slurm.gpus_per_node"],
+        {"slurm": {"gpus_per_task": 1, "tasks_per_node": 2, "launcher": "torchrun"}},
+    ),
+    "a per-task gpu_bind under the torchrun launcher": Case(
+        ["slurm.gpu_bind", "slurm.launcher=torchrun"],
+        {"slurm": {"gpus_per_node": 2, "tasks_per_node": 2, "gpu_bind": "single:1", "launcher": "torchrun"}},
+    ),
     "gres and gpus_per_node": Case(
         ["slurm.gres", "slurm.gpus_per_node"], {"slurm": {"gres": "gpu:1", "gpus_per_node": 1}}
     ),
