@@ -33,7 +33,9 @@ FINAL_STATES = frozenset(
     }
 )
 #: States of a job that is waiting to run again.
-REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "PREEMPTED", "SPECIAL_EXIT"})
+#: The Slurm job state of a preempted job (squeue(1) "JOB STATE CODES"; not the run directory's marker file).
+PREEMPTED_STATE = "PREEMPTED"
+REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", PREEMPTED_STATE, "SPECIAL_EXIT"})
 
 _NOT_KNOWN = ("invalid job id",)  # what scontrol/squeue/scancel say of a job the controller forgot
 

@@ -28,7 +28,7 @@ from .. import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME
 from .runs import Run, is_run_dir, read_run
-from .slurm import Runner, SlurmAnswer, SlurmJob, query_jobs
+from .slurm import PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
 
 
 def _proc_start_time(pid: int) -> Optional[float]:
@@ -149,7 +149,7 @@ def _local_status(run: Run) -> RunStatus:
     if run.preempted is not None and run.preempted.job_id == run.latest_job_id:
         return RunStatus(
             run,
-            "PREEMPTED",
+            PREEMPTED_STATE,
             True,
             src,
             notes=[
