@@ -24,7 +24,10 @@ pytestmark = pytest.mark.local
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
-MAX_STEPS = 110
+# The last stop is asked for at step 87: a stop lands up to ~0.7 s later (the poll here, the local
+# launcher's forwarding loop, StepAgreement's ~0.5 s interval, one step), ~30 steps at full speed on
+# an idle 2-core machine, so the run must have more than that left after step 87 (110 was too tight).
+MAX_STEPS = 140
 SETS = [
     f"train.max_steps={MAX_STEPS}",
     "train.num_workers=2",
