@@ -68,6 +68,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--no-check-task", action="store_true", help="do not import train.task (in a child process) before submitting"
     )
+    p.add_argument(
+        "--accept-new-code",
+        action="store_true",
+        help="resume a run directory although the code differs from its snapshot (the run is then no longer "
+        "exactly reproducible)",
+    )
 
     p = sub.add_parser("sandbox", help="a private Slurm cluster on this machine (root; for rehearsals and CI)")
     p.add_argument("action", choices=["up", "down", "status"])
@@ -159,10 +165,12 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         backend = "sbatch" if shutil.which("sbatch") else "local"
     if args.test_only:
         _check_test_only(args, backend)
-    plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv))
+    plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
     if args.dry_run:
         sys.stdout.write(plan.describe())
         return 0
+    for line in plan.warnings:
+        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
     if plan.resuming and not args.test_only:
         from .ops import refuse_active_run
 

@@ -383,6 +383,16 @@ class TrainConfig:
     pythonpath: Tuple[str, ...] = field(
         default=(), metadata=_meta("directories put on sys.path to import the task; default: the YAML's directory")
     )
+    snapshot: bool = field(
+        default=True,
+        metadata=_meta(
+            "copy the code the ranks import (the git-tracked files of its repository, else the train.pythonpath "
+            "directories) into the run directory at submit; every start, requeues included, runs that copy"
+        ),
+    )
+    snapshot_max_mb: float = field(
+        default=100.0, metadata=_meta("largest code snapshot submit copies, in MB (10**6 bytes)", min=0.0)
+    )
     max_steps: int = field(default=1000, metadata=_meta("optimizer steps to train", min=1))
     batch_size: int = field(default=32, metadata=_meta("samples per rank per step", min=1))
     lr: float = field(default=1e-3, metadata=_meta("learning rate", min=0.0))

@@ -177,6 +177,13 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         return 0
     for note in plan.notes:
         print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
+    if denv.rank == 0:  # this start in provenance.json (slurm_ddp.provenance), once per start
+        from .provenance import record_start
+
+        try:
+            record_start(run_dir, environ, job_id=denv.job_id, restart=denv.restart_count, world_size=denv.world_size)
+        except OSError as err:
+            print(f"slurm_ddp launch: note: could not record this start's provenance: {err}", file=sys.stderr)
     if plan.affinity is not None:
         try:
             os.sched_setaffinity(0, plan.affinity)

@@ -200,11 +200,14 @@ def render(
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
     version: str = __version__,
+    config_hash: Optional[str] = None,
 ) -> RenderedJob:
     """Render the sbatch script for ``cfg`` writing into ``run_dir`` (an absolute path).
 
     ``command`` is recorded in the header (default ``sys.argv``); ``python`` is the
-    interpreter of the ranks (default ``environment.python``, else ``sys.executable``).
+    interpreter of the ranks (default ``environment.python``, else ``sys.executable``);
+    ``config_hash`` is the header's (default ``cfg``'s; ``submit`` passes the submitted config's
+    when ``cfg``'s paths point into the code snapshot).
     """
     run_dir = os.path.abspath(run_dir)
     flags = sbatch_flags(cfg, run_dir)
@@ -216,7 +219,7 @@ def render(
             name=cfg.name,
             version=version,
             command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
-            config_hash=cfg.config_hash(),
+            config_hash=config_hash or cfg.config_hash(),
             sbatch_flags=flags,
             output_in_script=output_in_script,
             signal=cfg.requeue.signal_name,

@@ -17,7 +17,10 @@ A run directory holds:
 - the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
-- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid.
+- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
+- ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
+  ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
+  starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit.
 
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
 cannot disagree: the batch script asks for it after ``srun`` returns
@@ -55,6 +58,24 @@ CHECKPOINTS_DIR = "checkpoints"
 #: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``
 SUBMITIT_DIR = "submitit"
 DEFAULT_RUNS_DIR = "runs"
+#: the code snapshots taken at submit, content-addressed: ``RUN_DIR/code/<digest>/<root>/...``
+SNAPSHOTS_DIR = "code"
+#: the snapshot the ranks run from (JSON: digest, directory, source roots), rewritten at each submit
+SNAPSHOT_NAME = "snapshot.json"
+#: what ran, where: submits and starts (JSON, see ``slurm_ddp.provenance``)
+PROVENANCE_NAME = "provenance.json"
+#: ``git diff HEAD`` of a dirty checkout at submit, ``RUN_DIR/diffs/<sha>.patch``
+DIFFS_DIR = "diffs"
+
+
+def snapshot_dir_name(digest: str) -> str:
+    """``code/<digest[:16]>``: the snapshot directory of a code digest, relative to the run directory."""
+    return f"{SNAPSHOTS_DIR}/{digest[:16]}"
+
+
+def diff_name(sha: str) -> str:
+    """``diffs/<sha[:16]>.patch``: a saved ``git diff``, relative to the run directory."""
+    return f"{DIFFS_DIR}/{sha[:16]}.patch"
 
 
 def rank_log_name(rank: Union[int, str]) -> str:

@@ -18,8 +18,10 @@ from typing import Any, List, Optional, Sequence, Tuple
 from ..checkpoint import atomic_write_text
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
+from ..provenance import record_submit
 from ..render import RenderedJob, render
 from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
+from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take
 
 BACKENDS = ("sbatch", "submitit", "local")
 
@@ -39,6 +41,15 @@ class SubmitPlan:
     rendered: RenderedJob
     command: Tuple[str, ...]  #: what schedule() runs (sbatch argv; informative for local/submitit)
     resuming: bool = False  #: the run directory already holds this config's run
+    snapshot: Optional[SnapshotPlan] = None  #: the code snapshot (None: train.snapshot is off)
+    warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
+    submit_argv: Tuple[str, ...] = ()  #: the submit command, for ``provenance.json``
+
+    @property
+    def ranks_cfg(self) -> JobConfig:
+        """``cfg`` with the ranks' paths in the code snapshot (what the backends start); ``cfg`` itself
+        is what ``config.yaml`` keeps (and what a resubmit is compared with)."""
+        return remap_config(self.cfg, self.snapshot)
 
     @property
     def script_path(self) -> str:
@@ -50,6 +61,7 @@ class SubmitPlan:
             f"# run directory: {self.run_dir}"
             + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
             f"# command: {shlex.join(self.command)}",
+            *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
         return "\n".join(head) + "\n" + self.rendered.script
@@ -96,16 +108,22 @@ def plan_submit(
     *,
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
+    accept_new_code: bool = False,
 ) -> SubmitPlan:
-    """Build the dry-run object for ``backend``. Raises ``UserError`` for a bad backend or run dir."""
+    """Build the dry-run object for ``backend``. Raises ``UserError`` for a bad backend or run dir,
+    for code that cannot be snapshotted, and for a run directory whose code snapshot differs from
+    the code now (unless ``accept_new_code``; see ``slurm_ddp.snapshot``)."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
-    rendered = render(cfg, run_dir, command=command, python=python)
+    snap = plan_snapshot(cfg, run_dir)
+    warning = check_resubmit(snap, run_dir, accept_new_code) if resuming else None
+    ranks_cfg = remap_config(cfg, snap)
+    rendered = render(ranks_cfg, run_dir, command=command, python=python, config_hash=cfg.config_hash())
     py = python or cfg.environment.python or sys.executable
     rank: Tuple[str, ...] = (
-        tuple(command_argv(cfg.train.command, py)) if cfg.train.command else ("python", "-m", "slurm_ddp.worker")
+        tuple(command_argv(ranks_cfg.train.command, py)) if cfg.train.command else ("python", "-m", "slurm_ddp.worker")
     )
     ranks_run = (*rank, "--run-dir", run_dir) if not cfg.train.command else rank
     if backend == "sbatch":
@@ -119,16 +137,37 @@ def plan_submit(
         )
     else:
         argv = ("submitit.SlurmExecutor", *ranks_run)
-    return SubmitPlan(cfg=cfg, backend=backend, run_dir=run_dir, rendered=rendered, command=argv, resuming=resuming)
+    return SubmitPlan(
+        cfg=cfg,
+        backend=backend,
+        run_dir=run_dir,
+        rendered=rendered,
+        command=argv,
+        resuming=resuming,
+        snapshot=snap,
+        warnings=(warning,) if warning else (),
+        submit_argv=tuple(command) if command is not None else tuple(sys.argv),
+    )
 
 
 def prepare_run_dir(plan: SubmitPlan) -> Path:
-    """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``."""
+    """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``,
+    the code snapshot (``code/<digest>``, ``snapshot.json``) and the submit's provenance record."""
     rd = Path(plan.run_dir)
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
+    if plan.snapshot is not None:
+        take(plan.snapshot)
     if not (rd / CONFIG_NAME).exists():
         atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
     atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
     os.chmod(rd / SCRIPT_NAME, 0o755)
+    record_submit(
+        plan.run_dir,
+        argv=plan.submit_argv,
+        backend=plan.backend,
+        script=plan.rendered.script,
+        snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
+        git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
+    )
     return rd

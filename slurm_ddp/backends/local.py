@@ -234,7 +234,7 @@ class LocalJob:
             p = subprocess.Popen(
                 cmd,
                 env=env,
-                cwd=self.plan.cfg.train.workdir if self.plan.cfg.train.command else None,
+                cwd=self.plan.ranks_cfg.train.workdir if self.plan.cfg.train.command else None,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,
@@ -249,8 +249,8 @@ class LocalJob:
 
     def rank_command(self, run_dir: str) -> List[str]:
         """What each rank execs after the launch wrapper: the shared worker, or ``train.command``
-        (``config.command_argv``, run in ``train.workdir``)."""
-        tc = self.plan.cfg.train
+        (``config.command_argv``, run in ``train.workdir``), paths in the code snapshot."""
+        tc = self.plan.ranks_cfg.train
         if tc.command:
             return command_argv(tc.command, self.python)
         return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]

@@ -211,7 +211,7 @@ def schedule(plan: SubmitPlan) -> str:
         folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues, python=launcher
     )
     executor.update_parameters(**executor_parameters(plan))
-    tc = plan.cfg.train
+    tc = plan.ranks_cfg.train  # train.command's script and workdir in the code snapshot
     callable_: SubmititWorker = SubmititWorker(str(rd), plan.cfg.requeue.max_requeues)
     if tc.command:  # the rank's command, through the launch wrapper (binding, torchrun variables)
         argv = [py, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *command_argv(tc.command, py)]

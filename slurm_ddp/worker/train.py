@@ -42,6 +42,7 @@ from ..rundir import (
     write_preempted,
 )
 from ..signals import PreemptionFlag
+from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
 from .runtime import (
     ResumableDistributedSampler,
@@ -119,7 +120,12 @@ class Trainer:
     # ------------------------------------------------------------------ setup
     def build(self) -> None:
         tc, denv = self.tc, self.denv
-        task_cls = load_task_class(tc.task, tc.pythonpath)
+        # train.pythonpath remapped into the code snapshot taken at submit (slurm_ddp.snapshot)
+        task_cls = load_task_class(tc.task, run_pythonpath(str(self.run_dir), tc.pythonpath))
+        if denv.is_main:
+            import inspect
+
+            log.info("task %s from %s", tc.task, inspect.getsourcefile(task_cls) or "?")
         self.task: Task = task_cls(tc)
         if tc.deterministic:
             if self.device.type == "cuda":  # cuBLAS is deterministic only with a fixed workspace
@@ -260,6 +266,12 @@ class Trainer:
             self.loss_sum, self.loss_count = window["loss_sum"].to(self.device), int(window["steps"])
         if state.get("config_hash") != self.cfg.config_hash():
             log.warning("checkpoint of step %d was written under a different config; resuming anyway", self.step)
+        if self.denv.is_main:  # once per job, in rank 0's log
+            from ..provenance import torch_mismatch
+
+            mismatch = torch_mismatch(info.manifest, torch.__version__)
+            if mismatch:
+                log.warning("%s", mismatch)
         rngs = state.get("rng") or []
         if state.get("world_size") == self.denv.world_size and len(rngs) == self.denv.world_size:
             restore_rng(rngs[self.denv.rank])

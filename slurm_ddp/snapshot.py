@@ -1,0 +1,394 @@
+"""The code snapshot taken at submit: the ranks run the code that was submitted, on every start.
+
+Side effects: :func:`take` and :func:`write_record` copy files into and write the run directory;
+:func:`plan_snapshot` only reads (the checkout, ``git``). Imports no torch.
+
+What is copied (``train.snapshot: true``, the default):
+
+- ``train.task``: every ``train.pythonpath`` directory (default: the YAML's directory). One inside
+  a git repository brings the whole repository's files as git lists them (``git ls-files --cached
+  --others --exclude-standard``: tracked files and untracked ones ``.gitignore`` does not exclude,
+  as they are in the working tree now); one outside a repository contributes its Python code
+  (``CODE_SUFFIXES``: ``*.py``, ``*.pyi``, compiled extensions) in its directory tree (hidden
+  directories, ``__pycache__`` and run directories left out) — data, logs and outputs stay out.
+- ``train.command``: the same for the directory of the script (``train.py`` in ``python
+  train.py``; the script itself is copied whatever its name), or of ``train.workdir`` when the
+  command names no script (``python -m pkg``).
+
+Each such directory is a *root*; the snapshot is ``RUN_DIR/code/<digest>/<i>/...`` with root ``i``'s
+files at their paths relative to it. ``<digest>`` is the sha256 of every file's root, path,
+executable bit and content, so identical code is stored once (a resubmit of unchanged code reuses
+it). ``snapshot.json`` records the digest and the roots' source paths; the ranks' paths are remapped
+through it: ``train.pythonpath`` entries (by the worker, on every start), the script of
+``train.command`` and ``train.workdir`` (in the rendered batch script, the local launcher and the
+submitit backend). A path outside every root (an installed package, a dataset) is left as it is.
+
+slurm_ddp itself is never copied: it runs from the installed package (the launcher, the batch
+script's helpers and the worker import it before any snapshot path is on ``sys.path``), so its
+source directory is left out even when it lies in the snapshotted repository. Installed packages
+are the environment's, recorded by digest in ``provenance.json``, not copied.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
+
+from .config import JobConfig, command_script_index
+from .errors import UserError
+from .rundir import CONFIG_NAME, LOGS_DIR, SNAPSHOT_NAME, SNAPSHOTS_DIR, snapshot_dir_name
+
+_SKIP_DIRS = ("__pycache__",)
+#: what a directory outside a git repository contributes: Python code (sources, stubs, compiled
+#: extensions), and train.command's script whatever its name; data, logs and outputs stay out
+CODE_SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pth")
+_MB = 1_000_000
+
+
+@dataclass(frozen=True)
+class SnapshotFile:
+    """One file of a snapshot: root index, path relative to the root, size in bytes, executable bit."""
+
+    root: int
+    rel: str
+    size: int
+    executable: bool
+
+
+@dataclass(frozen=True)
+class SnapshotPlan:
+    """What :func:`take` copies and where the ranks' paths go.
+
+    ``roots``: absolute source directories (root ``i`` is ``RUN_DIR/code/<digest>/i``);
+    ``git_roots``: the subset that are git repositories (their file list came from git).
+    """
+
+    run_dir: str
+    roots: Tuple[str, ...]
+    git_roots: Tuple[str, ...]
+    files: Tuple[SnapshotFile, ...]
+    digest: str  #: sha256 hex of roots, paths, modes and contents
+    total_bytes: int
+
+    @property
+    def directory(self) -> str:
+        """The snapshot directory (absolute): ``RUN_DIR/code/<digest[:16]>``."""
+        return os.path.join(self.run_dir, snapshot_dir_name(self.digest))
+
+    def remap(self, path: str) -> str:
+        """``path`` inside the snapshot when it lies under a root; else unchanged."""
+        return remap_path(path, self.roots, self.directory)
+
+    def describe(self) -> str:
+        """One line for ``submit --dry-run``."""
+        return (
+            f"# code snapshot: {len(self.files)} files, {self.total_bytes / _MB:.2f} MB from "
+            f"{', '.join(self.roots) or '-'} -> {self.directory}"
+        )
+
+    def record(self) -> Dict[str, Any]:
+        """The ``snapshot.json`` record (relative directory, so a moved run directory still works)."""
+        return {
+            "digest": self.digest,
+            "dir": snapshot_dir_name(self.digest),
+            "roots": list(self.roots),
+            "git_roots": list(self.git_roots),
+            "files": len(self.files),
+            "bytes": self.total_bytes,
+            "time": time.time(),
+        }
+
+
+def remap_path(path: str, roots: Sequence[str], directory: str) -> str:
+    """``path`` under root ``i`` of ``roots`` → the same relative path under ``directory/i``
+    (symbolic links in ``path`` resolved first, as the roots' are)."""
+    path = os.path.realpath(path)
+    for i, root in enumerate(roots):
+        if path == root:
+            return os.path.join(directory, str(i))
+        if path.startswith(root.rstrip("/") + "/"):
+            return os.path.join(directory, str(i), os.path.relpath(path, root))
+    return path
+
+
+def _package_dir() -> str:
+    return str(Path(__file__).resolve().parent)
+
+
+def _git_toplevel(d: str) -> Optional[str]:
+    try:
+        out = subprocess.run(
+            ["git", "-C", d, "rev-parse", "--show-toplevel"], capture_output=True, text=True, timeout=30
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    top = out.stdout.strip()
+    return str(Path(top).resolve()) if out.returncode == 0 and top else None
+
+
+def _git_files(top: str) -> List[str]:
+    out = subprocess.run(
+        ["git", "-C", top, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        capture_output=True,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        msg = out.stderr.decode(errors="replace").strip().splitlines()
+        raise UserError(
+            f"git ls-files failed in {top} ({msg[-1] if msg else out.returncode}); set train.snapshot: false"
+        )
+    return sorted({p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p})
+
+
+def _looks_like_run_dir(d: str) -> bool:
+    return os.path.isfile(os.path.join(d, CONFIG_NAME)) and os.path.isdir(os.path.join(d, LOGS_DIR))
+
+
+def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) -> List[str]:
+    out: List[str] = []
+    for dirpath, dirnames, filenames in os.walk(root, onerror=_raise_unreadable):
+        keep = []
+        for name in sorted(dirnames):
+            full = os.path.join(dirpath, name)
+            if name.startswith(".") or name in _SKIP_DIRS or full in skip or _looks_like_run_dir(full):
+                continue
+            if os.path.islink(full):
+                continue
+            keep.append(name)
+        dirnames[:] = keep
+        for name in filenames:
+            full = os.path.join(dirpath, name)
+            if name.endswith(CODE_SUFFIXES) or full in keep_files:
+                out.append(os.path.relpath(full, root))
+    return sorted(out)
+
+
+def _raise_unreadable(err: OSError) -> None:
+    raise UserError(
+        f"cannot read {err.filename} for the code snapshot ({err.strerror}); make it readable, "
+        "or set train.snapshot: false"
+    )
+
+
+def source_dirs(cfg: JobConfig) -> List[str]:
+    """The directories the ranks import from, absolute: ``train.pythonpath`` (task), or the
+    directory of ``train.command``'s script, else ``train.workdir`` (command).
+
+    ``train.pythonpath`` entries that do not exist are left out (Python skips them too). Raises
+    ``UserError`` (one line) when one is not a readable directory.
+    """
+    tc = cfg.train
+    if tc.command:
+        i = command_script_index(tc.command)
+        if i is not None:
+            dirs = [os.path.dirname(os.path.abspath(tc.command[i]))]
+            what = "the directory of train.command's script"
+        else:
+            dirs = [os.path.abspath(tc.workdir or ".")]
+            what = "train.workdir"
+    else:
+        dirs = [os.path.abspath(p) for p in (tc.pythonpath or (".",))]
+        what = "train.pythonpath entry"
+    if not tc.command:  # a missing sys.path entry holds nothing to import (submit's import check names the task)
+        dirs = [d for d in dirs if os.path.exists(d)]
+    for d in dirs:
+        if not os.path.isdir(d) or not os.access(d, os.R_OK | os.X_OK):
+            raise UserError(
+                f"{what} {d!r} is not a readable directory, so the code the ranks import cannot be "
+                "snapshotted; fix the path (or set train.snapshot: false)"
+            )
+    return dirs
+
+
+def _script(cfg: JobConfig) -> List[str]:
+    i = command_script_index(cfg.train.command) if cfg.train.command else None
+    return [str(Path(cfg.train.command[i]).resolve())] if i is not None else []
+
+
+def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
+    """The snapshot of ``cfg``'s code for ``run_dir`` (absolute), or None with ``train.snapshot: false``.
+
+    Reads the checkout (``git``, file contents for the digest); writes nothing. Raises
+    ``UserError`` (one line) for an unreadable source directory or file, and for a snapshot over
+    ``train.snapshot_max_mb``, naming the largest files.
+    """
+    if not cfg.train.snapshot:
+        return None
+    run_dir = os.path.abspath(run_dir)
+    roots: List[str] = []
+    git_roots: List[str] = []
+    for d in source_dirs(cfg):
+        d = str(Path(d).resolve())
+        top = _git_toplevel(d)
+        root = top or d
+        if any(root == r or root.startswith(r.rstrip("/") + "/") for r in roots):
+            continue  # already inside a root
+        roots = [r for r in roots if not r.startswith(root.rstrip("/") + "/")]  # a new root holds an old one
+        git_roots = [r for r in git_roots if r in roots]
+        roots.append(root)
+        if top:
+            git_roots.append(root)
+    skip = [run_dir, _package_dir()]
+    files: List[SnapshotFile] = []
+    for i, root in enumerate(roots):
+        rels = _git_files(root) if root in git_roots else _walk_files(root, skip, _script(cfg))
+        for rel in rels:
+            full = os.path.join(root, rel)
+            if any(full == s or full.startswith(s + "/") for s in skip):
+                continue
+            try:
+                st = os.stat(full)
+            except FileNotFoundError:
+                continue  # tracked but deleted in the working tree
+            except OSError as e:
+                _raise_unreadable(e)
+            if not os.path.isfile(full):
+                continue
+            files.append(SnapshotFile(i, rel, st.st_size, bool(st.st_mode & 0o111)))
+    total = sum(f.size for f in files)
+    cap = cfg.train.snapshot_max_mb
+    if total > cap * _MB:
+        largest = sorted(files, key=lambda f: -f.size)[:3]
+        names = ", ".join(f"{os.path.join(roots[f.root], f.rel)} ({f.size / _MB:.1f} MB)" for f in largest)
+        raise UserError(
+            f"the code snapshot would be {total / _MB:.1f} MB, over train.snapshot_max_mb={cap:g} (largest: {names}); "
+            "ignore big files in .gitignore, narrow train.pythonpath, raise train.snapshot_max_mb, "
+            "or set train.snapshot: false"
+        )
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.root}\0{f.rel}\0{int(f.executable)}\0".encode(errors="surrogateescape"))
+        h.update(_file_sha(os.path.join(roots[f.root], f.rel)).encode())
+        h.update(b"\n")
+    return SnapshotPlan(
+        run_dir=run_dir,
+        roots=tuple(roots),
+        git_roots=tuple(git_roots),
+        files=tuple(files),
+        digest=h.hexdigest(),
+        total_bytes=total,
+    )
+
+
+def _file_sha(path: str) -> str:
+    h = hashlib.sha256()
+    try:
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 20), b""):
+                h.update(block)
+    except OSError as e:
+        _raise_unreadable(e)
+    return h.hexdigest()
+
+
+def take(plan: SnapshotPlan) -> Path:
+    """Copy the snapshot into ``RUN_DIR/code/<digest>`` (nothing when it is already there) and write
+    ``snapshot.json``. The copy lands under a temporary name and is renamed, so a directory of that
+    name is always complete. Returns the snapshot directory. Raises ``OSError`` when unwritable."""
+    dest = Path(plan.directory)
+    if not dest.is_dir():
+        tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for f in plan.files:
+            target = tmp / str(f.root) / f.rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(os.path.join(plan.roots[f.root], f.rel), target)
+        for i in range(len(plan.roots)):
+            (tmp / str(i)).mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not dest.is_dir():
+                raise
+            shutil.rmtree(tmp, ignore_errors=True)  # another submit made it first
+    write_record(plan)
+    return dest
+
+
+def write_record(plan: SnapshotPlan) -> None:
+    """Write ``RUN_DIR/snapshot.json`` atomically (the snapshot the ranks run from from now on)."""
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(Path(plan.run_dir) / SNAPSHOT_NAME, json.dumps(plan.record(), indent=1) + "\n")
+
+
+def read_record(run_dir: str) -> Optional[Dict[str, Any]]:
+    """``RUN_DIR/snapshot.json``; None when missing or unreadable."""
+    try:
+        rec = json.loads((Path(run_dir) / SNAPSHOT_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def check_resubmit(plan: Optional[SnapshotPlan], run_dir: str, accept_new_code: bool) -> Optional[str]:
+    """Refuse (``UserError``) resubmitting ``run_dir`` with code other than its snapshot's.
+
+    Returns a warning line when the new code is accepted (``accept_new_code``), else None.
+    """
+    old = read_record(run_dir)
+    if plan is None or old is None or old.get("digest") == plan.digest:
+        return None
+    if not accept_new_code:
+        raise UserError(
+            f"run directory {run_dir!r} ran code snapshot {str(old.get('digest'))[:16]} and the code now differs "
+            f"({plan.digest[:16]}); resuming would mix two programs. Use another --run-dir, restore the code, "
+            "or pass --accept-new-code"
+        )
+    return (
+        f"resuming {run_dir} with new code (snapshot {plan.digest[:16]}, was {str(old.get('digest'))[:16]}): "
+        "the run is no longer exactly reproducible"
+    )
+
+
+def remap_config(cfg: JobConfig, plan: Optional[SnapshotPlan]) -> JobConfig:
+    """``cfg`` with the ranks' paths in the snapshot: ``train.pythonpath``, ``train.command``'s
+    script and ``train.workdir``. Unchanged when ``plan`` is None."""
+    if plan is None:
+        return cfg
+    tc = cfg.train
+    argv = list(tc.command)
+    i = command_script_index(argv)
+    if i is not None:
+        argv[i] = plan.remap(os.path.abspath(argv[i]))
+    train = dataclasses.replace(
+        tc,
+        pythonpath=tuple(plan.remap(p) for p in tc.pythonpath),
+        command=tuple(argv),
+        workdir=plan.remap(tc.workdir) if tc.workdir else tc.workdir,
+    )
+    return dataclasses.replace(cfg, train=train)
+
+
+def run_pythonpath(run_dir: str, pythonpath: Iterable[str]) -> List[str]:
+    """``train.pythonpath`` as the ranks use it: remapped into the run's snapshot (``snapshot.json``)
+    when there is one, else as given. Read on every start, so a requeued job imports the snapshot."""
+    paths = list(pythonpath)
+    rec = read_record(run_dir)
+    if rec is None or not isinstance(rec.get("roots"), list) or not isinstance(rec.get("dir"), str):
+        return paths
+    directory = os.path.join(os.path.abspath(run_dir), rec["dir"])
+    return [remap_path(p, [str(r) for r in rec["roots"]], directory) for p in paths]
+
+
+__all__ = [
+    "SNAPSHOTS_DIR",
+    "SnapshotFile",
+    "SnapshotPlan",
+    "check_resubmit",
+    "plan_snapshot",
+    "read_record",
+    "remap_config",
+    "remap_path",
+    "run_pythonpath",
+    "source_dirs",
+    "take",
+]
