@@ -1,0 +1,238 @@
+"""The code snapshot at submit and the provenance record (slurm_ddp.snapshot, slurm_ddp.provenance),
+through ``slurm-ddp submit`` with a fake sbatch: what is copied, where the ranks' paths go, the
+content addressing, the resubmit rule, the size cap and the bad-input lines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+import yaml
+
+from slurm_ddp.cli import main
+from slurm_ddp.config import load_config
+from slurm_ddp.provenance import changes, torch_mismatch
+from slurm_ddp.snapshot import plan_snapshot, run_pythonpath
+
+TASK = "from slurm_ddp.task import Task\n\nclass T(Task):\n    pass\n"
+
+
+@pytest.fixture
+def sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ``sbatch`` (prints job id 777, records its calls) first on PATH; git stays reachable."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    calls = tmp_path / "sbatch.calls"
+    (bindir / "sbatch").write_text(f'#!/bin/sh\necho "$@" >> {calls}\necho 777\n')
+    (bindir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return calls
+
+
+def git(repo: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+
+
+def make_repo(root: Path) -> Path:
+    """A git repository: ``src/mytask.py`` (tracked), ``job.yaml``, ``.gitignore`` ignoring ``*.bin``."""
+    repo = root / "repo"
+    (repo / "src").mkdir(parents=True)
+    (repo / "src" / "mytask.py").write_text(TASK)
+    (repo / ".gitignore").write_text("*.bin\n/runs/\n")
+    (repo / "job.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "snap",
+                "slurm": {"nodes": 1, "tasks_per_node": 1, "time": "00:10:00"},
+                "train": {"task": "mytask:T", "pythonpath": ["src"]},
+            }
+        )
+    )
+    git(repo, "init", "-q")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "init")
+    return repo
+
+
+def cli(argv: List[str], capsys: pytest.CaptureFixture) -> Tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def one_error(rc: int, err: str, *fragments: str) -> None:
+    lines = err.splitlines()
+    assert rc == 2 and len(lines) == 1 and lines[0].startswith("slurm-ddp: error: "), (rc, err)
+    for f in fragments:
+        assert f in lines[0], (f, lines[0])
+
+
+def submit(repo: Path, run: Path, capsys, *extra: str, check: bool = False) -> Tuple[int, str, str]:
+    """``slurm-ddp submit`` to the fake sbatch (without the import check, which starts a Python, unless ``check``)."""
+    argv = ["submit", str(repo / "job.yaml"), "--backend", "sbatch", "--run-dir", str(run), *extra]
+    return cli(argv + ([] if check or "--no-check-task" in extra else ["--no-check-task"]), capsys)
+
+
+def test_snapshot_copies_git_files_honours_gitignore_and_the_worker_imports_from_it(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    (repo / "data.bin").write_bytes(b"x" * 1000)  # ignored
+    (repo / "src" / "helper.py").write_text("X = 1\n")  # untracked, not ignored: the working tree's code
+    run = tmp_path / "run"
+    rc, out, err = submit(repo, run, capsys)
+    assert rc == 0 and "submitted job 777" in out, err
+    rec = json.loads((run / "snapshot.json").read_text())
+    snap = run / rec["dir"]
+    assert rec["roots"] == [str(repo.resolve())] and rec["git_roots"] == rec["roots"]
+    files = sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file())
+    assert files == ["0/.gitignore", "0/job.yaml", "0/src/helper.py", "0/src/mytask.py"], files
+    # the worker's sys.path entry is the snapshot's copy of train.pythonpath
+    cfg = load_config(run / "config.yaml")
+    assert cfg.train.pythonpath == (str((repo / "src").resolve()),)  # config.yaml keeps the checkout's paths
+    assert run_pythonpath(str(run), cfg.train.pythonpath) == [str(snap / "0" / "src")]
+
+
+def test_identical_code_is_stored_once_changed_code_is_refused_unless_accepted(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    run = tmp_path / "run"
+    assert submit(repo, run, capsys)[0] == 0
+    assert submit(repo, run, capsys)[0] == 0  # same code: the same snapshot directory
+    assert len(list((run / "code").iterdir())) == 1
+    calls = len(sbatch.read_text().splitlines())
+    (repo / "src" / "mytask.py").write_text(TASK + "# edited\n")
+    rc, out, err = submit(repo, run, capsys)
+    one_error(rc, err, "ran code snapshot", "--accept-new-code")
+    assert len(sbatch.read_text().splitlines()) == calls and len(list((run / "code").iterdir())) == 1
+    rc, out, err = submit(repo, run, capsys, "--accept-new-code")
+    assert rc == 0, err
+    assert "with new code" in err and "no longer exactly reproducible" in err
+    assert len(list((run / "code").iterdir())) == 2
+
+
+def test_snapshot_over_the_cap_is_one_line_naming_the_largest_files_and_submits_nothing(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    (repo / "src" / "weights.npy").write_bytes(b"x" * 3_000_000)  # not ignored
+    run = tmp_path / "run"
+    rc, out, err = submit(repo, run, capsys, "--set", "train.snapshot_max_mb=1")
+    one_error(rc, err, "over train.snapshot_max_mb=1", "weights.npy (3.0 MB)", "train.snapshot: false")
+    assert not run.exists() and not sbatch.exists()
+    rc, out, err = submit(repo, run, capsys, "--set", "train.snapshot=false")  # the opt-out
+    assert rc == 0 and not (run / "code").exists() and not (run / "snapshot.json").exists(), err
+
+
+def test_task_outside_any_readable_path_is_one_line_and_submits_nothing(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    run = tmp_path / "run"
+    rc, out, err = submit(repo, run, capsys, "--set", "train.pythonpath=[nowhere]", check=True)
+    one_error(rc, err, "train.task", "No module named 'mytask'")
+    (repo / "afile").write_text("")
+    rc, out, err = submit(repo, run, capsys, "--set", "train.pythonpath=[afile]", "--no-check-task")
+    one_error(rc, err, "train.pythonpath entry", "afile", "is not a readable directory")
+    assert not run.exists() and not sbatch.exists()
+
+
+def test_outside_a_repository_the_python_code_of_the_directory_is_copied(tmp_path, sbatch, capsys):
+    d = tmp_path / "plain"
+    (d / "pkg").mkdir(parents=True)
+    (d / "mytask.py").write_text(TASK)
+    (d / "pkg" / "__init__.py").write_text("")
+    (d / "data.csv").write_text("1,2\n")
+    (d / "job.yaml").write_text(
+        yaml.safe_dump({"name": "p", "slurm": {"time": "00:10:00"}, "train": {"task": "mytask:T"}})
+    )
+    run = d / "runs" / "p"
+    rc, out, err = cli(
+        ["submit", str(d / "job.yaml"), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys
+    )
+    assert rc == 0, err
+    rec = json.loads((run / "snapshot.json").read_text())
+    snap = run / rec["dir"]
+    assert rec["git_roots"] == []
+    assert sorted(str(p.relative_to(snap)) for p in snap.rglob("*") if p.is_file()) == [
+        "0/mytask.py",
+        "0/pkg/__init__.py",
+    ]
+
+
+def test_command_script_and_workdir_are_remapped_into_the_snapshot(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    (repo / "train.py").write_text("print('hi')\n")
+    job = yaml.safe_load((repo / "job.yaml").read_text())
+    job["train"] = {"command": "python train.py --epochs 2"}
+    (repo / "job.yaml").write_text(yaml.safe_dump(job))
+    run = tmp_path / "run"
+    rc, out, err = submit(repo, run, capsys, "--no-check-task")
+    assert rc == 0, err
+    snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
+    script = (run / "job.sbatch").read_text()
+    assert f"--chdir={snap}" in script and f"{snap}/train.py --epochs 2" in script, script
+    assert str(repo / "train.py") not in script
+    assert (snap / "train.py").read_text() == "print('hi')\n"
+    rc, out, err = submit(repo, tmp_path / "run2", capsys, "--no-check-task", "--dry-run")
+    assert rc == 0 and "# code snapshot: " in out and not (tmp_path / "run2").exists()
+
+
+def test_provenance_of_a_submit_with_a_dirty_tree_saves_its_diff(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    head = git(repo, "rev-parse", "HEAD").strip()
+    (repo / "src" / "mytask.py").write_text(TASK + "# local edit\n")
+    run = tmp_path / "run"
+    assert submit(repo, run, capsys)[0] == 0
+    prov = json.loads((run / "provenance.json").read_text())
+    (sub,) = prov["submits"]
+    assert sub["argv"][:2] == ["slurm-ddp", "submit"] and sub["backend"] == "sbatch"
+    assert set(sub["versions"]) == {"slurm_ddp", "python", "torch", "cuda", "nccl"}
+    assert sub["versions"]["torch"] and len(sub["packages_sha256"]) == 64 and sub["packages"] > 0
+    assert sub["script_sha256"] and sub["snapshot"] == json.loads((run / "snapshot.json").read_text())["digest"]
+    (g,) = sub["git"]
+    assert g["commit"] == head and g["dirty"] is True
+    assert "+# local edit" in (run / g["diff"]).read_text()
+    assert prov["starts"] == []
+
+
+def test_provenance_changes_between_starts_and_the_torch_mismatch_warning(tmp_path):
+    v = {"torch": "2.1.0", "python": "3.11.7"}
+    starts = [
+        {"job_id": "5", "restart": 0, "nodes": "n1", "gpus": None, "world_size": 2, "snapshot": "a", "versions": v},
+        {"job_id": "5", "restart": 1, "nodes": "n1", "gpus": None, "world_size": 2, "snapshot": "a", "versions": v},
+        {
+            "job_id": "5",
+            "restart": 2,
+            "nodes": "n2",
+            "gpus": None,
+            "world_size": 2,
+            "snapshot": "a",
+            "versions": {**v, "torch": "2.2.0"},
+        },
+    ]
+    assert changes({"starts": starts}) == ["job 5 restart 1 -> job 5 restart 2: nodes n1 -> n2; torch 2.1.0 -> 2.2.0"]
+    m = tmp_path / "step.json"
+    m.write_text(json.dumps({"torch_version": "2.1.0"}))
+    assert torch_mismatch(m, "2.1.0") is None
+    assert "written by torch 2.1.0 and this job runs torch 2.2.0" in (torch_mismatch(m, "2.2.0") or "")
+
+
+def test_plan_is_none_when_off_and_the_package_itself_is_never_copied(tmp_path):
+    repo_root = Path(__file__).resolve().parents[2]
+    cfg = load_config(repo_root / "examples" / "digits" / "job.yaml")
+    plan = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert plan is not None
+    if plan.git_roots:  # a git checkout of slurm_ddp: its own package stays out
+        assert not any(f.rel.startswith("slurm_ddp/") for f in plan.files)
+        assert any(f.rel == "examples/digits/digits_task.py" for f in plan.files)
+    import dataclasses
+
+    off = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=False))
+    assert plan_snapshot(off, str(tmp_path / "run")) is None
