@@ -201,6 +201,12 @@ class SlurmSandbox:
     slurmd accepts only devices) listed in a ``gres.conf`` with ``AutoDetect=off``. Slurm then
     schedules them and sets ``CUDA_VISIBLE_DEVICES``/``SLURM_STEP_GPUS`` per task exactly as on
     a GPU cluster; CUDA cannot use them, so jobs run on the CPU (gloo).
+
+    Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
+    answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
+    ``message_timeout_s`` (``MessageTimeout``, one RPC's round trip) and ``kill_wait_s``
+    (``KillWait``, SIGTERM→SIGKILL grace). A node-loss test sets ``slurmd_timeout_s`` to a few
+    seconds (slurmctld pings every ``SlurmdTimeout/3``) and loses a node with :meth:`kill_node`.
     """
 
     def __init__(
@@ -210,6 +216,9 @@ class SlurmSandbox:
         cpus_per_node: int = 2,
         name: Optional[str] = None,
         gpus_per_node: int = 0,
+        slurmd_timeout_s: int = 60,
+        message_timeout_s: int = 10,
+        kill_wait_s: int = 5,
     ) -> None:
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
@@ -217,6 +226,16 @@ class SlurmSandbox:
             raise ValueError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
         if not 0 <= int(gpus_per_node) <= 64:
             raise ValueError(f"gpus_per_node must be 0..64, got {gpus_per_node}")
+        for key, value, low in (
+            ("slurmd_timeout_s", slurmd_timeout_s, 2),
+            ("message_timeout_s", message_timeout_s, 1),
+            ("kill_wait_s", kill_wait_s, 0),
+        ):
+            if not low <= int(value) <= 65533:
+                raise ValueError(f"{key} must be {low}..65533 seconds, got {value}")
+        self.slurmd_timeout_s = int(slurmd_timeout_s)
+        self.message_timeout_s = int(message_timeout_s)
+        self.kill_wait_s = int(kill_wait_s)
         self.root = Path(root).absolute()
         self.num_nodes = int(nodes)
         self.cpus_per_node = int(cpus_per_node)
@@ -311,6 +330,9 @@ class SlurmSandbox:
             nodes=self.num_nodes,
             cpus_per_node=self.cpus_per_node,
             gpus_per_node=self.gpus_per_node,
+            slurmd_timeout_s=self.slurmd_timeout_s,
+            message_timeout_s=self.message_timeout_s,
+            kill_wait_s=self.kill_wait_s,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )
@@ -333,6 +355,9 @@ class SlurmSandbox:
             cpus_per_node=state["cpus_per_node"],
             name=state["id"],
             gpus_per_node=state.get("gpus_per_node", 0),
+            slurmd_timeout_s=state.get("slurmd_timeout_s", 60),
+            message_timeout_s=state.get("message_timeout_s", 10),
+            kill_wait_s=state.get("kill_wait_s", 5),
         )
         sb._state = state
         return sb
@@ -585,13 +610,14 @@ class SlurmSandbox:
             "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1",
             "SwitchType=switch/none",
             "MpiDefault=none",
-            "KillWait=5",
+            f"KillWait={self.kill_wait_s}",
             "JobRequeue=1",
             "ReturnToService=2",
             "InactiveLimit=0",
             "MinJobAge=300",
             "SlurmctldTimeout=30",
-            "SlurmdTimeout=60",
+            f"SlurmdTimeout={self.slurmd_timeout_s}",
+            f"MessageTimeout={self.message_timeout_s}",
             "MailProg=/bin/true",
             "PreemptType=preempt/partition_prio",
             "PreemptMode=REQUEUE",
@@ -696,9 +722,66 @@ class SlurmSandbox:
 
         self._wait_for(ctld_listening, deadline, f"slurmctld to listen on {addr[0]}:{addr[1]}", ["slurmctld"])
         for n in self.node_names:
-            argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(n)}", "--"]
-            argv += self._isolated(n, [_executable("slurmd"), "-D", "-N", n, "-f", conf])
-            self._spawn(f"slurmd-{n}", argv)
+            self._spawn_slurmd(n)
+
+    def _spawn_slurmd(self, node: str) -> None:
+        argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(node)}", "--"]
+        argv += self._isolated(node, [_executable("slurmd"), "-D", "-N", node, "-f", str(self.slurm_conf)])
+        self._spawn(f"slurmd-{node}", argv)
+
+    # ------------------------------------------------------------------ faults
+
+    def node_pids(self, node: str) -> List[int]:
+        """PIDs of every process in ``node``'s network namespace: its slurmd, the slurmstepd of each
+        job step and batch script there, and their tasks (a job's batch shell runs on its first node)."""
+        if node not in self.node_names:
+            raise ValueError(f"no node {node!r} in this sandbox (nodes: {', '.join(self.node_names)})")
+        res = _sh("ip", "netns", "pids", self.netns(node), check=False)
+        return [int(p) for p in res.stdout.split() if p.isdigit() and int(p) != os.getpid()]
+
+    def kill_node(self, node: str, timeout_s: float = 10) -> List[int]:
+        """Lose ``node`` as a power cut would: SIGKILL its slurmd and every process of it (job steps,
+        batch shell, tasks) at once, and wait until they are gone. Returns the PIDs killed.
+
+        The namespace and its address stay: slurmctld's pings are refused, and after
+        ``slurmd_timeout_s`` it marks the node DOWN (jobs on it: NODE_FAIL, requeued when they
+        allow it). :meth:`restart_node` brings it back.
+        """
+        pids = self.node_pids(node)
+        for _ in range(3):  # a process forked while we killed: catch it on the next pass
+            for p in pids:
+                _kill(p, signal.SIGKILL)
+            more = [p for p in self.node_pids(node) if p not in pids]
+            if not more:
+                break
+            pids += more
+        self._wait_gone({}, {}, pids, timeout_s)
+        self._procs.pop(f"slurmd-{node}", None)
+        return pids
+
+    def restart_node(self, node: str, timeout_s: float = 60) -> None:
+        """Start ``node``'s slurmd again (after :meth:`kill_node`) and wait until the node is idle
+        (``ReturnToService=2``: a DOWN node returns when its slurmd registers)."""
+        if node not in self.node_names:
+            raise ValueError(f"no node {node!r} in this sandbox (nodes: {', '.join(self.node_names)})")
+        if _alive(
+            self._state.get("pids", {}).get(f"slurmd-{node}"), self._state.get("starttimes", {}).get(f"slurmd-{node}")
+        ):
+            raise SandboxUnavailable(f"slurmd of {node} still runs; kill_node({node!r}) first")
+        deadline = time.monotonic() + timeout_s
+        self._spawn_slurmd(node)
+        last: Dict[str, str] = {}
+
+        def idle() -> bool:
+            nonlocal last
+            with contextlib.suppress(Exception):
+                last = self._node_states(timeout=10)
+            return last.get(node) == "idle"
+
+        try:
+            self._wait_for(idle, deadline, f"{node} to be idle again", [f"slurmd-{node}"])
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(f"{e} (node states: {last or 'none'})") from None
 
     def _dead_daemon(self, keys: Optional[List[str]] = None) -> Optional[str]:
         starts = self._state.get("starttimes", {})

@@ -1,0 +1,136 @@
+"""A digits job on a Slurm sandbox, seen from a test: submit it, watch it, read its run directory.
+
+Shared by the real-Slurm tests that start their own private sandbox (node loss, many ranks)::
+
+    from lib.slurm_jobs import DigitsJob, submit_digits
+
+    job = submit_digits(sandbox, tmp_path / "run", "slurm.nodes=2")
+    job.wait_step(20)
+
+Every wait has its own timeout (a job Slurm cannot place pends forever); the diagnostics of a
+timeout are the job's ``scontrol show job`` record and the tails of its logs.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+from slurm_ddp.checkpoint import CheckpointManager
+from slurm_ddp.rundir import (
+    LOGS_DIR,
+    batch_log_name,
+    checkpoint_dir,
+    is_finished,
+    rank_log_name,
+    read_finished,
+    read_metrics,
+)
+from slurm_ddp.testing import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS_JOB = REPO / "examples" / "digits" / "job.yaml"
+ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
+
+
+def train_steps(run_dir: Path) -> List[int]:
+    """Steps of the ``train`` events in ``metrics.jsonl``, in the order they were logged."""
+    return [m["step"] for m in read_metrics(run_dir) if m["event"] == "train"]
+
+
+def committed_steps(run_dir: Path) -> List[int]:
+    """Steps of the checkpoints whose manifest is committed, oldest first."""
+    return [i.step for i in CheckpointManager(checkpoint_dir(run_dir)).committed(quiet=True)]
+
+
+def logs(run_dir: Path, tail_chars: int = 3000) -> str:
+    """The tails of every log of the run (for a timeout's diagnostics)."""
+    parts = []
+    log_dir = run_dir / LOGS_DIR
+    for p in sorted(log_dir.glob("*")) if log_dir.exists() else []:
+        parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-tail_chars:]}")
+    return "\n".join(parts)
+
+
+def record_timing(name: str, value: float, unit: str = "s") -> None:
+    """Print ``TIMING name: value unit`` (``pytest -s``) and append it to ``$SLURM_DDP_TIMINGS`` if set."""
+    line = f"TIMING {name}: {value:.2f} {unit}"
+    print(line)
+    out = os.environ.get("SLURM_DDP_TIMINGS")
+    if out:
+        with open(out, "a") as f:
+            f.write(line + "\n")
+
+
+class DigitsJob:
+    """One submitted job: its sandbox, run directory and Slurm job id."""
+
+    def __init__(self, sandbox: Any, run_dir: Path, job_id: str):
+        self.sb, self.run_dir, self.id = sandbox, run_dir, job_id
+
+    def show(self) -> Dict[str, str]:
+        """``scontrol show job -o``'s fields (``JobState``, ``Restarts``, ``NodeList``, ``BatchHost`` …)."""
+        r = self.sb.run(["scontrol", "show", "job", "-o", self.id], capture_output=True, text=True, timeout=20)
+        return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+    def state(self) -> str:
+        return self.show().get("JobState", "?")
+
+    def restarts(self) -> int:
+        return int(self.show().get("Restarts", "0") or 0)
+
+    def diag(self) -> str:
+        return f"{self.show()}\n{logs(self.run_dir)}"
+
+    def batch_log(self) -> str:
+        return "".join(
+            p.read_text(errors="replace") for p in sorted((self.run_dir / LOGS_DIR).glob(batch_log_name("*")))
+        )
+
+    def rank_log(self, rank: int) -> str:
+        p = self.run_dir / LOGS_DIR / rank_log_name(rank)
+        return p.read_text(errors="replace") if p.exists() else ""
+
+    def scancel(self, *args: str) -> None:
+        r = self.sb.run(["scancel", *args, self.id], capture_output=True, text=True, timeout=20)
+        assert r.returncode == 0, r.stderr
+
+    def wait_step(self, step: int, timeout_s: float = 180) -> None:
+        wait_for(
+            lambda: any(s >= step for s in train_steps(self.run_dir)),
+            timeout_s,
+            f"job {self.id} step {step}",
+            self.diag,
+        )
+
+    def wait_finished(self, timeout_s: float = 300) -> Dict[str, Any]:
+        """Wait for ``FINISHED`` and for the job to end; return ``FINISHED``'s record."""
+        wait_for(lambda: is_finished(self.run_dir), timeout_s, f"job {self.id} to finish", self.diag)
+        wait_for(lambda: self.state() in ENDED, 60, f"job {self.id} to end", self.diag)
+        return dict(read_finished(self.run_dir) or {})
+
+    def wait_ended(self, timeout_s: float = 120) -> str:
+        wait_for(lambda: self.state() in ENDED, timeout_s, f"job {self.id} to end", self.diag)
+        return self.state()
+
+
+def submit_digits(sandbox: Any, run_dir: Path, *sets: str) -> DigitsJob:
+    """``slurm-ddp submit`` the digits example on ``sandbox`` with small defaults and ``--set`` overrides."""
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--run-dir", str(run_dir)]
+    for s in (
+        "train.max_steps=200",
+        "train.eval_every=0",
+        "train.log_every=10",
+        "checkpoint.every_steps=50",
+        "slurm.time=00:10:00",
+        *sets,
+    ):
+        cmd += ["--set", s]
+    r = sandbox.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return DigitsJob(sandbox, run_dir, m.group(1))
