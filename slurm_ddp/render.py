@@ -31,7 +31,12 @@ _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a tr
 
 
 def _template_dir() -> str:
-    try:  # installed wheel, or editable install with the package-dir mapping
+    # The checkout beside the imported package first: the template must match the code that renders
+    # it, also when that code is imported through PYTHONPATH from a checkout other than the installed one.
+    source = Path(__file__).resolve().parent.parent / "job_templates"
+    if (source / TEMPLATE).is_file():
+        return str(source)
+    try:  # installed wheel: the package slurm_ddp.job_templates
         from importlib.resources import files
 
         d = files("slurm_ddp.job_templates")
@@ -39,7 +44,7 @@ def _template_dir() -> str:
             return str(d)
     except (ImportError, ModuleNotFoundError, TypeError):
         pass
-    return str(Path(__file__).resolve().parent.parent / "job_templates")  # source checkout
+    return str(source)
 
 
 def comment_safe(text: object) -> str:

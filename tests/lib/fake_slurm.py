@@ -8,14 +8,17 @@ environment it got, then runs ``srun_body``. ``scontrol=False`` leaves ``scontro
 
 ``run_script(script, tmp_path, stubs, ...)`` runs the script with ``bash`` as job ``JOB_ID``
 (``SLURM_JOB_ID``) on ``node[1-2]`` with the given ``SLURM_RESTART_COUNT``; ``background=True``
-returns the ``Popen`` (stdout and stderr merged into ``stdout``).
+returns the ``Popen`` (stdout and stderr merged into ``stdout``) of a new session: end it with
+``stop_script(proc)``, which also kills the fakes it started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shlex
 import shutil
+import signal
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
@@ -23,7 +26,7 @@ from typing import Any, Optional
 JOB_ID = "4711"
 
 #: Real programs the batch script and the fakes call (the rest are bash builtins).
-TOOLS = ("bash", "cat", "date", "hostname", "mkdir", "printenv", "rm", "sleep", "touch")
+TOOLS = ("bash", "cat", "date", "hostname", "mkdir", "printenv", "rm", "sleep", "touch", "tr")
 
 
 def make_stubs(tmp_path: Path, srun_body: str = "exit 0", *, scontrol: bool = True, srun_first: str = "") -> Path:
@@ -88,6 +91,20 @@ def run_script(
     )
     if popen.pop("background", False):
         return subprocess.Popen(
-            ["bash", str(path)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, **popen
+            ["bash", str(path)],
+            cwd=tmp_path,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            **popen,
         )
     return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=120, **popen)
+
+
+def stop_script(proc: Any) -> None:
+    """Kill what is left of a background ``run_script`` (the batch shell and every fake it started, which
+    would otherwise outlive a failed test) and reap the shell."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()

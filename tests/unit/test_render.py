@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from lib import wait_process
-from lib.fake_slurm import make_stubs, requeued, run_script
+from lib.fake_slurm import make_stubs, requeued, run_script, stop_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.config import config_from_dict, read_yaml
@@ -403,9 +403,7 @@ def test_batch_shell_forwards_the_signal_to_srun(make_config, tmp_path):
         proc.send_signal(signal.SIGUSR2)
         output = proc.communicate(timeout=60)[0].decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_script(proc)
     assert got.read_text() == "USR2\n", output
     assert proc.returncode == PREEMPTED_EXIT_CODE, output
     assert requeued(stubs)
@@ -442,9 +440,7 @@ def test_a_signal_before_srun_started_reaches_srun(make_config, tmp_path):
             pass
         output = proc.communicate(timeout=60)[0].decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_script(proc)
     assert "received SIGUSR2 before srun started" in output, output
     assert "forwarding SIGUSR2, received before srun started, to the ranks" in output, output
     by_trap = got.exists() and got.read_text() == "USR2\n"

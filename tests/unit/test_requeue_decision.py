@@ -18,7 +18,7 @@ from typing import Optional, Tuple
 
 import pytest
 from lib import wait_process
-from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script
+from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script, stop_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.backends.submitit_backend import SubmititCommand, SubmititWorker
@@ -114,9 +114,7 @@ def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) 
             proc.send_signal(signal.SIGUSR2)
             text = proc.communicate(timeout=60)[0].decode()
         finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            stop_script(proc)
         returncode = proc.returncode
     assert returncode == row.exit, text
     assert requeued(stubs) == row.requeue, text
@@ -176,9 +174,7 @@ def test_sigterm_to_the_batch_shell_is_not_requeued(make_config, tmp_path: Path)
         proc.send_signal(signal.SIGTERM)
         output = proc.communicate(timeout=60)[0].decode()
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+        stop_script(proc)
     assert proc.returncode == P, output
     assert not requeued(stubs), output
     assert "stopped by SIGTERM" in output and "not requeueing" in output, output
