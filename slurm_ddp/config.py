@@ -455,8 +455,31 @@ class RequeueConfig:
 
 
 @dataclass(frozen=True)
+class WatchdogConfig:
+    """The hang watchdog (``slurm_ddp.watchdog``): a rank with no progress for longer than its
+    allowance has its stacks dumped and is ended; on Slurm the job is requeued away from the node."""
+
+    enabled: bool = field(default=True, metadata=_meta("watch every rank's progress and end a hung job"))
+    timeout_floor_s: float = field(
+        default=45.0, metadata=_meta("seconds without progress in a training step or data loading", min=1.0)
+    )
+    step_time_factor: float = field(
+        default=20.0, metadata=_meta("the allowance is at least this many times the recent step time", min=1.0)
+    )
+    startup_s: float = field(
+        default=600.0, metadata=_meta("seconds allowed from start to the end of the first step", min=1.0)
+    )
+    eval_s: float = field(default=600.0, metadata=_meta("seconds allowed for one evaluation", min=1.0))
+    checkpoint_s: float = field(default=600.0, metadata=_meta("seconds allowed for one checkpoint save", min=1.0))
+    poll_interval_s: float = field(
+        default=1.0, metadata=_meta("how often the watchdog reads the progress record", min=0.05, max=60.0)
+    )
+
+
+@dataclass(frozen=True)
 class JobConfig:
-    """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``."""
+    """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``,
+    ``watchdog``."""
 
     name: str = field(default="", metadata=_meta("job name", check=_check_name))
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -464,6 +487,7 @@ class JobConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
+    watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""

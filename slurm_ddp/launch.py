@@ -200,6 +200,10 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+    if cfg.watchdog.enabled:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
+        from .watchdog import start_for_rank
+
+        env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:

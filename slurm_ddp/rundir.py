@@ -20,7 +20,9 @@ A run directory holds:
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
-  starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit.
+  starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
+- ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
+  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher.
 
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
 cannot disagree: the batch script asks for it after ``srun`` returns
@@ -38,7 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from . import PREEMPTED_EXIT_CODE
 
@@ -76,6 +78,10 @@ def snapshot_dir_name(digest: str) -> str:
 def diff_name(sha: str) -> str:
     """``diffs/<sha[:16]>.patch``: a saved ``git diff``, relative to the run directory."""
     return f"{DIFFS_DIR}/{sha[:16]}.patch"
+
+
+#: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
+HANGS_DIR = "hangs"
 
 
 def rank_log_name(rank: Union[int, str]) -> str:
@@ -226,6 +232,137 @@ def latest_checkpoint_step(run_dir: PathLike) -> Optional[int]:
     return None
 
 
+# --------------------------------------------------------------------------- hangs
+@dataclass(frozen=True)
+class HangReport:
+    """What one rank's watchdog saw when it ended the rank (``hangs/JOBID.RESTART/rank-N.json``)."""
+
+    job_id: str
+    restart: int
+    rank: int
+    world_size: int
+    host: str
+    step: int  #: steps the rank had completed
+    phase: str  #: one of ``slurm_ddp.progress.PHASES``
+    idle_s: float  #: seconds since its last progress report
+    limit_s: float  #: the allowance it exceeded (for ``cause == "self"``)
+    cause: str  #: ``"self"``: it stopped progressing; ``"peer"``: ended because another rank did
+    time: float = 0.0  #: wall clock (``time.time()``) of the report
+
+
+def hang_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
+    """``RUN_DIR/hangs/JOBID.RESTART``: the reports of one job's hang (exists only after one)."""
+    return Path(run_dir) / HANGS_DIR / f"{job_id}.{restart}"
+
+
+def write_hang_report(run_dir: PathLike, report: HangReport) -> Path:
+    """Write ``report`` as ``hang_dir(...)/rank-N.json`` (atomically); returns its path."""
+    from dataclasses import asdict
+
+    from .checkpoint import atomic_write_text
+
+    d = hang_dir(run_dir, report.job_id, report.restart)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"rank-{report.rank}.json"
+    atomic_write_text(path, json.dumps(asdict(report)) + "\n")
+    return path
+
+
+def read_hang_reports(run_dir: PathLike, job_id: str, restart: int) -> List[HangReport]:
+    """The hang reports of job ``job_id`` at ``restart``, by rank (unreadable ones skipped)."""
+    d = hang_dir(run_dir, job_id, restart)
+    out: List[HangReport] = []
+    try:
+        paths = sorted(d.glob("rank-*.json"))
+    except OSError:
+        return out
+    for p in paths:
+        try:
+            out.append(HangReport(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda r: r.rank)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A job's hang, from its ranks' reports (:func:`summarize_hang`)."""
+
+    job_id: str
+    restart: int
+    step: int  #: the culprits' last step
+    phase: str  #: what the culprits were doing
+    ranks: Tuple[int, ...]  #: the rank(s) that stopped progressing (all reporting ranks when unknown)
+    hosts: Tuple[str, ...]  #: their hosts
+    all_hosts: Tuple[str, ...]  #: the hosts of every reporting rank
+    idle_s: float  #: the longest time without progress among the culprits
+    known: bool  #: False when every rank stopped at the same point (no rank to blame)
+
+    @property
+    def exclude(self) -> Optional[str]:
+        """The one node to leave out of a requeued job: the culprits' only host, when other hosts
+        took part; None otherwise."""
+        if self.known and len(self.hosts) == 1 and len(self.all_hosts) > 1:
+            return self.hosts[0]
+        return None
+
+    def line(self) -> str:
+        """One line: which rank(s), on which host(s), stopped where."""
+        from .progress import PHASE_WORDS
+
+        what = PHASE_WORDS.get(self.phase, self.phase)
+        ranks = ", ".join(str(r) for r in self.ranks)
+        who = f"rank {ranks}" if len(self.ranks) == 1 else f"ranks {ranks}"
+        where = ", ".join(self.hosts)
+        head = f"{who} on {where}" if self.known else f"every rank ({who} on {where})"
+        return (
+            f"hang: {head} stopped progressing at step {self.step} in {what} "
+            f"(no progress for {self.idle_s:.0f} s); their stacks are in their rank logs"
+        )
+
+
+def _position(r: HangReport) -> Tuple[int, int]:
+    """How far a rank got: its step, then the phase's place in a step (eval and checkpoint of step N
+    come after its training step, before step N+1's data)."""
+    order = {"startup": 0, "eval": 1, "checkpoint": 2, "data": 3, "step": 4}
+    return (r.step, order.get(r.phase, 4))
+
+
+def summarize_hang(reports: Sequence[HangReport]) -> Optional[Hang]:
+    """Name the culprits of a hang from its reports; None without reports.
+
+    A rank that hangs on its own (data loading, its own work) stops short of its peers, which then
+    wait in the next collective: the culprits are the ranks that got least far (step, then the
+    phase's place in a step). When every rank stopped at the same point, no rank is blamed
+    (``known`` False): the ranks that noticed the hang themselves are named.
+    """
+    if not reports:
+        return None
+    low = min(_position(r) for r in reports)
+    behind = [r for r in reports if _position(r) == low]
+    known = len(behind) < len(reports) or (
+        len(reports) < reports[0].world_size and all(r.cause == "self" for r in behind)
+    )
+    if not known:
+        behind = [r for r in reports if r.cause == "self"] or list(reports)
+    return Hang(
+        job_id=reports[0].job_id,
+        restart=reports[0].restart,
+        step=behind[0].step,
+        phase=behind[0].phase,
+        ranks=tuple(r.rank for r in behind),
+        hosts=tuple(dict.fromkeys(r.host for r in behind)),
+        all_hosts=tuple(dict.fromkeys(r.host for r in reports)),
+        idle_s=max(r.idle_s for r in behind),
+        known=known,
+    )
+
+
+def find_hang(run_dir: PathLike, job_id: str, restart: int) -> Optional[Hang]:
+    """The hang of job ``job_id`` at ``restart``, if its watchdogs reported one."""
+    return summarize_hang(read_hang_reports(run_dir, job_id, restart))
+
+
 # --------------------------------------------------------------------------- the requeue decision
 @dataclass(frozen=True)
 class RequeueDecision:
@@ -235,6 +372,7 @@ class RequeueDecision:
     requeue: bool  #: run ``scontrol requeue JOB_ID`` now
     reason: str  #: one log line saying why
     exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
+    exclude: Optional[str] = None  #: a node to leave out of the requeued job (a hang on it)
 
 
 def decide_requeue(
@@ -249,6 +387,8 @@ def decide_requeue(
     finished: bool = False,
     got_signal: bool = False,
     command: bool = False,
+    hang: Optional[Hang] = None,
+    previous_hang: Optional[Hang] = None,
 ) -> RequeueDecision:
     """THE requeue rule, for the batch script and the submitit backend alike. Pure.
 
@@ -272,7 +412,24 @@ def decide_requeue(
     with ``PreemptMode=REQUEUE``, and ``scancel`` means stop), ``scontrol`` is missing, there is no
     job id, or ``restart_count >= max_requeues`` (the cap counts every restart of the job). A
     finished run is never requeued.
+
+    ``hang``: the hang watchdog ended this job's ranks (``find_hang`` of this job and restart). A
+    hang is taken for a node's fault, like a preemption: the job requeues under the same
+    conditions, without the culprits' node when the hang points at one (``exclude``), and resumes
+    from its last checkpoint. ``previous_hang`` (the job's previous restart) at the same step on
+    another node makes it the training code's fault: no requeue.
     """
+    if hang is not None and not finished and marker_is_not_this(marker, job_id, restart_count):
+        return _decide_hang(
+            exit_code=exit_code,
+            job_id=job_id,
+            restart_count=restart_count,
+            max_requeues=max_requeues,
+            got_term=got_term,
+            can_requeue=can_requeue,
+            hang=hang,
+            previous_hang=previous_hang,
+        )
     notes: List[str] = []
     preempted = exit_code == PREEMPTED_EXIT_CODE
     if marker is not None and marker.job_id == job_id and marker.restart == restart_count:
@@ -312,6 +469,56 @@ def decide_requeue(
     )
 
 
+def marker_is_not_this(marker: Optional[Preempted], job_id: str, restart_count: int) -> bool:
+    """True unless ``marker`` states a preemption stop of this job and restart (which wins over a hang)."""
+    return marker is None or marker.job_id != job_id or marker.restart != restart_count
+
+
+def _decide_hang(
+    *,
+    exit_code: int,
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    hang: Hang,
+    previous_hang: Optional[Hang],
+) -> RequeueDecision:
+    status = exit_code if exit_code not in (0, PREEMPTED_EXIT_CODE) else 1
+    notes = [hang.line()]
+    if previous_hang is not None and previous_hang.step == hang.step and set(previous_hang.hosts) != set(hang.hosts):
+        notes.append(
+            f"the same hang at step {hang.step} as in the previous run (on {', '.join(previous_hang.hosts)}), now on "
+            f"{', '.join(hang.hosts)}: a bug in the training code or its data, not a node; not requeueing"
+        )
+        return RequeueDecision(preempted=False, requeue=False, reason="; ".join(notes), exit_code=status)
+    exclude = hang.exclude
+    requeue = False
+    if got_term:
+        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing")
+    elif not can_requeue:
+        notes.append("scontrol is missing: cannot requeue")
+    elif not job_id:
+        notes.append("SLURM_JOB_ID is not set: cannot requeue")
+    elif restart_count >= max_requeues:
+        notes.append(f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    else:
+        requeue = True
+        away = f" without node {exclude}" if exclude else ""
+        notes.append(
+            f"taken for a node problem: requeueing{away} (restart {restart_count + 1} of at most {max_requeues}), "
+            "resuming from the last checkpoint"
+        )
+    return RequeueDecision(
+        preempted=False,
+        requeue=requeue,
+        reason="; ".join(notes),
+        exit_code=status,
+        exclude=exclude if requeue else None,
+    )
+
+
 def decide_requeue_here(
     run_dir: PathLike,
     *,
@@ -331,7 +538,10 @@ def decide_requeue_here(
     restart_text = env.get("SLURM_RESTART_COUNT") or "0"
     if not restart_text.isdigit():
         raise ValueError(f"SLURM_RESTART_COUNT={restart_text!r} is not a non-negative integer")
+    job_id, restart = env.get("SLURM_JOB_ID", ""), int(restart_text)
     return decide_requeue(
+        hang=find_hang(run_dir, job_id, restart) if job_id else None,
+        previous_hang=find_hang(run_dir, job_id, restart - 1) if job_id and restart else None,
         exit_code=exit_code,
         marker=read_preempted(run_dir),
         job_id=env.get("SLURM_JOB_ID", ""),

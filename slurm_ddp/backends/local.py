@@ -35,6 +35,7 @@ from ..rundir import (
     FINISHED_NAME,
     LAUNCHER_LOCK_NAME,
     LOGS_DIR,
+    find_hang,
     is_finished,
     mark_command_finished,
     rank_log_name,
@@ -192,6 +193,7 @@ class LocalJob:
         #: signals received and not yet acted on (appended by the handler, drained by wait())
         self._pending: Deque[int] = collections.deque()
         self._lock_fd: Optional[int] = None
+        self.restart = 0  #: how many local launches of this run directory came before this one
 
     def _lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
@@ -222,7 +224,7 @@ class LocalJob:
     def start(self) -> LocalJob:
         self._lock()
         rd = prepare_run_dir(self.plan)
-        restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
+        restart = self.restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
         record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
         port = choose_port(self.job_id)
         for rank in range(self.plan.cfg.slurm.world_size):
@@ -347,6 +349,9 @@ def schedule(
         status = job.start().wait()
     finally:
         job.release()
+    hang = find_hang(plan.run_dir, job.job_id, job.restart)
+    if hang is not None:  # the ranks' watchdogs ended them (slurm_ddp.watchdog)
+        job.say(f"{hang.line()} (logs in {Path(plan.run_dir) / LOGS_DIR})")
     if command_mode:  # the script's status 0 on every rank is its "done" (rundir.mark_command_finished)
         mark_command_finished(plan.run_dir, exit_code=status, environ={"SLURM_JOB_ID": job.job_id})
     return status

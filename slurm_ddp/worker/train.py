@@ -28,6 +28,8 @@ from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
+from ..progress import CHECKPOINT, DATA, EVAL, STEP
+from ..progress import recorder as progress_recorder
 from ..rundir import (
     CONFIG_NAME,
     FINAL_MODEL_NAME,
@@ -116,6 +118,7 @@ class Trainer:
         self.blocked_s = 0.0  # training time blocked by checkpoint saves (rank 0)
         self.scaler: Optional[Any] = None
         self.tb: Optional[Any] = None
+        self.progress = progress_recorder()  # what the hang watchdog reads (slurm_ddp.progress)
 
     # ------------------------------------------------------------------ setup
     def build(self) -> None:
@@ -220,6 +223,7 @@ class Trainer:
     def save_checkpoint(self, reason: str, sync: bool = True) -> None:
         """Collective: gather the state; rank 0 commits it (in the background unless ``sync``); barrier."""
         t0 = time.perf_counter()
+        self.progress.mark(self.step, CHECKPOINT)
         state = self.state_dict()
         if state is not None:
             if self.writer is not None and not sync:
@@ -313,6 +317,7 @@ class Trainer:
     def run_eval(self) -> Dict[str, float]:
         if self.eval_ds is None:
             return {}
+        self.progress.mark(self.step, EVAL)
         result = evaluate(self.model, self.eval_ds, self.task.eval_sums, self.denv, self.tc.batch_size, self.device)
         if self.denv.is_main:
             shown = " ".join(f"{k}={v:.4f}" for k, v in result.items() if k != "eval_samples")
@@ -364,9 +369,19 @@ class Trainer:
             prof.start()
         groups = self.micro_batch_groups()
         prepared = False
+        mark = self.progress.mark
+        # After a background checkpoint the other ranks wait in the next step for rank 0, which may
+        # still be saving (or waiting for the previous write): that step keeps the checkpoint phase.
+        after_save = False
         try:
             while self.step < tc.max_steps:
-                micro = next(groups)
+                if after_save:
+                    after_save = False
+                    micro = next(groups)
+                else:
+                    mark(self.step, DATA)
+                    micro = next(groups)
+                    mark(self.step, STEP)
                 loss = optimizer_step(
                     self.forward_model,
                     micro,
@@ -430,6 +445,7 @@ class Trainer:
                 if ck.every_steps and self.step % ck.every_steps == 0 and self.step < tc.max_steps:
                     self._check_finite(nonfinite)  # never checkpoint a diverged model
                     self.save_checkpoint("periodic", sync=False)
+                    after_save = True
                 if self.stop.poll():
                     sig = self.flag.received.name if self.flag.received else "signal"
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)

@@ -1,0 +1,311 @@
+"""The hang watchdog: a small process beside each rank that ends the rank when it stops progressing.
+
+``python -m slurm_ddp.watchdog --pid PID --fd FD --run-dir DIR --rank N ...`` is started by the
+launch wrapper (``slurm_ddp.launch``) just before it execs the rank's command, so it works alike
+under the local, sbatch (srun or torchrun launcher) and submitit backends. It is a separate process,
+not a thread of the rank, because a hung rank may hold the GIL or be stuck in C code. It imports no
+torch, reads the rank's progress record (``slurm_ddp.progress``: shared memory, inherited as FD)
+every ``watchdog.poll_interval_s`` and dies with the rank (``PR_SET_PDEATHSIG``). It ignores the
+signals the job's ranks get (requeue signal, SIGTERM, SIGINT, SIGHUP): it outlives a preemption
+stop, and a rank that hangs while saving for preemption is still ended.
+
+Allowance without progress (:func:`allowance_s`): ``watchdog.startup_s`` until the first step is
+done (process group, data, model, first step: torch.compile, cuDNN autotuning), ``eval_s`` during
+an evaluation, ``checkpoint_s`` during a checkpoint save, and ``max(timeout_floor_s,
+step_time_factor × recent step time)`` in training steps and data loading. A stopped rank (SIGSTOP,
+``scontrol suspend``) or a watchdog that was itself stopped restarts the clock. A rank that never
+reported (a ``train.command`` script that does not call ``slurm_ddp.progress``) is not judged.
+
+When the rank exceeds its allowance, or another rank of the job was found hung (a report appeared in
+``rundir.hang_dir``), the watchdog: writes its ``HangReport`` (``rundir.write_hang_report``), logs one
+line to the rank's log, makes the rank write every thread's stack there (``faulthandler`` on
+``progress.DUMP_SIGNAL``; a rank stuck in C dumps too), waits a moment so that its peers notice and
+dump theirs, and kills the rank (SIGKILL). The launcher then ends the job (srun's
+``--kill-on-bad-exit``, the local launcher, torchrun), and the requeue rule reads the reports.
+"""
+
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import signal
+import socket
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+
+from .progress import CHECKPOINT, EVAL, FLAG_DUMPABLE, FLAG_REPORTING, PHASES, SIZE, STARTUP, read_record
+from .progress import DUMP_SIGNAL as DUMP_SIGNAL
+
+if TYPE_CHECKING:
+    from .config import JobConfig
+    from .env import DistEnv
+
+#: Signals the ranks of a job get that the watchdog ignores (the requeue signal is added).
+IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
+
+
+@dataclass(frozen=True)
+class Limits:
+    """``watchdog.*`` of the config, in seconds (see ``config.WatchdogConfig``)."""
+
+    timeout_floor_s: float = 45.0
+    step_time_factor: float = 20.0
+    startup_s: float = 600.0
+    eval_s: float = 600.0
+    checkpoint_s: float = 600.0
+    poll_interval_s: float = 1.0
+
+
+def allowance_s(limits: Limits, phase: int, steps_seen: int, step_time_s: Optional[float]) -> float:
+    """Seconds a rank in ``phase`` may go without progress. ``steps_seen``: completed steps the
+    watchdog has seen since the rank started (0: still in start-up or its first step);
+    ``step_time_s``: the recent step time (None when unknown)."""
+    step_limit = max(limits.timeout_floor_s, limits.step_time_factor * (step_time_s or 0.0))
+    if phase == EVAL:
+        return max(limits.eval_s, step_limit)
+    if phase == CHECKPOINT:
+        return max(limits.checkpoint_s, step_limit)
+    if phase == STARTUP or steps_seen < 2:
+        return max(limits.startup_s, step_limit)
+    return step_limit
+
+
+def _proc_state(pid: int) -> Optional[str]:
+    """The state letter of ``/proc/PID/stat`` (``T`` stopped, ``Z`` zombie), None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+        return text[text.rindex(")") + 2 :].split(" ", 1)[0]
+    except (OSError, ValueError):
+        return None
+
+
+class Watch:
+    """The watchdog's state for one rank; :meth:`poll` once per interval says whether to fire."""
+
+    def __init__(self, limits: Limits, read: Callable[[], Optional[tuple[int, int, int, float]]]):
+        self.limits = limits
+        self.read = read
+        self.last_step: Optional[int] = None
+        self.last_step_t = 0.0
+        self.steps_seen = 0
+        self.step_time_s: Optional[float] = None
+        self.resumed_t = time.monotonic()  # a pause (rank or watchdog stopped) restarts the clock here
+        self.last_poll = self.resumed_t
+        self.record: Optional[tuple[int, int, int, float]] = None
+        self.idle_s = 0.0
+        self.limit_s = 0.0
+
+    def poll(self, now: float, stopped: bool) -> bool:
+        """True when the rank has gone without progress for longer than its allowance."""
+        if now - self.last_poll > 3 * self.limits.poll_interval_s + 2.0 or stopped:
+            self.resumed_t = now  # the watchdog itself (or the rank) was stopped or starved: no verdict
+        self.last_poll = now
+        if stopped:
+            return False
+        rec = self.read()
+        if rec is None:
+            return False
+        self.record = rec
+        flags, step, phase, t = rec
+        if not flags & FLAG_REPORTING:
+            return False
+        if self.last_step is None:
+            self.last_step, self.last_step_t = step, t
+        elif step > self.last_step:
+            if phase not in (EVAL, CHECKPOINT):
+                per_step = (t - self.last_step_t) / (step - self.last_step)
+                if self.steps_seen > 0:  # the first interval includes start-up
+                    self.step_time_s = per_step if self.step_time_s is None else 0.8 * self.step_time_s + 0.2 * per_step
+                self.steps_seen += 1
+            self.last_step, self.last_step_t = step, t
+        self.idle_s = now - max(t, self.resumed_t)
+        self.limit_s = allowance_s(self.limits, phase, self.steps_seen, self.step_time_s)
+        return self.idle_s > self.limit_s
+
+
+def _read_stable(mm: mmap.mmap) -> Optional[tuple[int, int, int, float]]:
+    """The record, read until two reads agree (the rank may be writing it)."""
+    prev = read_record(mm[:SIZE])
+    for _ in range(5):
+        cur = read_record(mm[:SIZE])
+        if cur == prev:
+            return cur
+        prev = cur
+    return prev
+
+
+def _say(text: str) -> None:
+    try:
+        os.write(2, f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm_ddp watchdog: {text}\n".encode())
+    except OSError:
+        pass
+
+
+def run(args: argparse.Namespace) -> int:
+    from .rundir import HangReport, hang_dir, write_hang_report
+
+    limits = Limits(
+        timeout_floor_s=args.timeout_floor_s,
+        step_time_factor=args.step_time_factor,
+        startup_s=args.startup_s,
+        eval_s=args.eval_s,
+        checkpoint_s=args.checkpoint_s,
+        poll_interval_s=args.poll_interval_s,
+    )
+    mm = mmap.mmap(args.fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+    watch = Watch(limits, lambda: _read_stable(mm))
+    peers_hung = hang_dir(args.run_dir, args.job_id, args.restart)
+    pid = args.pid
+    while True:
+        time.sleep(limits.poll_interval_s)
+        state = _proc_state(pid)
+        if state is None or state in ("Z", "X") or os.getppid() != pid:
+            return 0
+        now = time.monotonic()
+        fired = watch.poll(now, stopped=state in ("T", "t"))
+        cause = "self" if fired else ("peer" if peers_hung.is_dir() else "")
+        if cause:
+            break
+    rec = watch.record or (0, 0, STARTUP, now)
+    flags, step, phase_code, _ = rec
+    phase = PHASES[phase_code] if 0 <= phase_code < len(PHASES) else "step"
+    report = HangReport(
+        job_id=args.job_id,
+        restart=args.restart,
+        rank=args.rank,
+        world_size=args.world_size,
+        host=args.host,
+        step=step,
+        phase=phase,
+        idle_s=round(watch.idle_s, 1),
+        limit_s=round(watch.limit_s, 1),
+        cause=cause,
+        time=time.time(),
+    )
+    try:
+        write_hang_report(args.run_dir, report)
+    except OSError as e:
+        _say(f"cannot write the hang report in {args.run_dir}: {e}")
+    if cause == "self":
+        _say(
+            f"rank {args.rank} on {args.host}: no progress for {watch.idle_s:.0f} s at step {step} in {phase} "
+            f"(allowance {watch.limit_s:.0f} s, watchdog.*); its stacks follow, then the rank is ended"
+        )
+    else:
+        _say(
+            f"rank {args.rank} on {args.host} (step {step}, {phase}): another rank of the job stopped progressing; "
+            "its stacks follow, then the rank is ended"
+        )
+    if flags & FLAG_DUMPABLE:
+        try:
+            os.kill(pid, DUMP_SIGNAL)
+        except ProcessLookupError:
+            return 0
+    # Let the peers' watchdogs see the report and dump their ranks before this rank's end takes the job down.
+    time.sleep(max(1.0, 2 * limits.poll_interval_s) + 0.5)
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m slurm_ddp.watchdog")
+    p.add_argument("--pid", type=int, required=True)
+    p.add_argument("--fd", type=int, required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--rank", type=int, required=True)
+    p.add_argument("--world-size", type=int, required=True)
+    p.add_argument("--host", required=True)
+    p.add_argument("--job-id", required=True)
+    p.add_argument("--restart", type=int, required=True)
+    for name, default in Limits().__dict__.items():
+        p.add_argument("--" + name.replace("_", "-"), type=float, default=default)
+    return p
+
+
+def command(
+    python: str, *, pid: int, fd: int, run_dir: str, rank: int, world_size: int, host: str, job_id: str,
+    restart: int, limits: Limits,
+) -> List[str]:  # fmt: skip
+    """The watchdog's argv for rank ``rank`` (process ``pid``, progress record ``fd``)."""
+    argv = [python, "-m", "slurm_ddp.watchdog", "--pid", str(pid), "--fd", str(fd), "--run-dir", run_dir]
+    argv += ["--rank", str(rank), "--world-size", str(world_size), "--host", host, "--job-id", job_id]
+    argv += ["--restart", str(restart)]
+    for name, value in limits.__dict__.items():
+        argv += ["--" + name.replace("_", "-"), repr(float(value))]
+    return argv
+
+
+def spawn(argv: Sequence[str], extra_ignored: Sequence[str] = ()) -> int:
+    """Fork the watchdog of this process (which is about to exec the rank): the child dies with it
+    (``PR_SET_PDEATHSIG``), ignores the job's signals, and execs ``argv``. Returns the child's pid."""
+    parent = os.getpid()
+    pid = os.fork()
+    if pid:
+        return pid
+    try:  # the child: nothing here may raise into the parent's code
+        try:
+            import ctypes
+
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+        if os.getppid() != parent:
+            os._exit(0)
+        for name in (*IGNORED_SIGNALS, *extra_ignored):
+            sig = getattr(signal, name, None)
+            if sig is not None:
+                signal.signal(sig, signal.SIG_IGN)
+        os.execv(argv[0], list(argv))
+    except BaseException:
+        pass
+    os._exit(127)
+
+
+def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> Dict[str, str]:
+    """In the launch wrapper, just before it execs the rank: make the rank's progress record and
+    start its watchdog. Returns the variables to add to the rank's environment (none when
+    ``watchdog.enabled`` is false)."""
+    w = cfg.watchdog
+    if not w.enabled:
+        return {}
+    from .progress import FD_VAR, create_record
+
+    fd = create_record()
+    limits = Limits(
+        timeout_floor_s=w.timeout_floor_s,
+        step_time_factor=w.step_time_factor,
+        startup_s=w.startup_s,
+        eval_s=w.eval_s,
+        checkpoint_s=w.checkpoint_s,
+        poll_interval_s=w.poll_interval_s,
+    )
+    argv = command(
+        python,
+        pid=os.getpid(),
+        fd=fd,
+        run_dir=str(run_dir),
+        rank=denv.rank,
+        world_size=denv.world_size,
+        host=denv.hostname or socket.gethostname(),
+        job_id=str(denv.job_id),
+        restart=denv.restart_count,
+        limits=limits,
+    )
+    spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,))
+    return {FD_VAR: str(fd)}
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = _parser().parse_args(sys.argv[1:] if argv is None else argv)
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,214 @@
+"""The hang watchdog's parts without processes: the progress record, the allowance, the verdict over
+time, naming the culprits, and the requeue rule's hang rows."""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+
+from slurm_ddp import progress
+from slurm_ddp.rundir import (
+    Hang,
+    HangReport,
+    decide_requeue,
+    find_hang,
+    read_hang_reports,
+    summarize_hang,
+    write_hang_report,
+)
+from slurm_ddp.watchdog import Limits, Watch, allowance_s
+
+LIM = Limits(timeout_floor_s=10, step_time_factor=5, startup_s=100, eval_s=50, checkpoint_s=70, poll_interval_s=1)
+
+
+def test_progress_record_round_trip(monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = progress.create_record()
+    try:
+        mm = mmap.mmap(fd, progress.SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        flags, step, phase, _ = progress.read_record(mm[:])  # type: ignore[misc]
+        assert (flags, step, phase) == (0, 0, progress.STARTUP)
+        monkeypatch.setenv(progress.FD_VAR, str(fd))
+        progress._reset_for_tests()
+        progress.step(7)
+        flags, step, phase, _ = progress.read_record(mm[:])  # type: ignore[misc]
+        assert flags & progress.FLAG_REPORTING and flags & progress.FLAG_DUMPABLE
+        assert (step, phase) == (7, progress.STEP)
+        with progress.phase("eval"):
+            assert progress.read_record(mm[:])[1:3] == (7, progress.EVAL)  # type: ignore[index]
+        assert progress.read_record(mm[:])[1:3] == (7, progress.STEP)  # type: ignore[index]
+        with pytest.raises(ValueError, match="unknown progress phase"):
+            with progress.phase("lunch"):
+                pass
+    finally:
+        import faulthandler
+
+        faulthandler.unregister(progress.DUMP_SIGNAL)
+        progress._reset_for_tests()
+        os.close(fd)
+
+
+def test_progress_without_a_watchdog_is_a_no_op(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(progress.FD_VAR, raising=False)
+    progress._reset_for_tests()
+    progress.step(3)
+    with progress.phase("checkpoint"):
+        pass
+    assert isinstance(progress.recorder(), progress._Off)
+    progress._reset_for_tests()
+
+
+@pytest.mark.parametrize(
+    "phase, seen, step_time, expected",
+    [
+        (progress.STARTUP, 0, None, 100),
+        (progress.STEP, 1, None, 100),  # the first step (or the step resumed at) is start-up
+        (progress.STEP, 5, 0.1, 10),  # the floor
+        (progress.DATA, 5, 4.0, 20),  # 5 × the step time
+        (progress.EVAL, 5, 0.1, 50),
+        (progress.CHECKPOINT, 5, 0.1, 70),
+        (progress.EVAL, 5, 30.0, 150),  # never below the step allowance
+    ],
+)
+def test_allowance(phase: int, seen: int, step_time: Optional[float], expected: float) -> None:
+    assert allowance_s(LIM, phase, seen, step_time) == expected
+
+
+class FakeRecord:
+    def __init__(self) -> None:
+        self.value = (progress.FLAG_REPORTING, 0, progress.STARTUP, 0.0)
+
+    def set(self, step: int, phase: int, t: float) -> None:
+        self.value = (progress.FLAG_REPORTING, step, phase, t)
+
+
+def test_watch_fires_after_the_allowance_and_not_while_stopped() -> None:
+    rec = FakeRecord()
+    w = Watch(LIM, lambda: rec.value)
+    t = w.resumed_t
+    w.last_poll = t
+    for i in range(1, 6):  # 1 s steps
+        rec.set(i, progress.STEP, t + i)
+        assert not w.poll(t + i + 0.5, stopped=False)
+        w.last_poll = t + i + 0.5
+    assert w.step_time_s == pytest.approx(1.0)
+    now = t + 5
+    for k in range(1, 10):  # no progress for 9 s: under the floor of 10
+        assert not w.poll(now + k, stopped=False)
+    assert w.poll(now + 10.5, stopped=False)
+    # a stopped rank (SIGSTOP, scontrol suspend) restarts the clock
+    assert not w.poll(now + 11.5, stopped=True)
+    assert not w.poll(now + 12.5, stopped=False)
+    assert w.idle_s == pytest.approx(1.0)
+
+
+def test_watch_ignores_a_rank_that_does_not_report() -> None:
+    w = Watch(LIM, lambda: (0, 0, progress.STARTUP, 0.0))
+    assert not w.poll(w.resumed_t + 10_000, stopped=False)
+
+
+def test_watch_restarts_the_clock_after_its_own_pause() -> None:
+    rec = FakeRecord()
+    rec.set(5, progress.STEP, 0.0)
+    w = Watch(LIM, lambda: rec.value)
+    w.steps_seen = 5
+    w.resumed_t = w.last_poll = 0.0
+    assert not w.poll(500.0, stopped=False)  # the watchdog itself was stopped for 500 s
+    assert not w.poll(504.0, stopped=False)
+    assert not w.poll(508.0, stopped=False)
+    assert w.poll(511.0, stopped=False) and w.idle_s == pytest.approx(11.0)
+
+
+def report(rank: int, step: int, phase: str, host: str = "n1", cause: str = "self", world: int = 2) -> HangReport:
+    return HangReport(
+        job_id="42",
+        restart=0,
+        rank=rank,
+        world_size=world,
+        host=host,
+        step=step,
+        phase=phase,
+        idle_s=46.0,
+        limit_s=45.0,
+        cause=cause,
+    )
+
+
+def test_summarize_names_the_rank_that_got_least_far() -> None:
+    h = summarize_hang([report(0, 5, "step", "n1"), report(1, 5, "data", "n2"), report(2, 5, "step", "n1", "peer")])
+    assert h is not None and h.known and h.ranks == (1,) and h.hosts == ("n2",) and h.phase == "data"
+    assert h.exclude == "n2"
+    assert "rank 1 on n2 stopped progressing at step 5 in data loading" in h.line()
+
+
+def test_summarize_blames_no_one_when_every_rank_stopped_alike() -> None:
+    h = summarize_hang([report(0, 9, "step", "n1"), report(1, 9, "step", "n2")])
+    assert h is not None and not h.known and h.exclude is None
+    assert h.line().startswith("hang: every rank")
+
+
+def test_summarize_one_node_job_excludes_nothing() -> None:
+    h = summarize_hang([report(0, 5, "step"), report(1, 5, "data")])
+    assert h is not None and h.known and h.exclude is None
+    assert summarize_hang([]) is None
+
+
+def test_reports_round_trip(tmp_path: Path) -> None:
+    for r in (report(1, 5, "data"), report(0, 5, "step")):
+        write_hang_report(tmp_path, r)
+    assert [r.rank for r in read_hang_reports(tmp_path, "42", 0)] == [0, 1]
+    assert read_hang_reports(tmp_path, "42", 1) == []
+    h = find_hang(tmp_path, "42", 0)
+    assert h is not None and h.ranks == (1,)
+
+
+def hang(step: int, host: str, restart: int = 0) -> Hang:
+    return Hang(
+        job_id="42",
+        restart=restart,
+        step=step,
+        phase="data",
+        ranks=(1,),
+        hosts=(host,),
+        all_hosts=(host, "n1"),
+        idle_s=46,
+        known=True,
+    )
+
+
+def decide(**kw: object):  # type: ignore[no-untyped-def]
+    args: dict = dict(
+        exit_code=137,
+        marker=None,
+        job_id="42",
+        restart_count=0,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+    )
+    args.update(kw)
+    return decide_requeue(**args)
+
+
+HANG_ROWS: List[tuple] = [
+    # (kwargs, requeue, exclude, words in the reason)
+    (dict(hang=hang(5, "n2")), True, "n2", "without node n2"),
+    (dict(hang=hang(5, "n3", 1), restart_count=1, previous_hang=hang(5, "n2")), False, None, "not a node"),
+    (dict(hang=hang(7, "n3", 1), restart_count=1, previous_hang=hang(5, "n2")), True, "n3", "without node n3"),
+    (dict(hang=hang(5, "n2"), restart_count=3), False, None, "max_requeues=3 reached"),
+    (dict(hang=hang(5, "n2"), got_term=True), False, None, "SIGTERM"),
+    (dict(hang=hang(5, "n2"), can_requeue=False), False, None, "scontrol is missing"),
+    (dict(hang=hang(5, "n2"), finished=True), False, None, "finished"),
+]
+
+
+@pytest.mark.parametrize("kw, requeue, exclude, words", HANG_ROWS)
+def test_requeue_rule_for_a_hang(kw: dict, requeue: bool, exclude: Optional[str], words: str) -> None:
+    d = decide(**kw)
+    assert d.requeue == requeue and d.exclude == exclude and not d.preempted, d.reason
+    assert words in d.reason
+    if not kw.get("finished"):
+        assert d.exit_code == 137
