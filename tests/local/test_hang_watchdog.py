@@ -62,7 +62,11 @@ def test_rank_blocked_in_data_loading_is_found_named_and_ended(tmp_path: Path) -
     """Defaults (watchdog on, 45 s floor): rank 1 blocks in its dataset after 5 steps."""
     run_dir = tmp_path / "run"
     cmd = submit_cmd(
-        run_dir, "train.max_steps=100000", "checkpoint.every_steps=0", "train.args.hang_rank=1", "train.args.hang_at_step=5"
+        run_dir,
+        "train.max_steps=100000",
+        "checkpoint.every_steps=0",
+        "train.args.hang_rank=1",
+        "train.args.hang_at_step=5",
     )
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
