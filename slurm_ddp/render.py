@@ -165,7 +165,11 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
     ``--signals-to-handle`` (torchrun forwards only SIGTERM/SIGINT/SIGHUP/SIGQUIT to its workers
     unless told; the requeue signal is added) and ``--shutdown-timeout`` = ``requeue.signal_delay_s``
     (how long workers may take to save after a signal before torchrun kills them). Both options need
-    a torch whose torchrun has them; ``submit`` checks that.
+    a torch whose torchrun has them; ``submit`` checks that. ``--rdzv-conf=join_timeout`` is the hang
+    watchdog's ``watchdog.startup_s`` (torchrun's own default, 600 s, is that default too): the
+    rendezvous waits for a late node as long as a rank may take to start. Hangs after start-up are
+    the watchdog's (``slurm_ddp.watchdog``, one per rank, started by the launch wrapper under
+    torchrun too); with ``--max-restarts=0`` torchrun ends the node's other ranks when it ends one.
     """
     s, r = cfg.slurm, cfg.requeue
     handled = ",".join(dict.fromkeys(("SIG" + r.signal_name, *TORCHRUN_DEFAULT_SIGNALS)))
@@ -176,6 +180,8 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
         "--max-restarts=0",
         f"--signals-to-handle={handled}",
         f"--shutdown-timeout={r.signal_delay_s}",
+        # every node's agent must join within the hang watchdog's start-up allowance (torchrun: 600 s)
+        f"--rdzv-conf=join_timeout={int(cfg.watchdog.startup_s)}",
     ]
 
 

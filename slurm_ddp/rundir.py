@@ -625,8 +625,9 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     :func:`mark_command_finished`).
 
     The job id and restart come from ``SLURM_JOB_ID``/``SLURM_RESTART_COUNT``. Prints one line
-    ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers and nothing else, so the shell
-    reads them with ``read`` and checks them with a pattern, never ``eval``) and logs the reason
+    ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers, so the shell reads them with
+    ``read`` and checks them with a pattern, never ``eval``), followed by ``exclude=NODE`` when a
+    hang points at one node that the requeued job must leave out (``RequeueDecision.exclude``), and logs the reason
     to stderr in the batch log's format. A malformed argument or environment is one stderr line
     (``slurm_ddp rundir: error: ...``) and exit status 2; the script then does not requeue.
     """
@@ -664,7 +665,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
-        print(f"{int(decision.requeue)} {decision.exit_code}", flush=True)
+        exclude = f" exclude={decision.exclude}" if decision.exclude else ""
+        print(f"{int(decision.requeue)} {decision.exit_code}{exclude}", flush=True)
         return 0
 
     return run_main("slurm_ddp rundir", decide)

@@ -43,6 +43,8 @@ if TYPE_CHECKING:
     from .config import JobConfig
     from .env import DistEnv
 
+#: Which backend started the job (``local``; ``submitit`` sets it in its batch script's setup lines).
+BACKEND_VAR = "SLURM_DDP_BACKEND"
 #: Signals the ranks of a job get that the watchdog ignores (the requeue signal is added).
 IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 
@@ -207,11 +209,42 @@ def run(args: argparse.Namespace) -> int:
             return 0
     # Let the peers' watchdogs see the report and dump their ranks before this rank's end takes the job down.
     time.sleep(max(1.0, 2 * limits.poll_interval_s) + 0.5)
+    if args.decide_requeue >= 0:  # submitit: no batch script decides after the ranks; rank 0's watchdog does
+        _decide_requeue(args.run_dir, args.job_id, args.restart, args.decide_requeue)
     try:
         os.kill(pid, signal.SIGKILL)
     except ProcessLookupError:
         pass
     return 0
+
+
+def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) -> None:
+    """The requeue rule (``rundir.decide_requeue``) for a hung submitit job, in rank 0's watchdog
+    before it ends the rank (the rank's own ``SubmititWorker.after_worker`` never runs then)."""
+    import logging
+    import shutil
+    import subprocess
+
+    from .backends.submitit_backend import requeue
+    from .rundir import decide_requeue_here
+
+    env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": str(restart)}
+    decision = decide_requeue_here(
+        run_dir,
+        exit_code=137,
+        max_requeues=max_requeues,
+        got_term=False,
+        can_requeue=shutil.which("scontrol") is not None,
+        environ=env,
+    )
+    _say(decision.reason)
+    if decision.requeue:
+        wlog = logging.getLogger("slurm_ddp.watchdog")
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp watchdog: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+        wlog.handlers[:] = [handler]
+        wlog.setLevel(logging.INFO)
+        requeue(job_id, decision.exclude, subprocess.run, wlog)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -224,6 +257,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", required=True)
     p.add_argument("--job-id", required=True)
     p.add_argument("--restart", type=int, required=True)
+    p.add_argument("--decide-requeue", type=int, default=-1, metavar="MAX_REQUEUES")
     for name, default in Limits().__dict__.items():
         p.add_argument("--" + name.replace("_", "-"), type=float, default=default)
     return p
@@ -231,12 +265,12 @@ def _parser() -> argparse.ArgumentParser:
 
 def command(
     python: str, *, pid: int, fd: int, run_dir: str, rank: int, world_size: int, host: str, job_id: str,
-    restart: int, limits: Limits,
+    restart: int, limits: Limits, decide_requeue: int = -1,
 ) -> List[str]:  # fmt: skip
     """The watchdog's argv for rank ``rank`` (process ``pid``, progress record ``fd``)."""
     argv = [python, "-m", "slurm_ddp.watchdog", "--pid", str(pid), "--fd", str(fd), "--run-dir", run_dir]
     argv += ["--rank", str(rank), "--world-size", str(world_size), "--host", host, "--job-id", job_id]
-    argv += ["--restart", str(restart)]
+    argv += ["--restart", str(restart), "--decide-requeue", str(decide_requeue)]
     for name, value in limits.__dict__.items():
         argv += ["--" + name.replace("_", "-"), repr(float(value))]
     return argv
@@ -297,6 +331,8 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         job_id=str(denv.job_id),
         restart=denv.restart_count,
         limits=limits,
+        # submitit runs no batch script after the ranks: rank 0's watchdog takes the requeue decision
+        decide_requeue=cfg.requeue.max_requeues if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" else -1,
     )
     spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,))
     return {FD_VAR: str(fd)}

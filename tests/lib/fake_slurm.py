@@ -62,12 +62,22 @@ def make_stubs(tmp_path: Path, srun_body: str = "exit 0", *, scontrol: bool = Tr
 
 
 def requeued(stubs: Path, job_id: str = JOB_ID) -> bool:
-    """True when the fake ``scontrol`` was called exactly once, as ``scontrol requeue JOB_ID``."""
+    """True when the fake ``scontrol`` was called as ``scontrol requeue JOB_ID``, once, first (a hang's
+    node exclusion, ``show job`` and ``update``, may follow; see :func:`scontrol_after_requeue`)."""
     argv = stubs / "scontrol.argv"
     if not argv.exists():
         return False
-    assert argv.read_bytes() == f"requeue\0{job_id}\0".encode(), argv.read_bytes()
+    data = argv.read_bytes()
+    first = f"requeue\0{job_id}\0".encode()
+    assert data.startswith(first) and b"requeue" not in data[len(first) :], data
     return True
+
+
+def scontrol_after_requeue(stubs: Path) -> bytes:
+    """What the fake ``scontrol`` got after ``requeue JOB_ID`` (NUL-separated arguments), or b""."""
+    argv = stubs / "scontrol.argv"
+    data = argv.read_bytes() if argv.exists() else b""
+    return data.split(b"\0", 2)[2] if data.startswith(b"requeue\0") else b""
 
 
 def run_script(

@@ -18,12 +18,12 @@ from typing import Optional, Tuple
 
 import pytest
 from lib import wait_process
-from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script, stop_script
+from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script, scontrol_after_requeue, stop_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.backends.submitit_backend import SubmititCommand, SubmititWorker
 from slurm_ddp.render import render
-from slurm_ddp.rundir import Preempted, read_finished, write_finished, write_preempted
+from slurm_ddp.rundir import HangReport, Preempted, read_finished, write_finished, write_hang_report, write_preempted
 
 P = PREEMPTED_EXIT_CODE
 
@@ -38,7 +38,10 @@ class Row:
     finished: bool = False  #: FINISHED written before the job starts
     signal: bool = False  #: the time-limit signal (USR2) reached the batch shell (sbatch) / the task (submitit)
     command: bool = False  #: a train.command run (status 0 writes FINISHED)
+    hang: Optional[Tuple[str, int]] = None  #: the watchdogs' reports of this job: (culprit's node, step)
+    prev_hang: Optional[Tuple[str, int]] = None  #: ... of its previous restart
     requeue: bool = False  #: expected: scontrol requeue JOB_ID called
+    exclude: Optional[str] = None  #: expected: this node left out of the requeued job (ExcNodeList)
     exit: int = 0  #: expected: the job's exit status (submitit: returned, or raised when not 0/75)
 
 
@@ -69,6 +72,15 @@ TABLE = {
     "script-exits-0-after-the-signal-finished": Row(0, signal=True, command=True, exit=0),
     "script-crash-without-signal": Row(1, command=True, exit=1),
     "script-success": Row(0, command=True, exit=0),
+    # the hang watchdog ended the ranks (slurm_ddp.watchdog): a node problem
+    "hang-on-one-node": Row(137, hang=("n2", 5), requeue=True, exclude="n2", exit=137),
+    "hang-on-one-node-at-the-cap": Row(137, restart=3, hang=("n2", 5), exit=137),
+    "hang-again-at-the-same-step-on-another-node": Row(137, restart=1, hang=("n3", 5), prev_hang=("n2", 5), exit=137),
+    "hang-again-at-another-step": Row(
+        137, restart=1, hang=("n3", 9), prev_hang=("n2", 5), requeue=True, exclude="n3", exit=137
+    ),
+    "hang-of-every-rank-alike": Row(137, hang=("", 5), requeue=True, exit=137),
+    "hang-after-sigterm-marker-is-a-preemption": Row(P, hang=("n2", 5), marker=(JOB_ID, 0, "SIGTERM"), exit=P),
 }
 
 
@@ -79,6 +91,38 @@ def prepare(row: Row, run_dir: Path) -> None:
         write_preempted(run_dir, Preempted(job_id=job, restart=restart, step=12, signal=sig))
     if row.finished:
         write_finished(run_dir, {"step": 20, "world_size": 2})
+    for restart, hang in ((row.restart, row.hang), (row.restart - 1, row.prev_hang)):
+        if hang is not None:
+            write_hang_reports(run_dir, restart, *hang)
+
+
+def write_hang_reports(run_dir: Path, restart: int, node: str, step: int) -> None:
+    """Two ranks' reports: rank 1 on ``node`` stopped in data loading while rank 0 (on n1) waited
+    in the step; ``node`` "": both stopped alike (no node to blame)."""
+    for rank, host, phase in ((0, "n1", "step"), (1, node or "n2", "data" if node else "step")):
+        write_hang_report(
+            run_dir,
+            HangReport(
+                job_id=JOB_ID,
+                restart=restart,
+                rank=rank,
+                world_size=2,
+                host=host,
+                step=step,
+                phase=phase,
+                idle_s=46.0,
+                limit_s=45.0,
+                cause="self",
+            ),
+        )
+
+
+def check_exclusion(row: Row, stubs: Path, text: str) -> None:
+    after = scontrol_after_requeue(stubs)
+    if row.exclude:
+        assert after.endswith(f"update\0JobId={JOB_ID}\0ExcNodeList={row.exclude}\0".encode()), (after, text)
+    else:
+        assert b"update" not in after, (after, text)
 
 
 def _finished_by_the_job(row: Row, run_dir: Path) -> bool:
@@ -118,6 +162,11 @@ def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) 
         returncode = proc.returncode
     assert returncode == row.exit, text
     assert requeued(stubs) == row.requeue, text
+    check_exclusion(row, stubs, text)
+    if row.exclude:
+        assert f"node {row.exclude} is left out of the requeued job" in text, text
+    if row.hang and row.marker is None:
+        assert "hang: " in text, text
     assert (stubs / "srun.argv").exists() == (not row.finished), text
     assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0), text
 
@@ -143,6 +192,7 @@ def test_submitit_worker_takes_the_decision(monkeypatch, tmp_path: Path, row: Ro
         with pytest.raises(RuntimeError, match=f"exited with status {row.exit}"):
             decide(row.status)
     assert requeued(stubs) == row.requeue
+    check_exclusion(row, stubs, "")
     assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0)
 
 
