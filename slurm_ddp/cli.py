@@ -41,6 +41,24 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--run-dir", help="run directory (default: ./runs/<name>)")
 
 
+def _add_sweep_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--sweep",
+        dest="sweep",
+        action="append",
+        default=[],
+        metavar="KEY=V1,V2,...",
+        help="sweep a config key over values (repeatable: a grid), e.g. --sweep train.lr=0.001,0.003; "
+        "one job array (see the sweep: section in the README)",
+    )
+
+
+def _load_sweep(args: argparse.Namespace):
+    from .sweep import load_sweep
+
+    return load_sweep(args.job, args.overrides, args.sweep)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="slurm-ddp", description="Render, submit and run PyTorch DDP jobs on SLURM.")
     parser.add_argument("--version", action="version", version=f"slurm_ddp {__version__}")
@@ -49,6 +67,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("render", help="print the sbatch script of a job (dry run, no cluster needed)")
     _add_job_args(p)
+    _add_sweep_arg(p)
 
     p = sub.add_parser("submit", help="submit a job (sbatch, submitit or local)")
     _add_job_args(p)
@@ -58,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
         default="auto",
         help="auto = sbatch when it is on PATH, else local",
     )
+    _add_sweep_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and do nothing else")
     p.add_argument(
         "--test-only",
@@ -110,9 +130,12 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("dir", nargs="?", default="runs", help="directory that holds run directories (default: ./runs)")
     p.add_argument("--json", action="store_true", help="print one JSON object per run")
 
-    p = sub.add_parser("status", help="Slurm state of a run's job joined with the run directory's record")
-    p.add_argument("run", help=run_help)
-    p.add_argument("--json", action="store_true", help="print a JSON object")
+    p = sub.add_parser(
+        "status", help="Slurm state of a run's job joined with the run directory's record; a sweep: one row per element"
+    )
+    p.add_argument("run", help=run_help + ", or a sweep directory")
+    p.add_argument("--json", action="store_true", help="print a JSON object (a sweep: one per element)")
+    p.add_argument("--sort", metavar="METRIC", help="a sweep's rows best first by an eval metric, e.g. eval_accuracy")
 
     p = sub.add_parser("logs", help="a run's logs: one rank, or all ranks interleaved with a [rank N] prefix")
     p.add_argument("run", help=run_help)
@@ -125,12 +148,12 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     )
 
     p = sub.add_parser("cancel", help="scancel the run's current job (its ranks checkpoint first)")
-    p.add_argument("run", help=run_help)
+    p.add_argument("run", help=run_help + ", a sweep or one element (SWEEP/N)")
     p = sub.add_parser("requeue", help="scontrol requeue the run's current job (it resumes from its checkpoint)")
-    p.add_argument("run", help=run_help)
+    p.add_argument("run", help=run_help + ", a sweep or one element (SWEEP/N)")
 
     p = sub.add_parser("plot", help="PNG of train loss and eval accuracy against step, restarts marked")
-    p.add_argument("run", help=run_help)
+    p.add_argument("run", help=run_help + "; a sweep: every element's curves in one PNG")
     p.add_argument("-o", "--output", metavar="PNG", help="where to write it (default: RUN/metrics.png)")
 
 
@@ -148,6 +171,13 @@ def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .backends import default_run_dir
     from .render import render
 
+    sweep = _load_sweep(args)
+    if sweep is not None:
+        from .backends.array import default_sweep_dir, render_sweep
+
+        script = render_sweep(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv)).script
+        sys.stdout.write(script)
+        return 0
     cfg = _load(args)
     rendered = render(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
     sys.stdout.write(rendered.script)
@@ -159,10 +189,13 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     from .backends import plan_submit
 
-    cfg = _load(args)
+    sweep = _load_sweep(args)
     backend = args.backend
     if backend == "auto":
         backend = "sbatch" if shutil.which("sbatch") else "local"
+    if sweep is not None:
+        return _submit_sweep(args, argv, sweep, backend)
+    cfg = _load(args)
     if args.test_only:
         _check_test_only(args, backend)
     plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
@@ -234,6 +267,77 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     else:
         print(f"slurm-ddp: job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}", file=sys.stderr)
     return status
+
+
+def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, backend: str) -> int:
+    """``submit`` of a sweep: one sweep directory, one ``sbatch --array`` (or the local backend, element by element)."""
+    from .backends.array import plan_sweep, schedule_local, schedule_sbatch
+    from .sweep import check_array_size
+
+    if args.test_only:
+        raise UserError("--test-only checks a single job; for a sweep use --dry-run")
+    plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv))
+    if backend == "sbatch":
+        check_array_size(sweep)
+    if args.dry_run:
+        sys.stdout.write(plan.describe())
+        return 0
+    if not plan.todo:
+        print(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})")
+        return 0
+    if plan.resuming and backend == "sbatch":
+        from .ops.sweeps import progress_kind, read_sweep, sweep_status
+
+        active = [
+            e.index
+            for e, st in sweep_status(read_sweep(Path(plan.sweep_dir))).elements
+            if progress_kind(st) in ("running",) or (st.slurm is not None and not st.final)
+        ]
+        if active:
+            raise UserError(
+                f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
+                f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
+            )
+    if not args.no_check_task:
+        from .preflight import check_command, check_task_imports
+
+        def warn(msg: str) -> None:
+            print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
+
+        cfg0 = sweep.elements[0].cfg
+        check_command(cfg0, warn=warn)
+        if not cfg0.train.command:
+            check_task_imports(cfg0, cwd_on_path=backend == "local", warn=warn)
+    n = len(sweep.elements)
+    if backend == "sbatch":
+        from .sweep import array_spec
+
+        job_id = schedule_sbatch(plan)
+        print(
+            f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
+            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}"
+        )
+        return 0
+    results = schedule_local(
+        plan,
+        echo=sys.stdout,
+        say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True),
+        command=_command_line(argv),
+    )
+    failed = [(i, rc) for i, rc in results if rc != 0]
+    done = len(results) - len(failed)
+    print(
+        f"slurm-ddp: sweep {sweep.name!r}: {done} of {len(results)} element(s) run finished; sweep directory {plan.sweep_dir}"
+    )
+    if failed:
+        i, rc = failed[0]
+        print(
+            f"slurm-ddp: element {i} ({sweep.elements[i].label}) ended with status {rc}; "
+            f"submit the sweep again with --run-dir {plan.sweep_dir} to resume the unfinished elements",
+            file=sys.stderr,
+        )
+        return rc
+    return 0
 
 
 def _check_test_only(args: argparse.Namespace, backend: str) -> None:
@@ -412,24 +516,125 @@ def stream_writer(stream: Optional[IO[str]] = None) -> Callable[[str], None]:
 
 def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
+    from .ops import sweeps
 
     runs = ops.find_runs(args.dir)
     statuses = ops.runs_status(runs)
+    sweep_stats = [sweeps.sweep_status(sweeps.read_sweep(p)) for p in sweeps.find_sweeps(Path(args.dir))]
     if args.json:
         for st in statuses:
             print(json.dumps(st.to_dict(), default=str))
+        for sw in sweep_stats:
+            print(json.dumps({"sweep_dir": str(sw.sweep.path), "name": sw.sweep.name, **sw.progress()}))
         return 0
-    if not statuses:
+    if not statuses and not sweep_stats:
         print(f"no runs under {args.dir}")
         return 0
-    sys.stdout.write(format_runs(statuses))
+    if statuses:
+        sys.stdout.write(format_runs(statuses))
+    if sweep_stats:
+        sys.stdout.write(format_sweeps(sweep_stats))
     return 0
+
+
+def format_sweeps(stats: Sequence[Any], cwd: Optional[Path] = None) -> str:
+    """The sweeps part of ``slurm-ddp runs``: one line per sweep with its progress."""
+    cwd = Path.cwd() if cwd is None else cwd
+    header = ("SWEEP", "ARRAY JOBS", "ELEMENTS", "DONE", "RUNNING", "PENDING", "FAILED", "DIR")
+    rows = [header]
+    for sw in stats:
+        p = sw.progress()
+        try:
+            where = str(sw.sweep.path.relative_to(cwd))
+        except ValueError:
+            where = str(sw.sweep.path)
+        rows.append(
+            (
+                sw.sweep.name,
+                ",".join(sw.sweep.array_job_ids) or "-",
+                str(len(sw.elements)),
+                *(str(p[k]) for k in ("done", "running", "pending", "failed")),
+                where,
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    return "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
+
+
+def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
+    """The ``slurm-ddp status SWEEP`` table: one row per element."""
+    from .ops import sweeps
+
+    sw = st.sweep
+    rows_src = sweeps.sort_elements(st, metric) if (sort and metric) else st.elements
+    m = metric or "-"
+    short = m[5:] if m.startswith("eval_") else m
+    header = ("#", "VALUES", "JOB", "STATE", "STEP", f"LAST {short}", f"BEST {short}", "RESTARTS")
+    rows = [header]
+    for e, rs in rows_src:
+        r = e.run
+        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        vals = sweeps.metric_values(r, metric) if metric else []
+        best = sweeps.best_value(r, metric) if metric else None
+        state = rs.state if r.finished is None or rs.state == "COMPLETED" else f"{rs.state} (finished)"
+        rows.append(
+            (
+                str(e.index),
+                e.label,
+                r.latest_job_id or "-",
+                state,
+                step,
+                f"{vals[-1]:.4g}" if vals else "-",
+                f"{best:.4g}" if best is not None else "-",
+                str(r.restarts),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+    p = st.progress()
+    head = (
+        f"sweep {sw.name}  ({sw.path})\n"
+        f"array jobs: {', '.join(sw.array_job_ids) or '-'}; {len(st.elements)} elements: "
+        + ", ".join(f"{p[k]} {k}" for k in ("done", "running", "pending", "failed"))
+        + "\n"
+    )
+    notes = "".join(f"note: {n}\n" for n in st.notes)
+    return head + notes + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
+
+
+def _resolve(arg: str) -> Path:
+    """A run directory, a sweep directory, or ``SWEEP/N`` (an element by its number)."""
+    from . import ops
+    from .ops.sweeps import element_path
+    from .rundir import is_sweep_dir
+
+    elem = element_path(arg)
+    if elem is not None:
+        return elem
+    p = Path(arg)
+    if not p.exists() and os.sep not in arg and is_sweep_dir(Path("runs") / arg):
+        p = Path("runs") / arg
+    if is_sweep_dir(p):
+        return p.resolve()
+    return ops.resolve_run(arg)
 
 
 def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
+    from .rundir import is_sweep_dir
 
-    st = ops.run_status(ops.read_run(ops.resolve_run(args.run)))
+    path = _resolve(args.run)
+    if is_sweep_dir(path):
+        from .ops import sweeps
+
+        sst = sweeps.sweep_status(sweeps.read_sweep(path))
+        metric = args.sort or sweeps.default_metric(sst.sweep)
+        if args.json:
+            for e, rs in sst.elements:
+                print(json.dumps({"index": e.index, "label": e.label, "values": e.values, **rs.to_dict()}, default=str))
+            return 0
+        sys.stdout.write(format_sweep_status(sst, metric, sort=bool(args.sort)))
+        return 0
+    st = ops.run_status(ops.read_run(path))
     if args.json:
         print(json.dumps(st.to_dict(), default=str))
     else:
@@ -440,7 +645,12 @@ def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
 
-    run = ops.read_run(ops.resolve_run(args.run))
+    path = _resolve(args.run)
+    from .rundir import is_sweep_dir
+
+    if is_sweep_dir(path):
+        raise UserError(f"logs shows one run: give one element of the sweep, e.g. slurm-ddp logs {args.run}/0")
+    run = ops.read_run(path)
     if args.rank is not None:
         ops.check_rank(run, args.rank)
     write = stream_writer()
@@ -454,23 +664,46 @@ def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 def cmd_cancel(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
+    from .rundir import is_sweep_dir
 
-    print(ops.cancel(ops.read_run(ops.resolve_run(args.run))))
+    path = _resolve(args.run)
+    if is_sweep_dir(path):
+        from .ops import sweeps
+
+        print(sweeps.cancel_sweep(sweeps.read_sweep(path)))
+        return 0
+    print(ops.cancel(ops.read_run(path)))
     return 0
 
 
 def cmd_requeue(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
+    from .rundir import is_sweep_dir
 
-    print(ops.requeue(ops.read_run(ops.resolve_run(args.run))))
+    path = _resolve(args.run)
+    if is_sweep_dir(path):
+        from .ops import sweeps
+
+        print(sweeps.requeue_sweep(sweeps.read_sweep(path)))
+        return 0
+    print(ops.requeue(ops.read_run(path)))
     return 0
 
 
 def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import ops
     from .plot import plot_run
+    from .rundir import is_sweep_dir
 
-    path = plot_run(ops.read_run(ops.resolve_run(args.run)), args.output)
+    run_path = _resolve(args.run)
+    if is_sweep_dir(run_path):
+        from .ops import sweeps
+        from .plot import plot_sweep
+
+        path = plot_sweep(sweeps.read_sweep(run_path), args.output)
+        print(f"wrote {path}")
+        return 0
+    path = plot_run(ops.read_run(run_path), args.output)
     print(f"wrote {path}")
     return 0
 

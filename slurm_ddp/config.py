@@ -13,6 +13,7 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import os
@@ -605,12 +606,18 @@ def _unknown(key: str, given: str, valid: Sequence[str]) -> ConfigError:
     return ConfigError(f"unknown config key {where}; valid keys: {', '.join(valid)}{hint}")
 
 
+@functools.lru_cache(maxsize=None)
+def _type_hints(cls: type) -> Dict[str, Any]:
+    """``get_type_hints`` of a config dataclass, computed once (it dominates validating many configs: a sweep)."""
+    return get_type_hints(cls)
+
+
 def _build(cls: type, data: Any, prefix: str) -> Any:
     if data is None:
         data = {}
     if not isinstance(data, Mapping):
         raise _bad(prefix or "<top level>", data, "a mapping of keys")
-    hints = get_type_hints(cls)
+    hints = _type_hints(cls)
     known = [f.name for f in fields(cls)]
     for k in data:
         if k not in known:

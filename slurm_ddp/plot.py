@@ -113,3 +113,55 @@ def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, Non
     except OSError as e:
         raise UserError(f"-o {str(out_path)!r}: cannot write the PNG: {e.strerror or e}") from None
     return out_path
+
+
+def plot_sweep(sweep: Any, out: Union[str, os.PathLike, None] = None, *, dpi: int = 100) -> Path:
+    """Write one PNG of a sweep (a :class:`slurm_ddp.ops.sweeps.SweepRun`): every element's train
+    loss (top) and eval metric (bottom) against step, one colour per element, the legend naming
+    its values. Default ``SWEEP/metrics.png``; returns its path.
+
+    Raises ``UserError`` when matplotlib is missing, no element has metrics yet, or ``out``
+    cannot be written.
+    """
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise UserError("plot needs matplotlib, which is not installed here: pip install 'slurm-ddp[plot]'") from None
+    elements = [e for e in sweep.elements if e.run.metrics]
+    if not elements:
+        raise UserError(f"no element of sweep {sweep.name!r} has logged metrics yet; plot again once one has")
+    out_path = Path(out) if out is not None else Path(sweep.path) / DEFAULT_NAME
+    evals_all = [m for e in elements for m in e.run.metrics if m.get("event") in ("eval", "finished")]
+    key = _eval_key(evals_all)
+    fig = Figure(figsize=(9, 7), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax_loss, ax_eval = fig.subplots(2, 1, sharex=True)
+    for e in elements:
+        colour = f"C{e.index % 10}"
+        xs, ys = _series(e.run.events("train"), "loss")
+        if xs:
+            ax_loss.plot(xs, ys, color=colour, linewidth=1.0, label=f"{e.index}: {e.label}")
+        if key:
+            ex, ey = _series([m for m in e.run.metrics if m.get("event") in ("eval", "finished")], key)
+            if ex:
+                ax_eval.plot(ex, ey, color=colour, marker="o", markersize=3, linewidth=1.0)
+        for m in e.run.resumes:
+            if isinstance(m.get("step"), int):
+                ax_loss.axvline(m["step"], color=colour, linestyle=":", linewidth=0.8)
+    ax_loss.set_ylabel("train loss")
+    ax_eval.set_ylabel(key.replace("_", " ") if key else "eval")
+    ax_eval.set_xlabel("step")
+    for ax in (ax_loss, ax_eval):
+        ax.grid(True, alpha=0.3)
+    if ax_loss.get_legend_handles_labels()[0]:
+        ax_loss.legend(loc="upper right", fontsize=7, title=", ".join(getattr(sweep, "keys", [])) or None)
+    fig.suptitle(f"sweep {sweep.name}: {len(sweep.elements)} elements (dotted lines: restarts)")
+    fig.tight_layout()
+    if not out_path.parent.is_dir():
+        raise UserError(f"-o {str(out_path)!r}: directory {str(out_path.parent)!r} does not exist")
+    try:
+        fig.savefig(out_path, format="png")
+    except OSError as e:
+        raise UserError(f"-o {str(out_path)!r}: cannot write the PNG: {e.strerror or e}") from None
+    return out_path

@@ -196,6 +196,21 @@ def rank_command(cfg: JobConfig, python: str) -> List[str]:
 
 
 @dataclass(frozen=True)
+class ArrayJob:
+    """A sweep's job array (``slurm_ddp.sweep``): ``render`` then writes one script for all elements.
+
+    ``run_dir`` is the sweep directory; element ``i`` runs in ``run_dir/<i zero-padded to width>``
+    (``rundir.element_dir_name``), found by ``SLURM_ARRAY_TASK_ID``, and requeues itself alone
+    (``scontrol requeue ARRAYJOBID_TASKID``, ``rundir.requeue_target``).
+    """
+
+    spec: str  #: sbatch ``--array`` value, e.g. ``0-3%2``
+    width: int  #: digits of an element directory's name
+    sweep_hash: str  #: shown in the header instead of one config's hash
+    elements: Tuple[Tuple[int, str], ...] = ()  #: (index, label), listed in the header
+
+
+@dataclass(frozen=True)
 class RenderedJob:
     """What ``submit`` would hand to sbatch: the script text and where it goes."""
 
@@ -212,6 +227,7 @@ def render(
     python: Optional[str] = None,
     version: str = __version__,
     config_hash: Optional[str] = None,
+    array: Optional[ArrayJob] = None,
 ) -> RenderedJob:
     """Render the sbatch script for ``cfg`` writing into ``run_dir`` (an absolute path).
 
@@ -219,9 +235,14 @@ def render(
     interpreter of the ranks (default ``environment.python``, else ``sys.executable``);
     ``config_hash`` is the header's (default ``cfg``'s; ``submit`` passes the submitted config's
     when ``cfg``'s paths point into the code snapshot).
+    ``array``: render a sweep's job array instead (``run_dir`` is then the sweep directory).
     """
     run_dir = os.path.abspath(run_dir)
-    flags = sbatch_flags(cfg, run_dir)
+    # an array task's batch log goes to its own element's logs: sbatch's %Na is the zero-padded task id
+    log_dir = f"{run_dir}/%{array.width}a" if array is not None else run_dir
+    flags = sbatch_flags(cfg, log_dir)
+    if array is not None:
+        flags = sorted([*flags, f"--array={array.spec}"], key=lambda f: f.split("=", 1)[0])
     output_in_script = any(f.startswith("--output=") for f in flags)
     text = (
         _env()
@@ -230,7 +251,10 @@ def render(
             name=cfg.name,
             version=version,
             command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
-            config_hash=config_hash or cfg.config_hash(),
+            config_hash=(config_hash or cfg.config_hash()) if array is None else f"{array.sweep_hash} (sweep)",
+            array=array,
+            # the job that requeues itself (rundir.requeue_target): an array task names itself ARRAY_TASK
+            requeue_id='"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' if array is not None else '"$SLURM_JOB_ID"',
             sbatch_flags=flags,
             output_in_script=output_in_script,
             signal=cfg.requeue.signal_name,
@@ -254,5 +278,5 @@ def render(
             finished_name=FINISHED_NAME,
         )
     )
-    extra = () if output_in_script else (f"--output={run_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
+    extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
     return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)

@@ -24,6 +24,14 @@ A run directory holds:
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher.
 
+A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
+``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
+``array.sbatch`` (``ARRAY_SCRIPT_NAME``: the one job-array script), ``sweep-jobs.jsonl``
+(``SWEEP_JOBS_NAME``: one record per ``sbatch --array`` submission) and one ordinary run
+directory per element, named by its zero-padded index (:func:`element_dir_name`: ``000``,
+``001``, ...; the batch script finds its own as ``printf %0Nd $SLURM_ARRAY_TASK_ID``). An
+element's ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
+
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
 cannot disagree: the batch script asks for it after ``srun`` returns
 (``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
@@ -82,6 +90,9 @@ def diff_name(sha: str) -> str:
 
 #: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
 HANGS_DIR = "hangs"
+SWEEP_NAME = "sweep.json"
+ARRAY_SCRIPT_NAME = "array.sbatch"
+SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
 
 
 def rank_log_name(rank: Union[int, str]) -> str:
@@ -98,6 +109,64 @@ def launcher_log_name(node: Union[int, str]) -> str:
 def batch_log_name(job_id: Union[int, str]) -> str:
     """``batch-JOBID.out``: the batch shell's output in ``LOGS_DIR``; ``batch_log_name("%j")`` for sbatch."""
     return f"batch-{job_id}.out"
+
+
+# --------------------------------------------------------------------------- sweeps (job arrays)
+def element_width(count: int) -> int:
+    """Digits of an element directory's name in a sweep of ``count`` elements (at least 3)."""
+    return max(3, len(str(max(count - 1, 0))))
+
+
+def element_dir_name(index: int, count: int) -> str:
+    """``000``, ``001``, ...: the run directory of sweep element ``index`` inside the sweep directory."""
+    return f"{index:0{element_width(count)}d}"
+
+
+def array_task_id(array_job_id: Union[int, str], index: Union[int, str]) -> str:
+    """``ARRAYJOBID_TASKID``: how Slurm names one task of a job array (squeue, scancel, scontrol requeue)."""
+    return f"{array_job_id}_{index}"
+
+
+def requeue_target(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The job id that ``scontrol requeue`` must name for the job in ``environ``: an array task is
+    ``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID`` (its bare ``SLURM_JOB_ID`` may be the array's own id,
+    which would requeue every task), else ``SLURM_JOB_ID``; ``""`` when neither is set."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return array_task_id(env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"])
+    return env.get("SLURM_JOB_ID", "")
+
+
+def is_sweep_dir(path: PathLike) -> bool:
+    """True when ``path`` is a sweep directory (it holds ``SWEEP_NAME``)."""
+    return (Path(path) / SWEEP_NAME).is_file()
+
+
+def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
+    """The sweep directory's ``SWEEP_NAME`` record; None when missing or unreadable."""
+    try:
+        rec = json.loads((Path(path) / SWEEP_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def write_sweep_manifest(path: PathLike, record: Dict[str, Any]) -> None:
+    """Write the sweep directory's ``SWEEP_NAME`` record atomically."""
+    from .checkpoint import atomic_write_text
+
+    atomic_write_text(Path(path) / SWEEP_NAME, json.dumps(record, indent=1) + "\n")
+
+
+def record_sweep_job(path: PathLike, **record: Any) -> None:
+    """Append one ``sbatch --array`` submission (array job id, indices) to ``SWEEP_JOBS_NAME``."""
+    record.setdefault("time", time.time())
+    append_jsonl(Path(path) / SWEEP_JOBS_NAME, record)
+
+
+def read_sweep_jobs(path: PathLike) -> List[Dict[str, Any]]:
+    """The sweep's array submissions, oldest first."""
+    return read_jsonl(Path(path) / SWEEP_JOBS_NAME)
 
 
 # --------------------------------------------------------------------------- JSON lines

@@ -21,6 +21,7 @@ from ..rundir import (
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
     Preempted,
+    is_sweep_dir,
     latest_checkpoint_step,
     read_finished,
     read_jobs,
@@ -203,6 +204,8 @@ def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
     found: List[Path] = []
 
     def walk(d: Path, depth: int) -> None:
+        if is_sweep_dir(d):  # a sweep is listed as one line of its own (ops.sweeps), not per element
+            return
         if is_run_dir(d):
             found.append(d)
             return

@@ -1,0 +1,361 @@
+"""Sweeps: one job config expanded into N complete, validated configs, run as one Slurm job array.
+
+Pure apart from reading the YAML file (and, at submit, asking ``scontrol show config`` for
+``MaxArraySize`` through an injectable runner). Imports no torch.
+
+A sweep is described by a ``sweep:`` section of the job YAML and/or ``--sweep KEY=V1,V2,...``
+flags, over dotted config keys (``train.lr``, ``train.args.width``, ``checkpoint.every_steps``)::
+
+    sweep:
+      grid:                 # cartesian product of the lists
+        train.lr: [0.001, 0.003]
+        train.seed: [0, 1]
+      zip:                  # lists of one length, varied together (one axis of the grid)
+        train.batch_size: [32, 64]
+        train.max_steps: [600, 300]
+    slurm:
+      array_parallelism: 2  # how many elements run at once: sbatch --array=...%2 (submitit's name)
+
+``--sweep KEY=V1,V2`` adds (or replaces) one grid axis; each value is parsed as YAML like
+``--set``. Elements are numbered in grid order (the first key varies slowest, the zipped
+lists last) and named from their values: ``lr=0.001,seed=1`` (the key's last part, or the
+whole key where two keys share it).
+
+Every element of one job array shares one batch script, so a sweep may vary only keys that
+the script does not contain: ``train.*`` (except ``train.command``/``train.workdir``) and
+``checkpoint.*``. Each element's config is named ``NAME[LABEL]``. Errors are
+``UserError``/``ConfigError`` naming the element and the key (one line, exit 2 in the CLI).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import re
+import subprocess
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
+
+import yaml
+
+from .config import JobConfig, apply_overrides, config_from_dict, read_yaml
+from .errors import ConfigError, UserError
+
+#: keys of the ``sweep:`` section
+SWEEP_SECTION_KEYS = ("grid", "zip")
+#: the config key of the throttle (``sbatch --array=...%P``), read and removed before validation
+PARALLELISM_KEY = "slurm.array_parallelism"
+#: config keys an element may vary: the batch script of a job array is shared by all elements
+_SCRIPT_FREE_SECTIONS = ("train", "checkpoint")
+_SCRIPT_KEYS = ("train.command", "train.workdir")
+
+Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+
+@dataclass(frozen=True)
+class SweepElement:
+    """One element of a sweep: its number, its values and its complete validated config."""
+
+    index: int  #: 0-based; ``SLURM_ARRAY_TASK_ID`` of its array task
+    values: Tuple[Tuple[str, Any], ...]  #: (dotted key, value) in the sweep's key order
+    label: str  #: ``lr=0.001,seed=1``
+    cfg: JobConfig
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """A job config expanded into its elements (see the module docstring)."""
+
+    name: str  #: the job's ``name``: the sweep directory's default name and the array's job name
+    keys: Tuple[str, ...]  #: the swept dotted keys, in order
+    elements: Tuple[SweepElement, ...]
+    parallelism: Optional[int]  #: ``slurm.array_parallelism``; None = no throttle
+
+    @property
+    def base_cfg(self) -> JobConfig:
+        """Element 0's config under the sweep's own name: what the shared batch script is rendered from."""
+        return dataclasses.replace(self.elements[0].cfg, name=self.name)
+
+    def manifest(self) -> Dict[str, Any]:
+        """The sweep directory's record (``rundir.SWEEP_NAME``): keys and each element's values."""
+        return {
+            "name": self.name,
+            "keys": list(self.keys),
+            "array_parallelism": self.parallelism,
+            "elements": [
+                {"index": e.index, "label": e.label, "values": {k: v for k, v in e.values}} for e in self.elements
+            ],
+        }
+
+    def sweep_hash(self) -> str:
+        """sha256 (16 hex chars) of element 0's config hash and every element's values: identifies a
+        sweep directory's sweep (the values determine every other element from element 0)."""
+        values = [[[k, v] for k, v in e.values] for e in self.elements]
+        text = json.dumps([self.elements[0].cfg.config_hash(), list(self.keys), values], default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def array_spec(indices: Sequence[int], parallelism: Optional[int]) -> str:
+    """sbatch ``--array`` value for ``indices``: ``0-3%2`` for a full range, ``1,3%2`` otherwise
+    (runs of three or more consecutive indices are written ``a-b``)."""
+    idx = sorted(set(indices))
+    parts: List[str] = []
+    i = 0
+    while i < len(idx):
+        j = i
+        while j + 1 < len(idx) and idx[j + 1] == idx[j] + 1:
+            j += 1
+        if j > i:
+            parts.append(f"{idx[i]}-{idx[j]}")
+        else:
+            parts.extend(str(x) for x in idx[i : j + 1])
+        i = j + 1
+    return ",".join(parts) + (f"%{parallelism}" if parallelism else "")
+
+
+def _check_key(key: str) -> None:
+    """Raise ``UserError`` unless ``key`` names a config key an element may vary."""
+    parts = key.split(".")
+    if not key or not all(parts):
+        raise UserError(f"sweep key {key!r}: expected a dotted config key, e.g. train.lr")
+    cls: Any = JobConfig
+    for depth, part in enumerate(parts):
+        if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
+            break  # a mapping (train.args, environment.env): any name is valid there
+        names = [f.name for f in fields(cls)]
+        if part not in names:
+            where = ".".join(parts[:depth]) or "the top level"
+            raise UserError(
+                f"sweep key {key!r}: unknown config key {part!r} in {where}; valid keys there: {', '.join(names)}"
+            )
+        cls = get_type_hints(cls)[part]
+    else:
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            raise UserError(
+                f"sweep key {key!r} is a whole section; sweep one of its keys, e.g. {key}.{fields(cls)[0].name}"
+            )
+    if parts[0] not in _SCRIPT_FREE_SECTIONS or key in _SCRIPT_KEYS or (len(parts) == 1):
+        raise UserError(
+            f"sweep key {key!r} changes the batch script, which every element of one job array shares; "
+            "sweep train.* and checkpoint.* keys (not train.command/train.workdir), or submit separate jobs"
+        )
+
+
+def _check_values(key: str, values: Any, where: str) -> List[Any]:
+    if not isinstance(values, list):
+        raise UserError(f"{where} {key!r}: got {values!r}, expected a list of values, e.g. [0.001, 0.003]")
+    if not values:
+        raise UserError(f"{where} {key!r}: the list of values is empty; give at least one value")
+    return list(values)
+
+
+def parse_sweep_flag(item: str) -> Tuple[str, List[Any]]:
+    """``KEY=V1,V2,...`` (``--sweep``) → (key, values); each value parsed as YAML like ``--set``."""
+    from .config import _yaml_load
+
+    if "=" not in item:
+        raise UserError(f"--sweep {item!r}: expected KEY=V1,V2,..., e.g. --sweep train.lr=0.001,0.003")
+    key, raw = item.split("=", 1)
+    key = key.strip()
+    texts = [t.strip() for t in raw.split(",")] if raw.strip() else []
+    if not texts or any(not t for t in texts):
+        raise UserError(f"--sweep {item!r}: empty value list; give values separated by commas, e.g. {key}=1,2")
+    values: List[Any] = []
+    for t in texts:
+        try:
+            values.append(_yaml_load(t))
+        except yaml.YAMLError:  # keep the text as given
+            values.append(t)
+    return key, values
+
+
+def _format_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, str):
+        return v
+    if isinstance(v, (int, float)) or v is None:
+        return str(v) if v is not None else "null"
+    return json.dumps(v, separators=(",", ":"), default=str)
+
+
+def _labels(keys: Sequence[str]) -> Dict[str, str]:
+    short = {k: k.rsplit(".", 1)[-1] for k in keys}
+    counts: Dict[str, int] = {}
+    for s in short.values():
+        counts[s] = counts.get(s, 0) + 1
+    return {k: (s if counts[s] == 1 else k) for k, s in short.items()}
+
+
+def _pop_parallelism(data: Dict[str, Any]) -> Optional[int]:
+    slurm = data.get("slurm")
+    if not isinstance(slurm, dict) or "array_parallelism" not in slurm:
+        return None
+    value = slurm.pop("array_parallelism")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise UserError(f"config key '{PARALLELISM_KEY}': got {value!r}, expected an integer >= 1")
+    if value < 1:
+        raise UserError(
+            f"config key '{PARALLELISM_KEY}': got {value}, expected an integer >= 1 (how many elements run at once)"
+        )
+    return value
+
+
+def sweep_axes(section: Any, flags: Sequence[str]) -> Tuple[List[Tuple[str, List[Any]]], List[Tuple[str, List[Any]]]]:
+    """The grid axes and the zipped lists of a ``sweep:`` section plus ``--sweep`` flags.
+
+    Raises ``UserError`` for an unknown section key, a non-list, an empty list, zipped lists of
+    different lengths or a key given twice.
+    """
+    grid: Dict[str, List[Any]] = {}
+    zipped: Dict[str, List[Any]] = {}
+    if section is not None:
+        if not isinstance(section, Mapping):
+            raise UserError(f"sweep: got {section!r}, expected a mapping with keys {', '.join(SWEEP_SECTION_KEYS)}")
+        for k in section:
+            if k not in SWEEP_SECTION_KEYS:
+                raise UserError(
+                    f"unknown key 'sweep.{k}'; valid keys: {', '.join(SWEEP_SECTION_KEYS)} "
+                    "(grid: cartesian product; zip: lists varied together)"
+                )
+        for part, target in (("grid", grid), ("zip", zipped)):
+            body = section.get(part)
+            if body is None:
+                continue
+            if not isinstance(body, Mapping):
+                raise UserError(f"sweep.{part}: got {body!r}, expected a mapping of dotted config keys to lists")
+            for key, values in body.items():
+                target[str(key)] = _check_values(str(key), values, f"sweep.{part}")
+    for item in flags:
+        key, values = parse_sweep_flag(item)
+        zipped.pop(key, None)
+        grid[key] = values
+    for key in [*grid, *zipped]:
+        _check_key(key)
+    both = set(grid) & set(zipped)
+    if both:
+        raise UserError(f"sweep key {sorted(both)[0]!r} is in both sweep.grid and sweep.zip; keep it in one")
+    lengths = {len(v) for v in zipped.values()}
+    if len(lengths) > 1:
+        desc = ", ".join(f"{k}: {len(v)}" for k, v in zipped.items())
+        raise UserError(f"sweep.zip: the lists must have one length, got {desc}")
+    return list(grid.items()), list(zipped.items())
+
+
+def _set(data: Dict[str, Any], key: str, value: Any) -> None:
+    node = data
+    parts = key.split(".")
+    for p in parts[:-1]:
+        nxt = node.get(p)
+        if not isinstance(nxt, dict):
+            nxt = {}
+            node[p] = nxt
+        node = nxt
+    node[parts[-1]] = value
+
+
+def expand(
+    data: Any,
+    flags: Sequence[str] = (),
+    base_dir: Union[str, Path, None] = None,
+) -> Optional[Sweep]:
+    """Expand parsed job YAML (``--set`` already applied) with its ``sweep:`` section and the
+    ``--sweep`` flags into a :class:`Sweep`; None when neither is given (a single job).
+
+    Raises ``UserError`` (bad sweep input; an invalid element names its number, label and key)
+    and ``ConfigError`` (the base config is invalid).
+    """
+    if not isinstance(data, Mapping):
+        return None
+    plain: Dict[str, Any] = json.loads(json.dumps(data, default=str))
+    section = plain.pop("sweep", None)
+    parallelism = _pop_parallelism(plain)
+    if section is None and not flags:
+        if parallelism is not None:
+            raise UserError(
+                f"config key '{PARALLELISM_KEY}' throttles a sweep, and this job has none; "
+                "add a sweep: section or --sweep KEY=V1,V2, or remove the key"
+            )
+        return None
+    grid, zipped = sweep_axes(section, flags)
+    if not grid and not zipped:
+        raise UserError("sweep: no keys to sweep; give sweep.grid or sweep.zip lists, or --sweep KEY=V1,V2")
+    keys = [k for k, _ in grid] + [k for k, _ in zipped]
+    label_of = _labels(keys)
+    axes: List[List[Tuple[Tuple[str, Any], ...]]] = [[((k, v),) for v in vs] for k, vs in grid]
+    if zipped:
+        axes.append([tuple(zip([k for k, _ in zipped], row)) for row in zip(*[vs for _, vs in zipped])])
+    name = plain.get("name") if isinstance(plain.get("name"), str) else ""
+    elements: List[SweepElement] = []
+    seen: Dict[str, int] = {}
+    for index, combo in enumerate(itertools.product(*axes)):
+        values = tuple(kv for group in combo for kv in group)
+        label = ",".join(f"{label_of[k]}={_format_value(v)}" for k, v in values)
+        if label in seen:
+            raise UserError(
+                f"sweep elements {seen[label]} and {index} have the same values ({label}); remove the repeated value"
+            )
+        seen[label] = index
+        elem = json.loads(json.dumps(plain))
+        for k, v in values:
+            _set(elem, k, v)
+        try:
+            cfg = config_from_dict(elem, base_dir=base_dir)
+        except ConfigError as e:
+            bad = re.search(r"config key '([^']+)'", str(e))
+            culprit = bad.group(1) if bad else ""
+            if index == 0 and culprit and culprit not in keys:
+                raise  # the base config itself is invalid: its own message
+            raise UserError(f"sweep element {index} ({label}) is invalid: {e}") from None
+        elements.append(SweepElement(index=index, values=values, label=label, cfg=cfg))
+    named = tuple(
+        dataclasses.replace(e, cfg=dataclasses.replace(e.cfg, name=f"{e.cfg.name}[{e.label}]")) for e in elements
+    )
+    return Sweep(name=name or named[0].cfg.name, keys=tuple(keys), elements=named, parallelism=parallelism)
+
+
+def load_sweep(path: Union[str, Path], overrides: Sequence[str] = (), flags: Sequence[str] = ()) -> Optional[Sweep]:
+    """Read a job YAML and expand its sweep (see :func:`expand`); None for a single job.
+
+    Raises ``ConfigError``/``UserError`` like :func:`expand`.
+    """
+    data = read_yaml(path)
+    if not isinstance(data, Mapping) or ("sweep" not in data and not flags and not _has_parallelism(data, overrides)):
+        return None
+    if overrides:
+        data = apply_overrides(data, overrides)
+    return expand(data, flags, base_dir=Path(path).parent)
+
+
+def _has_parallelism(data: Mapping[str, Any], overrides: Sequence[str]) -> bool:
+    slurm = data.get("slurm")
+    return (isinstance(slurm, Mapping) and "array_parallelism" in slurm) or any(
+        o.split("=", 1)[0].strip() == PARALLELISM_KEY for o in overrides
+    )
+
+
+def max_array_size(run: Optional[Runner] = None, timeout_s: float = 10) -> Optional[int]:
+    """The cluster's ``MaxArraySize`` (``scontrol show config``); None when it cannot be asked."""
+    runner: Runner = run if run is not None else subprocess.run
+    try:
+        proc = runner(["scontrol", "show", "config"], capture_output=True, text=True, timeout=timeout_s)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if proc.returncode != 0:
+        return None
+    m = re.search(r"^\s*MaxArraySize\s*=\s*(\d+)", proc.stdout or "", re.MULTILINE)
+    return int(m.group(1)) if m else None
+
+
+def check_array_size(sweep: Sweep, run: Optional[Runner] = None) -> None:
+    """Raise ``UserError`` when the sweep has more elements than the cluster's ``MaxArraySize``
+    allows (task ids run from 0 to MaxArraySize-1); nothing when it cannot be asked."""
+    limit = max_array_size(run)
+    if limit is not None and len(sweep.elements) > limit:
+        raise UserError(
+            f"the sweep has {len(sweep.elements)} elements but this cluster's MaxArraySize is {limit} "
+            f"(array task ids 0..{limit - 1}); sweep fewer values or split it into several sweeps"
+        )
