@@ -581,7 +581,7 @@ def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
             (
                 str(e.index),
                 e.label,
-                r.latest_job_id or "-",
+                ("local:" if r.is_local else "") + (r.latest_job_id or "-"),
                 state,
                 step,
                 f"{vals[-1]:.4g}" if vals else "-",

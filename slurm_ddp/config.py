@@ -606,7 +606,7 @@ def _unknown(key: str, given: str, valid: Sequence[str]) -> ConfigError:
     return ConfigError(f"unknown config key {where}; valid keys: {', '.join(valid)}{hint}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _type_hints(cls: type) -> Dict[str, Any]:
     """``get_type_hints`` of a config dataclass, computed once (it dominates validating many configs: a sweep)."""
     return get_type_hints(cls)

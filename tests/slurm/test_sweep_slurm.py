@@ -1,0 +1,124 @@
+"""A sweep on the real sandbox: the digits example's 2 lrs x 2 seeds as ONE job array, 2 nodes
+per element, at most 2 at once. One element is signalled (USR2 at its batch shell) mid-run: it
+alone is requeued (``scontrol requeue ARRAYJOBID_TASKID``) and resumes, ending bitwise equal
+to the same element run uninterrupted; the others are untouched; all four reach >= 97 % eval
+accuracy; ``status SWEEP`` shows the table and ``runs`` the sweep's line.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+from lib import require_module, wait_for
+
+from slurm_ddp.rundir import read_metrics, read_sweep_jobs
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "examples" / "digits" / "sweep.yaml"
+SETS = (
+    "slurm.nodes=2",
+    "slurm.tasks_per_node=1",
+    "train.max_steps=200",
+    "train.eval_every=0",
+    "train.log_every=10",
+    "checkpoint.every_steps=50",
+    "slurm.time=00:10:00",
+)
+
+
+def _cli(sandbox, *args: str, timeout: float = 60):
+    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _show(sandbox, job: str) -> Dict[str, str]:
+    r = sandbox.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True, timeout=60)
+    return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
+
+
+def _steps(run_dir: Path) -> List[int]:
+    return [m["step"] for m in read_metrics(run_dir) if m["event"] == "train"]
+
+
+def _logs(run_dir: Path) -> str:
+    return "\n".join(f"==> {p} <==\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(run_dir.glob("*/logs/*")))
+
+
+def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_path: Path) -> None:
+    torch = require_module("torch", "comparing final weights")
+    sweep_dir = tmp_path / "sweep"
+    args = ["submit", str(SWEEP), "--backend", "sbatch", "--run-dir", str(sweep_dir)]
+    for s in SETS:
+        args += ["--set", s]
+    r = _cli(slurm_sandbox, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job array (\d+) \(--array=0-3%2\)", r.stdout)
+    assert m, r.stdout
+    array_id = m.group(1)
+    assert [j["job_id"] for j in read_sweep_jobs(sweep_dir)] == [array_id]  # ONE sbatch
+    elems = [sweep_dir / f"{i:03d}" for i in range(4)]
+    diag = lambda: _logs(sweep_dir)  # noqa: E731
+
+    # element 1 is signalled at its batch shell once it has trained a while
+    victim = f"{array_id}_1"
+    wait_for(lambda: any(s >= 40 for s in _steps(elems[1])), 240, "element 1 at step 40", diag)
+    sig = slurm_sandbox.run(["scancel", "--batch", "--signal=USR2", victim], capture_output=True, text=True, timeout=90)
+    assert sig.returncode == 0, sig.stderr
+    wait_for(lambda: (elems[1] / "PREEMPTED").exists(), 90, "element 1's preemption checkpoint", diag)
+    stopped = int((elems[1] / "PREEMPTED").read_text().split()[2])
+
+    for i, d in enumerate(elems):
+        wait_for(lambda d=d: (d / "FINISHED").exists(), 420, f"element {i} to finish", diag)
+    for i in range(4):
+        wait_for(
+            lambda i=i: _show(slurm_sandbox, f"{array_id}_{i}").get("JobState") == "COMPLETED",
+            60,
+            f"task {array_id}_{i} to complete",
+            diag,
+        )
+
+    # only element 1 was requeued, and it resumed exactly where it stopped
+    restarts = {i: int(_show(slurm_sandbox, f"{array_id}_{i}").get("Restarts", "0")) for i in range(4)}
+    assert restarts == {0: 0, 1: 1, 2: 0, 3: 0}, restarts
+    for i, d in enumerate(elems):
+        resumes = [m for m in read_metrics(d) if m["event"] == "resume"]
+        assert [m["step"] for m in resumes] == ([stopped] if i == 1 else []), (i, resumes)
+        steps = _steps(d)
+        assert steps == sorted(set(steps)) and steps[-1] == 200, (i, steps)
+        finished = json.loads((d / "FINISHED").read_text())
+        assert finished["eval_accuracy"] >= 0.97, (i, finished)
+    batch1 = "".join(p.read_text() for p in (elems[1] / "logs").glob("batch-*.out"))
+    assert "received SIGUSR2; forwarding it to the ranks" in batch1, batch1
+
+    # status: one row per element; runs: the sweep on one line
+    st = _cli(slurm_sandbox, "status", str(sweep_dir))
+    assert st.returncode == 0, st.stderr
+    print(st.stdout)
+    rows = [line for line in st.stdout.splitlines() if re.match(r"^\d\s+lr=", line)]
+    assert len(rows) == 4, st.stdout
+    assert all(f"{array_id}_" in row and "200/200" in row for row in rows), st.stdout
+    assert re.search(rf"^1\s+lr=0\.003,seed=1\s+{array_id}_1\s+COMPLETED\s+200/200\s+\S+\s+\S+\s+1$", st.stdout, re.M)
+    assert "4 done, 0 running, 0 pending, 0 failed" in st.stdout
+    runs = _cli(slurm_sandbox, "runs", str(tmp_path))
+    assert re.search(r"digits-sweep\s+" + array_id + r"\s+4\s+4\s+0\s+0\s+0", runs.stdout), runs.stdout
+
+    # re-submitting a finished sweep submits nothing
+    again = _cli(slurm_sandbox, *args)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+
+    # the signalled element, run uninterrupted as a single job: bitwise equal final weights
+    ref = tmp_path / "ref"
+    r = _cli(slurm_sandbox, "submit", str(elems[1] / "config.yaml"), "--backend", "sbatch", "--run-dir", str(ref))
+    assert r.returncode == 0, r.stdout + r.stderr
+    wait_for(lambda: (ref / "FINISHED").exists(), 240, "the reference run", lambda: _logs(tmp_path))
+    a = torch.load(ref / "final_model.pt", weights_only=True)
+    b = torch.load(elems[1] / "final_model.pt", weights_only=True)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), f"{k} differs"
