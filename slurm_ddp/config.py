@@ -931,7 +931,9 @@ def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = (
 
 def dump_config(cfg: JobConfig) -> str:
     """YAML text of ``cfg`` that ``load_config`` reads back into an equal config."""
-    return yaml.safe_dump(cfg.to_dict(), sort_keys=False)
+    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when present: ~10x faster (a sweep's N configs)
+    text: str = yaml.dump(cfg.to_dict(), Dumper=dumper, sort_keys=False)
+    return text
 
 
 def describe_keys() -> str:

@@ -85,8 +85,16 @@ class Sweep:
             "name": self.name,
             "keys": list(self.keys),
             "array_parallelism": self.parallelism,
+            "world_size": self.elements[0].cfg.slurm.world_size,
             "elements": [
-                {"index": e.index, "label": e.label, "values": {k: v for k, v in e.values}} for e in self.elements
+                {
+                    "index": e.index,
+                    "label": e.label,
+                    "values": {k: v for k, v in e.values},
+                    "name": e.cfg.name,
+                    "max_steps": None if e.cfg.train.command else e.cfg.train.max_steps,
+                }
+                for e in self.elements
             ],
         }
 

@@ -190,8 +190,13 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
     rd = Path(plan.element_dir(e.index))
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-    if not (rd / CONFIG_NAME).exists():
-        atomic_write_text(rd / CONFIG_NAME, dump_config(e.cfg))
+    target = rd / CONFIG_NAME
+    if not target.exists():
+        # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
+        # a config lost to a power cut is rewritten by submitting the sweep again
+        tmp = rd / f".{CONFIG_NAME}.tmp"
+        tmp.write_text(dump_config(e.cfg), encoding="utf-8")
+        os.replace(tmp, target)
 
 
 def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:

@@ -150,7 +150,8 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     import yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        # libyaml's safe loader when present: a sweep's status reads a config per element
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
         return None, None, None
     if not isinstance(data, dict):
@@ -171,10 +172,13 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     return name, max_steps, world
 
 
-def read_run(path: Path) -> Run:
-    """Read what ``path`` (a run directory) records. Tolerates half-written files."""
+def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Optional[int]]] = None) -> Run:
+    """Read what ``path`` (a run directory) records. Tolerates half-written files.
+
+    ``facts``: (name, max_steps, world size) when the caller knows them (a sweep's manifest), so
+    the config file is not parsed again; default :func:`read_config_facts`."""
     path = Path(path)
-    name, max_steps, world = read_config_facts(path / CONFIG_NAME)
+    name, max_steps, world = facts if facts is not None else read_config_facts(path / CONFIG_NAME)
     return Run(
         path=path,
         name=name or path.name,

@@ -70,12 +70,18 @@ def read_sweep(path: Path) -> SweepRun:
             continue
         index = int(e.get("index", i))
         d = path / (str(dirs[i]) if dirs and i < len(dirs) else element_dir_name(index, len(raw)))
+        max_steps, world = e.get("max_steps"), manifest.get("world_size")
+        facts = (
+            str(e.get("name") or d.name),
+            max_steps if isinstance(max_steps, int) else None,
+            world if isinstance(world, int) else None,
+        )
         elements.append(
             SweepElementRun(
                 index=index,
                 label=str(e.get("label", index)),
                 values=dict(e.get("values") or {}),
-                run=read_run(d),
+                run=read_run(d, facts),
             )
         )
     return SweepRun(
