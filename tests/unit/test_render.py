@@ -185,6 +185,25 @@ def test_golden_script(golden, tmp_path):
     assert rendered.run_dir == run_dir and rendered.sbatch_args == ()
 
 
+def test_golden_sweep_array_script(tmp_path):
+    """examples/digits/sweep.yaml as one job array (the sweep's hash does not depend on the checkout:
+    expanded without base_dir)."""
+    from slurm_ddp.render import ArrayJob
+    from slurm_ddp.sweep import expand
+
+    sweep = expand(read_yaml(REPO / "examples" / "digits" / "sweep.yaml"))
+    assert sweep is not None
+    array = ArrayJob(
+        spec="0-3%2",
+        width=3,
+        sweep_hash=sweep.sweep_hash(),
+        elements=tuple((e.index, e.label) for e in sweep.elements),
+    )
+    rendered = render(sweep.base_cfg, "/scratch/runs/digits-sweep", array=array, **FIXED)
+    assert_golden(GOLDEN / "digits_sweep.sbatch", rendered.script)
+    bash_n(rendered.script, tmp_path)
+
+
 def test_command_mode_runs_the_script_through_the_launch_wrapper_in_its_workdir():
     script = render(own_script_config(), "/r", **FIXED).script
     srun = script[script.index("\nsrun ") :].split("&\n")[0]
