@@ -9,7 +9,7 @@ The record is one JSON object ``{"submits": [...], "starts": [...]}``, rewritten
 
 - a submit (``slurm-ddp submit``, before the job is handed over): ``time``, ``argv`` (the submit
   command), ``cwd``, ``backend``, ``versions`` (slurm_ddp, Python, torch, CUDA, NCCL),
-  ``packages_sha256`` (of every installed distribution's ``name==version``, sorted) and
+  ``packages_sha256`` (of every installed distribution's ``name-version``, sorted) and
   ``packages`` (their count), ``script_sha256`` (the rendered batch script), ``snapshot`` (the code
   snapshot's digest or None) and ``git``: per repository of the snapshot, ``commit``, ``dirty`` and,
   when dirty, ``diff`` (``diffs/<sha>.patch``: ``git diff HEAD``, saved in the run directory);
@@ -85,11 +85,19 @@ def versions() -> Dict[str, Optional[str]]:
 
 
 def packages_digest() -> Dict[str, Any]:
-    """``{"packages_sha256", "packages"}``: sha256 of the sorted ``name==version`` lines of every
-    installed distribution, and how many there are."""
-    lines = sorted(
-        {f"{(d.metadata['Name'] or '?').lower()}=={d.version}" for d in metadata.distributions() if d.metadata}
-    )
+    """``{"packages_sha256", "packages"}``: sha256 of the sorted ``*.dist-info``/``*.egg-info`` names
+    (``name-version``) in the ``sys.path`` directories — every installed distribution and its
+    version — and how many there are. Lists directories only (no metadata file is read: fast)."""
+    import sys
+
+    names = set()
+    for entry in sys.path:
+        try:
+            with os.scandir(entry or ".") as it:
+                names.update(e.name for e in it if e.name.endswith((".dist-info", ".egg-info")))
+        except OSError:
+            continue
+    lines = sorted(names)
     return {"packages_sha256": hashlib.sha256("\n".join(lines).encode()).hexdigest(), "packages": len(lines)}
 
 
