@@ -534,6 +534,18 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
         sys.stdout.write(format_runs(statuses))
     if sweep_stats:
         sys.stdout.write(format_sweeps(sweep_stats))
+    from .ops.accounting import history
+
+    ids = [j for st in statuses if not st.run.is_local for j in st.run.job_ids]
+    if ids:
+        acc = history(ids)
+        if acc.unavailable:
+            print(f"total: accounting not available ({acc.unavailable})")
+        else:
+            print(
+                f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, "
+                f"{acc.gpu_hours:.4f} GPU-hours over {len(acc.rows)} starts of {len(set(ids))} jobs (sacct)"
+            )
     return 0
 
 
@@ -635,11 +647,82 @@ def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
         sys.stdout.write(format_sweep_status(sst, metric, sort=bool(args.sort)))
         return 0
     st = ops.run_status(ops.read_run(path))
+    from .ops.accounting import history
+    from .provenance import changes
+    from .provenance import read as read_provenance
+
+    acc = None if st.run.is_local else history(st.run.job_ids)
+    changed = changes(read_provenance(str(st.run.path)))
     if args.json:
-        print(json.dumps(st.to_dict(), default=str))
+        d = st.to_dict()
+        d["accounting"] = acc.to_dict() if acc is not None else None
+        d["changed_between_starts"] = changed
+        print(json.dumps(d, default=str))
     else:
         sys.stdout.write(format_status(st))
+        sys.stdout.write(format_history(st, acc, changed))
     return 0
+
+
+def _epoch(text: str) -> Optional[float]:
+    import time
+
+    try:
+        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
+    except (ValueError, OverflowError):
+        return None
+
+
+def _requeue_signal(run_dir: Path) -> str:
+    from .config import read_yaml
+    from .errors import ConfigError
+    from .rundir import CONFIG_NAME
+
+    try:
+        data = read_yaml(run_dir / CONFIG_NAME)
+    except ConfigError:
+        return "USR2"
+    requeue = data.get("requeue") if isinstance(data, dict) else None
+    return str(requeue.get("signal", "USR2")) if isinstance(requeue, dict) else "USR2"
+
+
+def format_history(st: RunStatus, acc: Any, changed: Sequence[str]) -> str:
+    """The ``status`` lines after the record: the Slurm history from accounting (one row per start,
+    why it ended, and the node-/CPU-/GPU-hours), or one line saying accounting is not available;
+    then what changed between starts (``provenance.json``)."""
+    from .ops.accounting import reason
+
+    out: List[str] = []
+    if acc is None:
+        out.append("history:    local run (no Slurm accounting)\n")
+    elif acc.unavailable:
+        out.append(f"history:    accounting not available ({acc.unavailable}); the record above is all there is\n")
+    else:
+        signal_name = _requeue_signal(st.run.path)
+        stops = [m for m in st.run.metrics if m.get("event") == "preempted"]
+        header = ("JOB", "RESTART", "STATE", "WHY", "START", "ELAPSED", "EXIT", "NODES")
+        rows = [header]
+        for r in acc.rows:
+            t0, t1 = _epoch(r.start), _epoch(r.end)
+            sig = None
+            for m in stops:
+                t = m.get("time")
+                if isinstance(t, (int, float)) and t0 is not None and t0 - 5 <= t <= (t1 or t) + 5:
+                    sig = str(m.get("signal") or "")
+            h, rem = divmod(r.elapsed_s, 3600)
+            elapsed = f"{h}:{rem // 60:02d}:{rem % 60:02d}"
+            rows.append(
+                (r.job_id, str(r.restart), r.state, reason(r, sig, signal_name), r.start, elapsed, r.exit_code, r.nodes)
+            )
+        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
+        out.append(f"history:    {len(acc.rows)} starts (sacct)\n")
+        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in rows]
+        out.append(
+            f"cost:       {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours\n"
+        )
+    for c in changed:
+        out.append(f"changed:    {c}\n")
+    return "".join(out)
 
 
 def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:

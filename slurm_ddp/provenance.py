@@ -34,7 +34,7 @@ import time
 from importlib import metadata
 from importlib.util import find_spec
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 from . import __version__
 from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name
@@ -90,7 +90,7 @@ def packages_digest() -> Dict[str, Any]:
     version — and how many there are. Lists directories only (no metadata file is read: fast)."""
     import sys
 
-    names = set()
+    names: Set[str] = set()
     for entry in sys.path:
         try:
             with os.scandir(entry or ".") as it:
