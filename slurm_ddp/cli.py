@@ -103,6 +103,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--gpus-per-node", type=int, default=0, help="emulated GPUs per node (GRES gpu on placeholder devices; up)"
     )
+    p.add_argument(
+        "--accounting",
+        action="store_true",
+        help="also slurmdbd with a private MariaDB, so sacct answers (packages slurmdbd, mariadb-server; up)",
+    )
 
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
@@ -361,7 +366,11 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     if args.action == "up":
         sb = SlurmSandbox(
-            args.root, nodes=args.nodes, cpus_per_node=args.cpus_per_node, gpus_per_node=args.gpus_per_node
+            args.root,
+            nodes=args.nodes,
+            cpus_per_node=args.cpus_per_node,
+            gpus_per_node=args.gpus_per_node,
+            accounting=args.accounting,
         ).up()
         gpus = f" x {args.gpus_per_node} emulated GPUs" if args.gpus_per_node else ""
         print(f"sandbox up: {args.nodes} nodes{gpus}; use it with:\n  export SLURM_CONF={sb.env['SLURM_CONF']}")

@@ -48,7 +48,7 @@ import stat
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rendezvous import port_is_free
@@ -200,7 +200,11 @@ class SlurmSandbox:
     ``gpu``): placeholder character devices ``ROOT/dev/nvidia0..N-1`` (``mknod c 195 K``, as
     slurmd accepts only devices) listed in a ``gres.conf`` with ``AutoDetect=off``. Slurm then
     schedules them and sets ``CUDA_VISIBLE_DEVICES``/``SLURM_STEP_GPUS`` per task exactly as on
-    a GPU cluster; CUDA cannot use them, so jobs run on the CPU (gloo).
+    a GPU cluster; CUDA cannot use them, so jobs run on the CPU (gloo). ``accounting``: also a
+    private MariaDB (``mariadbd --no-defaults``, datadir ``ROOT/mysql``, on 127.0.0.1) and Debian's
+    ``slurmdbd`` in front of it (``AccountingStorageType=accounting_storage/slurmdbd``), started
+    before slurmctld and stopped by PID with the rest, so ``sacct`` answers (packages ``slurmdbd``
+    and ``mariadb-server``; the database is created at the first ``up``, a few seconds).
 
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
@@ -219,6 +223,7 @@ class SlurmSandbox:
         slurmd_timeout_s: int = 60,
         message_timeout_s: int = 10,
         kill_wait_s: int = 5,
+        accounting: bool = False,
     ) -> None:
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
@@ -240,6 +245,7 @@ class SlurmSandbox:
         self.num_nodes = int(nodes)
         self.cpus_per_node = int(cpus_per_node)
         self.gpus_per_node = int(gpus_per_node)
+        self.accounting = bool(accounting)
         self.id = self._make_id(name)
         self.real_memory_mb = 1000
         self._state: Dict[str, Any] = {}
@@ -333,6 +339,7 @@ class SlurmSandbox:
             slurmd_timeout_s=self.slurmd_timeout_s,
             message_timeout_s=self.message_timeout_s,
             kill_wait_s=self.kill_wait_s,
+            accounting=self.accounting,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )
@@ -358,6 +365,7 @@ class SlurmSandbox:
             slurmd_timeout_s=state.get("slurmd_timeout_s", 60),
             message_timeout_s=state.get("message_timeout_s", 10),
             kill_wait_s=state.get("kill_wait_s", 5),
+            accounting=state.get("accounting", False),
         )
         sb._state = state
         return sb
@@ -504,6 +512,9 @@ class SlurmSandbox:
         taken: set = set()
         ctl_port, *node_ports = _free_ports(1 + self.num_nodes, taken)
         self._state["ports"] = {"slurmctld": ctl_port, **{n: p for n, p in zip(self.node_names, node_ports)}}
+        if self.accounting:
+            mysql_port, dbd_port = _free_ports(2, taken)
+            self._state["ports"].update(mysql=mysql_port, slurmdbd=dbd_port)
         self._state["subnet"] = self._pick_subnet()
         self._save_state()
 
@@ -524,6 +535,10 @@ class SlurmSandbox:
         (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
         self._make_gpu_devices()
         self.slurm_conf.write_text(self._render_conf())
+        if self.accounting:
+            dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
+            dbd.write_text(self._render_dbd_conf())
+            dbd.chmod(0o600)  # slurmdbd refuses a readable one
 
     @property
     def gpu_dir(self) -> Path:
@@ -601,7 +616,16 @@ class SlurmSandbox:
             "ProctrackType=proctrack/linuxproc",
             "TaskPlugin=task/none",
             "JobAcctGatherType=jobacct_gather/none",
-            "AccountingStorageType=accounting_storage/none",
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    f"AccountingStorageHost={self.host_addr}",
+                    f"AccountingStoragePort={ports['slurmdbd']}",
+                    f"AccountingStoragePass={s}/munge.sock",  # traffic to slurmdbd ignores AuthInfo's socket
+                ]
+                if self.accounting
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
             "SelectType=select/cons_tres",
@@ -627,6 +651,68 @@ class SlurmSandbox:
             f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
+
+    def _render_dbd_conf(self) -> str:
+        r, s = self.root, self.short_dir
+        ports = self._state["ports"]
+        return (
+            "\n".join(
+                [
+                    "# Written by slurm_ddp.sandbox: the private accounting daemon.",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={s}/munge.sock",
+                    f"DbdHost={socket.gethostname().split('.')[0]}",
+                    f"DbdAddr={self.host_addr}",
+                    f"DbdPort={ports['slurmdbd']}",
+                    "SlurmUser=root",
+                    f"PidFile={r}/state/slurmdbd.pid",
+                    f"LogFile={r}/log/slurmdbd.log",
+                    "DebugLevel=info",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={ports['mysql']}",
+                    "StorageUser=root",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )
+
+    def _start_accounting(self, deadline: float) -> None:
+        """MariaDB (its data directory made at the first start) then slurmdbd, both in this namespace."""
+        datadir = self.root / "mysql"
+        ports = self._state["ports"]
+        if not (datadir / "mysql").is_dir():
+            shutil.rmtree(datadir, ignore_errors=True)
+            res = _sh(
+                _executable("mariadb-install-db"), "--no-defaults", f"--datadir={datadir}", "--user=root",
+                "--auth-root-authentication-method=normal", "--skip-test-db", check=False, timeout=120,
+            )  # fmt: skip
+            if res.returncode != 0:
+                raise SandboxUnavailable(f"mariadb-install-db failed: {(res.stderr or res.stdout).strip()[-300:]}")
+        self._spawn(
+            "mariadbd",
+            [
+                _executable("mariadbd"), "--no-defaults", f"--datadir={datadir}", "--user=root",
+                f"--socket={self.short_dir}/mysql.sock", f"--port={ports['mysql']}", "--bind-address=127.0.0.1",
+                f"--pid-file={datadir}/mariadbd.pid", f"--log-error={self.log_dir}/mariadbd.err",
+                "--skip-grant-tables", "--skip-name-resolve",
+            ],
+        )  # fmt: skip
+
+        def listening(addr: Any) -> Callable[[], bool]:
+            def check() -> bool:
+                with socket.socket() as sk:
+                    sk.settimeout(0.5)
+                    return sk.connect_ex(addr) == 0
+
+            return check
+
+        self._wait_for(listening(("127.0.0.1", ports["mysql"])), deadline, "mariadbd to listen", ["mariadbd"])
+        self._spawn("slurmdbd", [_executable("slurmdbd"), "-D"])
+        self._wait_for(
+            listening((self.host_addr, ports["slurmdbd"])), deadline, "slurmdbd to listen", ["slurmdbd", "mariadbd"]
+        )
 
     # ------------------------------------------------------------------ network
 
@@ -708,6 +794,8 @@ class SlurmSandbox:
             ],
         )  # fmt: skip
         self._wait_for(lambda: sock.exists(), deadline, "munged to create its socket", ["munged"])
+        if self.accounting:
+            self._start_accounting(deadline)
 
         conf = str(self.slurm_conf)
         argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(_CONTROLLER_HOST)}", "--"]

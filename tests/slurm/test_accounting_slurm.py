@@ -1,0 +1,112 @@
+"""Accounting on a private sandbox (slurmdbd + a private MariaDB): a run stopped twice — once by
+``scontrol requeue``, once by partition preemption — shows three rows in ``slurm-ddp status``
+(REQUEUED, PREEMPTED, COMPLETED) and node-hours summed over them; ``runs`` adds the total.
+
+Its own one-node sandbox (module-scoped; the session sandbox stays without accounting): the
+high-priority job then needs the victim's node, so Slurm preempts it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from lib import missing_prerequisite, wait_for
+
+from slurm_ddp.errors import SandboxUnavailable
+from slurm_ddp.rundir import read_metrics
+from slurm_ddp.sandbox import SlurmSandbox, _which, check_prerequisites
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+
+
+@pytest.fixture(scope="module")
+def acct_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
+    problems = check_prerequisites() + [
+        f"{name} is not installed (apt-get install slurmdbd mariadb-server)"
+        for name in ("slurmdbd", "mariadbd", "mariadb-install-db")
+        if _which(name) is None
+    ]
+    if problems:
+        missing_prerequisite("; ".join(problems))
+    sb = SlurmSandbox(tmp_path_factory.mktemp("acct"), nodes=1, cpus_per_node=2, accounting=True)
+    try:
+        sb.up(timeout_s=180)
+    except SandboxUnavailable as e:
+        sb.down()
+        missing_prerequisite(f"the accounting sandbox did not start: {e}")
+    try:
+        yield sb
+    finally:
+        sb.down()
+
+
+def logs(run_dir: Path) -> str:
+    d = run_dir / "logs"
+    return "\n".join(f"==> {p.name} <==\n{p.read_text(errors='replace')[-2000:]}" for p in sorted(d.glob("*")))
+
+
+def test_a_run_stopped_twice_shows_three_rows_and_summed_node_hours(acct_sandbox, tmp_path: Path) -> None:
+    sb = acct_sandbox
+    run = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--run-dir", str(run), "--no-check-task"]
+    for s in ("train.max_steps=400", "train.eval_every=0", "train.log_every=10", "checkpoint.every_steps=50"):
+        cmd += ["--set", s]
+    r = sb.run(cmd + ["--set", "slurm.time=00:10:00"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    job_id = re.search(r"submitted job (\d+)", r.stdout).group(1)
+
+    def trained_since(n_resumes: int, step: int) -> bool:
+        ev = read_metrics(run)
+        resumes = [i for i, m in enumerate(ev) if m.get("event") == "resume"]
+        if len(resumes) < n_resumes:
+            return False
+        after = ev[resumes[n_resumes - 1] :] if n_resumes else ev
+        return any(m.get("event") == "train" and m["step"] >= step for m in after)
+
+    wait_for(lambda: trained_since(0, 20), 180, "step 20", lambda: logs(run))
+    r = sb.run(["scontrol", "requeue", job_id], capture_output=True, text=True, timeout=20)
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: trained_since(1, 1), 180, "the first resume", lambda: logs(run))
+    wait_for(lambda: trained_since(1, max(m["step"] for m in read_metrics(run) if m.get("event") == "resume") + 20),
+             180, "20 steps after the first resume", lambda: logs(run))  # fmt: skip
+    # partition preemption: a high-priority job that needs the node
+    r = sb.run(
+        ["sbatch", "--parsable", "-p", "high", "-N1", "-n2", f"--output={tmp_path}/high.out", "--wrap", "sleep 1"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    assert r.returncode == 0, r.stderr
+    wait_for(lambda: (run / "FINISHED").exists(), 300, "the run to finish", lambda: logs(run))
+
+    def status() -> dict:
+        r = sb.run([sys.executable, "-m", "slurm_ddp", "status", str(run), "--json"], capture_output=True, text=True)
+        assert r.returncode == 0, r.stderr
+        return json.loads(r.stdout)
+
+    wait_for(
+        lambda: [row["state"] for row in status()["accounting"]["rows"]] == ["REQUEUED", "PREEMPTED", "COMPLETED"],
+        120,
+        "sacct to show three runs",
+        lambda: json.dumps(status()["accounting"], indent=1),
+    )
+    acc = status()["accounting"]
+    assert [row["restart"] for row in acc["rows"]] == [0, 1, 2]
+    assert acc["node_hours"] == pytest.approx(sum(row["elapsed_s"] for row in acc["rows"]) / 3600)
+    assert acc["node_hours"] > 0 and acc["cpu_hours"] == pytest.approx(2 * acc["node_hours"])
+    r = sb.run([sys.executable, "-m", "slurm_ddp", "status", str(run)], capture_output=True, text=True)
+    text = r.stdout
+    assert "history:    3 starts (sacct)" in text, text
+    assert "requeued (preemption or scontrol requeue)" in text and "preempted (requeued by Slurm)" in text, text
+    assert f"cost:       {acc['node_hours']:.4f} node-hours" in text, text
+    print(text)
+    r = sb.run([sys.executable, "-m", "slurm_ddp", "runs", str(tmp_path)], capture_output=True, text=True)
+    assert f"total: {acc['node_hours']:.4f} node-hours" in r.stdout, r.stdout
