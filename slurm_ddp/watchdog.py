@@ -36,7 +36,17 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
-from .progress import CHECKPOINT, EVAL, FLAG_DUMPABLE, FLAG_REPORTING, PHASES, SIZE, STARTUP, read_record
+from .progress import (
+    CHECKPOINT,
+    EVAL,
+    FLAG_DUMPABLE,
+    FLAG_REPORTING,
+    PHASE_WORDS,
+    PHASES,
+    SIZE,
+    STARTUP,
+    read_record,
+)
 from .progress import DUMP_SIGNAL as DUMP_SIGNAL
 
 if TYPE_CHECKING:
@@ -192,14 +202,15 @@ def run(args: argparse.Namespace) -> int:
         write_hang_report(args.run_dir, report)
     except OSError as e:
         _say(f"cannot write the hang report in {args.run_dir}: {e}")
+    words = PHASE_WORDS.get(phase, phase)
     if cause == "self":
         _say(
-            f"rank {args.rank} on {args.host}: no progress for {watch.idle_s:.0f} s at step {step} in {phase} "
+            f"rank {args.rank} on {args.host}: no progress for {watch.idle_s:.0f} s at step {step} in {words} "
             f"(allowance {watch.limit_s:.0f} s, watchdog.*); its stacks follow, then the rank is ended"
         )
     else:
         _say(
-            f"rank {args.rank} on {args.host} (step {step}, {phase}): another rank of the job stopped progressing; "
+            f"rank {args.rank} on {args.host} (step {step}, {words}): another rank of the job stopped progressing; "
             "its stacks follow, then the rank is ended"
         )
     if flags & FLAG_DUMPABLE:
@@ -311,7 +322,11 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         return {}
     from .progress import FD_VAR, create_record
 
-    fd = create_record()
+    try:
+        fd = create_record()
+    except (AttributeError, OSError) as err:  # no memfd_create (not Linux): run without a watchdog
+        print(f"slurm_ddp launch: note: no hang watchdog for this rank: {err}", file=sys.stderr, flush=True)
+        return {}
     limits = Limits(
         timeout_floor_s=w.timeout_floor_s,
         step_time_factor=w.step_time_factor,
