@@ -249,3 +249,17 @@ def test_a_failed_decision_never_requeues(make_config, tmp_path: Path, python_do
     assert out.returncode == P, text
     assert not requeued(stubs), text
     assert "the requeue decision failed" in text and "not requeueing" in text, text
+
+
+def test_submitit_hang_is_decided_by_rank_0s_watchdog(monkeypatch, tmp_path: Path) -> None:
+    """Under submitit no batch script runs after the ranks and the hung rank 0 never returns: rank 0's
+    watchdog applies the rule before it ends the rank (requeue, then the node's exclusion)."""
+    from slurm_ddp.watchdog import _decide_requeue
+
+    run_dir = tmp_path / "run"
+    prepare(TABLE["hang-on-one-node"], run_dir)
+    stubs = make_stubs(tmp_path)
+    monkeypatch.setenv("PATH", str(stubs / "bin"))
+    _decide_requeue(str(run_dir), JOB_ID, 0, 3)
+    assert requeued(stubs)
+    check_exclusion(TABLE["hang-on-one-node"], stubs, "")
