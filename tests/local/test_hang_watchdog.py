@@ -118,3 +118,7 @@ def test_slow_evaluation_and_slow_checkpoint_are_not_hangs(tmp_path: Path) -> No
     events = read_jsonl(run_dir / "metrics.jsonl")
     assert [e["step"] for e in events if e.get("event") == "eval"] == [20, 40]
     assert sum(1 for e in events if e.get("event") == "checkpoint") == 3
+    # both took longer than the 2 s step allowance (else this would prove nothing)
+    assert all(e["blocked_s"] > 2 for e in events if e.get("event") == "checkpoint"), events
+    evals = [i for i, e in enumerate(events) if e.get("event") == "eval"]
+    assert all(events[i]["time"] - events[i - 1]["time"] > 2 for i in evals), events
