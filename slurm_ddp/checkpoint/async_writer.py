@@ -164,12 +164,13 @@ class _Job:
     """One background task: a write (what to save, and what came of it) or, with ``state=None``
     and ``like`` set, an allocation of snapshot buffers (``AsyncCheckpointer.prepare``)."""
 
-    __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error", "like", "buffers")
+    __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error", "like", "buffers", "rank_states")
 
     def __init__(
         self, manager: Optional[CheckpointManager], state: Any, step: int, world_size: int, done: Any, like: Any = None
     ):
         self.manager, self.state, self.step, self.world_size, self.done = manager, state, step, world_size, done
+        self.rank_states = 0
         self.like = like
         self.buffers: Any = None
         self.info: Optional[CheckpointInfo] = None
@@ -179,7 +180,8 @@ class _Job:
         if self.manager is None:
             self.buffers = _allocate_like(self.like)
         else:
-            self.info = self.manager.save(self.state, self.step, world_size=self.world_size)
+            extra = {"rank_states": self.rank_states} if self.rank_states else {}  # a save() of before stays callable
+            self.info = self.manager.save(self.state, self.step, world_size=self.world_size, **extra)
 
 
 def _writer_loop(jobs: Any) -> None:
@@ -271,8 +273,9 @@ class AsyncCheckpointer:
         self._job = _Job(None, None, 0, 0, self._threading.Event(), like=state)
         self._jobs.put(self._job)
 
-    def save(self, state: Dict[str, Any], step: int, world_size: int = 1) -> float:
-        """Snapshot ``state`` and start writing it; returns the seconds the caller was blocked."""
+    def save(self, state: Dict[str, Any], step: int, world_size: int = 1, rank_states: int = 0) -> float:
+        """Snapshot ``state`` and start writing it (``rank_states``: as ``CheckpointManager.save``);
+        returns the seconds the caller was blocked."""
         t0 = time.perf_counter()
         self.wait()  # at most one write in flight; after it, the previous snapshot is free
         reusing = self._staging is not None
@@ -289,6 +292,7 @@ class AsyncCheckpointer:
         self._staging = snapshot if self.reuse_buffers else None
         self._start_worker()
         self._job = _Job(self.manager, snapshot, step, world_size, self._threading.Event())
+        self._job.rank_states = rank_states
         self._jobs.put(self._job)
         return time.perf_counter() - t0
 

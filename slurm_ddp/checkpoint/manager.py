@@ -10,6 +10,12 @@ A checkpoint is two files: ``step-00000120.pt`` (``torch.save`` of a dict) and
 ``step-00000120.json``, its manifest (step, world size, config hash, byte size, sha256,
 and the data file's name: a step saved again while committed goes to ``step-00000120.1.pt``,
 so the committed data is never overwritten in place).
+
+Per-rank state (each rank's RNG streams: a few kB per rank) is not gathered to rank 0: every rank
+writes its own ``step-00000120.rank-00003.pt`` (``save_rank_state``, atomic and durable) before the
+checkpoint is committed, and the manifest's ``rank_states`` field (the number of such files) commits
+them together with the data file. A manifest without the field (an older checkpoint) has none; its
+data file holds the gathered states itself.
 The commit protocol (what makes a crash at any instant leave a valid latest checkpoint):
 
 1. write the data to a temporary name in the same directory, ``fsync`` it, ``rename`` it;
@@ -39,6 +45,8 @@ from .durable import PathArg, atomic_write, atomic_write_text, sha256_file
 log = logging.getLogger("slurm_ddp.checkpoint")
 #: a manifest's file name: ``step-`` and the step, zero-padded to 8 digits or more
 _NAME = re.compile(r"^step-(\d{8,})\.json$")
+#: a per-rank state file's name: the step and the rank
+_RANK_NAME = re.compile(r"^step-(\d{8,})\.rank-(\d{5,})\.pt$")
 
 
 @dataclass(frozen=True)
@@ -53,6 +61,7 @@ class CheckpointInfo:
     size_bytes: int
     sha256: str
     created: float  #: time.time() when committed
+    rank_states: int = 0  #: per-rank state files committed with it (ranks 0..N-1); 0: none
 
 
 class CheckpointManager:
@@ -73,11 +82,50 @@ class CheckpointManager:
         stem = f"step-{step:08d}"
         return self.directory / f"{stem}.pt", self.directory / f"{stem}.json"
 
-    def save(self, state: Dict[str, Any], step: int, world_size: int = 1) -> CheckpointInfo:
+    def rank_state_path(self, step: int, rank: int) -> Path:
+        """The per-rank state file of ``rank`` for the checkpoint of ``step``."""
+        return self.directory / f"step-{step:08d}.rank-{rank:05d}.pt"
+
+    def save_rank_state(self, state: Dict[str, Any], step: int, rank: int) -> int:
+        """Write ``rank``'s own state for the checkpoint of ``step`` (every rank, before rank 0's ``save``
+        with ``rank_states``: the caller makes sure all are written first, e.g. with a barrier).
+
+        Atomic and durable; not committed until a manifest names it. Returns its size in bytes.
+        Raises ``CheckpointError`` when it cannot be written.
+        """
+        import torch
+
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            size, _ = atomic_write(self.rank_state_path(step, rank), lambda f: torch.save(state, f))
+        except OSError as e:
+            raise CheckpointError(f"could not write rank {rank}'s state of step {step} to {self.directory}: {e}") from e
+        return size
+
+    def load_rank_state(self, info: CheckpointInfo, rank: int) -> Dict[str, Any]:
+        """``rank``'s own state committed with ``info`` (``torch.load(weights_only=True)``).
+
+        Raises ``CheckpointError`` when ``info`` has no state for ``rank`` or it cannot be loaded.
+        """
+        import torch
+
+        if not 0 <= rank < info.rank_states:
+            raise CheckpointError(
+                f"checkpoint of step {info.step} has no state of rank {rank} ({info.rank_states} ranks)"
+            )
+        path = self.rank_state_path(info.step, rank)
+        try:
+            state: Dict[str, Any] = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # missing or corrupted: data corruption, not a bug here
+            raise CheckpointError(f"could not load rank {rank}'s state {path}: {e}") from e
+        return state
+
+    def save(self, state: Dict[str, Any], step: int, world_size: int = 1, rank_states: int = 0) -> CheckpointInfo:
         """Commit ``state`` (a dict of tensors/containers/primitives) as the checkpoint of ``step``.
 
-        Durable and atomic (see the module docstring); prunes to ``keep_last`` afterwards.
-        Raises ``CheckpointError`` when the data cannot be written.
+        ``rank_states``: how many per-rank state files (``save_rank_state``, ranks 0..N-1, already
+        written) this commit includes. Durable and atomic (see the module docstring); prunes to
+        ``keep_last`` afterwards. Raises ``CheckpointError`` when the data cannot be written.
         """
         import torch
 
@@ -103,8 +151,9 @@ class CheckpointManager:
                 size_bytes=size,
                 sha256=digest,
                 created=time.time(),
+                rank_states=rank_states,
             )
-            manifest = {
+            manifest: Dict[str, Any] = {
                 "step": step,
                 "file": data_path.name,
                 "world_size": world_size,
@@ -114,6 +163,8 @@ class CheckpointManager:
                 "created": info.created,
                 "torch_version": torch.__version__,
             }
+            if rank_states:
+                manifest["rank_states"] = rank_states
             atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
         except OSError as e:
             raise CheckpointError(f"could not write checkpoint of step {step} to {self.directory}: {e}") from e
@@ -142,6 +193,7 @@ class CheckpointManager:
                 size_bytes=int(m["size_bytes"]),
                 sha256=str(m["sha256"]),
                 created=float(m.get("created", 0.0)),
+                rank_states=int(m.get("rank_states", 0)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             if not quiet:
@@ -175,6 +227,9 @@ class CheckpointManager:
             return f"size {size} B, manifest says {info.size_bytes} B (truncated?)"
         if sha256_file(info.path) != info.sha256:
             return "sha256 does not match the manifest (corrupted)"
+        for rank in range(info.rank_states):
+            if not self.rank_state_path(info.step, rank).is_file():
+                return f"rank {rank}'s state file is missing"
         return None
 
     def latest(self) -> Optional[CheckpointInfo]:
@@ -216,11 +271,18 @@ class CheckpointManager:
         for info in infos[: -self.keep_last]:
             if newest_valid is not None and info.step == newest_valid.step:
                 continue
-            for p in (info.manifest, info.path):  # manifest first: uncommit, then delete data
+            ranks = [self.rank_state_path(info.step, r) for r in range(info.rank_states)]
+            for p in (info.manifest, info.path, *ranks):  # manifest first: uncommit, then delete data
                 try:
                     p.unlink()
                 except FileNotFoundError:
                     pass
+        kept = self.committed(quiet=True)
+        oldest = kept[0].step if kept else None
+        for p in self.directory.glob("step-*.rank-*.pt"):  # of saves that never committed
+            m = _RANK_NAME.match(p.name)
+            if m and oldest is not None and int(m.group(1)) < oldest:
+                p.unlink(missing_ok=True)
         for p in self.directory.glob(".step-*.tmp"):  # leftovers of a crash mid-write
             try:
                 if time.time() - p.stat().st_mtime > 60:

@@ -248,6 +248,43 @@ def test_old_tmp_files_are_cleaned_when_pruning(tmp_path):
 # --------------------------------------------------------------------------- atomic_write
 
 
+def test_per_rank_states_are_committed_by_the_one_manifest(tmp_path):
+    mgr = CheckpointManager(tmp_path / "ckpt", keep_last=1)
+    for rank in range(3):
+        mgr.save_rank_state({"torch": torch.full((3,), rank)}, 7, rank)
+    info = mgr.save(state(7), 7, world_size=3, rank_states=3)
+    assert json.loads(info.manifest.read_text())["rank_states"] == 3
+    latest = mgr.latest()
+    assert latest is not None and latest.rank_states == 3
+    assert [int(mgr.load_rank_state(latest, r)["torch"][0]) for r in range(3)] == [0, 1, 2]
+    with pytest.raises(CheckpointError, match="no state of rank 3"):
+        mgr.load_rank_state(latest, 3)
+    # a missing rank file makes the checkpoint invalid: the older one is used
+    for rank in range(3):
+        mgr.save_rank_state({"torch": torch.zeros(1)}, 9, rank)
+    mgr.keep_last = 2
+    mgr.save(state(9), 9, world_size=3, rank_states=3)
+    mgr.rank_state_path(9, 1).unlink()
+    assert mgr.verify(mgr.committed()[-1]) == "rank 1's state file is missing"
+    assert mgr.latest().step == 7
+    # pruning deletes a checkpoint's rank files with it, and rank files that were never committed
+    mgr.save_rank_state({"torch": torch.zeros(1)}, 8, 0)  # a save that never committed
+    mgr.keep_last = 1
+    for rank in range(3):
+        mgr.save_rank_state({"torch": torch.zeros(1)}, 11, rank)
+    mgr.save(state(11), 11, world_size=3, rank_states=3)
+    left = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if ".rank-" in p.name)
+    assert left == [f"step-00000011.rank-0000{r}.pt" for r in range(3)]
+
+
+def test_a_manifest_without_rank_states_has_none(tmp_path):
+    """Checkpoints written before per-rank files stay loadable: their manifest lacks the field."""
+    mgr = saved(tmp_path / "ckpt", [5])
+    m = json.loads(mgr.committed()[0].manifest.read_text())
+    assert "rank_states" not in m
+    assert mgr.latest().rank_states == 0 and mgr.load()["step"] == 5
+
+
 def test_atomic_write_returns_size_and_sha256(tmp_path):
     path = tmp_path / "f.bin"
     size, digest = atomic_write(path, lambda f: (f.write(b"hello "), f.write(b"world")))
