@@ -72,15 +72,15 @@ class Limits:
 
 
 def allowance_s(limits: Limits, phase: int, steps_seen: int, step_time_s: Optional[float]) -> float:
-    """Seconds a rank in ``phase`` may go without progress. ``steps_seen``: completed steps the
-    watchdog has seen since the rank started (0: still in start-up or its first step);
+    """Seconds a rank in ``phase`` may go without progress (``startup`` lasts to the end of the rank's
+    first step: the worker marks it so). ``steps_seen``: step increases the watchdog has seen (unused);
     ``step_time_s``: the recent step time (None when unknown)."""
     step_limit = max(limits.timeout_floor_s, limits.step_time_factor * (step_time_s or 0.0))
     if phase == EVAL:
         return max(limits.eval_s, step_limit)
     if phase == CHECKPOINT:
         return max(limits.checkpoint_s, step_limit)
-    if phase == STARTUP or steps_seen < 2:
+    if phase == STARTUP:  # the rank marks its start and its first step so
         return max(limits.startup_s, step_limit)
     return step_limit
 

@@ -28,7 +28,7 @@ from ..checkpoint import AsyncCheckpointer, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
-from ..progress import CHECKPOINT, DATA, EVAL, STEP
+from ..progress import CHECKPOINT, DATA, EVAL, STARTUP, STEP
 from ..progress import recorder as progress_recorder
 from ..rundir import (
     CONFIG_NAME,
@@ -383,7 +383,9 @@ class Trainer:
         mark = self.progress.mark
         # After a background checkpoint the other ranks wait in the next step for rank 0, which may
         # still be saving (or waiting for the previous write): that step keeps the checkpoint phase.
-        after_save = False
+        # The first step (compilation, autotuning, the first batches) keeps the start-up phase.
+        mark(self.step, STARTUP)
+        after_save = True
         try:
             while self.step < tc.max_steps:
                 if after_save:

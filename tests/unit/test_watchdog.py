@@ -64,7 +64,7 @@ def test_progress_without_a_watchdog_is_a_no_op(monkeypatch: pytest.MonkeyPatch)
     "phase, seen, step_time, expected",
     [
         (progress.STARTUP, 0, None, 100),
-        (progress.STEP, 1, None, 100),  # the first step (or the step resumed at) is start-up
+        (progress.STEP, 0, None, 10),  # the rank itself marks its first step as start-up
         (progress.STEP, 5, 0.1, 10),  # the floor
         (progress.DATA, 5, 4.0, 20),  # 5 × the step time
         (progress.EVAL, 5, 0.1, 50),
