@@ -365,6 +365,9 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .sandbox import SlurmSandbox
 
     if args.action == "up":
+        from .paths import check_dir_writable
+
+        check_dir_writable(args.root, "--root")
         sb = SlurmSandbox(
             args.root,
             nodes=args.nodes,
@@ -788,6 +791,10 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .rundir import is_sweep_dir
 
     run_path = _resolve(args.run)
+    if args.output:
+        from .paths import check_file_writable
+
+        check_file_writable(args.output, "--output")
     if is_sweep_dir(run_path):
         from .ops import sweeps
         from .plot import plot_sweep

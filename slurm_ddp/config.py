@@ -16,6 +16,7 @@ import difflib
 import functools
 import hashlib
 import json
+import math
 import os
 import re
 import shlex
@@ -102,6 +103,29 @@ class _YamlLoader(yaml.SafeLoader):
     """
 
 
+def _construct_mapping_no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
+    """``SafeLoader``'s mapping, except that a key given twice is an error naming it and both lines
+    (YAML requires unique keys; PyYAML keeps the last one silently)."""
+    seen: Dict[Any, int] = {}
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node)
+        try:
+            first = seen.get(key)
+        except TypeError:  # an unhashable key: construct_mapping reports it
+            continue
+        if first is not None:
+            raise yaml.constructor.ConstructorError(
+                None,
+                None,
+                f"key {_printable(key)!r} is given twice (first on line {first}); keep one of them",
+                key_node.start_mark,
+            )
+        seen[key] = key_node.start_mark.line + 1
+    return loader.construct_mapping(node)
+
+
 def _construct_number_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     if ":" in node.value:  # base-60 ("1:30:00"): keep the text
         return loader.construct_scalar(node)
@@ -112,6 +136,7 @@ def _construct_number_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) ->
 
 _YamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_number_or_text)
 _YamlLoader.add_constructor("tag:yaml.org,2002:float", _construct_number_or_text)
+_YamlLoader.add_constructor("tag:yaml.org,2002:map", _construct_mapping_no_duplicates)
 
 
 def _yaml_load(text: str) -> Any:
@@ -543,6 +568,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
         args = get_args(tp)
         if value is None and type(None) in args:
             return None
+        if float in args and isinstance(value, float) and not math.isfinite(value):
+            raise _bad(key, value, "a finite number")
         for a in args:
             if a is type(None):
                 continue
@@ -583,6 +610,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
+        if not math.isfinite(value):  # YAML's .nan/.inf, or 1e999
+            raise _bad(key, value, "a finite number")
         return float(value)
     if tp is str:
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
@@ -888,6 +917,8 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
             raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
         try:
             value = _yaml_load(raw) if raw.strip() else ""
+        except yaml.constructor.ConstructorError as e:  # a key given twice: no plain string either
+            raise ConfigError(f"--set {_printable(item)!r}: {_printable(e.problem)}") from None
         except yaml.YAMLError:
             value = raw
         node = out
@@ -918,7 +949,8 @@ def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
         mark = getattr(e, "problem_mark", None)
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
-        raise ConfigError(f"YAML syntax error in {str(p)!r}{where}: {_printable(problem)}") from None
+        kind = "YAML error" if isinstance(e, yaml.constructor.ConstructorError) else "YAML syntax error"
+        raise ConfigError(f"{kind} in {str(p)!r}{where}: {_printable(problem)}") from None
 
 
 def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = ()) -> JobConfig:

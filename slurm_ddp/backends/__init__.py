@@ -18,6 +18,7 @@ from typing import Any, List, Optional, Sequence, Tuple
 from ..checkpoint import atomic_write_text
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
+from ..paths import check_dir_writable
 from ..provenance import record_submit
 from ..render import RenderedJob, render
 from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
@@ -73,9 +74,11 @@ def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
     Raises ``UserError`` when it belongs to a different config.
     """
     existing = Path(run_dir) / CONFIG_NAME
+    check_dir_writable(run_dir, "--run-dir")  # /proc/x, a read-only mount, a file in the way
+    for sub in (LOGS_DIR, CHECKPOINTS_DIR):
+        if (Path(run_dir) / sub).exists() and not (Path(run_dir) / sub).is_dir():
+            raise UserError(f"--run-dir {run_dir!r}: {sub!r} in it is not a directory; move it away or use another")
     if not existing.exists():
-        if Path(run_dir).exists() and not Path(run_dir).is_dir():
-            raise UserError(f"--run-dir {run_dir!r} exists and is not a directory; choose another path")
         return False
     try:
         old = config_from_dict(read_yaml(existing))
@@ -154,14 +157,17 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
     """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``,
     the code snapshot (``code/<digest>``, ``snapshot.json``) and the submit's provenance record."""
     rd = Path(plan.run_dir)
-    (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-    if plan.snapshot is not None:
-        take(plan.snapshot)
-    if not (rd / CONFIG_NAME).exists():
-        atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
-    atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
-    os.chmod(rd / SCRIPT_NAME, 0o755)
+    try:
+        (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
+        (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
+        if plan.snapshot is not None:
+            take(plan.snapshot)
+        if not (rd / CONFIG_NAME).exists():
+            atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
+        atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
+        os.chmod(rd / SCRIPT_NAME, 0o755)
+    except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between
+        raise UserError(f"cannot write the run directory {str(rd)!r}: {e}; choose another --run-dir") from None
     record_submit(
         plan.run_dir,
         argv=plan.submit_argv,

@@ -109,6 +109,24 @@ def _run_dir_is_a_file(d: Path) -> None:
     (d / "runs" / "bad").write_text("not a directory\n")
 
 
+def _job_text(train_lines: str) -> str:
+    """BASE as block YAML with ``train_lines`` (indented by two) added to its train section."""
+    return (
+        "name: bad\nslurm:\n  nodes: 1\n  time: '00:10:00'\ntrain:\n"
+        + train_lines
+        + "  task: goodtask:GoodTask\n  max_steps: 10\n"
+    )
+
+
+def _blocker_file(d: Path) -> None:
+    (d / "blocker").write_text("a file where the run directory's parent should be\n")
+
+
+def _logs_is_a_file(d: Path) -> None:
+    (d / "runs" / "bad").mkdir(parents=True)
+    (d / "runs" / "bad" / "logs").write_text("not a directory\n")
+
+
 def _job_is_directory(d: Path) -> Path:
     (d / "jobdir").mkdir()
     return d / "jobdir"
@@ -295,6 +313,38 @@ CASES: Dict[str, Case] = {
         ["belongs to a different config", "train.max_steps"], setup=_other_config_run_dir
     ),
     "run dir is a file": Case(["exists and is not a directory"], setup=_run_dir_is_a_file),
+    "run dir in /proc": Case(
+        ["--run-dir '/proc/x'", "cannot be created", "choose another"], args=["--run-dir", "/proc/x"]
+    ),
+    "run dir in /sys": Case(["--run-dir '/sys/x/run'", "cannot be created"], args=["--run-dir", "/sys/x/run"]),
+    "run dir below a file": Case(
+        ["--run-dir", "blocker/run", "is a file, not a directory"],
+        args=["--run-dir", "blocker/run"],
+        setup=_blocker_file,
+    ),
+    "run dir's logs is a file": Case(["'logs' in it is not a directory"], setup=_logs_is_a_file),
+    # ---- every float must be finite
+    "lr .nan": Case(["train.lr", "got nan", "a finite number"], text=_job_text("  lr: .nan\n")),
+    "lr .inf": Case(["train.lr", "got inf", "a finite number"], text=_job_text("  lr: .inf\n")),
+    "lr 1.0e+999 from --set": Case(["train.lr", "got inf", "a finite number"], args=["--set", "train.lr=1.0e+999"]),
+    "clip_grad_norm .nan": Case(
+        ["train.clip_grad_norm", "a finite number"], args=["--set", "train.clip_grad_norm=.nan"]
+    ),
+    "clip_grad_norm -.inf": Case(
+        ["train.clip_grad_norm", "a finite number"], args=["--set", "train.clip_grad_norm=-.inf"]
+    ),
+    "mem_gb .inf": Case(["slurm.mem_gb", "got inf", "a finite number"], args=["--set", "slurm.mem_gb=.inf"]),
+    # ---- a key given twice (PyYAML keeps the last one silently)
+    "yaml key twice": Case(
+        ["YAML error", "line 7", "'lr' is given twice", "first on line 6"], text=_job_text("  lr: 0.1\n  lr: 0.2\n")
+    ),
+    "yaml section twice": Case(
+        ["line 8", "'slurm' is given twice", "first on line 2"], text=_job_text("") + "slurm: {nodes: 2}\n"
+    ),
+    "yaml key twice in a flow mapping": Case(
+        ["'nodes' is given twice"], text="name: bad\nslurm: {nodes: 1, nodes: 2}\ntrain: {task: goodtask:GoodTask}\n"
+    ),
+    "yaml key twice in --set": Case(["'lr' is given twice"], args=["--set", "train={lr: 1, lr: 2}"]),
     # ---- --set and arguments
     "--set without a value": Case(["--set", "section.key=value"], args=["--set", "slurm.nodes"]),
     "--set with a bad value": Case(["slurm.nodes", "'abc'"], args=["--set", "slurm.nodes=abc"]),
@@ -425,3 +475,48 @@ def test_the_task_check_runs_in_a_child_process(tmp_path: Path) -> None:
     """)
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+@pytest.fixture
+def read_only_dir(tmp_path: Path) -> Any:
+    """A directory that cannot be written: a read-only tmpfs mount as root (root ignores mode bits), else mode 0555."""
+    import subprocess
+
+    d = tmp_path / "ro"
+    d.mkdir()
+    if os.geteuid() == 0:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=64k", "tmpfs", str(d)], check=True)
+        try:
+            yield d
+        finally:
+            subprocess.run(["umount", str(d)], check=True)
+    else:
+        d.chmod(0o555)
+        try:
+            yield d
+        finally:
+            d.chmod(0o755)
+
+
+@pytest.mark.parametrize("sub", ["", "new/run"])
+def test_a_read_only_run_dir_is_refused_in_one_line(
+    sub: str,
+    read_only_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture,
+    fake_sbatch: Path,
+) -> None:
+    """An existing read-only run directory (is not writable), and one that would be created in it."""
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    job = Case([]).write(work)
+    run_dir = read_only_dir / sub if sub else read_only_dir
+    rc = _submit(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run_dir)])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == "" and len(err.splitlines()) == 1, (rc, out, err)
+    assert f"--run-dir {str(run_dir)!r}" in err
+    assert ("is not writable" if not sub else "cannot be created") in err
+    assert list(read_only_dir.iterdir()) == []
+    assert not fake_sbatch.exists()
