@@ -187,6 +187,31 @@ def _meta(doc: str, **kw: Any) -> Dict[str, Any]:
     return {"doc": doc, **kw}
 
 
+_NODE_RANGE = re.compile(r"^(\d+)-(\d+)\Z")
+_NODES_VALID = "an integer >= 1, or a range MIN-MAX with 1 <= MIN <= MAX (sbatch --nodes=2-4)"
+
+
+def node_range(nodes: Union[int, str]) -> Tuple[int, int]:
+    """``slurm.nodes`` as ``(min, max)``: ``4`` → ``(4, 4)``, ``"2-4"`` → ``(2, 4)``.
+    Raises ``ValueError`` for anything else."""
+    if isinstance(nodes, int) and not isinstance(nodes, bool):
+        if nodes < 1:
+            raise ValueError(_NODES_VALID)
+        return nodes, nodes
+    m = _NODE_RANGE.match(str(nodes))
+    if m is None or not 1 <= int(m.group(1)) <= int(m.group(2)):
+        raise ValueError(_NODES_VALID)
+    return int(m.group(1)), int(m.group(2))
+
+
+def _check_nodes(v: Any) -> Optional[str]:
+    try:
+        node_range(v)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
 def _check_sbatch_token(v: Any) -> Optional[str]:
     if v is not None and not _SBATCH_TOKEN.match(str(v)):
         return "one token without whitespace, quotes, backslashes or backticks"
@@ -276,7 +301,14 @@ class SlurmConfig:
     partition: Optional[str] = field(default=None, metadata=_meta("--partition", check=_check_sbatch_token))
     account: Optional[str] = field(default=None, metadata=_meta("--account", check=_check_sbatch_token))
     qos: Optional[str] = field(default=None, metadata=_meta("--qos", check=_check_sbatch_token))
-    nodes: int = field(default=1, metadata=_meta("--nodes: number of nodes", min=1))
+    nodes: Union[int, str] = field(
+        default=1,
+        metadata=_meta(
+            "--nodes: number of nodes, or a range MIN-MAX ('2-4': Slurm may start or requeue the job on any "
+            "count in it; the worker resumes sample-exactly on whichever it gets)",
+            check=_check_nodes,
+        ),
+    )
     tasks_per_node: int = field(
         default=1,
         metadata=_meta("--ntasks-per-node: ranks per node; unset in a GPU job: one per GPU (gpus_per_node)", min=1),
@@ -334,9 +366,19 @@ class SlurmConfig:
         return parse_time_s(self.time)
 
     @property
+    def min_nodes(self) -> int:
+        """The smallest node count ``nodes`` allows (``nodes`` itself when it is no range)."""
+        return node_range(self.nodes)[0]
+
+    @property
+    def max_nodes(self) -> int:
+        """The largest node count ``nodes`` allows."""
+        return node_range(self.nodes)[1]
+
+    @property
     def world_size(self) -> int:
-        """Number of ranks: ``nodes × tasks_per_node``."""
-        return self.nodes * self.tasks_per_node
+        """Number of ranks: ``nodes × tasks_per_node`` (with a node range: its minimum)."""
+        return self.min_nodes * self.tasks_per_node
 
     @property
     def gres_gpus(self) -> int:
@@ -525,6 +567,22 @@ class JobConfig:
         text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
+    def training_hash(self) -> str:
+        """``config_hash`` without the ``RESIZABLE_KEYS``: equal for two configs that train the same run
+        on different world sizes (a run directory resumed with other ``slurm.nodes``/``tasks_per_node``)."""
+        plain = self.to_dict()
+        for dotted in RESIZABLE_KEYS:
+            section, key = dotted.split(".")
+            plain[section].pop(key, None)
+        text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+#: Keys a run directory may change between submissions (``slurm-ddp submit`` with the same
+#: ``--run-dir``): the world size. The worker resumes such a run sample-exactly (README, "Resume on a
+#: different world size"); any other change is another run and is refused.
+RESIZABLE_KEYS = ("slurm.nodes", "slurm.tasks_per_node")
+
 
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
@@ -570,6 +628,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             return None
         if float in args and isinstance(value, float) and not math.isfinite(value):
             raise _bad(key, value, "a finite number")
+        if isinstance(value, float) and int in args and float not in args:  # not the text "1.5" (slurm.nodes)
+            raise _bad(key, value, "an integer")
         for a in args:
             if a is type(None):
                 continue

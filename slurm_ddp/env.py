@@ -297,16 +297,17 @@ class DistEnv:
         Raises ``EnvironmentMismatch`` that gives both values and a hint.
         """
         s = cfg.slurm
-        if self.num_nodes != s.nodes:
+        if not s.min_nodes <= self.num_nodes <= s.max_nodes:
             raise EnvironmentMismatch(
                 f"SLURM_NNODES={self.num_nodes} does not match slurm.nodes={s.nodes}. HINT: the job was "
                 "started with a different --nodes than the config; submit with `slurm-ddp submit` or "
                 f"run srun with --nodes={s.nodes}"
             )
-        if self.local_world_size != s.tasks_per_node or self.world_size != s.world_size:
+        expected = self.num_nodes * s.tasks_per_node  # a node range: the count this job got
+        if self.local_world_size != s.tasks_per_node or self.world_size != expected:
             raise EnvironmentMismatch(
                 f"SLURM gave {self.local_world_size} tasks on this node and {self.world_size} in all, but the "
-                f"config asks slurm.tasks_per_node={s.tasks_per_node} × slurm.nodes={s.nodes} = {s.world_size}. "
+                f"config asks slurm.tasks_per_node={s.tasks_per_node} × {self.num_nodes} node(s) = {expected}. "
                 f"HINT: launch with srun --ntasks-per-node={s.tasks_per_node}, or change slurm.tasks_per_node"
             )
 

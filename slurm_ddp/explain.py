@@ -60,10 +60,11 @@ def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, na
     """The variables ``rank`` has in a synthetic allocation: srun's task variables, or under torchrun
     those of the node's one task (all of the node's CPUs) plus what torchrun gives the worker."""
     s = cfg.slurm
+    nodes = len(names)  # slurm.nodes, or with a range (2-4) the count this allocation has
     if s.launcher != "torchrun":
         return synthetic_slurm_env(
             rank=rank,
-            nodes=s.nodes,
+            nodes=nodes,
             tasks_per_node=s.tasks_per_node,
             job_id=job_id,
             cpus_per_task=cpus_per_task,
@@ -72,7 +73,7 @@ def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, na
     node = rank // s.tasks_per_node
     env = synthetic_slurm_env(
         rank=node,
-        nodes=s.nodes,
+        nodes=nodes,
         tasks_per_node=1,
         job_id=job_id,
         cpus_per_task=s.tasks_per_node * cpus_per_task,
@@ -83,10 +84,10 @@ def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, na
             "TORCHELASTIC_RUN_ID": job_id,
             "RANK": str(rank),
             "LOCAL_RANK": str(rank % s.tasks_per_node),
-            "WORLD_SIZE": str(s.world_size),
+            "WORLD_SIZE": str(nodes * s.tasks_per_node),
             "LOCAL_WORLD_SIZE": str(s.tasks_per_node),
             "GROUP_RANK": str(node),
-            "GROUP_WORLD_SIZE": str(s.nodes),
+            "GROUP_WORLD_SIZE": str(nodes),
             "MASTER_ADDR": names[0],
             "MASTER_PORT": str(fallback_port(job_id)),
         }
@@ -210,8 +211,8 @@ def explain_job(
     cpt = cpus_per_task or s.cpus_per_task
     if cpt < 1 or numa_nodes < 1:
         raise UserError(f"--cpus-per-task ({cpt}) and --numa-nodes ({numa_nodes}) must be at least 1")
-    names = expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(s.nodes)]
-    if len(names) != s.nodes:
+    names = expand_nodelist(nodelist) if nodelist else [f"node{i}" for i in range(s.min_nodes)]
+    if not s.min_nodes <= len(names) <= s.max_nodes:
         raise UserError(
             f"--nodelist {nodelist!r} names {len(names)} host(s), but slurm.nodes={s.nodes}. "
             f"HINT: give {s.nodes} hosts, or --set slurm.nodes={len(names)}"
@@ -226,7 +227,7 @@ def explain_job(
     numactl = shutil.which("numactl") or "numactl"
     e = cfg.environment
     out = [
-        f"job {cfg.name}: {s.nodes} node(s) x {s.tasks_per_node} task(s) x {cpt} CPU(s) per task; "
+        f"job {cfg.name}: {len(names)} node(s) x {s.tasks_per_node} task(s) x {cpt} CPU(s) per task; "
         f"cpu_bind={e.cpu_bind} openmp={e.openmp} allocator={e.allocator} override_env={str(e.override_env).lower()}",
         f"assumed (no cluster): job id {job_id}; each node holds {per_node} CPUs 0-{per_node - 1} in {numa_nodes} "
         "NUMA node(s); at job start the wrapper (python -m slurm_ddp.launch) reads the real ones "
@@ -250,7 +251,7 @@ def explain_job(
             + " (closest: assumed all of the node's)" * bool(s.gpu_bind and "closest" in s.gpu_bind),
         )
         out.append(nccl_line(user))
-    for rank in range(s.world_size):
+    for rank in range(len(names) * s.tasks_per_node):
         env = _rank_environ(cfg, rank, job_id, cpt, names)
         env.update(user)
         denv = DistEnv.from_environ(env)

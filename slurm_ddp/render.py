@@ -133,16 +133,24 @@ def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     return [f"--{k}" if v is None else f"--{k}={v}" for k, v in sorted(flags.items())]
 
 
+def job_nodes(cfg: JobConfig) -> str:
+    """The node count of the job's steps: ``slurm.nodes``, or with a range (``2-4``) the count the job
+    got, ``"$SLURM_JOB_NUM_NODES"`` (expanded by the batch shell)."""
+    s = cfg.slurm
+    return str(s.nodes) if s.min_nodes == s.max_nodes else '"$SLURM_JOB_NUM_NODES"'
+
+
 def srun_flags(cfg: JobConfig) -> List[str]:
     """Options of the ``srun`` that starts the ranks (srun(1)): one task per rank, or with
     ``slurm.launcher: torchrun`` one task per node holding all of the node's ranks' CPUs."""
     s = cfg.slurm
     torchrun = s.launcher == "torchrun"
+    nodes = job_nodes(cfg)
     return [
         "--kill-on-bad-exit=1",
-        f"--nodes={s.nodes}",
+        f"--nodes={nodes}",
         # under torchrun also --ntasks: srun would take the allocation's SLURM_NTASKS otherwise
-        *([f"--ntasks={s.nodes}"] if torchrun else []),
+        *([f"--ntasks={nodes}"] if torchrun else []),
         f"--ntasks-per-node={1 if torchrun else s.tasks_per_node}",
         f"--cpus-per-task={s.tasks_per_node * s.cpus_per_task if torchrun else s.cpus_per_task}",
         # also in #SBATCH; here explicit for the step (torchrun's one task per node needs every GPU)
@@ -174,7 +182,7 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
     s, r = cfg.slurm, cfg.requeue
     handled = ",".join(dict.fromkeys(("SIG" + r.signal_name, *TORCHRUN_DEFAULT_SIGNALS)))
     return [
-        f"--nnodes={s.nodes}",
+        f"--nnodes={job_nodes(cfg)}",
         f"--nproc-per-node={s.tasks_per_node}",
         "--rdzv-backend=c10d",
         "--max-restarts=0",

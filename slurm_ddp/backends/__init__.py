@@ -86,6 +86,8 @@ def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
         raise UserError(
             f"run directory {run_dir!r} holds an unreadable {CONFIG_NAME} ({e}); choose another --run-dir"
         ) from None
+    if old.training_hash() == cfg.training_hash():
+        return True  # the same run, maybe on another world size (config.RESIZABLE_KEYS): resumed exactly
     if old.config_hash() != cfg.config_hash():
         changed = _changed_keys(old.to_dict(), cfg.to_dict())
         raise UserError(
@@ -118,6 +120,11 @@ def plan_submit(
     the code now (unless ``accept_new_code``; see ``slurm_ddp.snapshot``)."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    if backend == "submitit" and cfg.slurm.min_nodes != cfg.slurm.max_nodes:
+        raise UserError(
+            f"slurm.nodes={cfg.slurm.nodes}: a node range needs --backend sbatch (submitit counts its tasks "
+            "from one node count); give one count for submitit"
+        )
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
     snap = plan_snapshot(cfg, run_dir)
@@ -162,8 +169,11 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
         if plan.snapshot is not None:
             take(plan.snapshot)
-        if not (rd / CONFIG_NAME).exists():
-            atomic_write_text(rd / CONFIG_NAME, dump_config(plan.cfg))
+        text = dump_config(plan.cfg)
+        existing = rd / CONFIG_NAME
+        # new, or a resume on another world size (check_run_dir allowed only RESIZABLE_KEYS to differ)
+        if not existing.exists() or existing.read_text(encoding="utf-8", errors="replace") != text:
+            atomic_write_text(existing, text)
         atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
         os.chmod(rd / SCRIPT_NAME, 0o755)
     except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between

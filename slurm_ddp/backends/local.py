@@ -58,12 +58,12 @@ def rank_environ(
     env.update(
         synthetic_slurm_env(
             rank=rank,
-            nodes=s.nodes,
+            nodes=s.min_nodes,  # a node range (2-4): its minimum here; --set slurm.nodes=N for another
             tasks_per_node=s.tasks_per_node,
             job_id=job_id,
             cpus_per_task=s.cpus_per_task,
             restart_count=restart,
-            node_names=[f"local{i}" for i in range(s.nodes)],
+            node_names=[f"local{i}" for i in range(s.min_nodes)],
         )
     )
     env.update(

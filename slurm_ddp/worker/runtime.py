@@ -153,17 +153,37 @@ class ResumableDistributedSampler(DistributedSampler):
     def __init__(self, dataset: Dataset, num_replicas: int, rank: int, seed: int = 0, drop_last: bool = True):
         super().__init__(dataset, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed, drop_last=drop_last)
         self.start_index = 0
+        self.global_start = 0
 
     def set_start(self, start_index: int) -> None:
         """Skip the first ``start_index`` samples of this rank's share of the current epoch."""
         self.start_index = start_index
 
+    def set_global_start(self, consumed: int) -> None:
+        """Share out only the epoch's order after its first ``consumed`` samples (counted over all
+        ranks, possibly of another world size: ``slurm_ddp.resize``): rank ``r`` of ``W`` gets every
+        ``W``-th of the rest from the ``r``-th, the rest cut to a multiple of ``W`` (as ``drop_last``).
+        0 is ``DistributedSampler``'s own split. ``set_start`` then skips within that share."""
+        self.global_start = consumed
+
+    def share_size(self) -> int:
+        """Samples of this rank's share of the epoch (before ``set_start``'s skip)."""
+        if self.global_start == 0:
+            return self.num_samples
+        return max(len(self.dataset) - self.global_start, 0) // self.num_replicas  # type: ignore[arg-type]
+
     def __iter__(self) -> Iterator[int]:
-        indices = list(super().__iter__())
+        if self.global_start == 0:
+            indices = list(super().__iter__())
+        else:  # DistributedSampler's permutation of this epoch (drop_last), after its consumed part
+            g = torch.Generator()
+            g.manual_seed(self.seed + self.epoch)
+            rest = torch.randperm(len(self.dataset), generator=g).tolist()[self.global_start :]  # type: ignore[arg-type]
+            indices = rest[: len(rest) - len(rest) % self.num_replicas][self.rank :: self.num_replicas]
         return iter(indices[self.start_index :])
 
     def __len__(self) -> int:
-        return max(self.num_samples - self.start_index, 0)
+        return max(self.share_size() - self.start_index, 0)
 
 
 def batch_seed(seed: int, rank: int, epoch: int, batch: int) -> int:
@@ -191,20 +211,23 @@ class SeededBatchSampler:
         self.sampler, self.batch_size, self.seed, self.rank = sampler, batch_size, seed, rank
         self.epoch = 0
         self.start_batch = 0
+        self.consumed = 0
 
-    def set_position(self, epoch: int, start_batch: int) -> None:
-        """Iterate epoch ``epoch`` from its batch ``start_batch`` on."""
-        self.epoch, self.start_batch = epoch, start_batch
+    def set_position(self, epoch: int, start_batch: int, consumed: int = 0) -> None:
+        """Iterate epoch ``epoch`` from its batch ``start_batch`` on; with ``consumed`` > 0 (a run
+        resumed on another world size) batches count from the epoch's sample ``consumed`` (over all ranks)."""
+        self.epoch, self.start_batch, self.consumed = epoch, start_batch, consumed
         self.sampler.set_epoch(epoch)
+        self.sampler.set_global_start(consumed)
         self.sampler.set_start(start_batch * self.batch_size)
 
     def batches_per_epoch(self) -> int:
-        return self.sampler.num_samples // self.batch_size
+        return self.sampler.share_size() // self.batch_size
 
     def __iter__(self) -> Iterator[List[tuple]]:
         indices = list(iter(self.sampler))
         for i in range(len(indices) // self.batch_size):
-            b = self.start_batch + i
+            b = self.consumed + self.start_batch + i  # the batch's seed index
             s = batch_seed(self.seed, self.rank, self.epoch, b)
             yield [(s, idx) for idx in indices[i * self.batch_size : (i + 1) * self.batch_size]]
 

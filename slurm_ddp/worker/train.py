@@ -30,6 +30,7 @@ from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
 from ..progress import CHECKPOINT, DATA, EVAL, STARTUP, STEP
 from ..progress import recorder as progress_recorder
+from ..resize import accumulation_for, samples_in_epoch
 from ..rundir import (
     CONFIG_NAME,
     FINAL_MODEL_NAME,
@@ -107,7 +108,12 @@ class Trainer:
         self.metrics = MetricsWriter(run_dir / METRICS_NAME, denv.is_main)
         self.step = 0
         self.epoch = 0
-        self.batch_in_epoch = 0  # micro-batches of the current epoch already trained
+        self.batch_in_epoch = 0  # micro-batches of the current epoch already trained (since epoch_base)
+        # Samples of the current epoch consumed (over all ranks) before this world size took it over:
+        # 0 unless the run was resumed on another world size mid-epoch (slurm_ddp.resize).
+        self.epoch_base = 0
+        self.accum = cfg.train.grad_accum_steps  # micro-steps per optimizer step on this world size
+        self.global_batch = denv.world_size * cfg.train.batch_size * self.accum  # the run's target
         self.last_loss: Optional[float] = None  # the loss of the last train event (eval events repeat it)
         # The log window: the losses of the steps since the last train event, summed on the device
         # (read only at log steps: no host sync per step). In every checkpoint (rank 0's, the logged
@@ -164,7 +170,7 @@ class Trainer:
         self.train_ds, self.eval_ds = self.task.build_datasets()
         sampler = ResumableDistributedSampler(self.train_ds, denv.world_size, denv.rank, seed=tc.seed)
         self.batches = SeededBatchSampler(sampler, tc.batch_size, tc.seed, denv.rank)
-        if self.batches.batches_per_epoch() < tc.grad_accum_steps:
+        if self.batches.batches_per_epoch() < self.accum:
             raise UserError(
                 f"train.batch_size={tc.batch_size} × train.grad_accum_steps={tc.grad_accum_steps} is more than a "
                 f"rank's share of the training set ({sampler.num_samples} samples); lower them"
@@ -203,10 +209,20 @@ class Trainer:
             "step": self.step,
             "epoch": self.epoch,
             "batch_in_epoch": self.batch_in_epoch,
+            # the position in the epoch on any world size (slurm_ddp.resize): samples consumed over all
+            # ranks of the epoch's permutation, whose seed is DistributedSampler's seed + epoch
+            "samples_in_epoch": samples_in_epoch(
+                self.epoch_base, self.batch_in_epoch, self.denv.world_size, self.tc.batch_size
+            ),
+            "epoch_base": self.epoch_base,
+            "epoch_seed": self.tc.seed + self.epoch,
+            "global_batch": self.global_batch,
+            "grad_accum_steps": self.accum,
             "last_loss": self.last_loss,
             "log_window": {"loss_sum": self.loss_sum, "steps": self.loss_count},
             "world_size": self.denv.world_size,
             "config_hash": self.cfg.config_hash(),
+            "training_hash": self.cfg.training_hash(),
         }
 
     def _big_state(self) -> Dict[str, Any]:
@@ -276,7 +292,8 @@ class Trainer:
         window = state.get("log_window") or {}
         if window.get("loss_sum") is not None:
             self.loss_sum, self.loss_count = window["loss_sum"].to(self.device), int(window["steps"])
-        if state.get("config_hash") != self.cfg.config_hash():
+        same_config = state.get("config_hash") == self.cfg.config_hash()
+        if not same_config and state.get("training_hash") != self.cfg.training_hash():  # world size aside
             log.warning("checkpoint of step %d was written under a different config; resuming anyway", self.step)
         if self.denv.is_main:  # once per job, in rank 0's log
             from ..provenance import torch_mismatch
@@ -286,20 +303,19 @@ class Trainer:
                 log.warning("%s", mismatch)
         # each rank's own file (rank_states), or the list gathered into rank 0's data (older checkpoints)
         rngs = state.get("rng") or []
-        if info.rank_states == self.denv.world_size and state.get("world_size") == self.denv.world_size:
-            restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
-        elif state.get("world_size") == self.denv.world_size and len(rngs) == self.denv.world_size:
-            restore_rng(rngs[self.denv.rank])
+        old_world = int(state.get("world_size") or self.denv.world_size)
+        b = self.tc.batch_size
+        self.global_batch = int(state.get("global_batch") or old_world * b * self.tc.grad_accum_steps)
+        same_world = old_world == self.denv.world_size
+        if same_world and (info.rank_states == self.denv.world_size or len(rngs) == self.denv.world_size):
+            if info.rank_states == self.denv.world_size:
+                restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
+            else:
+                restore_rng(rngs[self.denv.rank])  # the same world size: bitwise exact, as before
+            self.epoch_base = int(state.get("epoch_base", 0))
+            self.accum = int(state.get("grad_accum_steps", self.tc.grad_accum_steps))
         else:
-            log.warning(
-                "checkpoint world size %s != current %d: the data order and random streams cannot continue "
-                "exactly (resume is not bit-exact); resuming with fresh per-rank seeds",
-                state.get("world_size"),
-                self.denv.world_size,
-            )
-            seed_everything(self.tc.seed + 7919 * (self.step + 1) + self.denv.rank)
-            # The new world size splits an epoch differently: restart the interrupted epoch's order.
-            self.batch_in_epoch = 0
+            self._resume_resized(state, old_world)
         log.info(
             "resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
             self.step,
@@ -307,23 +323,58 @@ class Trainer:
             self.batch_in_epoch,
             info.path,
         )
-        self.metrics.write(event="resume", step=self.step, restart=self.denv.restart_count)
+        self.metrics.write(
+            event="resume",
+            step=self.step,
+            restart=self.denv.restart_count,
+            world_size=self.denv.world_size,
+            grad_accum_steps=self.accum,
+            samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
+        )
+
+    def _resume_resized(self, state: Dict[str, Any], old_world: int) -> None:
+        """Resume a checkpoint of ``old_world`` ranks on this world size, sample-exactly: the epoch goes
+        on after the samples it consumed (over all ranks), with the global batch kept where possible."""
+        w, b = self.denv.world_size, self.tc.batch_size
+        consumed = state.get("samples_in_epoch")
+        if consumed is None:  # a checkpoint from before samples were counted: the same count
+            consumed = samples_in_epoch(int(state.get("epoch_base", 0)), self.batch_in_epoch, old_world, b)
+        self.epoch_base, self.batch_in_epoch = int(consumed), 0
+        if state.get("epoch_seed", self.tc.seed + self.epoch) != self.tc.seed + self.epoch:
+            log.warning("checkpoint's epoch seed %s != train.seed + epoch: the data order changed", state["epoch_seed"])
+        plan = accumulation_for(self.global_batch, w, b)
+        self.accum = plan.grad_accum_steps
+        # The per-rank random streams (dropout …) of other ranks cannot be mapped: fresh per-rank seeds.
+        seed_everything(self.tc.seed + 7919 * (self.step + 1) + self.denv.rank)
+        log.warning(
+            "resuming a checkpoint of %d ranks on %d: epoch %d goes on after its first %d samples (each remaining "
+            "sample trained once); grad_accum_steps %d keeps %d samples per step; fresh per-rank random seeds "
+            "(not bitwise equal to a run on one world size)",
+            old_world,
+            w,
+            self.epoch,
+            self.epoch_base,
+            self.accum,
+            plan.global_batch,
+        )
+        if plan.why_not_kept:
+            log.warning("%s", plan.why_not_kept)
 
     # ------------------------------------------------------------------ loop
     def micro_batch_groups(self) -> Iterator[list]:
-        """Groups of ``grad_accum_steps`` micro-batches, epoch after epoch, from the saved position."""
-        accum = self.tc.grad_accum_steps
+        """Groups of ``self.accum`` micro-batches, epoch after epoch, from the saved position."""
         while True:
-            self.batches.set_position(self.epoch, self.batch_in_epoch)
+            self.batches.set_position(self.epoch, self.batch_in_epoch, self.epoch_base)
             group: list = []
             for batch in self.loader:
                 group.append(batch)
-                if len(group) == accum:
+                if len(group) == self.accum:
                     yield group
                     group = []
             # a partial group at the end of an epoch is dropped (like drop_last)
             self.epoch += 1
             self.batch_in_epoch = 0
+            self.epoch_base = 0
 
     def run_eval(self) -> Dict[str, float]:
         if self.eval_ds is None:
@@ -373,7 +424,7 @@ class Trainer:
             tc.max_steps,
             self.denv.world_size,
             tc.batch_size,
-            tc.grad_accum_steps,
+            self.accum,
         )
         prof = self._profiler()
         if prof is not None:
