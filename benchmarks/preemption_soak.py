@@ -289,6 +289,9 @@ class Soak:
         if reached and expected is None and status in (0, 75):
             x.problems.append(f"exit status {status} after a kill -9")
         for pid in ranks:  # every rank must be gone (PR_SET_PDEATHSIG / the launcher's kill)
+            deadline = time.monotonic() + 30  # a SIGKILLed process may take a moment to exit (and be reaped)
+            while _alive(pid) and time.monotonic() < deadline:
+                time.sleep(0.05)
             if _alive(pid):
                 x.problems.append(f"rank pid {pid} outlived the submit")
                 _kill(pid, signal.SIGKILL)
