@@ -6,6 +6,7 @@ step missing or repeated in the metrics and no checkpoint left unloadable. ``ben
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,6 +20,7 @@ def _soak_module():
     spec = importlib.util.spec_from_file_location("preemption_soak", REPO / "benchmarks" / "preemption_soak.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up there
     spec.loader.exec_module(module)
     return module
 
