@@ -29,16 +29,18 @@ other prerequisites to the same rule with :func:`missing_prerequisite`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
-from typing import Callable, Iterator, NoReturn, TypeVar
+from pathlib import Path
+from typing import Any, Callable, Iterator, NoReturn, TypeVar
 
 import pytest
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
-__all__ = ["missing_prerequisite", "sandbox_unavailable", "slurm_sandbox", "wait_for"]
+__all__ = ["missing_prerequisite", "running_sandbox", "sandbox_unavailable", "slurm_sandbox", "wait_for"]
 
 T = TypeVar("T")
 
@@ -72,26 +74,39 @@ def sandbox_unavailable(reason: str) -> NoReturn:
     missing_prerequisite(f"Slurm sandbox unavailable: {reason}")
 
 
-@pytest.fixture(scope="session")
-def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
-    """A running 2-node Slurm sandbox for the whole test session (see module docstring)."""
+@contextlib.contextmanager
+def running_sandbox(root: Path, timeout_s: float = 60, **options: Any) -> Iterator[SlurmSandbox]:
+    """Start ``SlurmSandbox(root, **options)`` for tests, yield it running, and stop it (by PID) after.
+
+    A test that needs its own cluster (more nodes, short Slurm timeouts, accounting) uses this in a
+    module-scoped fixture. If this machine cannot run it, the test is skipped with the reason, or fails
+    under ``SLURM_DDP_REQUIRE_SLURM=1``; whatever did start before a failed start is stopped.
+    """
     problems = check_prerequisites()
     if problems:
         sandbox_unavailable("; ".join(problems))
-    sandbox = SlurmSandbox(
-        tmp_path_factory.mktemp("slurm-sandbox"),
-        nodes=SANDBOX_NODES,
-        cpus_per_node=SANDBOX_CPUS_PER_NODE,
-        gpus_per_node=SANDBOX_GPUS_PER_NODE,
-    )
+    sandbox = SlurmSandbox(root, **options)
     try:
-        sandbox.up(timeout_s=60)
+        sandbox.up(timeout_s=timeout_s)
     except SandboxUnavailable as e:
+        sandbox.down()
         sandbox_unavailable(str(e))
     try:
         yield sandbox
     finally:
         sandbox.down()
+
+
+@pytest.fixture(scope="session")
+def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
+    """A running 2-node Slurm sandbox for the whole test session (see module docstring)."""
+    with running_sandbox(
+        tmp_path_factory.mktemp("slurm-sandbox"),
+        nodes=SANDBOX_NODES,
+        cpus_per_node=SANDBOX_CPUS_PER_NODE,
+        gpus_per_node=SANDBOX_GPUS_PER_NODE,
+    ) as sandbox:
+        yield sandbox
 
 
 def wait_for(

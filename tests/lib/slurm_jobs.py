@@ -1,6 +1,6 @@
 """A digits job on a Slurm sandbox, seen from a test: submit it, watch it, read its run directory.
 
-Shared by the real-Slurm tests that start their own private sandbox (node loss, many ranks)::
+Shared by the real-Slurm tests (the digits job tier, node loss, many ranks)::
 
     from lib.slurm_jobs import DigitsJob, submit_digits
 
@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 from slurm_ddp.checkpoint import CheckpointManager
 from slurm_ddp.rundir import (
     LOGS_DIR,
+    SUBMITIT_DIR,
     batch_log_name,
     checkpoint_dir,
     is_finished,
@@ -52,6 +53,9 @@ def logs(run_dir: Path, tail_chars: int = 3000) -> str:
     log_dir = run_dir / LOGS_DIR
     for p in sorted(log_dir.glob("*")) if log_dir.exists() else []:
         parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-tail_chars:]}")
+    submitit_dir = run_dir / SUBMITIT_DIR
+    for p in sorted(submitit_dir.rglob("*.out"))[-4:] if submitit_dir.exists() else []:
+        parts.append(f"==> {p} <==\n{p.read_text(errors='replace')[-tail_chars:]}")
     return "\n".join(parts)
 
 
@@ -117,9 +121,11 @@ class DigitsJob:
         return self.state()
 
 
-def submit_digits(sandbox: Any, run_dir: Path, *sets: str) -> DigitsJob:
-    """``slurm-ddp submit`` the digits example on ``sandbox`` with small defaults and ``--set`` overrides."""
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--run-dir", str(run_dir)]
+def submit_digits(sandbox: Any, run_dir: Path, *sets: str, backend: str = "sbatch") -> DigitsJob:
+    """``slurm-ddp submit`` the digits example on ``sandbox`` through ``backend`` with small defaults and
+    ``--set`` overrides."""
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--backend", backend]
+    cmd += ["--run-dir", str(run_dir)]
     for s in (
         "train.max_steps=200",
         "train.eval_every=0",

@@ -17,9 +17,9 @@ from typing import Iterator
 import pytest
 from lib import missing_prerequisite, wait_for
 
-from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rundir import read_metrics
 from slurm_ddp.sandbox import SlurmSandbox, _which, check_prerequisites
+from slurm_ddp.testing import running_sandbox
 
 pytestmark = pytest.mark.slurm
 
@@ -36,16 +36,10 @@ def acct_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSand
     ]
     if problems:
         missing_prerequisite("; ".join(problems))
-    sb = SlurmSandbox(tmp_path_factory.mktemp("acct"), nodes=1, cpus_per_node=2, accounting=True)
-    try:
-        sb.up(timeout_s=180)
-    except SandboxUnavailable as e:
-        sb.down()
-        missing_prerequisite(f"the accounting sandbox did not start: {e}")
-    try:
+    with running_sandbox(
+        tmp_path_factory.mktemp("acct"), timeout_s=180, nodes=1, cpus_per_node=2, accounting=True
+    ) as sb:
         yield sb
-    finally:
-        sb.down()
 
 
 def logs(run_dir: Path) -> str:

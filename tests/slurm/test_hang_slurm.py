@@ -17,10 +17,9 @@ from typing import Dict, Iterator, List, Tuple
 import pytest
 from lib import wait_for
 
-from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rundir import read_metrics
-from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
-from slurm_ddp.testing import sandbox_unavailable
+from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.testing import running_sandbox
 
 pytestmark = pytest.mark.slurm
 
@@ -31,18 +30,10 @@ TASKS = REPO / "tests" / "local"
 
 @pytest.fixture(scope="module")
 def sandbox3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
-    problems = check_prerequisites()
-    if problems:
-        sandbox_unavailable("; ".join(problems))
-    sb = SlurmSandbox(tmp_path_factory.mktemp("slurm-sandbox3"), nodes=3, cpus_per_node=2, gpus_per_node=0)
-    try:
-        sb.up(timeout_s=90)
-    except SandboxUnavailable as e:
-        sandbox_unavailable(str(e))
-    try:
+    with running_sandbox(
+        tmp_path_factory.mktemp("slurm-sandbox3"), timeout_s=90, nodes=3, cpus_per_node=2, gpus_per_node=0
+    ) as sb:
         yield sb
-    finally:
-        sb.down()
 
 
 def show(sb: SlurmSandbox, job_id: str) -> Dict[str, str]:

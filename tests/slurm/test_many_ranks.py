@@ -19,10 +19,9 @@ from typing import Iterator
 import pytest
 from lib.slurm_jobs import record_timing, submit_digits, train_steps
 
-from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rundir import read_metrics, read_preempted
-from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
-from slurm_ddp.testing import sandbox_unavailable, wait_for
+from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.testing import running_sandbox, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -32,18 +31,8 @@ MAX_STEPS = 60
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
-    problems = check_prerequisites()
-    if problems:
-        sandbox_unavailable("; ".join(problems))
-    sb = SlurmSandbox(tmp_path_factory.mktemp("many-ranks"), nodes=NODES, cpus_per_node=TASKS_PER_NODE)
-    try:
-        sb.up(timeout_s=60)
-    except SandboxUnavailable as e:
-        sandbox_unavailable(str(e))
-    try:
+    with running_sandbox(tmp_path_factory.mktemp("many-ranks"), nodes=NODES, cpus_per_node=TASKS_PER_NODE) as sb:
         yield sb
-    finally:
-        sb.down()
 
 
 def test_eight_ranks_on_four_nodes_signal_requeue_resume(cluster: SlurmSandbox, tmp_path: Path) -> None:

@@ -24,10 +24,9 @@ from typing import Iterator, List
 import pytest
 from lib.slurm_jobs import DigitsJob, committed_steps, record_timing, submit_digits, train_steps
 
-from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rundir import read_metrics
-from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
-from slurm_ddp.testing import sandbox_unavailable, wait_for
+from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.testing import running_sandbox, wait_for
 
 pytestmark = pytest.mark.slurm
 
@@ -41,25 +40,15 @@ MESSAGE_TIMEOUT_S = 3
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
-    problems = check_prerequisites()
-    if problems:
-        sandbox_unavailable("; ".join(problems))
-    sb = SlurmSandbox(
+    with running_sandbox(
         tmp_path_factory.mktemp("node-loss"),
         nodes=3,
         cpus_per_node=2,
         slurmd_timeout_s=SLURMD_TIMEOUT_S,
         message_timeout_s=MESSAGE_TIMEOUT_S,
         kill_wait_s=2,
-    )
-    try:
-        sb.up(timeout_s=60)
-    except SandboxUnavailable as e:
-        sandbox_unavailable(str(e))
-    try:
+    ) as sb:
         yield sb
-    finally:
-        sb.down()
 
 
 def node_state(sb: SlurmSandbox, node: str) -> str:

@@ -10,113 +10,21 @@ printed (``pytest -s``) and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import pytest
 from lib import require_module, wait_for
+from lib.slurm_jobs import DigitsJob as Job
+from lib.slurm_jobs import logs, record_timing, train_steps
+from lib.slurm_jobs import submit_digits as submit
 
 from slurm_ddp.rundir import read_metrics as metrics
 
 pytestmark = pytest.mark.slurm
-
-REPO = Path(__file__).resolve().parents[2]
-JOB = REPO / "examples" / "digits" / "job.yaml"
-
-
-# --------------------------------------------------------------------------- helpers
-def train_steps(run_dir: Path) -> List[int]:
-    return [m["step"] for m in metrics(run_dir) if m["event"] == "train"]
-
-
-def logs(run_dir: Path) -> str:
-    parts = []
-    for p in sorted((run_dir / "logs").glob("*")) if (run_dir / "logs").exists() else []:
-        parts.append(f"==> {p.name} <==\n{p.read_text(errors='replace')[-3000:]}")
-    sub = run_dir / "submitit"
-    if sub.exists():
-        for p in sorted(sub.rglob("*.out"))[-4:]:
-            parts.append(f"==> {p} <==\n{p.read_text(errors='replace')[-3000:]}")
-    return "\n".join(parts)
-
-
-def record_timing(name: str, value: float, unit: str = "s") -> None:
-    line = f"TIMING {name}: {value:.2f} {unit}"
-    print(line)
-    out = os.environ.get("SLURM_DDP_TIMINGS")
-    if out:
-        with open(out, "a") as f:
-            f.write(line + "\n")
-
-
-class Job:
-    def __init__(self, sandbox, run_dir: Path, job_id: str):
-        self.sb, self.run_dir, self.id = sandbox, run_dir, job_id
-
-    def show(self) -> Dict[str, str]:
-        r = self.sb.run(["scontrol", "show", "job", "-o", self.id], capture_output=True, text=True, timeout=20)
-        return dict(re.findall(r"(\w+)=(\S*)", r.stdout))
-
-    def state(self) -> str:
-        return self.show().get("JobState", "?")
-
-    def restarts(self) -> int:
-        return int(self.show().get("Restarts", "0") or 0)
-
-    def scancel(self, *args: str) -> None:
-        r = self.sb.run(["scancel", *args, self.id], capture_output=True, text=True, timeout=20)
-        assert r.returncode == 0, r.stderr
-
-    def wait_step(self, step: int, timeout_s: float = 180) -> None:
-        wait_for(
-            lambda: any(s >= step for s in train_steps(self.run_dir)),
-            timeout_s,
-            f"job {self.id} step {step}",
-            lambda: f"{self.show()}\n{logs(self.run_dir)}",
-        )
-
-    def wait_finished(self, timeout_s: float = 300) -> dict:
-        wait_for(
-            lambda: (self.run_dir / "FINISHED").exists(),
-            timeout_s,
-            f"job {self.id} to finish",
-            lambda: f"{self.show()}\n{logs(self.run_dir)}",
-        )
-        wait_for(lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED"), 60, f"job {self.id} to end")
-        return json.loads((self.run_dir / "FINISHED").read_text())
-
-    def wait_ended(self, timeout_s: float = 120) -> str:
-        wait_for(
-            lambda: self.state() in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"),
-            timeout_s,
-            f"job {self.id} to end",
-            lambda: f"{self.show()}\n{logs(self.run_dir)}",
-        )
-        return self.state()
-
-
-def submit(sandbox, run_dir: Path, *sets: str, backend: str = "sbatch") -> Job:
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", backend, "--run-dir", str(run_dir)]
-    for s in (
-        "train.max_steps=200",
-        "train.eval_every=0",
-        "train.log_every=10",
-        "checkpoint.every_steps=50",
-        "slurm.time=00:10:00",
-        *sets,
-    ):
-        cmd += ["--set", s]
-    r = sandbox.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    m = re.search(r"submitted job (\d+)", r.stdout)
-    assert m, r.stdout
-    return Job(sandbox, run_dir, m.group(1))
 
 
 def preempted_step(run_dir: Path) -> int:
