@@ -236,7 +236,7 @@ def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) 
     import shutil
     import subprocess
 
-    from .backends.submitit_backend import requeue
+    from .ops.slurm import requeue_job
     from .rundir import decide_requeue_here
 
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": str(restart)}
@@ -255,7 +255,7 @@ def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) 
         handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp watchdog: %(message)s", "%Y-%m-%dT%H:%M:%S"))
         wlog.handlers[:] = [handler]
         wlog.setLevel(logging.INFO)
-        requeue(job_id, decision.exclude, subprocess.run, wlog)
+        requeue_job(job_id, decision.exclude, subprocess.run, wlog)
 
 
 def _parser() -> argparse.ArgumentParser:

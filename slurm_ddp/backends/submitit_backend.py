@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..config import command_argv
 from ..errors import ClusterError, UserError
+from ..ops.slurm import requeue_job
 from ..render import sbatch_options
 from ..rundir import SUBMITIT_DIR, RequeueDecision, decide_requeue_here, mark_command_finished, record_job
 from . import SubmitPlan, prepare_run_dir
@@ -38,31 +39,6 @@ log = logging.getLogger("slurm_ddp.submitit")
 #: sbatch options submitit writes itself: ``--signal=USR2@signal_delay_s`` (to every task, not
 #: ``B:``), ``--output``/``--error`` into its folder, ``--open-mode=append``.
 SUBMITIT_OWN_OPTIONS = frozenset({"signal", "output", "error", "open_mode"})
-
-
-def requeue(job_id: str, exclude: Optional[str], run: Callable[..., Any], wlog: logging.Logger) -> None:
-    """``scontrol requeue JOB_ID``, then leave node ``exclude`` (a hang's) out of the requeued job
-    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again),
-    as the batch script does."""
-    r = run(["scontrol", "requeue", job_id], check=False)
-    if getattr(r, "returncode", 0) != 0:
-        wlog.error("scontrol requeue failed (status %s)", r.returncode)
-        return
-    if not exclude:
-        return
-    out = run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True)
-    current = ""
-    for word in str(getattr(out, "stdout", "") or "").split():
-        if word.startswith("ExcNodeList="):
-            current = word.split("=", 1)[1]
-    nodes = exclude if current in ("", "(null)") else f"{current},{exclude}"
-    for _ in range(5):
-        r = run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=False)
-        if getattr(r, "returncode", 0) == 0:
-            wlog.warning("node %s is left out of the requeued job (ExcNodeList=%s)", exclude, nodes)
-            return
-        time.sleep(1)
-    wlog.error("could not leave node %s out of the requeued job", exclude)
 
 
 class SubmititWorker:
@@ -93,7 +69,7 @@ class SubmititWorker:
             wlog = logging.getLogger("slurm_ddp.worker")
             wlog.log(logging.WARNING if decision.preempted else logging.INFO, "%s", decision.reason)
             if decision.requeue:
-                requeue(os.environ["SLURM_JOB_ID"], decision.exclude, run, wlog)
+                requeue_job(os.environ["SLURM_JOB_ID"], decision.exclude, run, wlog)
         if decision.preempted:
             return decision.exit_code
         if status != 0:
@@ -132,7 +108,6 @@ class SubmititCommand(SubmititWorker):
 
     def __call__(self) -> int:
         import signal
-        import time
 
         pending: List[int] = []
         requeue_sig = signal.Signals["SIG" + self.signal_name]
