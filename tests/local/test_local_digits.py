@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +20,7 @@ import torch
 from lib import wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.rundir import PROVENANCE_NAME
 
 pytestmark = pytest.mark.local
 
@@ -110,6 +112,20 @@ def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
     state = torch.load(run_dir / "final_model.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state)
     DigitsNet(width=32).load_state_dict(state)
+
+    # provenance.json: both submits (what was submitted, with which versions) and both starts (where).
+    prov = json.loads((run_dir / PROVENANCE_NAME).read_text())
+    assert len(prov["submits"]) == 2 and len(prov["starts"]) == 2, prov
+    for sub in prov["submits"]:
+        assert "submit" in sub["argv"] and sub["backend"] == "local", sub
+        assert sub["versions"]["torch"] == torch.__version__ and sub["versions"]["python"], sub["versions"]
+        assert re.fullmatch(r"[0-9a-f]{64}", sub["packages_sha256"]) and re.fullmatch(
+            r"[0-9a-f]{64}", sub["script_sha256"]
+        )
+        assert sub["snapshot"] and all(re.fullmatch(r"[0-9a-f]{40}", g["commit"]) for g in sub["git"]), sub
+    for start in prov["starts"]:
+        assert start["host"] == socket.gethostname() and start["world_size"] == 2, start
+        assert start["snapshot"] == prov["submits"][0]["snapshot"] and start["versions"]["torch"] == torch.__version__
 
     # A third submit of a finished run exits at once without training again.
     again = subprocess.run(submit_cmd(run_dir), capture_output=True, text=True, timeout=120)
