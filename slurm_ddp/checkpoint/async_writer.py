@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import time
 from collections import OrderedDict
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
 from .manager import CheckpointInfo, CheckpointManager
@@ -164,13 +164,26 @@ class _Job:
     """One background task: a write (what to save, and what came of it) or, with ``state=None``
     and ``like`` set, an allocation of snapshot buffers (``AsyncCheckpointer.prepare``)."""
 
-    __slots__ = ("manager", "state", "step", "world_size", "done", "info", "error", "like", "buffers", "rank_states")
+    __slots__ = (
+        "manager",
+        "state",
+        "step",
+        "world_size",
+        "done",
+        "info",
+        "error",
+        "like",
+        "buffers",
+        "rank_states",
+        "rank_digests",
+    )
 
     def __init__(
         self, manager: Optional[CheckpointManager], state: Any, step: int, world_size: int, done: Any, like: Any = None
     ):
         self.manager, self.state, self.step, self.world_size, self.done = manager, state, step, world_size, done
         self.rank_states = 0
+        self.rank_digests: Any = None
         self.like = like
         self.buffers: Any = None
         self.info: Optional[CheckpointInfo] = None
@@ -180,7 +193,11 @@ class _Job:
         if self.manager is None:
             self.buffers = _allocate_like(self.like)
         else:
-            extra = {"rank_states": self.rank_states} if self.rank_states else {}  # a save() of before stays callable
+            extra: Dict[str, Any] = (
+                {"rank_states": self.rank_states} if self.rank_states else {}
+            )  # a save() of before stays callable
+            if self.rank_digests:
+                extra["rank_digests"] = self.rank_digests
             self.info = self.manager.save(self.state, self.step, world_size=self.world_size, **extra)
 
 
@@ -273,8 +290,15 @@ class AsyncCheckpointer:
         self._job = _Job(None, None, 0, 0, self._threading.Event(), like=state)
         self._jobs.put(self._job)
 
-    def save(self, state: Dict[str, Any], step: int, world_size: int = 1, rank_states: int = 0) -> float:
-        """Snapshot ``state`` and start writing it (``rank_states``: as ``CheckpointManager.save``);
+    def save(
+        self,
+        state: Dict[str, Any],
+        step: int,
+        world_size: int = 1,
+        rank_states: int = 0,
+        rank_digests: Optional[Sequence[Tuple[int, str]]] = None,
+    ) -> float:
+        """Snapshot ``state`` and start writing it (``rank_states``, ``rank_digests``: as ``CheckpointManager.save``);
         returns the seconds the caller was blocked."""
         t0 = time.perf_counter()
         self.wait()  # at most one write in flight; after it, the previous snapshot is free
@@ -293,6 +317,7 @@ class AsyncCheckpointer:
         self._start_worker()
         self._job = _Job(self.manager, snapshot, step, world_size, self._threading.Event())
         self._job.rank_states = rank_states
+        self._job.rank_digests = rank_digests
         self._jobs.put(self._job)
         return time.perf_counter() - t0
 

@@ -14,8 +14,12 @@ so the committed data is never overwritten in place).
 Per-rank state (each rank's RNG streams: a few kB per rank) is not gathered to rank 0: every rank
 writes its own ``step-00000120.rank-00003.pt`` (``save_rank_state``, atomic and durable) before the
 checkpoint is committed, and the manifest's ``rank_states`` field (the number of such files) commits
-them together with the data file. A manifest without the field (an older checkpoint) has none; its
-data file holds the gathered states itself.
+them together with the data file. ``rank_states_size_bytes`` and ``rank_states_sha256`` (lists, by
+rank) record each file's size and digest (each rank hashes its own file while writing it; rank 0 gets
+the digests through the collective that orders the writes before the commit), so a truncated or
+corrupted rank file invalidates its checkpoint like a damaged data file. A manifest without
+``rank_states`` (an older checkpoint) has none; its data file holds the gathered states itself; one
+with ``rank_states`` but no digests is checked for the files' presence only.
 The commit protocol (what makes a crash at any instant leave a valid latest checkpoint):
 
 1. write the data to a temporary name in the same directory, ``fsync`` it, ``rename`` it;
@@ -37,7 +41,7 @@ import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
 from .durable import PathArg, atomic_write, atomic_write_text, sha256_file
@@ -62,6 +66,8 @@ class CheckpointInfo:
     sha256: str
     created: float  #: time.time() when committed
     rank_states: int = 0  #: per-rank state files committed with it (ranks 0..N-1); 0: none
+    #: each rank file's ``(size_bytes, sha256)``, by rank; empty: not recorded (an older manifest)
+    rank_digests: Tuple[Tuple[int, str], ...] = ()
 
 
 class CheckpointManager:
@@ -86,21 +92,22 @@ class CheckpointManager:
         """The per-rank state file of ``rank`` for the checkpoint of ``step``."""
         return self.directory / f"step-{step:08d}.rank-{rank:05d}.pt"
 
-    def save_rank_state(self, state: Dict[str, Any], step: int, rank: int) -> int:
+    def save_rank_state(self, state: Dict[str, Any], step: int, rank: int) -> Tuple[int, str]:
         """Write ``rank``'s own state for the checkpoint of ``step`` (every rank, before rank 0's ``save``
         with ``rank_states``: the caller makes sure all are written first, e.g. with a barrier).
 
-        Atomic and durable; not committed until a manifest names it. Returns its size in bytes.
+        Atomic and durable; not committed until a manifest names it. Returns ``(size_bytes, sha256_hex)``
+        of the file (hashed while writing: pass them to ``save``'s ``rank_digests``).
         Raises ``CheckpointError`` when it cannot be written.
         """
         import torch
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
-            size, _ = atomic_write(self.rank_state_path(step, rank), lambda f: torch.save(state, f))
+            size, digest = atomic_write(self.rank_state_path(step, rank), lambda f: torch.save(state, f))
         except OSError as e:
             raise CheckpointError(f"could not write rank {rank}'s state of step {step} to {self.directory}: {e}") from e
-        return size
+        return size, digest
 
     def load_rank_state(self, info: CheckpointInfo, rank: int) -> Dict[str, Any]:
         """``rank``'s own state committed with ``info`` (``torch.load(weights_only=True)``).
@@ -120,15 +127,26 @@ class CheckpointManager:
             raise CheckpointError(f"could not load rank {rank}'s state {path}: {e}") from e
         return state
 
-    def save(self, state: Dict[str, Any], step: int, world_size: int = 1, rank_states: int = 0) -> CheckpointInfo:
+    def save(
+        self,
+        state: Dict[str, Any],
+        step: int,
+        world_size: int = 1,
+        rank_states: int = 0,
+        rank_digests: Optional[Sequence[Tuple[int, str]]] = None,
+    ) -> CheckpointInfo:
         """Commit ``state`` (a dict of tensors/containers/primitives) as the checkpoint of ``step``.
 
         ``rank_states``: how many per-rank state files (``save_rank_state``, ranks 0..N-1, already
-        written) this commit includes. Durable and atomic (see the module docstring); prunes to
+        written) this commit includes; ``rank_digests``: their ``(size_bytes, sha256_hex)`` by rank, as
+        ``save_rank_state`` returned them (None: not recorded; else one per rank). Durable and atomic (see the module docstring); prunes to
         ``keep_last`` afterwards. Raises ``CheckpointError`` when the data cannot be written.
         """
         import torch
 
+        digests = tuple((int(n), str(h)) for n, h in rank_digests or ())
+        if digests and len(digests) != rank_states:
+            raise ValueError(f"rank_digests has {len(digests)} entries for rank_states={rank_states}")
         data_path, manifest_path = self._paths(step)
         # Saving a step that is already committed (a preemption save right after the periodic save
         # of the same step): never overwrite the data file the committed manifest vouches for, or a
@@ -152,6 +170,7 @@ class CheckpointManager:
                 sha256=digest,
                 created=time.time(),
                 rank_states=rank_states,
+                rank_digests=digests,
             )
             manifest: Dict[str, Any] = {
                 "step": step,
@@ -165,6 +184,9 @@ class CheckpointManager:
             }
             if rank_states:
                 manifest["rank_states"] = rank_states
+            if digests:
+                manifest["rank_states_size_bytes"] = [n for n, _ in digests]
+                manifest["rank_states_sha256"] = [h for _, h in digests]
             atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
         except OSError as e:
             raise CheckpointError(f"could not write checkpoint of step {step} to {self.directory}: {e}") from e
@@ -184,6 +206,12 @@ class CheckpointManager:
     def _read_manifest(self, manifest: Path, quiet: bool = False) -> Optional[CheckpointInfo]:
         try:
             m = json.loads(manifest.read_text())
+            if not isinstance(m, dict):
+                raise ValueError("not a JSON object")
+            rank_states = int(m.get("rank_states", 0))
+            sizes, hashes = m.get("rank_states_size_bytes", []), m.get("rank_states_sha256", [])
+            if len(sizes) != len(hashes) or (sizes and len(sizes) != rank_states):
+                raise ValueError(f"{len(sizes)} rank sizes and {len(hashes)} rank digests for {rank_states} ranks")
             return CheckpointInfo(
                 step=int(m["step"]),
                 path=manifest.with_name(m["file"]),
@@ -193,7 +221,8 @@ class CheckpointManager:
                 size_bytes=int(m["size_bytes"]),
                 sha256=str(m["sha256"]),
                 created=float(m.get("created", 0.0)),
-                rank_states=int(m.get("rank_states", 0)),
+                rank_states=rank_states,
+                rank_digests=tuple((int(n), str(h)) for n, h in zip(sizes, hashes)),
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             if not quiet:
@@ -218,7 +247,7 @@ class CheckpointManager:
         return sorted(infos, key=lambda i: i.step)
 
     def verify(self, info: CheckpointInfo) -> Optional[str]:
-        """None when the data file matches its manifest, else what is wrong."""
+        """None when the data file and the rank state files match the manifest, else what is wrong."""
         try:
             size = info.path.stat().st_size
         except OSError:
@@ -228,8 +257,18 @@ class CheckpointManager:
         if sha256_file(info.path) != info.sha256:
             return "sha256 does not match the manifest (corrupted)"
         for rank in range(info.rank_states):
-            if not self.rank_state_path(info.step, rank).is_file():
+            path = self.rank_state_path(info.step, rank)
+            try:
+                size = path.stat().st_size
+            except OSError:
                 return f"rank {rank}'s state file is missing"
+            if not info.rank_digests:  # an older manifest: presence only
+                continue
+            want_size, want_sha256 = info.rank_digests[rank]
+            if size != want_size:
+                return f"rank {rank}'s state file is {size} B, manifest says {want_size} B (truncated?)"
+            if sha256_file(path) != want_sha256:
+                return f"rank {rank}'s state file's sha256 does not match the manifest (corrupted)"
         return None
 
     def latest(self) -> Optional[CheckpointInfo]:

@@ -16,7 +16,7 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, cast
+from typing import Any, Dict, Iterator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -234,29 +234,32 @@ class Trainer:
             "scaler": self.scaler.state_dict() if self.scaler is not None else None,
         }
 
-    def save_rank_states(self) -> None:
-        """Collective: every rank writes its own RNG state beside the checkpoint of this step, then a
-        barrier, so that rank 0 commits the checkpoint only once all of them are durable. Constant
-        work per rank whatever the world size (a gather would bring world × ~15 kB to rank 0)."""
-        self.ckpt.save_rank_state(capture_rng(), self.step, self.denv.rank)
+    def save_rank_states(self) -> List[Tuple[int, str]]:
+        """Collective: every rank writes its own RNG state beside the checkpoint of this step, then one
+        all_gather of each file's ``(size_bytes, sha256)`` (40 B per rank, hashed while writing) in place
+        of a barrier, so that rank 0 commits the checkpoint, with the digests, only once all of them are
+        durable. Returns the digests by rank. Constant file work per rank whatever the world size (a
+        gather of the states would bring world × ~15 kB to rank 0)."""
+        mine = self.ckpt.save_rank_state(capture_rng(), self.step, self.denv.rank)
         if dist.is_initialized() and self.denv.world_size > 1:
-            dist.barrier()
+            return gather_rank_digests(mine, self.device)
+        return [mine]
 
     def save_checkpoint(self, reason: str, sync: bool = True) -> None:
         """Collective: per-rank states, then rank 0 commits the checkpoint (in the background unless ``sync``); barrier."""
         t0 = time.perf_counter()
         self.progress.mark(self.step, CHECKPOINT)
-        self.save_rank_states()
+        digests = self.save_rank_states()
         state = self.state_dict()
         ranks = self.denv.world_size
         if state is not None:
             if self.writer is not None and not sync:
-                self.writer.save(state, self.step, world_size=ranks, rank_states=ranks)
+                self.writer.save(state, self.step, world_size=ranks, rank_states=ranks, rank_digests=digests)
                 how = "writing in the background"
             else:
                 if self.writer is not None:
                     self.writer.wait()  # flush a pending background write first
-                info = self.ckpt.save(state, self.step, world_size=ranks, rank_states=ranks)
+                info = self.ckpt.save(state, self.step, world_size=ranks, rank_states=ranks, rank_digests=digests)
                 how = f"committed, {info.size_bytes / 1e6:.1f} MB"
             blocked = time.perf_counter() - t0
             self.blocked_s += blocked
@@ -627,6 +630,23 @@ class Trainer:
             f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
             f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})"
         )
+
+
+def gather_rank_digests(mine: Tuple[int, str], device: torch.device) -> List[Tuple[int, str]]:
+    """Collective (one all_gather): every rank's ``(size_bytes, sha256_hex)`` of its rank state file, by
+    rank. Packed as 40 uint8 per rank (8 B little-endian size, 32 B digest), on ``device`` under NCCL."""
+    size, digest = mine
+    packed = size.to_bytes(8, "little") + bytes.fromhex(digest)
+    if dist.get_backend() != "nccl":
+        device = torch.device("cpu")
+    t = torch.tensor(list(packed), dtype=torch.uint8, device=device)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    digests = []
+    for o in out:
+        b = bytes(o.cpu().tolist())
+        digests.append((int.from_bytes(b[:8], "little"), b[8:].hex()))
+    return digests
 
 
 def _is_peer_failure(e: BaseException) -> bool:

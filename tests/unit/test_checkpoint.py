@@ -285,6 +285,102 @@ def test_a_manifest_without_rank_states_has_none(tmp_path):
     assert mgr.latest().rank_states == 0 and mgr.load()["step"] == 5
 
 
+def rank_saved(mgr: CheckpointManager, step: int, ranks: int = 3, digests: bool = True):
+    """Rank files and their commit, as ``Trainer.save_checkpoint`` does it (digests from the writes)."""
+    got = [mgr.save_rank_state({"torch": torch.full((3,), step * 10 + r)}, step, r) for r in range(ranks)]
+    return mgr.save(state(step), step, world_size=ranks, rank_states=ranks, rank_digests=got if digests else None)
+
+
+def test_rank_files_size_and_sha256_are_in_the_manifest(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    info = rank_saved(mgr, 4)
+    m = json.loads(info.manifest.read_text())
+    for r in range(3):
+        path = mgr.rank_state_path(4, r)
+        assert m["rank_states_size_bytes"][r] == path.stat().st_size
+        assert m["rank_states_sha256"][r] == hashlib.sha256(path.read_bytes()).hexdigest()
+    assert mgr.committed()[0].rank_digests == info.rank_digests and mgr.verify(info) is None
+    with pytest.raises(ValueError, match="2 entries"):
+        mgr.save(state(5), 5, world_size=3, rank_states=3, rank_digests=info.rank_digests[:2])
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "missing"])
+def test_a_damaged_rank_file_falls_back_to_the_previous_checkpoint(tmp_path, caplog, damage):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    rank_saved(mgr, 1)
+    rank_saved(mgr, 2)
+    path = mgr.rank_state_path(2, 1)
+    if damage == "flip":
+        flip_byte(path)
+    elif damage == "truncate":
+        path.write_bytes(path.read_bytes()[:-5])
+    else:
+        path.unlink()
+    problem = mgr.verify(mgr.committed()[-1])
+    assert problem is not None and "rank 1" in problem
+    want = {"flip": "sha256", "truncate": "truncated", "missing": "missing"}[damage]
+    assert want in problem
+    latest = mgr.latest()  # what the resume uses: the newest valid checkpoint
+    assert latest is not None and latest.step == 1
+    assert [int(mgr.load_rank_state(latest, r)["torch"][0]) for r in range(3)] == [10, 11, 12]
+    assert mgr.load(latest)["step"] == 1  # as Trainer.resume: latest() once, then load(info)
+    warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING and r.name == LOGGER]
+    assert len(warnings) == 1 and "step 2" in warnings[0] and "rank 1" in warnings[0]
+
+
+def test_a_manifest_with_rank_states_but_no_digests_still_loads(tmp_path):
+    """A checkpoint committed before digests were recorded: presence of the rank files only."""
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    info = rank_saved(mgr, 6, digests=False)
+    m = json.loads(info.manifest.read_text())
+    assert m["rank_states"] == 3 and "rank_states_sha256" not in m and "rank_states_size_bytes" not in m
+    flip_byte(mgr.rank_state_path(6, 2), offset=0)  # undetectable without a digest: still valid
+    latest = mgr.latest()
+    assert latest is not None and latest.step == 6 and latest.rank_digests == ()
+    assert int(mgr.load_rank_state(latest, 1)["torch"][0]) == 61 and mgr.load()["step"] == 6
+
+
+def test_a_manifest_with_mismatched_rank_digests_is_skipped(tmp_path, caplog):
+    caplog.set_level(logging.WARNING, logger=LOGGER)
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    rank_saved(mgr, 1)
+    info = rank_saved(mgr, 2)
+    m = json.loads(info.manifest.read_text())
+    m["rank_states_sha256"] = m["rank_states_sha256"][:2]
+    info.manifest.write_text(json.dumps(m))
+    assert mgr.latest().step == 1
+
+
+def test_the_async_writer_commits_the_rank_digests(tmp_path):
+    from slurm_ddp.checkpoint import AsyncCheckpointer
+
+    mgr = CheckpointManager(tmp_path, keep_last=3)
+    got = [mgr.save_rank_state({"torch": torch.zeros(2)}, 3, r) for r in range(2)]
+    writer = AsyncCheckpointer(mgr)
+    try:
+        writer.save(state(3), 3, world_size=2, rank_states=2, rank_digests=got)
+        info = writer.wait()
+    finally:
+        writer.close()
+    assert info is not None and info.rank_digests == tuple(got)
+    assert mgr.committed()[-1].rank_digests == tuple(got) and mgr.verify(info) is None
+
+
+def test_gather_rank_digests_round_trips_through_a_process_group(tmp_path):
+    import torch.distributed as dist
+
+    from slurm_ddp.worker.train import gather_rank_digests
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        mine = (12345678901, hashlib.sha256(b"rank 0").hexdigest())
+        assert gather_rank_digests(mine, torch.device("cpu")) == [mine]
+    finally:
+        dist.destroy_process_group()
+
+
 def test_atomic_write_returns_size_and_sha256(tmp_path):
     path = tmp_path / "f.bin"
     size, digest = atomic_write(path, lambda f: (f.write(b"hello "), f.write(b"world")))
