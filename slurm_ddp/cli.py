@@ -281,7 +281,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
 
     if args.test_only:
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
-    plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv))
+    plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
     if backend == "sbatch":
         check_array_size(sweep)
     if args.dry_run:
@@ -313,6 +313,8 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
         check_command(cfg0, warn=warn)
         if not cfg0.train.command:
             check_task_imports(cfg0, cwd_on_path=backend == "local", warn=warn)
+    for w in plan.warnings:
+        print(f"slurm-ddp: warning: {w}", file=sys.stderr)
     n = len(sweep.elements)
     if backend == "sbatch":
         from .sweep import array_spec

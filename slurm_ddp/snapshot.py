@@ -94,11 +94,15 @@ class SnapshotPlan:
             f"{', '.join(self.roots) or '-'} -> {self.directory}"
         )
 
-    def record(self) -> Dict[str, Any]:
-        """The ``snapshot.json`` record (relative directory, so a moved run directory still works)."""
+    def record(self, run_dir: Optional[str] = None) -> Dict[str, Any]:
+        """The ``snapshot.json`` record (relative directory, so a moved run directory still works).
+
+        ``run_dir``: write it for another run directory that runs this snapshot (a sweep's element:
+        ``dir`` is then relative to it, e.g. ``../code/<digest>``)."""
+        rel = os.path.relpath(self.directory, os.path.abspath(run_dir)) if run_dir else snapshot_dir_name(self.digest)
         return {
             "digest": self.digest,
-            "dir": snapshot_dir_name(self.digest),
+            "dir": rel,
             "roots": list(self.roots),
             "git_roots": list(self.git_roots),
             "files": len(self.files),
@@ -313,11 +317,22 @@ def take(plan: SnapshotPlan) -> Path:
     return dest
 
 
-def write_record(plan: SnapshotPlan) -> None:
-    """Write ``RUN_DIR/snapshot.json`` atomically (the snapshot the ranks run from from now on)."""
+def write_record(plan: SnapshotPlan, run_dir: Optional[str] = None, *, fsync: bool = True) -> None:
+    """Write ``RUN_DIR/snapshot.json`` atomically (the snapshot the ranks run from from now on).
+
+    ``run_dir``: another run directory that runs ``plan``'s snapshot (a sweep element runs the
+    sweep's one snapshot); default ``plan.run_dir``. ``fsync=False``: renamed into place but not
+    fsynced (a thousand sweep elements; a record lost to a power cut is rewritten by resubmitting)."""
     from .checkpoint import atomic_write_text
 
-    atomic_write_text(Path(plan.run_dir) / SNAPSHOT_NAME, json.dumps(plan.record(), indent=1) + "\n")
+    target = Path(run_dir or plan.run_dir) / SNAPSHOT_NAME
+    text = json.dumps(plan.record(run_dir), indent=1) + "\n"
+    if fsync:
+        atomic_write_text(target, text)
+        return
+    tmp = target.with_name(f".{SNAPSHOT_NAME}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, target)
 
 
 def read_record(run_dir: str) -> Optional[Dict[str, Any]]:
@@ -375,7 +390,7 @@ def run_pythonpath(run_dir: str, pythonpath: Iterable[str]) -> List[str]:
     rec = read_record(run_dir)
     if rec is None or not isinstance(rec.get("roots"), list) or not isinstance(rec.get("dir"), str):
         return paths
-    directory = os.path.join(os.path.abspath(run_dir), rec["dir"])
+    directory = os.path.normpath(os.path.join(os.path.abspath(run_dir), rec["dir"]))  # a sweep element: ../code/..
     return [remap_path(p, [str(r) for r in rec["roots"]], directory) for p in paths]
 
 
@@ -391,4 +406,5 @@ __all__ = [
     "run_pythonpath",
     "source_dirs",
     "take",
+    "write_record",
 ]

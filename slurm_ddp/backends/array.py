@@ -35,6 +35,7 @@ from ..rundir import (
     record_sweep_job,
     write_sweep_manifest,
 )
+from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
 from ..sweep import Sweep, SweepElement, array_spec
 from . import BACKENDS, check_run_dir, default_run_dir
 
@@ -50,6 +51,10 @@ class SweepPlan:
     todo: Tuple[int, ...]  #: indices of the elements to run (not finished)
     resuming: bool  #: the sweep directory already holds this sweep
     command: Tuple[str, ...]  #: the sbatch argv (informative for local)
+    #: the sweep's one code snapshot (``SWEEP_DIR/code/<digest>``; None: train.snapshot is off)
+    snapshot: Optional[SnapshotPlan] = None
+    warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
+    accept_new_code: bool = False  #: ``--accept-new-code`` (the local backend checks each element again)
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -67,6 +72,7 @@ class SweepPlan:
             f"# elements: {n}, to run: {len(self.todo)}"
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
+            *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
         return "\n".join(head) + "\n" + self.rendered.script
@@ -79,8 +85,10 @@ def render_sweep(
     indices: Optional[Sequence[int]] = None,
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
+    snapshot: Optional[SnapshotPlan] = None,
 ) -> RenderedJob:
-    """The array script of ``sweep`` writing into ``sweep_dir`` (``--array`` of ``indices``, default all)."""
+    """The array script of ``sweep`` writing into ``sweep_dir`` (``--array`` of ``indices``, default all);
+    with ``snapshot``, train.command's script and train.workdir point into it (``remap_config``)."""
     n = len(sweep.elements)
     idx = list(range(n)) if indices is None else list(indices)
     job = ArrayJob(
@@ -89,7 +97,8 @@ def render_sweep(
         sweep_hash=sweep.sweep_hash(),
         elements=tuple((e.index, e.label) for e in sweep.elements),
     )
-    return render(sweep.base_cfg, sweep_dir, command=command, python=python, array=job)
+    cfg = remap_config(sweep.base_cfg, snapshot)
+    return render(cfg, sweep_dir, command=command, python=python, array=job)
 
 
 def default_sweep_dir(sweep: Sweep) -> str:
@@ -135,10 +144,14 @@ def plan_sweep(
     *,
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
+    accept_new_code: bool = False,
 ) -> SweepPlan:
     """The dry-run object of a sweep for ``backend`` (``sbatch`` or ``local``).
 
-    Raises ``UserError`` for another backend or a sweep directory of another sweep.
+    The sweep takes one code snapshot (``slurm_ddp.snapshot``, of the base config's code) stored
+    once in the sweep directory; every element's ranks run from it. Raises ``UserError`` for
+    another backend, a sweep directory of another sweep, code that cannot be snapshotted, and a
+    sweep directory whose snapshot differs from the code now (unless ``accept_new_code``).
     """
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
@@ -148,7 +161,9 @@ def plan_sweep(
         )
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
-    rendered = render_sweep(sweep, sweep_dir, command=command, python=python)
+    snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
+    rendered = render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
     spec = array_spec(todo, sweep.parallelism) if todo else ""
     argv: Tuple[str, ...] = (
         "sbatch",
@@ -167,14 +182,21 @@ def plan_sweep(
         todo=tuple(todo),
         resuming=resuming,
         command=argv,
+        snapshot=snap,
+        warnings=(warning,) if warning else (),
+        accept_new_code=accept_new_code,
     )
 
 
 def prepare_sweep_dir(plan: SweepPlan) -> Path:
-    """Write the sweep directory: ``sweep.json``, the array script, and per element a run
-    directory with its ``config.yaml``, ``logs/`` and ``checkpoints/``."""
+    """Write the sweep directory: ``sweep.json``, the array script, the code snapshot (once:
+    ``code/<digest>``, ``snapshot.json``), and per element a run directory with its
+    ``config.yaml``, ``logs/``, ``checkpoints/`` and a ``snapshot.json`` naming the sweep's snapshot
+    (read by the ranks on every start, requeues included)."""
     sd = Path(plan.sweep_dir)
     sd.mkdir(parents=True, exist_ok=True)
+    if plan.snapshot is not None:
+        take(plan.snapshot)
     for e in plan.sweep.elements:
         _prepare_element(plan, e)
     manifest = plan.sweep.manifest()
@@ -197,6 +219,8 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
         tmp = rd / f".{CONFIG_NAME}.tmp"
         tmp.write_text(dump_config(e.cfg), encoding="utf-8")
         os.replace(tmp, target)
+    if plan.snapshot is not None:
+        write_record(plan.snapshot, str(rd), fsync=False)
 
 
 def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
@@ -241,7 +265,7 @@ def schedule_local(
     for i in plan.todo:
         e = plan.sweep.elements[i]
         say(f"sweep element {i + 1}/{n} ({e.label}): run directory {plan.element_dir(i)}")
-        sub = plan_submit(e.cfg, "local", plan.element_dir(i), command=command)
+        sub = plan_submit(e.cfg, "local", plan.element_dir(i), command=command, accept_new_code=plan.accept_new_code)
         status = local_schedule(sub, echo=echo, say=say)
         results.append((i, status))
         if status == PREEMPTED_EXIT_CODE:

@@ -236,3 +236,55 @@ def test_plan_is_none_when_off_and_the_package_itself_is_never_copied(tmp_path):
 
     off = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, snapshot=False))
     assert plan_snapshot(off, str(tmp_path / "run")) is None
+
+
+def test_a_sweep_takes_one_snapshot_every_element_runs_from_it_and_changed_code_is_refused(
+    tmp_path: Path, sbatch: Path, capsys: pytest.CaptureFixture
+) -> None:
+    from slurm_ddp.backends.array import plan_sweep
+    from slurm_ddp.rundir import SNAPSHOT_NAME, SNAPSHOTS_DIR, element_dir_name
+    from slurm_ddp.sweep import load_sweep
+
+    repo = make_repo(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    argv = ["submit", str(repo / "job.yaml"), "--sweep", "train.lr=0.1,0.2", "--run-dir", str(sweep_dir)]
+    rc, out, err = cli([*argv, "--no-check-task"], capsys)
+    assert rc == 0, err
+    assert len(sbatch.read_text().splitlines()) == 1 and "--array=0-1" in sbatch.read_text()
+    (digest_dir,) = (sweep_dir / SNAPSHOTS_DIR).iterdir()  # stored once, for the whole sweep
+    assert (digest_dir / "0" / "src" / "mytask.py").read_text() == TASK
+    for i in range(2):
+        el = sweep_dir / element_dir_name(i, 2)
+        assert not (el / SNAPSHOTS_DIR).exists()
+        rec = json.loads((el / SNAPSHOT_NAME).read_text())
+        assert rec["digest"] == json.loads((sweep_dir / SNAPSHOT_NAME).read_text())["digest"]
+        # what the worker imports on every start, requeues included
+        assert run_pythonpath(str(el), [str(repo / "src")]) == [os.path.normpath(digest_dir / "0" / "src")]
+    (repo / "src" / "mytask.py").write_text(TASK + "# edited\n")
+    rc, out, err = cli([*argv, "--no-check-task"], capsys)
+    one_error(rc, err, str(sweep_dir), "--accept-new-code")
+    assert len(sbatch.read_text().splitlines()) == 1  # nothing submitted
+    sw = load_sweep(repo / "job.yaml", flags=["train.lr=0.1,0.2"])
+    assert sw is not None
+    plan = plan_sweep(sw, "sbatch", str(sweep_dir), accept_new_code=True)
+    assert plan.snapshot is not None and plan.warnings and "no longer exactly reproducible" in plan.warnings[0]
+
+
+def test_a_command_sweeps_array_script_runs_the_script_from_the_snapshot(tmp_path: Path) -> None:
+    from slurm_ddp.backends.array import plan_sweep
+    from slurm_ddp.sweep import load_sweep
+
+    repo = make_repo(tmp_path)
+    (repo / "train.py").write_text("print('hi')\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-qm", "script")
+    d = yaml.safe_load((repo / "job.yaml").read_text())
+    d["train"] = {"command": ["python", str(repo / "train.py")]}
+    d["sweep"] = {"grid": {"train.seed": [1, 2]}}
+    (repo / "cmd.yaml").write_text(yaml.safe_dump(d))
+    sw = load_sweep(repo / "cmd.yaml")
+    assert sw is not None
+    plan = plan_sweep(sw, "sbatch", str(tmp_path / "sw"))
+    assert plan.snapshot is not None
+    assert f"{plan.snapshot.directory}/0/train.py" in plan.rendered.script
+    assert f"{repo}/train.py" not in plan.rendered.script
