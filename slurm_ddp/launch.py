@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence, Tuple
@@ -204,6 +205,13 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
+    if not cfg.train.command:
+        # The shared worker handles the requeue signal only once its PreemptionFlag is installed; until
+        # then the default action would kill the rank (a preemption notice in the first seconds of a
+        # start, or one Slurm re-delivers to a requeued job, ends the run unrequeued). Blocked here, the
+        # signal stays pending across exec and reaches the flag when install() unblocks it.
+        # A train.command script keeps the default action (torchrun's behaviour).
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.Signals[f"SIG{cfg.requeue.signal_name}"]})
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:

@@ -73,6 +73,9 @@ class PreemptionFlag:
         for sig in self.signals:
             previous = signal.signal(sig, self._handler)
             self._originals.setdefault(sig, previous)
+        # slurm_ddp.launch blocks the requeue signal before it execs the worker: one that arrived
+        # since is pending and is delivered to this handler now.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, set(self.signals))
         return self
 
     def restore(self) -> None:

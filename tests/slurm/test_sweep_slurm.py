@@ -65,12 +65,15 @@ def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_pa
     elems = [sweep_dir / f"{i:03d}" for i in range(4)]
     diag = lambda: _logs(sweep_dir)  # noqa: E731
 
-    # element 1's ranks are signalled (scancel --signal=USR2 ARRAYJOBID_1, all its steps) once it has
+    # element 1's ranks are signalled (scancel --signal=USR2 on its srun step) once it has
     # trained a while. Not --batch: on Slurm 22.05 `scancel --batch --signal` of a running multi-node
     # array task loops on "Job is in transitional state, retrying" and the task ends up terminated.
     victim = f"{array_id}_1"
     wait_for(lambda: any(s >= 40 for s in _steps(elems[1])), 240, "element 1 at step 40", diag)
-    sig = slurm_sandbox.run(["scancel", "--signal=USR2", victim], capture_output=True, text=True, timeout=90)
+    # Only its training step (JOBID.0 of the task's own job id): a whole-job scancel may retry while the
+    # task requeues itself and deliver the signal again to the requeued run.
+    step = f"{_show(slurm_sandbox, victim)['JobId']}.0"
+    sig = slurm_sandbox.run(["scancel", "--signal=USR2", step], capture_output=True, text=True, timeout=90)
     assert sig.returncode == 0, sig.stderr
     wait_for(lambda: (elems[1] / "PREEMPTED").exists(), 90, "element 1's preemption checkpoint", diag)
     stopped = int((elems[1] / "PREEMPTED").read_text().split()[2])

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import signal
 import subprocess
+import sys
 
 import pytest
 
@@ -55,3 +56,20 @@ def test_wait_acts_on_a_recorded_signal_and_says_which_rank_failed(job, capsys):
     )
     assert job.said == [expected]
     assert capsys.readouterr() == ("", "")
+
+
+def test_a_signal_blocked_before_exec_reaches_the_flag_when_it_is_installed() -> None:
+    """slurm_ddp.launch blocks the requeue signal before it execs the worker; one that arrives before
+    the worker's PreemptionFlag exists stays pending and is handled by install(), not by the default
+    action (which would kill the rank)."""
+    child = (
+        "import os, signal, sys\n"
+        "signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})\n"
+        "os.kill(os.getpid(), signal.SIGUSR2)\n"  # pending: neither handled nor fatal while blocked
+        "os.execv(sys.executable, [sys.executable, '-c', "
+        '\'from slurm_ddp.signals import PreemptionFlag; f = PreemptionFlag(["USR2"]).install(); '
+        "print(f.received.name if f.received else None)'])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "SIGUSR2", out.stdout + out.stderr
