@@ -2,8 +2,8 @@
 
 ``python -m slurm_ddp.rendezvous`` prints ``ADDR PORT``. The batch shell runs on the
 first node of the allocation, where rank 0 (the c10d TCPStore server) lives, so a port
-probed free here is free where it is needed. Probing starts at the port derived from
-the job id (``slurm_ddp.env.fallback_port``) so reruns tend to pick the same port.
+probed free here is free where it is needed. The port derived from the job id (``slurm_ddp.env.fallback_port``) comes first, so a
+requeued run tends to get its port back; a busy one gives way to a kernel-chosen ephemeral port.
 Imports no torch.
 """
 
@@ -20,8 +20,11 @@ from .errors import UserError
 
 
 def port_is_free(port: int, host: str = "") -> bool:
-    """True when a TCP socket can bind ``port`` on all interfaces right now."""
+    """True when a TCP socket can bind ``port`` on all interfaces right now, as the c10d TCPStore
+    server binds it (``SO_REUSEADDR``: connections of a previous run in TIME_WAIT do not count,
+    a listening socket does)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:
@@ -29,13 +32,13 @@ def port_is_free(port: int, host: str = "") -> bool:
     return True
 
 
-def choose_port(job_id: str, tries: int = 64) -> int:
-    """First free port from ``fallback_port(job_id)`` upwards; an ephemeral one if none is."""
+def choose_port(job_id: str) -> int:
+    """``fallback_port(job_id)`` when it is free (a requeued run gets its port back), else a port the
+    kernel picks from its ephemeral range. Not the next port up: that is the derived port of the
+    next job id, and two jobs sharing a node would race for it (seen: EADDRINUSE at the TCPStore)."""
     start = fallback_port(job_id)
-    for i in range(tries):
-        port = start + i
-        if port <= 65535 and port_is_free(port):
-            return port
+    if port_is_free(start):
+        return start
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("", 0))
         ephemeral: int = s.getsockname()[1]  # (host, port) for AF_INET

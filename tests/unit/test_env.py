@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import socket
+from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -516,7 +517,7 @@ def test_choose_port_returns_a_bindable_port():
     assert _bindable(port)
 
 
-def test_choose_port_starts_at_the_job_port_and_skips_a_busy_one():
+def test_choose_port_starts_at_the_job_port_and_leaves_a_busy_one_for_an_ephemeral_one():
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
         for job_id in map(str, range(8123, 8123 + 200)):  # a job whose port this test can hold busy
             start = fallback_port(job_id)
@@ -531,7 +532,8 @@ def test_choose_port_starts_at_the_job_port_and_skips_a_busy_one():
         assert not rendezvous.port_is_free(start)
         port = rendezvous.choose_port(job_id)
         assert port != start
-        assert start < port < start + 64 or port >= 32768  # the next free one, or an ephemeral one
+        low, high = map(int, Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        assert low <= port <= high  # the kernel's pick, not the next job's derived port
     assert _bindable(port)
 
 
