@@ -19,6 +19,8 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from .slurm import PREEMPTED_STATE
+
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
 #: the ``--format`` fields, in this order
@@ -38,7 +40,7 @@ SACCT_FIELDS = (
 #: why a start ended, by sacct state (the first word: ``CANCELLED by 0`` is ``CANCELLED``)
 STATE_REASONS = {
     "COMPLETED": "completed",
-    "PREEMPTED": "preempted",
+    PREEMPTED_STATE: "preempted",
     "REQUEUED": "requeued",
     "TIMEOUT": "time limit",
     "NODE_FAIL": "node failure",
@@ -212,7 +214,7 @@ def reason(row: AccountingRow, stop_signal: Optional[str], requeue_signal: str) 
         if stop_signal and stop_signal.upper().removeprefix("SIG") == requeue_signal.upper().removeprefix("SIG"):
             return "time limit (checkpointed, requeued itself)"
         return "requeued (preemption or scontrol requeue)"
-    if row.state == "PREEMPTED":
+    if row.state == PREEMPTED_STATE:
         return "preempted (requeued by Slurm)"
     return base
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from ..errors import UserError
 from ..rundir import (
@@ -192,6 +192,32 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     )
 
 
+def find_dirs(
+    base: Path, match: Callable[[Path], bool], max_depth: int, skip: Callable[[Path], bool] = lambda d: False
+) -> List[Path]:
+    """Directories under ``base`` (itself included, up to ``max_depth`` levels down, hidden ones left
+    out) for which ``match`` is true, in name order; neither a match nor a ``skip`` is looked into."""
+    found: List[Path] = []
+
+    def walk(d: Path, depth: int) -> None:
+        if skip(d):
+            return
+        if match(d):
+            found.append(d)
+            return
+        if depth >= max_depth:
+            return
+        try:
+            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
+        except OSError:
+            return
+        for c in children:
+            walk(c, depth + 1)
+
+    walk(Path(base), 0)
+    return found
+
+
 def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
     """The run directories under ``base`` (``base`` itself, or up to ``max_depth`` levels
     down; a run directory's own subdirectories are not searched), newest submission first.
@@ -205,23 +231,7 @@ def find_runs(base: str = DEFAULT_RUNS_DIR, max_depth: int = 3) -> List[Run]:
             f"runs {base!r}: {what}; give the directory that holds run directories "
             f"(default ./{DEFAULT_RUNS_DIR}, or the --run-dir parent you used)"
         )
-    found: List[Path] = []
-
-    def walk(d: Path, depth: int) -> None:
-        if is_sweep_dir(d):  # a sweep is listed as one line of its own (ops.sweeps), not per element
-            return
-        if is_run_dir(d):
-            found.append(d)
-            return
-        if depth >= max_depth:
-            return
-        try:
-            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
-        except OSError:
-            return
-        for c in children:
-            walk(c, depth + 1)
-
-    walk(root, 0)
+    # a sweep is listed as one line of its own (ops.sweeps), not per element
+    found = find_dirs(root, is_run_dir, max_depth, skip=is_sweep_dir)
     runs = [read_run(p) for p in found]
     return sorted(runs, key=lambda r: r.submitted_at, reverse=True)

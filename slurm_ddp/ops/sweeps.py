@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import UserError
 from ..rundir import SWEEP_NAME, element_dir_name, is_sweep_dir, read_sweep_jobs, read_sweep_manifest
 from .actions import _act
-from .runs import Run, read_run
+from .runs import Run, find_dirs, read_run
 from .slurm import REQUEUED_STATES, Runner, SlurmAnswer, SlurmJob, _clean, call, last_line
 from .status import RunStatus, _local_status, _status_from
 
@@ -301,20 +301,4 @@ def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
 
 def find_sweeps(base: Path, max_depth: int = 3) -> List[Path]:
     """Sweep directories under ``base`` (itself or up to ``max_depth`` levels down)."""
-    found: List[Path] = []
-
-    def walk(d: Path, depth: int) -> None:
-        if is_sweep_dir(d):
-            found.append(d)
-            return
-        if depth >= max_depth:
-            return
-        try:
-            children = sorted(c for c in d.iterdir() if c.is_dir() and not c.name.startswith("."))
-        except OSError:
-            return
-        for c in children:
-            walk(c, depth + 1)
-
-    walk(Path(base), 0)
-    return found
+    return find_dirs(base, is_sweep_dir, max_depth)
