@@ -142,6 +142,15 @@ def gather_to_main(obj: Any, denv: DistEnv) -> Optional[List[Any]]:
     return out
 
 
+def broadcast_from_main(obj: Any, denv: DistEnv) -> Any:
+    """Collective: rank 0's ``obj`` (picklable) on every rank (``dist.broadcast_object_list``)."""
+    if not dist.is_initialized() or denv.world_size == 1:
+        return obj
+    box = [obj if denv.is_main else None]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
 class ResumableDistributedSampler(DistributedSampler):
     """``DistributedSampler`` that can skip the first ``start_index`` samples of an epoch.
 

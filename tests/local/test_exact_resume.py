@@ -18,6 +18,7 @@ import torch
 from lib import wait_for, wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.checkpoint import CheckpointManager
 from slurm_ddp.rundir import latest_checkpoint_step
 
 pytestmark = pytest.mark.local
@@ -166,6 +167,14 @@ def test_interrupted_run_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> No
     # the fallback and the steps since it are trained again.
     killed_after = kill_between_checkpoints(inter, 52, first_stop)
     assert run_until(inter, 87, signal.SIGUSR2) == PREEMPTED_EXIT_CODE
+    # a corrupt rank file of the newest checkpoint: every rank falls back to the one before (rank 0
+    # verifies, the others take its choice), and the run still ends bitwise equal
+    ckpts = CheckpointManager(inter / "checkpoints").committed()
+    assert len(ckpts) == 2, [c.step for c in ckpts]
+    rank1_file = CheckpointManager(inter / "checkpoints").rank_state_path(ckpts[-1].step, 1)
+    data = bytearray(rank1_file.read_bytes())
+    data[-1] ^= 0xFF
+    rank1_file.write_bytes(bytes(data))
     r = subprocess.run(cmd(inter), capture_output=True, text=True, timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
 
@@ -173,6 +182,10 @@ def test_interrupted_run_is_bitwise_equal_to_uninterrupted(tmp_path: Path) -> No
     resumed = [int(x) for x in __import__("re").findall(r"resumed from checkpoint of step (\d+)", rank0)]
     assert len(resumed) == 3 and resumed[0] == first_stop, resumed
     assert resumed[1] == killed_after and resumed[1] % 20 == 0  # after kill -9: a periodic checkpoint
+    assert resumed[2] == ckpts[0].step, (resumed, [c.step for c in ckpts])
+    rank1 = (inter / "logs" / "rank-1.log").read_text()
+    # one verification per start: the corrupt file is reported by rank 0 only
+    assert rank0.count("is invalid") == 1 and "is invalid" not in rank1, rank0
 
     a = torch.load(base / "final_model.pt", weights_only=True)
     b = torch.load(inter / "final_model.pt", weights_only=True)
