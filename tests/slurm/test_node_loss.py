@@ -28,7 +28,8 @@ from slurm_ddp.rundir import read_metrics
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.testing import running_sandbox, wait_for
 
-pytestmark = pytest.mark.slurm
+# one worker runs the module: its three tests share one private 3-node sandbox
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_loss")]
 
 EVERY_STEPS = 20  # checkpoint.every_steps: bounds the steps a node loss costs
 MAX_STEPS = 120
