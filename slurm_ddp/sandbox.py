@@ -622,6 +622,8 @@ class SlurmSandbox:
                     f"AccountingStorageHost={self.host_addr}",
                     f"AccountingStoragePort={ports['slurmdbd']}",
                     f"AccountingStoragePass={s}/munge.sock",  # traffic to slurmdbd ignores AuthInfo's socket
+                    # GPUs are not tracked by default: without this sacct's AllocTRES has no gres/gpu
+                    *(["AccountingStorageTRES=gres/gpu"] if self.gpus_per_node else []),
                 ]
                 if self.accounting
                 else ["AccountingStorageType=accounting_storage/none"]
