@@ -558,7 +558,7 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
         else:
             print(
                 f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, "
-                f"{acc.gpu_hours:.4f} GPU-hours over {len(acc.rows)} starts of {len(set(ids))} jobs (sacct)"
+                f"{acc.gpu_hours:.4f} GPU-hours over {acc.starts} starts of {len(set(ids))} jobs (sacct)"
             )
     return 0
 
@@ -729,7 +729,8 @@ def format_history(st: RunStatus, acc: Any, changed: Sequence[str]) -> str:
                 (r.job_id, str(r.restart), r.state, reason(r, sig, signal_name), r.start, elapsed, r.exit_code, r.nodes)
             )
         widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        out.append(f"history:    {len(acc.rows)} starts (sacct)\n")
+        never = len(acc.rows) - acc.starts
+        out.append(f"history:    {acc.starts} starts (sacct)" + (f", {never} not started" if never else "") + "\n")
         out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in rows]
         out.append(
             f"cost:       {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours\n"

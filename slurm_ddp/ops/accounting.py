@@ -5,10 +5,14 @@ Side effects: runs ``sacct`` (injectable). Imports no torch.
 ``sacct -X -D -P -n --format=...`` (sacct(1): ``-X`` allocations only, ``-D``/``--duplicates`` every
 run of a requeued job, not only the last; ``-P`` ``|``-separated) gives one row per start of each
 job id: a job requeued twice has three rows, the earlier ones in state ``REQUEUED`` (requeued by
-``scontrol requeue``, which the batch script runs after the time-limit signal) or ``PREEMPTED``
-(Slurm's preemption requeued it), the last one ``COMPLETED`` / ``TIMEOUT`` / ``FAILED`` /
-``NODE_FAIL`` / ``CANCELLED`` / ``RUNNING``. Without accounting (``AccountingStorageType`` unset)
-``sacct`` fails ("accounting storage is disabled"): :func:`history` then says so in one sentence.
+``scontrol requeue``, which the batch script runs after the time-limit signal), ``PREEMPTED``
+(Slurm's preemption requeued it) or ``NODE_FAIL`` (Slurm requeued it after a node loss), the last one ``COMPLETED`` / ``TIMEOUT`` / ``FAILED`` /
+``NODE_FAIL`` / ``CANCELLED`` / ``RUNNING``. Rows of different job ids interleave (sacct lists
+them as accounting recorded them: a requeued job's second start comes after a later job's first);
+a job cancelled before it ever started has one row with ``Start`` ``None`` and ``NodeList``
+``None assigned`` (real Slurm 22.05 output: tests/unit/data/sacct_22.05.txt). Without accounting
+(``AccountingStorageType`` unset) ``sacct`` fails ("accounting storage is disabled"): :func:`history`
+then says so in one sentence.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence
 from .slurm import PREEMPTED_STATE
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
+
+#: ``Start`` of a row whose job never ran (22.05 writes ``None``; ``Unknown`` is a pending job's)
+NOT_STARTED = ("None", "Unknown", "")
 
 #: the ``--format`` fields, in this order
 SACCT_FIELDS = (
@@ -62,7 +69,7 @@ class AccountingRow:
     job_id: str
     restart: int  #: 0 for the first start of the job id, then 1, 2, ... (sacct's order)
     state: str  #: sacct's state, first word (``COMPLETED``, ``PREEMPTED``, ``REQUEUED``, ``TIMEOUT``, ...)
-    start: str  #: ISO time, or ``Unknown``
+    start: str  #: ISO time (local), ``None`` when it never started (sacct 22.05), ``Unknown`` while pending
     end: str
     elapsed_s: int
     exit_code: str  #: ``status:signal``
@@ -70,6 +77,11 @@ class AccountingRow:
     nnodes: int
     cpus: int
     gpus: int  #: ``gres/gpu=N`` of AllocTRES (0 when none)
+
+    @property
+    def started(self) -> bool:
+        """False for a row of a job that never ran (cancelled while pending): not a start."""
+        return self.start not in NOT_STARTED
 
     @property
     def node_hours(self) -> float:
@@ -88,6 +100,7 @@ class AccountingRow:
             "job_id": self.job_id,
             "restart": self.restart,
             "state": self.state,
+            "started": self.started,
             "start": self.start,
             "end": self.end,
             "elapsed_s": self.elapsed_s,
@@ -107,6 +120,11 @@ class Accounting:
     unavailable: Optional[str] = None
 
     @property
+    def starts(self) -> int:
+        """How many times the jobs started (rows of jobs cancelled before they ran do not count)."""
+        return sum(1 for r in self.rows if r.started)
+
+    @property
     def node_hours(self) -> float:
         return sum(r.node_hours for r in self.rows)
 
@@ -122,6 +140,7 @@ class Accounting:
         return {
             "rows": [r.to_dict() for r in self.rows],
             "unavailable": self.unavailable,
+            "starts": self.starts,
             "node_hours": self.node_hours,
             "cpu_hours": self.cpu_hours,
             "gpu_hours": self.gpu_hours,
@@ -139,8 +158,9 @@ def _tres_gpus(tres: str) -> int:
 
 
 def parse_sacct(text: str) -> List[AccountingRow]:
-    """Rows of ``sacct -X -D -P -n --format=<SACCT_FIELDS>`` output, in its order; each job id's
-    rows are numbered 0, 1, ... (its restarts). Lines with the wrong field count are skipped."""
+    """Rows of ``sacct -X -D -P -n --format=<SACCT_FIELDS>`` output, in its order (the order
+    accounting recorded them: job ids interleave); each job id's rows are numbered 0, 1, ... (its
+    restarts). Lines with the wrong field count are skipped."""
     rows: List[AccountingRow] = []
     seen: Dict[str, int] = {}
     for line in text.splitlines():
@@ -210,6 +230,8 @@ def reason(row: AccountingRow, stop_signal: Optional[str], requeue_signal: str) 
     requeued it); on SIGTERM, or with no signal, a requeue from outside (``scontrol requeue``,
     preemption)."""
     base = STATE_REASONS.get(row.state, row.state.lower())
+    if not row.started and row.state not in ("PENDING", "REQUEUE_HOLD"):
+        return f"{base} before it started"  # e.g. cancelled while pending
     if row.state == "REQUEUED":
         if stop_signal and stop_signal.upper().removeprefix("SIG") == requeue_signal.upper().removeprefix("SIG"):
             return "time limit (checkpointed, requeued itself)"

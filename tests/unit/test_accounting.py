@@ -1,6 +1,9 @@
 """The Slurm history from accounting (slurm_ddp.ops.accounting) and how ``status``/``runs`` show it:
-sacct output in Slurm 22.05's ``-X -D -P -n`` format, parsed; states told apart (time limit,
-preemption, failure); node-/CPU-/GPU-hours summed; one line when accounting is off."""
+real sacct output of Slurm 22.05 (tests/unit/data/sacct_22.05.txt, captured from a private
+accounting sandbox by tests/unit/data/capture_sacct.py: every end state status tells apart),
+parsed; states told apart (time limit, preemption, failure); node-/CPU-/GPU-hours summed; one line
+when accounting is off. The hand-written SACCT below keeps what the sandbox cannot produce cheaply:
+a start that spans two nodes with GPUs, hours long, and a PREEMPTED start that stopped on SIGTERM."""
 
 from __future__ import annotations
 
@@ -10,7 +13,25 @@ from pathlib import Path
 import pytest
 from test_ops import cli, make_run, slurm  # noqa: F401  (slurm: the fake Slurm clients fixture)
 
-from slurm_ddp.ops.accounting import AccountingRow, history, parse_sacct, reason, sacct_command
+from slurm_ddp.ops.accounting import Accounting, AccountingRow, history, parse_sacct, reason, sacct_command
+
+REAL = Path(__file__).parent / "data" / "sacct_22.05.txt"
+
+
+def real_sacct(*cases: str) -> str:
+    """The captured output's lines of ``cases`` (its ``# jobs:`` names), or all of it."""
+    text = REAL.read_text()
+    if not cases:
+        return text
+    ids = {real_jobs()[c] for c in cases}
+    return "".join(ln for ln in text.splitlines(keepends=True) if ln.split("|")[0] in ids)
+
+
+def real_jobs() -> dict:
+    """Case name -> job id, from the capture's ``# jobs: timeout=1 completed=2 ...`` header."""
+    line = next(ln for ln in REAL.read_text().splitlines() if ln.startswith("# jobs: "))
+    return dict(kv.split("=") for kv in line.removeprefix("# jobs: ").split())
+
 
 # `sacct -X -D -P -n --format=JobIDRaw,State,Start,End,ElapsedRaw,ExitCode,NodeList,NNodes,AllocCPUS,AllocTRES -j 101`
 # for a job that stopped at the time-limit signal (requeued itself), was then preempted (Slurm
@@ -37,7 +58,7 @@ def test_parse_numbers_restarts_sums_hours():
 
 def test_reason_tells_time_limit_from_preemption_from_failure():
     def row(state: str) -> AccountingRow:
-        return AccountingRow("1", 0, state, "", "", 0, "0:0", "n1", 1, 1, 0)
+        return AccountingRow("1", 0, state, "2026-11-23T10:00:00", "2026-11-23T10:10:00", 600, "0:0", "n1", 1, 1, 0)
 
     assert reason(row("REQUEUED"), "SIGUSR2", "USR2").startswith("time limit")
     assert reason(row("REQUEUED"), "SIGTERM", "USR2").startswith("requeued (preemption")
@@ -118,3 +139,112 @@ def test_provenance_changes_are_shown_by_status(tmp_path: Path, slurm, capsys, m
     (rd / "provenance.json").write_text(json.dumps({"submits": [], "starts": starts}))
     rc, out, err = cli(["status", str(rd)], capsys)
     assert "changed:    job 101 restart 0 -> job 101 restart 1: nodes n1 -> n2" in out, out
+
+
+# --- real sacct output (Slurm 22.05, private accounting sandbox) ----------------------------------
+
+
+def test_real_output_is_the_command_we_run():
+    header = [ln for ln in REAL.read_text().splitlines() if ln.startswith("#")]
+    assert f"# command: {' '.join(sacct_command(list(real_jobs().values())))}" in header
+
+
+def test_real_output_parses_every_end_state():
+    rows = parse_sacct(real_sacct())
+    jobs = real_jobs()
+    by_case = {c: [(r.restart, r.state) for r in rows if r.job_id == j] for c, j in jobs.items()}
+    assert by_case == {
+        "completed": [(0, "COMPLETED")],
+        "failed": [(0, "FAILED")],
+        "cancelled": [(0, "CANCELLED")],  # sacct: "CANCELLED by 0"
+        "cancelled_pending": [(0, "CANCELLED")],
+        "timeout": [(0, "TIMEOUT")],
+        "requeued": [(0, "REQUEUED"), (1, "COMPLETED")],
+        "self_requeued": [(0, "REQUEUED"), (1, "COMPLETED")],  # the batch script's own scontrol requeue
+        "preempted": [(0, "PREEMPTED"), (1, "COMPLETED")],
+        "node_fail": [(0, "NODE_FAIL"), (1, "COMPLETED")],  # requeued by Slurm after the node loss
+        "node_fail_norequeue": [(0, "NODE_FAIL")],
+    }
+    # sacct lists rows as accounting recorded them: node_fail's second start comes after
+    # node_fail_norequeue's first; restarts are numbered per job id all the same
+    order = [r.job_id for r in rows]
+    assert order[-3:] == [jobs["node_fail"], jobs["node_fail_norequeue"], jobs["node_fail"]]
+    one = {c: next(r for r in rows if r.job_id == j) for c, j in jobs.items()}
+    assert one["failed"].exit_code == "3:0"
+    assert [one["completed"].gpus, one["requeued"].gpus, one["failed"].gpus] == [1, 2, 0]  # AllocTRES gres/gpu=N
+    assert one["preempted"].cpus == 2 and one["preempted"].nnodes == 1 and one["timeout"].nodes == "n2"
+    pending = one["cancelled_pending"]  # cancelled while held: Start "None", NodeList "None assigned"
+    assert not pending.started and pending.nodes == "None assigned" and pending.elapsed_s == 0
+    assert all(r.started for r in rows if r is not pending)
+    assert one["timeout"].elapsed_s >= 60  # --time=1
+    acc = Accounting(rows)
+    assert acc.starts == len(rows) - 1
+    assert acc.node_hours == pytest.approx(sum(r.nnodes * r.elapsed_s for r in rows) / 3600)
+    assert acc.cpu_hours == pytest.approx(sum(r.cpus * r.elapsed_s for r in rows) / 3600)
+
+
+def test_reason_of_every_real_end_state():
+    rows = parse_sacct(real_sacct())
+    jobs = real_jobs()
+
+    def why(case: str, restart: int = 0, sig=None) -> str:
+        row = next(r for r in rows if r.job_id == jobs[case] and r.restart == restart)
+        return reason(row, sig, "USR2")
+
+    assert why("completed") == "completed"
+    assert why("failed") == "failed"
+    assert why("cancelled") == "cancelled"
+    assert why("cancelled_pending") == "cancelled before it started"
+    assert why("timeout") == "time limit"
+    assert why("requeued") == "requeued (preemption or scontrol requeue)"
+    assert why("self_requeued", sig="SIGUSR2") == "time limit (checkpointed, requeued itself)"
+    assert why("preempted") == "preempted (requeued by Slurm)"
+    assert why("preempted", 1) == "completed"
+    assert why("node_fail") == why("node_fail_norequeue") == "node failure"
+
+
+def test_status_and_runs_on_real_output(tmp_path, slurm, capsys, monkeypatch):  # noqa: F811
+    """A run stopped at its time limit (job self_requeued) and resubmitted (job preempted), plus a
+    run cancelled while pending: status shows the captured rows and why; runs sums the cost."""
+    monkeypatch.chdir(tmp_path)
+    jobs = real_jobs()
+    first = parse_sacct(real_sacct("self_requeued"))[0]
+    rd = make_run(
+        tmp_path / "runs",
+        jobs=[("sbatch", jobs["self_requeued"]), ("sbatch", jobs["preempted"])],
+        metrics=[{"event": "preempted", "step": 10, "signal": "SIGUSR2", "time": _local(first.start)}],
+    )
+    make_run(tmp_path / "runs", "never", jobs=[("sbatch", jobs["cancelled_pending"])])
+    for j, state in ((jobs["self_requeued"], "COMPLETED"), (jobs["preempted"], "COMPLETED")):
+        slurm.job(j, state, restarts=1)
+    slurm.job(jobs["cancelled_pending"], "CANCELLED")
+    slurm.set("sacct", stdout=real_sacct("self_requeued", "preempted"), when=["-D"])
+    rc, out, err = cli(["status", str(rd)], capsys)
+    assert rc == 0, err
+    assert "history:    4 starts (sacct)\n" in out, out
+    lines = [
+        ln.split()[:3] for ln in out.splitlines() if ln.split()[:1] in ([jobs["self_requeued"]], [jobs["preempted"]])
+    ]
+    assert lines == [
+        [jobs["self_requeued"], "0", "REQUEUED"],
+        [jobs["self_requeued"], "1", "COMPLETED"],
+        [jobs["preempted"], "0", "PREEMPTED"],
+        [jobs["preempted"], "1", "COMPLETED"],
+    ], out
+    assert "time limit (checkpointed, requeued itself)" in out and "preempted (requeued by Slurm)" in out, out
+    acc = Accounting(parse_sacct(real_sacct("self_requeued", "preempted")))
+    assert f"cost:       {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours" in out, out
+
+    slurm.set("sacct", stdout=real_sacct("cancelled_pending"), when=["-D"])
+    rc, out, err = cli(["status", str(tmp_path / "runs" / "never")], capsys)
+    assert "history:    0 starts (sacct), 1 not started\n" in out, out
+    assert "cancelled before it started" in out and "None assigned" in out, out
+    assert "cost:       0.0000 node-hours" in out, out
+
+    slurm.set("sacct", stdout=real_sacct("self_requeued", "preempted", "cancelled_pending"), when=["-D"])
+    rc, out, err = cli(["runs", str(tmp_path / "runs")], capsys)
+    assert rc == 0, err
+    assert out.splitlines()[-1] == (
+        f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours"
+        " over 4 starts of 3 jobs (sacct)"
+    ), out
