@@ -67,7 +67,7 @@ def capture(sb: SlurmSandbox, root: Path, out: Path | None) -> int:
         r = sb.run(argv, capture_output=True, text=True, timeout=30)
         if r.returncode != 0:
             raise SystemExit(f"{' '.join(argv)}: exit {r.returncode}: {r.stderr.strip()}")
-        return r.stdout
+        return str(r.stdout)
 
     def sbatch(script: str, *opts: str) -> str:
         return run(["sbatch", "--parsable", f"--output={root}/%j.out", *opts, "--wrap", script]).strip().split(";")[0]
