@@ -78,9 +78,16 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         assert st["source"] == "slurm (scontrol)" and st["slurm_restarts"] == 0
         rc, out, err = cli("status", str(run_dir))
         assert "state:      RUNNING (on n1)" in out, out
+        # the session sandbox has no accounting: real sacct fails, status says so in exactly one line
+        assert out[out.index("history:") :].splitlines() == [
+            "history:    accounting not available (sacct failed: Slurm accounting storage is disabled); "
+            "the record above is all there is"
+        ], out
 
         rc, out, err = cli("runs", str(tmp_path))
         assert rc == 0 and re.search(rf"^digits\s+{job_id}\s+RUNNING\s+\d+/100000", out, re.M), out
+        total = "total: accounting not available (sacct failed: Slurm accounting storage is disabled)"
+        assert out.splitlines()[-1] == total, out
 
         rc, out, err = cli("logs", str(run_dir), "--rank", "0")
         assert rc == 0, err
