@@ -15,16 +15,19 @@ per rank, as srun starts them) measure, with the worker's own functions:
     0's state; and the bytes rank 0 receives (``gather_object`` pickles each rank's state and pads
     every message to the largest: W × max);
   - *per-rank file* (now, ``Trainer.save_rank_states``): each rank writes its own RNG state with
-    ``CheckpointManager.save_rank_state`` (atomic, fsync'd) beside the checkpoint, then one barrier;
-    rank 0 receives nothing;
+    ``CheckpointManager.save_rank_state`` (atomic, fsync'd) beside the checkpoint, then one
+    ``all_gather`` of every file's size and sha256 (40 B per rank; ``gather_rank_digests``);
+* *resume check* (``Trainer._agreed_checkpoint``): rank 0's ``CheckpointManager.latest()`` (the data
+  file and the W rank files checked against the manifest's sizes and sha256) and the broadcast of
+  its step to the other ranks, who read nothing (W rank files per start, not W²);
 * *stop agreement*: ``StepAgreement.poll()`` of the worker in a loop of ``--step-ms`` steps (a
   sleep: the steps' compute is not what is measured): its time per step on rank 0, the all-reduce
   it runs on check steps (median), and what an all-reduce at every step would cost.
 
 Then a least-squares fit of each cost over W and its value at 1,024 ranks (``--extrapolate``). The
 formulas: gather time ``a + b·W`` (rank 0 receives W-1 messages, one after another in gloo) and
-bytes ``s·W``; per-rank file + barrier ``a + b·W`` as well (an upper bound: the file is written in
-parallel, and gloo's barrier is an all-reduce); group ready ``a + b·W`` (rank 0's TCPStore serves every rank); the agreement's
+bytes ``s·W``; per-rank file + digest all_gather ``a + b·W`` as well (an upper bound: the file is
+written in parallel); the resume check ``a + b·W`` (rank 0 hashes W files of ~15 kB); group ready ``a + b·W`` (rank 0's TCPStore serves every rank); the agreement's
 all-reduce ``a + b·W`` too (gloo's ring for small tensors: 2(W-1) hops). On this 2-core machine
 16 ranks are 8 processes per core, so every fitted slope holds the CPU oversubscription as well:
 the extrapolation is an upper bound for ranks that each have their own core, not a prediction for
@@ -88,18 +91,35 @@ def child(args: argparse.Namespace) -> None:
             rng_sizes = [len(pickle.dumps(r)) for r in rngs]
     out["gather_s"] = statistics.median(times)
 
-    # the per-rank file design: each rank writes its own state, then one barrier
+    # the per-rank file design (Trainer.save_rank_states): each rank writes its own state, then one
+    # all_gather of every file's (size, sha256) in place of a barrier
     from slurm_ddp.checkpoint import CheckpointManager
+    from slurm_ddp.worker.train import gather_rank_digests
 
-    mgr = CheckpointManager(args.dir)
+    mgr = CheckpointManager(args.dir, keep_last=args.reps + 1)
     times = []
+    digests: List[Any] = []
     for i in range(args.reps):
         dist.barrier()
         t0 = time.perf_counter()
-        mgr.save_rank_state(capture_rng(), i, rank)
-        dist.barrier()
+        digests = gather_rank_digests(mgr.save_rank_state(capture_rng(), i, rank), torch.device("cpu"))
         times.append(time.perf_counter() - t0)
     out["rank_file_s"] = statistics.median(times)
+
+    # a resume's check (Trainer._agreed_checkpoint): rank 0 verifies the newest checkpoint (its data
+    # file and the W rank files against the manifest's sizes and sha256), the others take its step
+    if rank == 0:
+        mgr.save({"step": args.reps - 1}, args.reps - 1, world_size=world, rank_states=world, rank_digests=digests)
+    dist.barrier()
+    times = []
+    for _ in range(args.reps):
+        t0 = time.perf_counter()
+        info = mgr.latest() if rank == 0 else None
+        box = [None if info is None else info.step]
+        dist.broadcast_object_list(box, src=0)
+        times.append(time.perf_counter() - t0)
+        assert box[0] == args.reps - 1, box
+    out["resume_check_s"] = statistics.median(times)
     if rank == 0:
         out["gather_bytes"] = world * max(rng_sizes)  # gather_object pads every message to the largest
         out["rng_state_bytes"] = statistics.median(rng_sizes)
@@ -184,6 +204,7 @@ def _run_world(world: int, args: argparse.Namespace, directory: str) -> Dict[str
         "init_call_s": max(r["init_call_s"] for r in results),
         "gather_s": r0["gather_s"],
         "rank_file_s": r0["rank_file_s"],
+        "resume_check_s": r0["resume_check_s"],
         "gather_bytes": r0["gather_bytes"],
         "rng_state_bytes": r0["rng_state_bytes"],
         "poll_per_step_s": r0["poll_per_step_s"],
@@ -229,7 +250,8 @@ def main(argv: Sequence[str] = ()) -> int:
         print(
             f"W={w:3d}: group ready {row['ready_s']:.2f} s (init_process_group {row['init_call_s']:.3f} s) | "
             f"RNG gather {row['gather_s'] * 1e3:.2f} ms, {row['gather_bytes'] / 1e3:.1f} kB to rank 0 | "
-            f"per-rank file + barrier {row['rank_file_s'] * 1e3:.2f} ms | "
+            f"per-rank file + digest all_gather {row['rank_file_s'] * 1e3:.2f} ms | "
+            f"resume check {row['resume_check_s'] * 1e3:.2f} ms | "
             f"stop agreement {row['poll_per_step_s'] * 1e6:.0f} µs/step (all-reduce {row['allreduce_s'] * 1e3:.2f} ms "
             f"every {row['agree_every']} steps)",
             flush=True,
@@ -238,15 +260,24 @@ def main(argv: Sequence[str] = ()) -> int:
     big = args.extrapolate
     fits = {}
     print("\n| ranks | group ready (s) | init_process_group (s) | RNG gather (ms) | bytes to rank 0 | "
-          "per-rank file + barrier (ms) | agreement µs/step | its all-reduce (ms) |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
+          "per-rank file + digests (ms) | resume check (ms) | agreement µs/step | its all-reduce (ms) |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         print(
             f"| {r['world']} | {r['ready_s']:.2f} | {r['init_call_s']:.3f} | {r['gather_s'] * 1e3:.2f} | "
-            f"{r['gather_bytes'] / 1e3:.1f} kB | {r['rank_file_s'] * 1e3:.2f} | {r['poll_per_step_s'] * 1e6:.0f} | "
+            f"{r['gather_bytes'] / 1e3:.1f} kB | {r['rank_file_s'] * 1e3:.2f} | {r['resume_check_s'] * 1e3:.2f} | "
+            f"{r['poll_per_step_s'] * 1e6:.0f} | "
             f"{r['allreduce_s'] * 1e3:.2f} |"
         )
-    for key in ("ready_s", "init_call_s", "gather_s", "rank_file_s", "allreduce_s", "poll_per_step_s"):
+    for key in (
+        "ready_s",
+        "init_call_s",
+        "gather_s",
+        "rank_file_s",
+        "resume_check_s",
+        "allreduce_s",
+        "poll_per_step_s",
+    ):
         a, b = fit_linear(ws, [r[key] for r in rows])
         fits[key] = {"a": a, "b": b, "at": a + b * big}
     s = statistics.median(r["gather_bytes"] / r["world"] for r in rows)
@@ -255,6 +286,7 @@ def main(argv: Sequence[str] = ()) -> int:
     print(
         f"| {big} (fit) | {f['ready_s']['at']:.1f} | {f['init_call_s']['at']:.2f} | {f['gather_s']['at'] * 1e3:.0f} | "
         f"{f['gather_bytes']['at'] / 1e6:.1f} MB | {f['rank_file_s']['at'] * 1e3:.0f} | "
+        f"{f['resume_check_s']['at'] * 1e3:.0f} | "
         f"{f['poll_per_step_s']['at'] * 1e6:.0f} | {f['allreduce_s']['at'] * 1e3:.1f} |"
     )
     print("\nFormulas (least squares over the measured W; t in seconds):")
