@@ -9,8 +9,8 @@ job id: a job requeued twice has three rows, the earlier ones in state ``REQUEUE
 (Slurm's preemption requeued it) or ``NODE_FAIL`` (Slurm requeued it after a node loss), the last one ``COMPLETED`` / ``TIMEOUT`` / ``FAILED`` /
 ``NODE_FAIL`` / ``CANCELLED`` / ``RUNNING``. Rows of different job ids interleave (sacct lists
 them as accounting recorded them: a requeued job's second start comes after a later job's first);
-a job cancelled before it ever started has one row with ``Start`` ``None`` and ``NodeList``
-``None assigned`` (real Slurm 22.05 output: tests/unit/data/sacct_22.05.txt). Without accounting
+a job cancelled before it ever started has one row with ``NodeList`` ``None assigned`` and ``Start``
+``None`` or the cancel time (real Slurm 22.05 output: tests/unit/data/sacct_22.05*.txt). Without accounting
 (``AccountingStorageType`` unset) ``sacct`` fails ("accounting storage is disabled"): :func:`history`
 then says so in one sentence.
 """
@@ -27,12 +27,14 @@ from .slurm import PREEMPTED_STATE
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
-#: ``Start`` of a row whose job never ran (22.05 writes ``None``; ``Unknown`` is a pending job's)
+#: ``Start`` of a row whose job never ran (22.05 writes ``None``, or the cancel time; ``Unknown`` is a pending job's)
 NOT_STARTED = ("None", "Unknown", "")
+#: ``NodeList`` of a row whose job never ran
+NO_NODES = "None assigned"
 
 #: the ``--format`` fields, in this order
 SACCT_FIELDS = (
-    "JobIDRaw",
+    "JobID",  # not JobIDRaw: an array task is "123_4" (the id its run recorded), its raw id another number
     "State",
     "Start",
     "End",
@@ -66,7 +68,7 @@ STATE_REASONS = {
 class AccountingRow:
     """One start of a job, as accounting recorded it."""
 
-    job_id: str
+    job_id: str  #: sacct's ``JobID``: ``123``, or ``123_4`` for an array task (as the run recorded it)
     restart: int  #: 0 for the first start of the job id, then 1, 2, ... (sacct's order)
     state: str  #: sacct's state, first word (``COMPLETED``, ``PREEMPTED``, ``REQUEUED``, ``TIMEOUT``, ...)
     start: str  #: ISO time (local), ``None`` when it never started (sacct 22.05), ``Unknown`` while pending
@@ -80,8 +82,9 @@ class AccountingRow:
 
     @property
     def started(self) -> bool:
-        """False for a row of a job that never ran (cancelled while pending): not a start."""
-        return self.start not in NOT_STARTED
+        """False for a row of a job that never ran (cancelled while pending, or pending): not a start.
+        Its ``NodeList`` says so; its ``Start`` is ``None`` or, as often, the time it was cancelled."""
+        return self.start not in NOT_STARTED and self.nodes != NO_NODES
 
     @property
     def node_hours(self) -> float:
@@ -168,7 +171,7 @@ def parse_sacct(text: str) -> List[AccountingRow]:
         if len(parts) != len(SACCT_FIELDS):
             continue
         f = dict(zip(SACCT_FIELDS, parts))
-        job = f["JobIDRaw"].strip()
+        job = f["JobID"].strip()
         if not job or "." in job:
             continue  # a step (not with -X, but be safe)
         restart = seen.get(job, 0)

@@ -33,7 +33,7 @@ def real_jobs() -> dict:
     return dict(kv.split("=") for kv in line.removeprefix("# jobs: ").split())
 
 
-# `sacct -X -D -P -n --format=JobIDRaw,State,Start,End,ElapsedRaw,ExitCode,NodeList,NNodes,AllocCPUS,AllocTRES -j 101`
+# `sacct -X -D -P -n --format=JobID,State,Start,End,ElapsedRaw,ExitCode,NodeList,NNodes,AllocCPUS,AllocTRES -j 101`
 # for a job that stopped at the time-limit signal (requeued itself), was then preempted (Slurm
 # requeued it) and completed: three runs of job 101.
 SACCT = (
@@ -167,7 +167,11 @@ def test_real_output_parses_every_end_state():
         "preempted": [(0, "PREEMPTED"), (1, "COMPLETED")],
         "node_fail": [(0, "NODE_FAIL"), (1, "COMPLETED")],  # requeued by Slurm after the node loss
         "node_fail_norequeue": [(0, "NODE_FAIL")],
+        "array_0": [(0, "COMPLETED")],
+        "array_1": [(0, "REQUEUED"), (1, "COMPLETED")],  # an array task, requeued
     }
+    # every row under the id its run recorded: "12_1" for an array task (JobIDRaw is another number)
+    assert {r.job_id for r in rows} == set(jobs.values()) and jobs["array_1"].endswith("_1")
     # sacct lists rows as accounting recorded them: node_fail's second start comes after
     # node_fail_norequeue's first; restarts are numbered per job id all the same
     order = [r.job_id for r in rows]
@@ -176,7 +180,7 @@ def test_real_output_parses_every_end_state():
     assert one["failed"].exit_code == "3:0"
     assert [one["completed"].gpus, one["requeued"].gpus, one["failed"].gpus] == [1, 2, 0]  # AllocTRES gres/gpu=N
     assert one["preempted"].cpus == 2 and one["preempted"].nnodes == 1 and one["timeout"].nodes == "n2"
-    pending = one["cancelled_pending"]  # cancelled while held: Start "None", NodeList "None assigned"
+    pending = one["cancelled_pending"]  # cancelled while held: NodeList "None assigned", Start the cancel time
     assert not pending.started and pending.nodes == "None assigned" and pending.elapsed_s == 0
     assert all(r.started for r in rows if r is not pending)
     assert one["timeout"].elapsed_s >= 60  # --time=1
@@ -184,6 +188,15 @@ def test_real_output_parses_every_end_state():
     assert acc.starts == len(rows) - 1
     assert acc.node_hours == pytest.approx(sum(r.nnodes * r.elapsed_s for r in rows) / 3600)
     assert acc.cpu_hours == pytest.approx(sum(r.cpus * r.elapsed_s for r in rows) / 3600)
+
+
+def test_a_real_never_started_row_with_start_none():
+    """An earlier capture, where sacct wrote Start ``None`` for the job cancelled while held."""
+    rows = parse_sacct((REAL.parent / "sacct_22.05_start_none.txt").read_text())
+    never = [r for r in rows if not r.started]
+    assert [(r.job_id, r.state, r.start, r.nodes) for r in never] == [("5", "CANCELLED", "None", "None assigned")]
+    assert reason(never[0], None, "USR2") == "cancelled before it started"
+    assert Accounting(rows).starts == len(rows) - 1 == 13
 
 
 def test_reason_of_every_real_end_state():

@@ -15,6 +15,7 @@ Cases (a job that runs again after a requeue exits 0 in its second start, ``SLUR
 ``cancelled_pending`` (scancel while held, never started), ``timeout`` (``--time=1``),
 ``requeued`` (``scontrol requeue`` from outside, 2 GPUs, then completes), ``self_requeued`` (the
 batch script requeues itself, as job_templates/sbatch.sh.j2 does at the time-limit signal),
+``array_0``/``array_1`` (a two-task array as a sweep submits it, task 1 requeued by ``scontrol``),
 ``preempted`` (a ``high`` partition job takes its node, Slurm requeues it, then it completes),
 ``node_fail`` (its node's slurmd is killed; requeued; completes once the node is back) and
 ``node_fail_norequeue`` (same loss, ``--no-requeue``: ends NODE_FAIL).
@@ -99,6 +100,13 @@ def capture(sb: SlurmSandbox, root: Path, out: Path | None) -> int:
     wait(ends(jobs["requeued"], "COMPLETED", 1), 120, "requeued to complete")
     jobs["self_requeued"] = sbatch(AGAIN_OK + 'scontrol requeue "$SLURM_JOB_ID"; sleep 600', "-w", "n1", "-n1")
     wait(ends(jobs["self_requeued"], "COMPLETED", 1), 120, "self_requeued to complete")
+    # a two-task array (as a sweep submits), its task 1 requeued
+    arr = sbatch(AGAIN_OK + '[ "$SLURM_ARRAY_TASK_ID" = 1 ] && sleep 600; exit 0', "--array=0-1", "-w", "n1", "-n1")
+    jobs["array_0"], jobs["array_1"] = f"{arr}_0", f"{arr}_1"
+    wait(lambda: state(jobs["array_1"]) == "RUNNING", 60, "array_1 to run")
+    run(["scontrol", "requeue", jobs["array_1"]])
+    wait(ends(jobs["array_1"], "COMPLETED", 1), 120, "array_1 to complete")
+    wait(ends(jobs["array_0"], "COMPLETED"), 60, "array_0")
     # partition preemption: the victim holds all of n1, a higher-tier job needs it
     jobs["preempted"] = sbatch(AGAIN_OK + "sleep 600", "-p", "debug", "-w", "n1", "-n2")
     wait(lambda: state(jobs["preempted"]) == "RUNNING", 60, "preempted to run")
@@ -118,7 +126,7 @@ def capture(sb: SlurmSandbox, root: Path, out: Path | None) -> int:
     wait(ends(jobs["node_fail"], "COMPLETED", 1), 120, "node_fail to complete")
 
     argv = sacct_command(list(jobs.values()))
-    expected_rows = len(jobs) + 4  # one more row each for requeued, self_requeued, preempted, node_fail
+    expected_rows = len(jobs) + 5  # one more row each for requeued, self_requeued, array_1, preempted, node_fail
     text = ""
 
     def recorded() -> bool:
