@@ -282,7 +282,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if args.test_only:
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
     plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
-    if backend == "sbatch":
+    if backend in ("sbatch", "submitit"):
         check_array_size(sweep)
     if args.dry_run:
         sys.stdout.write(plan.describe())
@@ -290,7 +290,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if not plan.todo:
         print(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})")
         return 0
-    if plan.resuming and backend == "sbatch":
+    if plan.resuming and backend in ("sbatch", "submitit"):
         from .ops.sweeps import progress_kind, read_sweep, sweep_status
 
         active = [
@@ -322,6 +322,15 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
         job_id = schedule_sbatch(plan)
         print(
             f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
+            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}"
+        )
+        return 0
+    if backend == "submitit":
+        from .backends.submitit_sweep import array_flag, schedule_submitit
+
+        job_id = schedule_submitit(plan)
+        print(
+            f"submitted job array {job_id} through submitit ({array_flag(plan)}): "
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}"
         )
         return 0

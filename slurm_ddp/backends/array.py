@@ -3,7 +3,7 @@
 ``plan_sweep()`` is pure apart from reading an existing sweep directory (what would be
 submitted; ``describe()`` is ``submit --dry-run``'s text). ``schedule_sbatch`` writes the
 sweep directory and submits **one** ``sbatch --array`` of the elements that have not
-finished; ``schedule_local`` runs those elements one after another on this machine through
+finished (``submitit_sweep.schedule_submitit``: one submitit job array); ``schedule_local`` runs those elements one after another on this machine through
 the local backend. The directory layout's names are ``slurm_ddp.rundir``'s.
 """
 
@@ -64,6 +64,10 @@ class SweepPlan:
         return os.path.join(self.sweep_dir, ARRAY_SCRIPT_NAME)
 
     def describe(self) -> str:
+        if self.backend == "submitit":
+            from .submitit_sweep import describe
+
+            return describe(self)
         n = len(self.sweep.elements)
         head = [
             f"# backend: {self.backend}",
@@ -146,19 +150,15 @@ def plan_sweep(
     python: Optional[str] = None,
     accept_new_code: bool = False,
 ) -> SweepPlan:
-    """The dry-run object of a sweep for ``backend`` (``sbatch`` or ``local``).
+    """The dry-run object of a sweep for ``backend`` (``sbatch``, ``submitit`` or ``local``).
 
     The sweep takes one code snapshot (``slurm_ddp.snapshot``, of the base config's code) stored
     once in the sweep directory; every element's ranks run from it. Raises ``UserError`` for
-    another backend, a sweep directory of another sweep, code that cannot be snapshotted, and a
+    an unknown backend, a sweep directory of another sweep, code that cannot be snapshotted, and a
     sweep directory whose snapshot differs from the code now (unless ``accept_new_code``).
     """
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
-    if backend == "submitit":
-        raise UserError(
-            "--backend submitit does not run sweeps yet; use --backend sbatch (one job array) or --backend local"
-        )
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
     snap = plan_snapshot(sweep.base_cfg, sweep_dir)
@@ -174,6 +174,8 @@ def plan_sweep(
     )
     if backend == "local":
         argv = ("slurm-ddp", "local launcher", f"{len(todo)} elements one after another")
+    elif backend == "submitit":  # one submitit job array (backends.submitit_sweep); task k runs todo[k]
+        argv = ("submitit.SlurmExecutor.batch", f"{len(todo)} array tasks")
     return SweepPlan(
         sweep=sweep,
         backend=backend,

@@ -27,11 +27,18 @@ import sys
 import time
 from typing import Any, Callable, Dict, List, Optional
 
-from ..config import command_argv
+from ..config import JobConfig, command_argv
 from ..errors import ClusterError, UserError
 from ..ops.slurm import requeue_job
 from ..render import sbatch_options
-from ..rundir import SUBMITIT_DIR, RequeueDecision, decide_requeue_here, mark_command_finished, record_job
+from ..rundir import (
+    SUBMITIT_DIR,
+    RequeueDecision,
+    decide_requeue_here,
+    mark_command_finished,
+    record_job,
+    requeue_target,
+)
 from . import SubmitPlan, prepare_run_dir
 
 log = logging.getLogger("slurm_ddp.submitit")
@@ -69,7 +76,8 @@ class SubmititWorker:
             wlog = logging.getLogger("slurm_ddp.worker")
             wlog.log(logging.WARNING if decision.preempted else logging.INFO, "%s", decision.reason)
             if decision.requeue:
-                requeue_job(os.environ["SLURM_JOB_ID"], decision.exclude, run, wlog)
+                # an array task (a sweep element) requeues itself alone: ARRAYJOBID_TASKID
+                requeue_job(requeue_target(), decision.exclude, run, wlog)
         if decision.preempted:
             return decision.exit_code
         if status != 0:
@@ -155,9 +163,14 @@ def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
     ``nodes``, ``ntasks_per_node``, ``cpus_per_task`` and ``time`` (whole minutes, rounded up) are
     also given as submitit's own parameters, which it uses for its bookkeeping.
     """
-    s, r = plan.cfg.slurm, plan.cfg.requeue
-    python = plan.cfg.environment.python or sys.executable
-    opts = sbatch_options(plan.cfg)
+    return config_parameters(plan.cfg)
+
+
+def config_parameters(cfg: JobConfig) -> Dict[str, Any]:
+    """``executor_parameters`` of a config (a sweep's base config: its elements share the script)."""
+    s, r = cfg.slurm, cfg.requeue
+    python = cfg.environment.python or sys.executable
+    opts = sbatch_options(cfg)
     params: Dict[str, Any] = {
         "job_name": opts["job_name"],
         "nodes": s.nodes,
@@ -167,8 +180,8 @@ def executor_parameters(plan: SubmitPlan) -> Dict[str, Any]:
         "signal_delay_s": r.signal_delay_s,
         "stderr_to_stdout": True,
         "setup": [
-            *plan.cfg.environment.setup,
-            *[f"export {k}={_q(v)}" for k, v in sorted(plan.cfg.environment.env.items())],
+            *cfg.environment.setup,
+            *[f"export {k}={_q(v)}" for k, v in sorted(cfg.environment.env.items())],
             f'read -r MASTER_ADDR MASTER_PORT <<< "$({_q(python)} -m slurm_ddp.rendezvous)"',
             "export MASTER_ADDR MASTER_PORT",
             "export SLURM_DDP_BACKEND=submitit",  # rank 0's hang watchdog then takes the requeue decision
@@ -186,22 +199,39 @@ def _q(value: str) -> str:
     return shlex.quote(value)
 
 
+def check_config(cfg: JobConfig) -> None:
+    """Raise ``UserError`` for what submitit cannot run: torchrun, a requeue signal other than USR2."""
+    if cfg.slurm.launcher != "srun":
+        raise UserError(
+            "slurm.launcher=torchrun is for --backend sbatch; submitit starts one task per rank itself "
+            "(use slurm.launcher: srun with --backend submitit)"
+        )
+    if cfg.requeue.signal_name != "USR2":
+        raise UserError(
+            f"requeue.signal={cfg.requeue.signal!r}: submitit always sends USR2 before the time limit; "
+            "use signal: USR2 with --backend submitit"
+        )
+
+
+def make_callable(cfg: JobConfig, ranks_cfg: JobConfig, run_dir: str) -> SubmititWorker:
+    """The callable of one run: ``SubmititWorker``, or ``SubmititCommand`` for ``train.command``
+    (``ranks_cfg``: ``cfg`` with its paths in the code snapshot)."""
+    py = cfg.environment.python or sys.executable
+    tc = ranks_cfg.train
+    if not tc.command:
+        return SubmititWorker(run_dir, cfg.requeue.max_requeues)
+    # the rank's command, through the launch wrapper (binding, torchrun variables)
+    argv = [py, "-m", "slurm_ddp.launch", "--run-dir", run_dir, "--", *command_argv(tc.command, py)]
+    return SubmititCommand(run_dir, cfg.requeue.max_requeues, argv, tc.workdir, cfg.requeue.signal_name)
+
+
 def schedule(plan: SubmitPlan) -> str:
     """Submit through ``submitit.SlurmExecutor``; returns the job id."""
     try:
         import submitit
     except ImportError:
         raise UserError("--backend submitit needs submitit: pip install 'slurm-ddp[submitit]'") from None
-    if plan.cfg.slurm.launcher != "srun":
-        raise UserError(
-            "slurm.launcher=torchrun is for --backend sbatch; submitit starts one task per rank itself "
-            "(use slurm.launcher: srun with --backend submitit)"
-        )
-    if plan.cfg.requeue.signal_name != "USR2":
-        raise UserError(
-            f"requeue.signal={plan.cfg.requeue.signal!r}: submitit always sends USR2 before the time limit; "
-            "use signal: USR2 with --backend submitit"
-        )
+    check_config(plan.cfg)
     rd = prepare_run_dir(plan)
     # Each task starts through slurm_ddp.launch (CPU binding, OMP_*, LD_PRELOAD must be set before
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
@@ -211,13 +241,8 @@ def schedule(plan: SubmitPlan) -> str:
         folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues, python=launcher
     )
     executor.update_parameters(**executor_parameters(plan))
-    tc = plan.ranks_cfg.train  # train.command's script and workdir in the code snapshot
-    callable_: SubmititWorker = SubmititWorker(str(rd), plan.cfg.requeue.max_requeues)
-    if tc.command:  # the rank's command, through the launch wrapper (binding, torchrun variables)
-        argv = [py, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *command_argv(tc.command, py)]
-        callable_ = SubmititCommand(
-            str(rd), plan.cfg.requeue.max_requeues, argv, tc.workdir, plan.cfg.requeue.signal_name
-        )
+    # train.command's script and workdir in the code snapshot
+    callable_ = make_callable(plan.cfg, plan.ranks_cfg, str(rd))
     try:
         job = executor.submit(callable_)
     except (subprocess.CalledProcessError, FileNotFoundError, OSError) as e:

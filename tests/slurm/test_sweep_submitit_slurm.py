@@ -1,0 +1,58 @@
+"""A sweep through ``--backend submitit`` on the real sandbox: 2 elements as ONE submitit job
+array (``--array=0-1%2``), each a small digits run that finishes in its own run directory,
+recorded as ``ARRAYJOBID_TASKID``; submitting the sweep again then has nothing to run.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from lib import require_module, wait_for
+
+from slurm_ddp.rundir import is_finished, read_jobs, read_sweep_jobs
+
+pytestmark = pytest.mark.slurm
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = REPO / "examples" / "digits" / "sweep.yaml"
+SETS = (
+    "slurm.nodes=1",
+    "slurm.tasks_per_node=1",
+    "train.max_steps=30",
+    "train.eval_every=0",
+    "train.log_every=10",
+    "checkpoint.every_steps=10",
+    "slurm.time=00:05:00",
+)
+
+
+def _cli(sandbox, *args: str, timeout: float = 120):
+    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
+
+
+def _logs(sweep_dir: Path) -> str:
+    files = sorted(sweep_dir.glob("submitit/*/*.out")) + sorted(sweep_dir.glob("*/logs/*"))
+    return "\n".join(f"==> {p} <==\n{p.read_text(errors='replace')[-2000:]}" for p in files)
+
+
+def test_submitit_sweep_is_one_array_and_every_element_finishes(slurm_sandbox, tmp_path: Path) -> None:
+    require_module("submitit", "the submitit backend")
+    sweep_dir = tmp_path / "sweep"
+    args = ["submit", str(SWEEP), "--backend", "submitit", "--run-dir", str(sweep_dir), "--sweep", "train.seed=0"]
+    for s in SETS:
+        args += ["--set", s]
+    r = _cli(slurm_sandbox, *args)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job array (\d+) through submitit \(--array=0-1%2\)", r.stdout)
+    assert m, r.stdout
+    array_id = m.group(1)
+    assert [j["job_id"] for j in read_sweep_jobs(sweep_dir)] == [array_id]  # ONE sbatch
+    elems = [sweep_dir / f"{i:03d}" for i in range(2)]
+    for i, e in enumerate(elems):
+        assert [j["job_id"] for j in read_jobs(e)] == [f"{array_id}_{i}"]
+    wait_for(lambda: all(is_finished(e) for e in elems), 240, "both elements finished", lambda: _logs(sweep_dir))
+    again = _cli(slurm_sandbox, *args)
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
