@@ -13,6 +13,7 @@ import os
 import shlex
 import shutil
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, List, Optional, Sequence, Tuple
@@ -20,6 +21,7 @@ from typing import IO, Callable, List, Optional, Sequence, Tuple
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
 from ..errors import ClusterError, UserError
+from ..provenance import record_submit
 from ..render import ArrayJob, RenderedJob, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
@@ -55,6 +57,7 @@ class SweepPlan:
     snapshot: Optional[SnapshotPlan] = None
     warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
     accept_new_code: bool = False  #: ``--accept-new-code`` (the local backend checks each element again)
+    submit_argv: Tuple[str, ...] = ()  #: the submit command, for the sweep's ``provenance.json``
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -187,6 +190,7 @@ def plan_sweep(
         snapshot=snap,
         warnings=(warning,) if warning else (),
         accept_new_code=accept_new_code,
+        submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
 
 
@@ -194,7 +198,8 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     """Write the sweep directory: ``sweep.json``, the array script, the code snapshot (once:
     ``code/<digest>``, ``snapshot.json``), and per element a run directory with its
     ``config.yaml``, ``logs/``, ``checkpoints/`` and a ``snapshot.json`` naming the sweep's snapshot
-    (read by the ranks on every start, requeues included)."""
+    (read by the ranks on every start, requeues included); then the submit's provenance record in the
+    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest)."""
     sd = Path(plan.sweep_dir)
     sd.mkdir(parents=True, exist_ok=True)
     if plan.snapshot is not None:
@@ -207,6 +212,14 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     write_sweep_manifest(sd, manifest)
     atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script)
     os.chmod(sd / ARRAY_SCRIPT_NAME, 0o755)
+    record_submit(
+        plan.sweep_dir,
+        argv=plan.submit_argv,
+        backend=plan.backend,
+        script=plan.rendered.script,
+        snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
+        git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
+    )
     return sd
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from lib import require_module
 
-from slurm_ddp import cli
+from slurm_ddp import cli, provenance
 from slurm_ddp.backends.array import plan_sweep
 from slurm_ddp.backends.submitit_backend import SubmititWorker
 from slurm_ddp.backends.submitit_sweep import element_dirs_setup, schedule_submitit
@@ -96,6 +96,8 @@ def test_submitit_sweep_is_one_array_with_the_throttle_and_one_task_per_element(
         assert [j["job_id"] for j in read_jobs(edir)] == [f"{ARRAY_ID}_{task}"]
     (rec,) = read_sweep_jobs(sweep_dir)
     assert rec["backend"] == "submitit" and rec["job_id"] == ARRAY_ID and rec["array"] == "0,1,2,3"
+    (submit,) = provenance.read(str(sweep_dir))["submits"]  # the sweep's own submit record
+    assert submit["backend"] == "submitit" and submit["snapshot"] == plan.snapshot.digest
 
 
 def test_resubmitted_submitit_sweep_maps_tasks_to_the_unfinished_elements(fake_sbatch, tmp_path):
