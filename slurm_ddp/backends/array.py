@@ -16,11 +16,11 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, List, Optional, Sequence, Tuple
+from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
-from ..errors import ClusterError, UserError
+from ..errors import ClusterError, SlurmDDPError, UserError
 from ..provenance import record_submit
 from ..render import ArrayJob, RenderedJob, render
 from ..rundir import (
@@ -267,22 +267,150 @@ def schedule_local(
     say: Callable[[str], None],
     command: Optional[Sequence[str]] = None,
 ) -> List[Tuple[int, int]]:
-    """Run the unfinished elements one after another with the local backend; returns
-    ``(index, exit status)`` per element run. Stops at the first element stopped for preemption
-    (Ctrl-C, a signal): submitting the sweep again resumes it and the rest."""
-    from .. import PREEMPTED_EXIT_CODE
+    """Run the unfinished elements with the local backend, ``slurm.array_parallelism`` of them at
+    once (the ``%P`` of the array; unset: one after another); returns ``(index, exit status)`` per
+    element run, in the order they ended.
+
+    One element at a time runs in this process. Several run each in a forked process of its own
+    session, with its own launcher (``backends.local``: its own ``MASTER_PORT``, chosen from its
+    pid) and its lines prefixed ``[NNN]``; a signal to this process (Ctrl-C, SIGTERM, the requeue
+    signal) is passed to every running element, whose ranks checkpoint and stop, and an element
+    whose parent dies gets SIGTERM (prctl PR_SET_PDEATHSIG). After an element stopped for
+    preemption no further element starts: submitting the sweep again resumes the unfinished ones.
+    """
+    prepare_sweep_dir(plan)
+    k = max(1, plan.sweep.parallelism or 1)
+    if k == 1:
+        return _run_local_in_turn(plan, echo=echo, say=say, command=command)
+    return _run_local_concurrently(plan, k, echo=echo, say=say, command=command)
+
+
+def _run_local_element(
+    plan: SweepPlan, index: int, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
+) -> int:
     from . import plan_submit
     from .local import schedule as local_schedule
 
-    prepare_sweep_dir(plan)
+    e = plan.sweep.elements[index]
+    sub = plan_submit(e.cfg, "local", plan.element_dir(index), command=command, accept_new_code=plan.accept_new_code)
+    return local_schedule(sub, echo=echo, say=say)
+
+
+def _run_local_in_turn(
+    plan: SweepPlan, *, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
+) -> List[Tuple[int, int]]:
+    from .. import PREEMPTED_EXIT_CODE
+
     results: List[Tuple[int, int]] = []
     n = len(plan.sweep.elements)
     for i in plan.todo:
-        e = plan.sweep.elements[i]
-        say(f"sweep element {i + 1}/{n} ({e.label}): run directory {plan.element_dir(i)}")
-        sub = plan_submit(e.cfg, "local", plan.element_dir(i), command=command, accept_new_code=plan.accept_new_code)
-        status = local_schedule(sub, echo=echo, say=say)
+        say(f"sweep element {i + 1}/{n} ({plan.sweep.elements[i].label}): run directory {plan.element_dir(i)}")
+        status = _run_local_element(plan, i, echo, say, command)
         results.append((i, status))
         if status == PREEMPTED_EXIT_CODE:
             break
+    return results
+
+
+class _Prefixed:
+    """A text stream that writes every line to ``out`` after ``prefix`` (not a terminal: no
+    progress bar, whose redraws from several elements would garble each other)."""
+
+    def __init__(self, out: IO[str], prefix: str):
+        self.out, self.prefix, self._at_start = out, prefix, True
+
+    def write(self, text: str) -> int:
+        for part in text.splitlines(keepends=True):
+            self.out.write((self.prefix if self._at_start else "") + part)
+            self._at_start = part.endswith("\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self.out.flush()
+
+    def isatty(self) -> bool:
+        return False
+
+
+def _run_local_concurrently(
+    plan: SweepPlan, k: int, *, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
+) -> List[Tuple[int, int]]:
+    import signal
+
+    from .. import PREEMPTED_EXIT_CODE
+    from .local import die_with_parent
+
+    n = len(plan.sweep.elements)
+    width = len(element_dir_name(n - 1, n))
+    queue = list(plan.todo)
+    running: Dict[int, int] = {}  # pid -> element index
+    results: List[Tuple[int, int]] = []
+    parent = os.getpid()
+    stopping: List[int] = []  # the signals received (no new element starts once one came)
+    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    sigs.add(signal.Signals["SIG" + plan.sweep.base_cfg.requeue.signal_name])
+
+    def on_signal(signum: int, frame: object) -> None:
+        """Pass the signal on to every running element, here: the loop may be blocked in waitpid,
+        which Python resumes after a handler (PEP 475)."""
+        if os.getpid() != parent:  # a child before it restored its own handlers
+            return
+        stopping.append(signum)
+        for pid in list(running):
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    originals = {sig: signal.signal(sig, on_signal) for sig in sigs}
+    say(f"running {len(queue)} sweep element(s), {k} at a time")
+    try:
+        while queue or running:
+            while queue and not stopping and len(running) < k:
+                i = queue.pop(0)
+                say(f"sweep element {i + 1}/{n} ({plan.sweep.elements[i].label}): run directory {plan.element_dir(i)}")
+                sys.stdout.flush()
+                sys.stderr.flush()
+                # signals wait while the element forks: delivered once it is in `running`, so passed on to it too
+                signal.pthread_sigmask(signal.SIG_BLOCK, sigs)
+                pid = os.fork()
+                if pid == 0:  # the element: its own session (a terminal's Ctrl-C reaches only the parent)
+                    status = 1
+                    try:
+                        for sig, handler in originals.items():
+                            signal.signal(sig, handler)
+                        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+                        os.setsid()
+                        die_with_parent(signal.SIGTERM)
+                        tag = f"[{i:0{width}d}] "
+
+                        def say_tagged(message: str, tag: str = tag) -> None:
+                            say(tag + message)
+
+                        out = cast(IO[str], _Prefixed(echo, tag))
+                        status = _run_local_element(plan, i, out, say_tagged, command)
+                    except BaseException as e:  # the child must end here, never return into the loop
+                        say(f"[{i:0{width}d}] {e}" if isinstance(e, SlurmDDPError) else f"[{i:0{width}d}] {e!r}")
+                        status = int(getattr(e, "exit_code", 1))
+                    finally:
+                        sys.stdout.flush()
+                        sys.stderr.flush()
+                        os._exit(status)
+                running[pid] = i
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+            if not running:
+                break
+            pid, wstatus = os.waitpid(-1, 0)
+            if pid not in running:
+                continue
+            i = running.pop(pid)
+            status = os.waitstatus_to_exitcode(wstatus)
+            status = status if status >= 0 else 128 - status
+            results.append((i, status))
+            say(f"sweep element {i + 1}/{n} ({plan.sweep.elements[i].label}) ended with status {status}")
+            if status == PREEMPTED_EXIT_CODE:
+                stopping.append(0)
+    finally:
+        for sig, handler in originals.items():
+            signal.signal(sig, handler)
     return results

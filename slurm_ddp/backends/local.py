@@ -78,18 +78,24 @@ def rank_environ(
     return env
 
 
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have Linux send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG);
+    a no-op where prctl is missing."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the launcher dies (prctl PR_SET_PDEATHSIG, Linux).
+    """In the child before exec: SIGKILL it when the launcher dies.
 
     Like srun's tasks, the ranks must not outlive the launcher (kill -9 of it, a crashed
     login shell), or they would train on as orphans holding the run directory.
     """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
+    die_with_parent(signal.SIGKILL)
 
 
 _STEP_LINE = re.compile(r" step (\d+)/(\d+) loss ([0-9.eE+-]+|nan|inf) ([0-9.]+) steps/s")

@@ -1,16 +1,22 @@
 """A sweep on the local backend, the README's one command: examples/digits/sweep.yaml runs its
-elements one after another (kept short here: 2 elements x 60 steps), each in its own run
-directory; submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep."""
+elements 2 at a time (its slurm.array_parallelism; kept short here: 2 elements x 200 steps), each in
+its own run directory; a signal stops both with a checkpoint and the next submit resumes both;
+submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep."""
 
 from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from lib import wait_process
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.rundir import read_metrics, read_preempted
 
 pytestmark = pytest.mark.local
 
@@ -18,18 +24,55 @@ REPO = Path(__file__).resolve().parents[2]
 SWEEP = REPO / "examples" / "digits" / "sweep.yaml"
 
 
+def trained(run_dir: Path) -> int:
+    """The last train step logged in ``run_dir``'s metrics (0: none yet)."""
+    return max((r["step"] for r in read_metrics(run_dir) if r.get("event") == "train"), default=0)
+
+
 def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "runs" / "digits-sweep"
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(SWEEP), "--backend", "local", "--run-dir", str(sweep_dir)]
-    cmd += ["--sweep", "train.lr=0.003", "--set", "train.max_steps=60", "--set", "train.eval_every=30"]
-    cmd += ["--set", "checkpoint.every_steps=30"]
+    cmd += ["--sweep", "train.lr=0.003", "--set", "train.max_steps=200", "--set", "train.eval_every=100"]
+    cmd += ["--set", "checkpoint.every_steps=100", "--set", "train.log_every=1"]
+    # slurm.array_parallelism: 2 in sweep.yaml: both elements run at once; a SIGTERM to the command
+    # once both trained reaches both, which checkpoint and stop (75); the next submit resumes both
+    out, err = tmp_path / "first.out", tmp_path / "first.err"
+    with open(out, "w") as o, open(err, "w") as e:
+        first = subprocess.Popen(cmd, stdout=o, stderr=e, text=True, cwd=tmp_path)
+    try:
+        wait_process(
+            first,
+            lambda: all(trained(sweep_dir / f"{i:03d}") >= 3 for i in (0, 1)),
+            300,
+            "both elements to train 3 steps",
+            lambda: err.read_text()[-3000:],
+        )
+        first.send_signal(signal.SIGTERM)
+        assert first.wait(timeout=300) == PREEMPTED_EXIT_CODE, err.read_text()[-3000:]
+    finally:
+        if first.poll() is None:
+            first.kill()
+            first.wait()
+    said = err.read_text()
+    assert "running 2 sweep element(s), 2 at a time" in said, said
+    started = [said.index(f"sweep element {i}/2 (") for i in (1, 2)]
+    assert max(started) < said.index("ended with status"), said  # the second started before the first ended
+    assert {int(s) for s in re.findall(r"ended with status (\d+)", said)} == {PREEMPTED_EXIT_CODE}, said
+    assert "[000] " in out.read_text() and "[001] " in out.read_text()
+    markers = [read_preempted(sweep_dir / f"{i:03d}") for i in (0, 1)]
+    assert all(m is not None and m.step >= 3 for m in markers), markers
+
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "2 of 2 element(s) run finished" in r.stdout, r.stdout[-2000:]
+    for i in (0, 1):
+        log = (sweep_dir / f"{i:03d}" / "logs" / "rank-0.log").read_text()
+        assert re.search(r"resumed from checkpoint of step (\d+)", log), log[-2000:]
+        assert int(re.findall(r"resumed from checkpoint of step (\d+)", log)[-1]) == markers[i].step
     for i, seed in enumerate((0, 1)):
         d = sweep_dir / f"{i:03d}"
         finished = json.loads((d / "FINISHED").read_text())
-        assert finished["step"] == 60
+        assert finished["step"] == 200
         assert f"seed: {seed}" in (d / "config.yaml").read_text()
         assert (d / "final_model.pt").exists() and (d / "logs" / "rank-1.log").exists()
 
@@ -44,7 +87,7 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     )
     assert st.returncode == 0, st.stderr
     assert "2 done, 0 running, 0 pending, 0 failed" in st.stdout, st.stdout
-    assert len(re.findall(r"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+60/60", st.stdout, re.M)) == 2, st.stdout
+    assert len(re.findall(r"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+200/200", st.stdout, re.M)) == 2, st.stdout
 
     runs = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "runs", str(tmp_path / "runs")], capture_output=True, text=True, timeout=60
