@@ -87,7 +87,9 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     )
     assert st.returncode == 0, st.stderr
     assert "2 done, 0 running, 0 pending, 0 failed" in st.stdout, st.stdout
-    assert len(re.findall(r"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+200/200", st.stdout, re.M)) == 2, st.stdout
+    assert len(re.findall(r"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+200/200", st.stdout, re.M)) == 2, (
+        st.stdout
+    )
 
     runs = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "runs", str(tmp_path / "runs")], capture_output=True, text=True, timeout=60
