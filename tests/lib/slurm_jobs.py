@@ -37,6 +37,12 @@ DIGITS_JOB = REPO / "examples" / "digits" / "job.yaml"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
+def cli(sandbox: Any, *args: str, timeout: float = 120) -> Any:
+    """``python -m slurm_ddp ARGS`` with the sandbox's Slurm commands (``SlurmSandbox.run``); the
+    completed process, text output captured."""
+    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
+
+
 def train_steps(run_dir: Path) -> List[int]:
     """Steps of the ``train`` events in ``metrics.jsonl``, in the order they were logged."""
     return [m["step"] for m in read_metrics(run_dir) if m["event"] == "train"]

@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from lib import require_module, wait_for
+from lib.slurm_jobs import cli
 
 from slurm_ddp.rundir import read_metrics, read_sweep_jobs
 
@@ -31,10 +31,6 @@ SETS = (
     "checkpoint.every_steps=50",
     "slurm.time=00:10:00",
 )
-
-
-def _cli(sandbox, *args: str, timeout: float = 60):
-    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
 
 
 def _show(sandbox, job: str) -> Dict[str, str]:
@@ -56,7 +52,7 @@ def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_pa
     args = ["submit", str(SWEEP), "--backend", "sbatch", "--run-dir", str(sweep_dir)]
     for s in SETS:
         args += ["--set", s]
-    r = _cli(slurm_sandbox, *args)
+    r = cli(slurm_sandbox, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"submitted job array (\d+) \(--array=0-3%2\)", r.stdout)
     assert m, r.stdout
@@ -102,7 +98,7 @@ def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_pa
     assert "requeueing (restart 1 of at most 3)" in batch1, batch1
 
     # status: one row per element; runs: the sweep on one line
-    st = _cli(slurm_sandbox, "status", str(sweep_dir))
+    st = cli(slurm_sandbox, "status", str(sweep_dir))
     assert st.returncode == 0, st.stderr
     print(st.stdout)
     rows = [line for line in st.stdout.splitlines() if re.match(r"^\d\s+lr=", line)]
@@ -110,16 +106,16 @@ def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_pa
     assert all(f"{array_id}_" in row and "200/200" in row for row in rows), st.stdout
     assert re.search(rf"^1\s+lr=0\.003,seed=1\s+{array_id}_1\s+COMPLETED\s+200/200\s+\S+\s+\S+\s+1$", st.stdout, re.M)
     assert "4 done, 0 running, 0 pending, 0 failed" in st.stdout
-    runs = _cli(slurm_sandbox, "runs", str(tmp_path))
+    runs = cli(slurm_sandbox, "runs", str(tmp_path))
     assert re.search(r"digits-sweep\s+" + array_id + r"\s+4\s+4\s+0\s+0\s+0", runs.stdout), runs.stdout
 
     # re-submitting a finished sweep submits nothing
-    again = _cli(slurm_sandbox, *args)
+    again = cli(slurm_sandbox, *args)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
 
     # the signalled element, run uninterrupted as a single job: bitwise equal final weights
     ref = tmp_path / "ref"
-    r = _cli(slurm_sandbox, "submit", str(elems[1] / "config.yaml"), "--backend", "sbatch", "--run-dir", str(ref))
+    r = cli(slurm_sandbox, "submit", str(elems[1] / "config.yaml"), "--backend", "sbatch", "--run-dir", str(ref))
     assert r.returncode == 0, r.stdout + r.stderr
     wait_for(lambda: (ref / "FINISHED").exists(), 240, "the reference run", lambda: _logs(tmp_path))
     a = torch.load(ref / "final_model.pt", weights_only=True)

@@ -6,11 +6,11 @@ recorded as ``ARRAYJOBID_TASKID``; submitting the sweep again then has nothing t
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 
 import pytest
 from lib import require_module, wait_for
+from lib.slurm_jobs import cli
 
 from slurm_ddp.rundir import is_finished, read_jobs, read_sweep_jobs
 
@@ -29,10 +29,6 @@ SETS = (
 )
 
 
-def _cli(sandbox, *args: str, timeout: float = 120):
-    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
-
-
 def _logs(sweep_dir: Path) -> str:
     files = sorted(sweep_dir.glob("submitit/*/*.out")) + sorted(sweep_dir.glob("*/logs/*"))
     return "\n".join(f"==> {p} <==\n{p.read_text(errors='replace')[-2000:]}" for p in files)
@@ -44,7 +40,7 @@ def test_submitit_sweep_is_one_array_and_every_element_finishes(slurm_sandbox, t
     args = ["submit", str(SWEEP), "--backend", "submitit", "--run-dir", str(sweep_dir), "--sweep", "train.seed=0"]
     for s in SETS:
         args += ["--set", s]
-    r = _cli(slurm_sandbox, *args)
+    r = cli(slurm_sandbox, *args)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"submitted job array (\d+) through submitit \(--array=0-1%2\)", r.stdout)
     assert m, r.stdout
@@ -54,5 +50,5 @@ def test_submitit_sweep_is_one_array_and_every_element_finishes(slurm_sandbox, t
     for i, e in enumerate(elems):
         assert [j["job_id"] for j in read_jobs(e)] == [f"{array_id}_{i}"]
     wait_for(lambda: all(is_finished(e) for e in elems), 240, "both elements finished", lambda: _logs(sweep_dir))
-    again = _cli(slurm_sandbox, *args)
+    again = cli(slurm_sandbox, *args)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
