@@ -446,7 +446,12 @@ class TrainConfig:
         ),
     )
     workdir: Optional[str] = field(
-        default=None, metadata=_meta("working directory of train.command; default: the YAML's directory")
+        default=None,
+        metadata=_meta(
+            "working directory of the ranks (train.command and the task worker alike): relative paths in the "
+            "script read and write there; default: the YAML's directory. The code still runs from the code "
+            "snapshot (train.snapshot)"
+        ),
     )
     pythonpath: Tuple[str, ...] = field(
         default=(), metadata=_meta("directories put on sys.path to import the task; default: the YAML's directory")
@@ -828,8 +833,6 @@ def _cross_checks(cfg: JobConfig) -> None:
         )
     if t.command and not t.command[0].strip():
         raise _bad("train.command[0]", t.command[0], "the program to run (e.g. python or train.py)")
-    if t.workdir is not None and not t.command:
-        raise _bad("train.workdir", t.workdir, "no value with train.task", "train.workdir applies to train.command")
     if r.signal_delay_s >= s.time_s:
         raise _bad(
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
@@ -886,14 +889,15 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
         base = Path(base_dir).resolve()
         paths = cfg.train.pythonpath or (".",)
         resolved = tuple(str((base / p).resolve()) for p in paths)
-        train = dataclasses.replace(cfg.train, pythonpath=resolved)
+        # train.workdir: the real directory (symlinks resolved), for the task worker and train.command alike
+        workdir = str((base / (cfg.train.workdir or ".")).resolve())
+        train = dataclasses.replace(cfg.train, pythonpath=resolved, workdir=workdir)
         if train.command:
             argv = list(train.command)
             i = command_script_index(argv)
             if i is not None and not os.path.isabs(argv[i]):
                 argv[i] = str(base / argv[i])
-            workdir = str((base / (train.workdir or ".")).resolve())
-            train = dataclasses.replace(train, command=tuple(argv), workdir=workdir)
+            train = dataclasses.replace(train, command=tuple(argv))
         cfg = dataclasses.replace(cfg, train=train)
     return cfg
 
@@ -942,6 +946,28 @@ def command_script_index(argv: Sequence[str]) -> Optional[int]:
             return i
         return None
     return 0 if "/" in prog else None
+
+
+def command_module_index(argv: Sequence[str]) -> Optional[int]:
+    """Index of the module name in a ``python [options] -m MODULE …`` argv, or None.
+
+    ``python -u -m pkg.train --lr 1`` → 3. Only a separate ``-m`` word counts (python(1)); a
+    program that is not a Python interpreter, a script, or ``-c`` → None.
+    """
+    if not argv or not _PYTHON_NAME.match(os.path.basename(argv[0])):
+        return None
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" or (a.startswith("-") and not a.startswith("--") and a.endswith("m") and "c" not in a):
+            return i + 1 if i + 1 < len(argv) else None  # -m, or a group ending in it (-um)
+        if a in ("-W", "-X", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if not a.startswith("-") or a == "-" or "c" in a[1:] and not a.startswith("--"):
+            return None
+        i += 1
+    return None
 
 
 def command_argv(command: Sequence[str], python: str) -> List[str]:

@@ -28,7 +28,7 @@ from .binding import (
     needed_libraries,
     plan_for_task,
 )
-from .config import JobConfig, command_argv
+from .config import JobConfig, command_argv, command_module_index, command_script_index
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
@@ -93,6 +93,29 @@ def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, na
         }
     )
     return env
+
+
+def code_line(cfg: JobConfig) -> str:
+    """One line: the ranks' working directory and where the code they run comes from."""
+    tc = cfg.train
+    where = f"working directory: {tc.workdir or 'where the ranks start'} (train.workdir: relative paths read and write there)"
+    if tc.command:
+        i, m = command_script_index(tc.command), command_module_index(tc.command)
+        what = (
+            f"the script {tc.command[i]}"
+            if i is not None
+            else f"the module {tc.command[m]} (found in the snapshot of train.workdir, not in the working directory)"
+            if m is not None
+            else f"the program {tc.command[0]}"
+        )
+    else:
+        what = f"the task {tc.task} (train.pythonpath: {', '.join(tc.pythonpath) or 'the YAML directory'})"
+    if not tc.snapshot:
+        return f"{where}; code: {what} as it is in the checkout at each start (train.snapshot: false)"
+    return (
+        f"{where}; code: {what}, from the code snapshot taken at submit (RUN_DIR/code/<digest>/), "
+        "on every start, requeues included; an edit to the checkout after submit does not run"
+    )
 
 
 def signal_plan(cfg: JobConfig) -> str:
@@ -235,6 +258,7 @@ def explain_job(
         "rendezvous: " + rendezvous_rule(names[0], job_id),
         "signals: " + signal_plan(cfg),
         "launcher: " + launcher_line(cfg),
+        code_line(cfg),
     ]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus

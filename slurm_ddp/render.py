@@ -279,7 +279,7 @@ def render(
             torchrun_omp_var=TORCHRUN_OMP_VAR,
             rank_command=rank_command(cfg, python or cfg.environment.python or sys.executable),
             command_mode=bool(cfg.train.command),
-            workdir=cfg.train.workdir if cfg.train.command else None,
+            workdir=cfg.train.workdir,  # the ranks' working directory, worker and command alike
             node_log=launcher_log_name("%n"),
             logs_dir=LOGS_DIR,
             rank_log=rank_log_name("%t"),

@@ -18,10 +18,13 @@ What is copied (``train.snapshot: true``, the default):
 Each such directory is a *root*; the snapshot is ``RUN_DIR/code/<digest>/<i>/...`` with root ``i``'s
 files at their paths relative to it. ``<digest>`` is the sha256 of every file's root, path,
 executable bit and content, so identical code is stored once (a resubmit of unchanged code reuses
-it). ``snapshot.json`` records the digest and the roots' source paths; the ranks' paths are remapped
-through it: ``train.pythonpath`` entries (by the worker, on every start), the script of
-``train.command`` and ``train.workdir`` (in the rendered batch script, the local launcher and the
-submitit backend). A path outside every root (an installed package, a dataset) is left as it is.
+it). ``snapshot.json`` records the digest and the roots' source paths; the ranks' code paths are
+remapped through it: ``train.pythonpath`` entries (by the worker, on every start), the script of
+``train.command``, and the module of ``python -m MODULE`` (run by ``slurm_ddp.runmodule`` with the
+snapshot of ``train.workdir`` first on ``sys.path``), in the rendered batch script, the local
+launcher and the submitit backend. A path outside every root (an installed package, a dataset) is
+left as it is. The ranks' working directory is ``train.workdir`` itself, the user's directory, not
+its copy: data read and outputs written by relative path are the user's.
 
 slurm_ddp itself is never copied: it runs from the installed package (the launcher, the batch
 script's helpers and the worker import it before any snapshot path is on ``sys.path``), so its
@@ -42,11 +45,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .config import JobConfig, command_script_index
+from .config import JobConfig, command_module_index, command_script_index
 from .errors import UserError
 from .rundir import CONFIG_NAME, LOGS_DIR, SNAPSHOT_NAME, SNAPSHOTS_DIR, snapshot_dir_name
 
 _SKIP_DIRS = ("__pycache__",)
+#: the module that runs ``python -m MODULE`` with the snapshot, not the working directory, first on sys.path
+RUNMODULE = "slurm_ddp.runmodule"
 #: what a directory outside a git repository contributes: Python code (sources, stubs, compiled
 #: extensions), and train.command's script whatever its name; data, logs and outputs stay out
 CODE_SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pth")
@@ -365,8 +370,11 @@ def check_resubmit(plan: Optional[SnapshotPlan], run_dir: str, accept_new_code: 
 
 
 def remap_config(cfg: JobConfig, plan: Optional[SnapshotPlan]) -> JobConfig:
-    """``cfg`` with the ranks' paths in the snapshot: ``train.pythonpath``, ``train.command``'s
-    script and ``train.workdir``. Unchanged when ``plan`` is None."""
+    """``cfg`` with the ranks' code in the snapshot: ``train.pythonpath`` and ``train.command``'s
+    script; ``python -m MODULE`` becomes ``python -m slurm_ddp.runmodule SNAPSHOT_OF_WORKDIR MODULE``
+    (``python -m`` would put the working directory, the checkout, first on ``sys.path``).
+    ``train.workdir`` stays the user's directory: relative data paths read the user's data and
+    relative outputs land where the user looks. Unchanged when ``plan`` is None."""
     if plan is None:
         return cfg
     tc = cfg.train
@@ -374,12 +382,10 @@ def remap_config(cfg: JobConfig, plan: Optional[SnapshotPlan]) -> JobConfig:
     i = command_script_index(argv)
     if i is not None:
         argv[i] = plan.remap(os.path.abspath(argv[i]))
-    train = dataclasses.replace(
-        tc,
-        pythonpath=tuple(plan.remap(p) for p in tc.pythonpath),
-        command=tuple(argv),
-        workdir=plan.remap(tc.workdir) if tc.workdir else tc.workdir,
-    )
+    m = command_module_index(argv)
+    if m is not None and tc.workdir and plan.remap(tc.workdir) != tc.workdir:
+        argv[m:m] = [RUNMODULE, plan.remap(tc.workdir)]
+    train = dataclasses.replace(tc, pythonpath=tuple(plan.remap(p) for p in tc.pythonpath), command=tuple(argv))
     return dataclasses.replace(cfg, train=train)
 
 

@@ -242,7 +242,7 @@ class LocalJob:
             p = subprocess.Popen(
                 cmd,
                 env=env,
-                cwd=self.plan.ranks_cfg.train.workdir if self.plan.cfg.train.command else None,
+                cwd=self.plan.ranks_cfg.train.workdir or None,  # the user's directory; code: the snapshot
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 stdin=subprocess.DEVNULL,

@@ -715,4 +715,12 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
     cfg = load_config(rd / CONFIG_NAME)
     denv.validate_against(cfg)
     os.environ.update(denv.torch_env())  # for user code that reads RANK/LOCAL_RANK/…
+    if cfg.train.workdir:  # the user's directory (the task's relative paths), on every backend; code: the snapshot
+        try:
+            os.chdir(cfg.train.workdir)
+        except OSError as e:
+            raise UserError(
+                f"train.workdir {cfg.train.workdir!r}: cannot enter it on {socket.gethostname()} ({e.strerror}); "
+                "the ranks run there: put it on a file system every node mounts"
+            ) from None
     return Trainer(cfg, rd, denv).run()

@@ -545,7 +545,6 @@ def test_command_argv_uses_the_ranks_interpreter():
         ({"task": "", "command": {"a": 1}}, ["train.command", "a list of strings"]),
         ({"task": "", "command": "python 'unclosed"}, ["train.command", "No closing quotation"]),
         ({"task": "", "command": [""]}, ["train.command[0]"]),
-        ({"task": "m:C", "workdir": "w"}, ["train.workdir", "train.command"]),
     ],
 )
 def test_command_mistakes_are_one_line(write_job, train, fragments):

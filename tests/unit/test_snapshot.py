@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
+import sys
 from pathlib import Path
 from typing import List, Tuple
 
@@ -166,7 +168,7 @@ def test_outside_a_repository_the_python_code_of_the_directory_is_copied(tmp_pat
     ]
 
 
-def test_command_script_and_workdir_are_remapped_into_the_snapshot(tmp_path, sbatch, capsys):
+def test_command_script_is_remapped_into_the_snapshot_and_runs_in_the_users_workdir(tmp_path, sbatch, capsys):
     repo = make_repo(tmp_path)
     (repo / "train.py").write_text("print('hi')\n")
     job = yaml.safe_load((repo / "job.yaml").read_text())
@@ -177,11 +179,35 @@ def test_command_script_and_workdir_are_remapped_into_the_snapshot(tmp_path, sba
     assert rc == 0, err
     snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
     script = (run / "job.sbatch").read_text()
-    assert f"--chdir={snap}" in script and f"{snap}/train.py --epochs 2" in script, script
+    # the code from the snapshot, the working directory the user's (relative data and outputs)
+    assert f"--chdir={repo.resolve()} " in script and f"{snap}/train.py --epochs 2" in script, script
     assert str(repo / "train.py") not in script
     assert (snap / "train.py").read_text() == "print('hi')\n"
     rc, out, err = submit(repo, tmp_path / "run2", capsys, "--no-check-task", "--dry-run")
     assert rc == 0 and "# code snapshot: " in out and not (tmp_path / "run2").exists()
+
+
+@pytest.mark.parametrize(
+    "command, expected",
+    [
+        ("python -m pkg.train --lr 1", ["-m", "slurm_ddp.runmodule", "SNAP", "pkg.train", "--lr", "1"]),
+        ("python3 -u -m pkg", ["-u", "-m", "slurm_ddp.runmodule", "SNAP", "pkg"]),
+        ("python -um pkg", ["-um", "slurm_ddp.runmodule", "SNAP", "pkg"]),
+        ("python -c 'import pkg'", ["-c", "import pkg"]),
+    ],
+)
+def test_python_m_runs_its_module_from_the_snapshot(tmp_path, sbatch, capsys, command, expected):
+    repo = make_repo(tmp_path)
+    job = yaml.safe_load((repo / "job.yaml").read_text())
+    job["train"] = {"command": command}
+    (repo / "job.yaml").write_text(yaml.safe_dump(job))
+    run = tmp_path / "run"
+    rc, out, err = submit(repo, run, capsys, "--no-check-task")
+    assert rc == 0, err
+    snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
+    script = (run / "job.sbatch").read_text()
+    tail = " ".join(shlex.quote(str(snap) if a == "SNAP" else a) for a in expected)
+    assert f'"$PYTHON" {tail} &' in script and f"--chdir={repo.resolve()} " in script, script
 
 
 def test_provenance_of_a_submit_with_a_dirty_tree_saves_its_diff(tmp_path, sbatch, capsys):
@@ -288,3 +314,30 @@ def test_a_command_sweeps_array_script_runs_the_script_from_the_snapshot(tmp_pat
     assert plan.snapshot is not None
     assert f"{plan.snapshot.directory}/0/train.py" in plan.rendered.script
     assert f"{repo}/train.py" not in plan.rendered.script
+
+
+def test_runmodule_runs_the_module_from_its_directory_not_the_working_directory(tmp_path):
+    """``python -m slurm_ddp.runmodule DIR pkg`` in a working directory that has its own ``pkg``: the
+    one in DIR runs, as ``__main__`` with its argv, and relative paths still resolve in the
+    working directory."""
+    for where, value in (("checkout", "checkout"), ("snap", "snapshot")):
+        (tmp_path / where / "pkg").mkdir(parents=True)
+        (tmp_path / where / "pkg" / "__init__.py").write_text("")
+        (tmp_path / where / "pkg" / "helper.py").write_text(f"VALUE = {value!r}\n")
+        (tmp_path / where / "pkg" / "__main__.py").write_text(
+            "import pathlib, sys\nfrom pkg.helper import VALUE\n"
+            "print(__name__, VALUE, sys.argv[1:], pathlib.Path('data.txt').read_text().strip())\n"
+            "raise SystemExit(7)\n"
+        )
+    (tmp_path / "checkout" / "data.txt").write_text("user-data\n")
+    r = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp.runmodule", str(tmp_path / "snap"), "pkg", "--lr", "1"],
+        cwd=tmp_path / "checkout",
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert r.returncode == 7, r.stderr
+    assert r.stdout.split("\n")[0] == "__main__ snapshot ['--lr', '1'] user-data", r.stdout
+    bad = subprocess.run([sys.executable, "-m", "slurm_ddp.runmodule", "x"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "usage:" in bad.stderr, bad.stderr
