@@ -14,7 +14,7 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, NoReturn, Optional, Sequence
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence
 
 from . import PREEMPTED_EXIT_CODE, __version__
 from .errors import SlurmDDPError, UserError
@@ -180,13 +180,23 @@ def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if sweep is not None:
         from .backends.array import default_sweep_dir, render_sweep
 
-        script = render_sweep(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv)).script
+        _warn_literal_secrets({k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()})
+        script = render_sweep(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv)).shown
         sys.stdout.write(script)
         return 0
     cfg = _load(args)
+    _warn_literal_secrets(cfg.environment.env)
     rendered = render(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
-    sys.stdout.write(rendered.script)
+    sys.stdout.write(rendered.shown)  # credential-looking values as *** (slurm_ddp.secrets)
     return 0
+
+
+def _warn_literal_secrets(env: Mapping[str, str]) -> None:
+    from .secrets import literal_warning
+
+    line = literal_warning(env)
+    if line:
+        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
 
 
 def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -204,11 +214,11 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.test_only:
         _check_test_only(args, backend)
     plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
+    for line in plan.warnings:
+        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
     if args.dry_run:
         sys.stdout.write(plan.describe())
         return 0
-    for line in plan.warnings:
-        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
     if plan.resuming and not args.test_only:
         from .ops import refuse_active_run
 
@@ -285,6 +295,8 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if backend in ("sbatch", "submitit"):
         check_array_size(sweep)
     if args.dry_run:
+        for w in plan.warnings:
+            print(f"slurm-ddp: warning: {w}", file=sys.stderr)
         sys.stdout.write(plan.describe())
         return 0
     if not plan.todo:

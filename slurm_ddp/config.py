@@ -430,6 +430,13 @@ class EnvironmentConfig:
         ),
     )
     override_env: bool = field(default=False, metadata=_meta("overwrite OMP_*/KMP_* variables the user already set"))
+    pass_env: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "names of variables every rank gets from the submitting shell, values never written to a file "
+            "(the way to hand over a secret: [WANDB_API_KEY, HF_TOKEN]); submit refuses a name that is not set"
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -860,6 +867,30 @@ def _cross_checks(cfg: JobConfig) -> None:
     for k, v in cfg.environment.env.items():
         if not isinstance(v, str):
             raise _bad(f"environment.env.{k}", v, "a string")
+    _check_pass_env(cfg)
+
+
+def _check_pass_env(cfg: JobConfig) -> None:
+    """``environment.pass_env``: variable names, not also in ``environment.env``, and not dropped by an
+    ``slurm.extra.export`` (sbatch(1) "--export": ALL, the default, hands over the submitting environment)."""
+    names = cfg.environment.pass_env
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise _bad(f"environment.pass_env[{i}]", name, "a variable name of letters, digits and _")
+        if name in cfg.environment.env:
+            raise _bad(
+                f"environment.pass_env[{i}]", name, "a name not also set in environment.env", "keep one of the two"
+            )
+    export = cfg.slurm.extra.get("export")
+    if names and export is not None and export is not True:
+        given = str(export).split(",") if export is not False else []
+        dropped = [n for n in names if "ALL" not in given and n not in given]
+        if dropped:
+            raise _bad(
+                "slurm.extra.export",
+                export,
+                f"ALL, or a list holding the environment.pass_env names ({', '.join(dropped)} would not reach the job)",
+            )
 
 
 def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = None) -> JobConfig:

@@ -33,6 +33,7 @@ from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, s
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
 from .render import torchrun_flags
+from .secrets import redact_env
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 
@@ -169,7 +170,8 @@ def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = 
         "  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items() if k != "LD_PRELOAD"),
     ]
     if plan.kept:
-        lines.append("  kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.kept.items()))
+        kept = redact_env(plan.kept)
+        lines.append("  kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in kept.items()))
     lines.append(f"  LD_PRELOAD: {plan.env.get('LD_PRELOAD', '(none)')}")
     lines.append(f"  cpus chosen: {plan.source}")
     for note in plan.notes:
@@ -193,10 +195,15 @@ def nccl_line(environ: Mapping[str, str]) -> str:
     out, kept, passed = nccl_environment(environ)
     parts = [" ".join(f"{k}={v}" for k, v in out.items()) + " (set where unset)" if out else ""]
     if kept:
-        parts.append("kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in kept.items()))
+        parts.append(
+            "kept (set by the user): " + " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(kept).items())
+        )
     parts.append(
         "passed through: "
-        + (" ".join(f"{k}={shlex.quote(v)}" for k, v in passed.items()) or "(no NCCL_SOCKET_IFNAME/NCCL_IB_* set)")
+        + (
+            " ".join(f"{k}={shlex.quote(v)}" for k, v in redact_env(passed).items())
+            or "(no NCCL_SOCKET_IFNAME/NCCL_IB_* set)"
+        )
     )
     return "nccl: " + "; ".join(p for p in parts if p)
 
@@ -211,6 +218,24 @@ def _user_environ(cfg: JobConfig, environ: Mapping[str, str]) -> Dict[str, str]:
     }
     out.update(cfg.environment.env)
     return out
+
+
+def environment_lines(cfg: JobConfig, environ: Mapping[str, str]) -> List[str]:
+    """``environment: ...``: what every rank gets from ``environment.env`` (credential-looking values
+    as ``***``, ``slurm_ddp.secrets``) and ``environment.pass_env`` (set in ``environ`` or not); none
+    when both are empty."""
+    e = cfg.environment
+    if not e.env and not e.pass_env:
+        return []
+    parts = []
+    if e.env:
+        parts.append("env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(e.env).items())))
+    if e.pass_env:
+        parts.append(
+            "pass_env (from the submitting shell, written nowhere) "
+            + " ".join(f"{n}({'set here' if n in environ else 'NOT set in this shell'})" for n in e.pass_env)
+        )
+    return ["environment: " + "; ".join(parts)]
 
 
 def explain_job(
@@ -259,6 +284,7 @@ def explain_job(
         "signals: " + signal_plan(cfg),
         "launcher: " + launcher_line(cfg),
         code_line(cfg),
+        *environment_lines(cfg, environ),
     ]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus

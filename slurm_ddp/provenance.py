@@ -8,7 +8,8 @@ The record is one JSON object ``{"submits": [...], "starts": [...]}``, rewritten
 (write to a temporary file, rename):
 
 - a submit (``slurm-ddp submit``, before the job is handed over): ``time``, ``argv`` (the submit
-  command), ``cwd``, ``backend``, ``versions`` (slurm_ddp, Python, torch, CUDA, NCCL),
+  command, credential-looking values as ``***``: ``slurm_ddp.secrets``), ``cwd``, ``backend``,
+  ``versions`` (slurm_ddp, Python, torch, CUDA, NCCL),
   ``packages_sha256`` (of every installed distribution's ``name-version``, sorted) and
   ``packages`` (their count), ``script_sha256`` (the rendered batch script), ``snapshot`` (the code
   snapshot's digest or None) and ``git``: per repository of the snapshot, ``commit``, ``dirty`` and,
@@ -37,7 +38,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 from . import __version__
-from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name
+from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir
+from .secrets import CREDENTIAL_FILES
 
 #: the fields of a start compared between consecutive starts by :func:`changes`
 COMPARED = ("nodes", "gpus", "world_size", "snapshot", "versions")
@@ -123,14 +125,16 @@ def git_state(run_dir: str, roots: Sequence[str]) -> List[Dict[str, Any]]:
             "dirty": bool(status and status.strip()),
         }
         if entry["dirty"]:
-            diff = _git(root, "diff", "HEAD", "--binary") or ""
+            # credential files stay out of the diff as out of the snapshot (slurm_ddp.secrets)
+            never = [f":(exclude,glob)**/{p}" for p in CREDENTIAL_FILES]
+            diff = _git(root, "diff", "HEAD", "--binary", "--", ".", *never) or ""
             name = diff_name(hashlib.sha256(diff.encode()).hexdigest())
             path = Path(run_dir) / name
-            path.parent.mkdir(parents=True, exist_ok=True)
+            private_dir(path.parent)  # a diff of the job's YAML can hold an environment value (rundir.PRIVATE_DIRS)
             if not path.exists():
                 from .checkpoint import atomic_write_text
 
-                atomic_write_text(path, diff)
+                atomic_write_text(path, diff, private=True)
             entry["diff"] = name
             entry["untracked"] = [ln[3:] for ln in (status or "").splitlines() if ln.startswith("??")][:100]
         out.append(entry)
@@ -156,7 +160,8 @@ def _append(run_dir: str, key: str, entry: Dict[str, Any]) -> None:
 
     rec = read(run_dir)
     rec[key].append(entry)
-    atomic_write_text(Path(run_dir) / PROVENANCE_NAME, json.dumps(rec, indent=1, default=str) + "\n")
+    # owner-only (rundir.PRIVATE_FILES): the submit command line is recorded (its credential values as ***)
+    atomic_write_text(Path(run_dir) / PROVENANCE_NAME, json.dumps(rec, indent=1, default=str) + "\n", private=True)
 
 
 def record_submit(

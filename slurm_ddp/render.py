@@ -17,7 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 
@@ -25,6 +25,7 @@ from . import PREEMPTED_EXIT_CODE, __version__
 from .config import JobConfig, command_argv
 from .launch import TORCHRUN_OMP_VAR
 from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
+from .secrets import redact_argv, redact_env, secret_values
 
 TEMPLATE = "sbatch.sh.j2"
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
@@ -225,6 +226,9 @@ class RenderedJob:
     script: str
     run_dir: str
     sbatch_args: Tuple[str, ...]  #: extra sbatch argv (``--output`` when it could not go in the script)
+    #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
+    #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
+    shown: str = ""
 
 
 def render(
@@ -252,13 +256,17 @@ def render(
     if array is not None:
         flags = sorted([*flags, f"--array={array.spec}"], key=lambda f: f.split("=", 1)[0])
     output_in_script = any(f.startswith("--output=") for f in flags)
-    text = (
-        _env()
-        .get_template(TEMPLATE)
-        .render(
+    env = cfg.environment.env
+    py = python or cfg.environment.python or sys.executable
+    # the header's command line never holds a credential value (--set environment.env.X=...): it is a comment
+    made_by = redact_argv(command if command is not None else ["slurm-ddp", *sys.argv[1:]], env)
+    template = _env().get_template(TEMPLATE)
+
+    def text(values: Mapping[str, str]) -> str:
+        out: str = template.render(
             name=cfg.name,
             version=version,
-            command=shlex.join(command if command is not None else ["slurm-ddp", *sys.argv[1:]]),
+            command=shlex.join(made_by),
             config_hash=(config_hash or cfg.config_hash()) if array is None else f"{array.sweep_hash} (sweep)",
             array=array,
             # the job that requeues itself (rundir.requeue_target): an array task names itself ARRAY_TASK
@@ -270,14 +278,15 @@ def render(
             max_requeues=cfg.requeue.max_requeues,
             preempted_exit_code=PREEMPTED_EXIT_CODE,
             run_dir=run_dir,
-            python=python or cfg.environment.python or sys.executable,
-            env=sorted(cfg.environment.env.items()),
+            python=py,
+            env=sorted(values.items()),
+            pass_env=list(cfg.environment.pass_env),
             setup=list(cfg.environment.setup),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,
             torchrun_flags=torchrun_flags(cfg),
             torchrun_omp_var=TORCHRUN_OMP_VAR,
-            rank_command=rank_command(cfg, python or cfg.environment.python or sys.executable),
+            rank_command=rank_command(cfg, py),
             command_mode=bool(cfg.train.command),
             workdir=cfg.train.workdir,  # the ranks' working directory, worker and command alike
             node_log=launcher_log_name("%n"),
@@ -285,6 +294,9 @@ def render(
             rank_log=rank_log_name("%t"),
             finished_name=FINISHED_NAME,
         )
-    )
+        return out
+
+    script = text(env)
+    shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)
+    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown)

@@ -21,6 +21,9 @@ A run directory holds:
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
+- owner-only (0600 files, 0700 directories, whatever the umask): what can hold a value of the config's
+  ``environment`` (``PRIVATE_FILES``, ``PRIVATE_DIRS``: config, script, provenance, code, diffs,
+  submitit's folder); everything else gets the user's umask;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher.
 
@@ -93,6 +96,22 @@ HANGS_DIR = "hangs"
 SWEEP_NAME = "sweep.json"
 ARRAY_SCRIPT_NAME = "array.sbatch"
 SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
+
+#: files that can hold a value of the config's ``environment`` (``slurm_ddp.secrets``): written
+#: owner-only (mode 0600) whatever the umask, the rest of a run directory keeps the user's umask
+PRIVATE_FILES = (CONFIG_NAME, SCRIPT_NAME, PROVENANCE_NAME, ARRAY_SCRIPT_NAME)
+#: directories that can, owner-only (mode 0700): the code snapshot (it holds the job's YAML), the
+#: saved ``git diff``s, and the submitit backend's folder (its batch script and pickles)
+PRIVATE_DIRS = (SNAPSHOTS_DIR, DIFFS_DIR, SUBMITIT_DIR)
+
+
+def private_dir(path: PathLike) -> Path:
+    """Create the directory ``path`` (missing parents with the umask's mode) with mode 0700, or set an
+    existing one's to 0700 (``PRIVATE_DIRS``). Returns it. Raises ``OSError``."""
+    p = Path(path)
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(p, 0o700)
+    return p
 
 
 def rank_log_name(rank: Union[int, str]) -> str:

@@ -26,6 +26,10 @@ launcher and the submitit backend. A path outside every root (an installed packa
 left as it is. The ranks' working directory is ``train.workdir`` itself, the user's directory, not
 its copy: data read and outputs written by relative path are the user's.
 
+Credential files (``slurm_ddp.secrets.CREDENTIAL_FILES``: ``.env``, ``.env.*``, ``*.pem``, ``*.key``,
+``id_rsa*``, ``.netrc``, ``.git-credentials``, ``.pypirc``) are never copied, tracked or not
+(``SnapshotPlan.skipped``; ``submit`` names them), and ``code/`` is owner-only (``rundir.PRIVATE_DIRS``).
+
 slurm_ddp itself is never copied: it runs from the installed package (the launcher, the batch
 script's helpers and the worker import it before any snapshot path is on ``sys.path``), so its
 source directory is left out even when it lies in the snapshotted repository. Installed packages
@@ -48,6 +52,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 from .config import JobConfig, command_module_index, command_script_index
 from .errors import UserError
 from .rundir import CONFIG_NAME, LOGS_DIR, SNAPSHOT_NAME, SNAPSHOTS_DIR, snapshot_dir_name
+from .secrets import is_credential_file
 
 _SKIP_DIRS = ("__pycache__",)
 #: the module that runs ``python -m MODULE`` with the snapshot, not the working directory, first on sys.path
@@ -82,6 +87,8 @@ class SnapshotPlan:
     files: Tuple[SnapshotFile, ...]
     digest: str  #: sha256 hex of roots, paths, modes and contents
     total_bytes: int
+    #: credential files left out (``slurm_ddp.secrets.is_credential_file``), paths relative to their root
+    skipped: Tuple[str, ...] = ()
 
     @property
     def directory(self) -> str:
@@ -247,9 +254,13 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
             git_roots.append(root)
     skip = [run_dir, _package_dir()]
     files: List[SnapshotFile] = []
+    skipped: List[str] = []
     for i, root in enumerate(roots):
         rels = _git_files(root) if root in git_roots else _walk_files(root, skip, _script(cfg))
         for rel in rels:
+            if is_credential_file(rel):  # .env, *.pem, ...: never copied, tracked or not
+                skipped.append(rel)
+                continue
             full = os.path.join(root, rel)
             if any(full == s or full.startswith(s + "/") for s in skip):
                 continue
@@ -284,6 +295,7 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
         files=tuple(files),
         digest=h.hexdigest(),
         total_bytes=total,
+        skipped=tuple(skipped),
     )
 
 

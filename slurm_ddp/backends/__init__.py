@@ -13,7 +13,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, List, Optional, Sequence, Tuple
+from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from ..checkpoint import atomic_write_text
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
@@ -21,7 +21,8 @@ from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
 from ..provenance import record_submit
 from ..render import RenderedJob, render
-from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME
+from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME, SNAPSHOTS_DIR, private_dir
+from ..secrets import check_pass_env, literal_warning, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take
 
 BACKENDS = ("sbatch", "submitit", "local")
@@ -65,7 +66,7 @@ class SubmitPlan:
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.script
+        return "\n".join(head) + "\n" + self.rendered.shown
 
 
 def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
@@ -125,9 +126,11 @@ def plan_submit(
             f"slurm.nodes={cfg.slurm.nodes}: a node range needs --backend sbatch (submitit counts its tasks "
             "from one node count); give one count for submitit"
         )
+    check_pass_env(cfg.environment.pass_env, os.environ)
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
     snap = plan_snapshot(cfg, run_dir)
+    warnings = secret_warnings(cfg.environment.env, snap)
     warning = check_resubmit(snap, run_dir, accept_new_code) if resuming else None
     ranks_cfg = remap_config(cfg, snap)
     rendered = render(ranks_cfg, run_dir, command=command, python=python, config_hash=cfg.config_hash())
@@ -155,9 +158,22 @@ def plan_submit(
         command=argv,
         resuming=resuming,
         snapshot=snap,
-        warnings=(warning,) if warning else (),
+        warnings=(*warnings, *((warning,) if warning else ())),
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
+
+
+def secret_warnings(env: Mapping[str, str], snap: Optional[SnapshotPlan]) -> Tuple[str, ...]:
+    """``submit``'s lines about credentials (``slurm_ddp.secrets``): a credential-looking name set
+    literally in ``env`` (``environment.env``), and the credential files the code snapshot left out."""
+    out = [literal_warning(env)]
+    if snap is not None and snap.skipped:
+        out.append(
+            f"the code snapshot left out {len(snap.skipped)} credential file(s), never copied: "
+            + ", ".join(snap.skipped[:10])
+            + (", ..." if len(snap.skipped) > 10 else "")
+        )
+    return tuple(w for w in out if w)
 
 
 def prepare_run_dir(plan: SubmitPlan) -> Path:
@@ -168,19 +184,21 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
         if plan.snapshot is not None:
+            private_dir(rd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
             take(plan.snapshot)
         text = dump_config(plan.cfg)
         existing = rd / CONFIG_NAME
         # new, or a resume on another world size (check_run_dir allowed only RESIZABLE_KEYS to differ)
         if not existing.exists() or existing.read_text(encoding="utf-8", errors="replace") != text:
-            atomic_write_text(existing, text)
-        atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script)
-        os.chmod(rd / SCRIPT_NAME, 0o755)
+            atomic_write_text(existing, text, private=True)
+        os.chmod(existing, 0o600)  # also one an older slurm_ddp wrote (rundir.PRIVATE_FILES)
+        atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script, private=True)
+        os.chmod(rd / SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
     except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between
         raise UserError(f"cannot write the run directory {str(rd)!r}: {e}; choose another --run-dir") from None
     record_submit(
         plan.run_dir,
-        argv=plan.submit_argv,
+        argv=redact_argv(plan.submit_argv, plan.cfg.environment.env),
         backend=plan.backend,
         script=plan.rendered.script,
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,

@@ -28,18 +28,21 @@ from ..rundir import (
     CHECKPOINTS_DIR,
     CONFIG_NAME,
     LOGS_DIR,
+    SNAPSHOTS_DIR,
     array_task_id,
     element_dir_name,
     element_width,
     is_finished,
+    private_dir,
     read_sweep_manifest,
     record_job,
     record_sweep_job,
     write_sweep_manifest,
 )
+from ..secrets import check_pass_env, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
 from ..sweep import Sweep, SweepElement, array_spec
-from . import BACKENDS, check_run_dir, default_run_dir
+from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
 
 
 @dataclass(frozen=True)
@@ -82,7 +85,7 @@ class SweepPlan:
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.script
+        return "\n".join(head) + "\n" + self.rendered.shown
 
 
 def render_sweep(
@@ -162,9 +165,13 @@ def plan_sweep(
     """
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
+    for e in sweep.elements:  # pass_env and env may be swept
+        check_pass_env(e.cfg.environment.pass_env, os.environ)
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
     snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    env = {k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()}
+    secret = secret_warnings(env, snap)
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
     rendered = render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
     spec = array_spec(todo, sweep.parallelism) if todo else ""
@@ -188,7 +195,7 @@ def plan_sweep(
         resuming=resuming,
         command=argv,
         snapshot=snap,
-        warnings=(warning,) if warning else (),
+        warnings=(*secret, *((warning,) if warning else ())),
         accept_new_code=accept_new_code,
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
@@ -203,6 +210,7 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     sd = Path(plan.sweep_dir)
     sd.mkdir(parents=True, exist_ok=True)
     if plan.snapshot is not None:
+        private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
         take(plan.snapshot)
     for e in plan.sweep.elements:
         _prepare_element(plan, e)
@@ -210,11 +218,12 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     manifest["sweep_hash"] = plan.sweep.sweep_hash()
     manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
     write_sweep_manifest(sd, manifest)
-    atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script)
-    os.chmod(sd / ARRAY_SCRIPT_NAME, 0o755)
+    atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
+    os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+    env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
     record_submit(
         plan.sweep_dir,
-        argv=plan.submit_argv,
+        argv=redact_argv(plan.submit_argv, env),
         backend=plan.backend,
         script=plan.rendered.script,
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
@@ -232,7 +241,10 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
         # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
         # a config lost to a power cut is rewritten by submitting the sweep again
         tmp = rd / f".{CONFIG_NAME}.tmp"
-        tmp.write_text(dump_config(e.cfg), encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # owner-only whatever the umask (rundir.PRIVATE_FILES)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(dump_config(e.cfg))
         os.replace(tmp, target)
     if plan.snapshot is not None:
         write_record(plan.snapshot, str(rd), fsync=False)

@@ -36,6 +36,7 @@ from ..rundir import (
     RequeueDecision,
     decide_requeue_here,
     mark_command_finished,
+    private_dir,
     record_job,
     requeue_target,
 )
@@ -233,6 +234,7 @@ def schedule(plan: SubmitPlan) -> str:
         raise UserError("--backend submitit needs submitit: pip install 'slurm-ddp[submitit]'") from None
     check_config(plan.cfg)
     rd = prepare_run_dir(plan)
+    private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
     # Each task starts through slurm_ddp.launch (CPU binding, OMP_*, LD_PRELOAD must be set before
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
     py = plan.cfg.environment.python or sys.executable

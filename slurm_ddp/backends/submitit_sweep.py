@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
 from ..errors import ClusterError, UserError
-from ..rundir import SUBMITIT_DIR, element_dir_name, record_job, record_sweep_job
+from ..rundir import SUBMITIT_DIR, element_dir_name, private_dir, record_job, record_sweep_job
+from ..secrets import redact_text, secret_values
 from ..snapshot import remap_config
 from .array import SweepPlan, prepare_sweep_dir
 from .submitit_backend import check_config, config_parameters, make_callable
@@ -136,7 +137,8 @@ def describe(plan: SweepPlan) -> str:
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.sweep_dir) / SUBMITIT_DIR}):",
     ]
-    body = script_text(plan) if plan.todo else ""
+    env = plan.sweep.base_cfg.environment.env  # its export lines: credential-looking values as *** (secrets)
+    body = redact_text(script_text(plan), secret_values(env)) if plan.todo else ""
     return "\n".join(head) + "\n" + body + ("\n" if body and not body.endswith("\n") else "")
 
 
@@ -146,6 +148,7 @@ def schedule_submitit(plan: SweepPlan) -> str:
     and ``ClusterError`` (sbatch refused)."""
     executor = make_executor(plan)
     prepare_sweep_dir(plan)
+    private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR)  # its batch script exports environment.env (rundir.PRIVATE_DIRS)
     # each element runs from the sweep's one code snapshot (its snapshot.json, written above)
     callables = [
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))

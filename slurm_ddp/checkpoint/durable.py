@@ -215,16 +215,36 @@ class _HashingWriter:
             raise OSError(f"could not read back what was written, to hash it: {err}") from err
 
 
-def atomic_write(path: PathArg, write: Callable[[Any], None], sync_dir: bool = True) -> Tuple[int, str]:
+def current_umask() -> int:
+    """This process's umask (``Umask:`` of /proc/self/status, Linux >= 4.7; else set and restored)."""
+    try:
+        with open("/proc/self/status", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def atomic_write(
+    path: PathArg, write: Callable[[Any], None], sync_dir: bool = True, *, private: bool = False
+) -> Tuple[int, str]:
     """Write a file atomically and durably: temp file, ``write(f)``, fsync, rename, fsync dir.
 
     Returns ``(size_bytes, sha256_hex)`` of what was written. On any error the temporary
     file is removed and the destination is untouched. ``sync_dir=False`` leaves the
     directory's fsync to the caller (one fsync can cover several renames in a directory).
+    The file's mode is ``0o666`` less the umask, as ``open`` would give it; ``private=True``:
+    ``0o600`` whatever the umask (a file that may hold a credential, ``slurm_ddp.secrets``), set
+    before anything is written into it.
     """
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     try:
+        os.fchmod(fd, 0o600 if private else 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             hw = _HashingWriter(f)
             try:
@@ -245,9 +265,9 @@ def atomic_write(path: PathArg, write: Callable[[Any], None], sync_dir: bool = T
     return hw.size, hw.sha256.hexdigest()
 
 
-def atomic_write_text(path: PathArg, text: str) -> None:
-    """``atomic_write`` for a UTF-8 text file."""
-    atomic_write(path, lambda f: f.write(text.encode()))
+def atomic_write_text(path: PathArg, text: str, *, private: bool = False) -> None:
+    """``atomic_write`` for a UTF-8 text file (``private``: mode ``0o600``)."""
+    atomic_write(path, lambda f: f.write(text.encode()), private=private)
 
 
 def sha256_file(path: PathArg) -> str:
