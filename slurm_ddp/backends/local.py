@@ -396,6 +396,6 @@ def schedule(
         got_signal=got_signal,
         command=command_mode,
     )
-    if decision.exit_code != status:  # its first note says why (the rest is about requeueing on Slurm)
-        job.say(decision.reason.split("; ")[0])
+    if decision.exit_code != status:  # why (its notes on requeueing by Slurm do not apply here)
+        job.say("; ".join(n for n in decision.reason.split("; ") if "Slurm" not in n))
     return decision.exit_code
