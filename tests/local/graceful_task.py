@@ -50,7 +50,7 @@ def handler(sig: int, frame: object) -> None:
 
 signal.signal(signal.SIGTERM, handler)
 if args.exit_on_requeue_signal:
-    signal.signal(signal.Signals("SIG" + os.environ["SLURM_DDP_REQUEUE_SIGNAL"]), handler)
+    signal.signal(signal.Signals["SIG" + os.environ["SLURM_DDP_REQUEUE_SIGNAL"]], handler)
 save()
 print(f"[rank {rank}] start {state['starts']} at epoch {state['epoch']}; state dir {args.state_dir}", flush=True)
 while state["epoch"] < args.epochs:
