@@ -98,6 +98,8 @@ def test_cancel_then_requeue_resumes_and_finishes(slurm_sandbox, tmp_path: Path)
     assert r.returncode == 0, r.stdout + r.stderr
     job.wait_done()
     job.check_resumed()
+    status = cli(slurm_sandbox, "status", str(job.run_dir)).stdout
+    assert re.search(r"restarts:\s+1;", status), status  # the run's starts, not 0 as for a script before
 
 
 @pytest.mark.parametrize(
