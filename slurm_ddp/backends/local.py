@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set
+from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
 from .. import PREEMPTED_EXIT_CODE
 from ..config import command_argv
@@ -193,7 +193,7 @@ class LocalJob:
         self.echo = echo
         self.say = say or (lambda message: None)
         self.python = python or plan.cfg.environment.python or sys.executable
-        self.procs: List[subprocess.Popen] = []
+        self.procs: List[subprocess.Popen[bytes]] = []
         self.threads: List[threading.Thread] = []
         self.job_id = str(os.getpid())
         self._interrupts = 0
@@ -204,7 +204,7 @@ class LocalJob:
         #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
         self.told: Set[int] = set()
         #: (rank, status) of the first rank that failed, when one did
-        self.failed: Optional[tuple] = None
+        self.failed: Optional[Tuple[int, int]] = None
 
     def _lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
@@ -312,7 +312,7 @@ class LocalJob:
         originals = {}
         if threading.current_thread() is threading.main_thread():
             originals = {s: signal.signal(s, self._on_signal) for s in sigs}
-        failed: Optional[tuple] = None
+        failed: Optional[Tuple[int, int]] = None
         kill_at: Optional[float] = None
         try:
             while True:
