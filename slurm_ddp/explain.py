@@ -119,22 +119,33 @@ def code_line(cfg: JobConfig) -> str:
     )
 
 
+#: Said where ``requeue.signal`` is USR1 (README "requeue.signal: USR1 with PyTorch Lightning"): Lightning's
+#: SLURMEnvironment (lightning/fabric/plugins/environments/slurm.py, 2.x) requeues on SIGUSR1 by default.
+LIGHTNING_USR1_NOTE = (
+    "SIGUSR1 is also PyTorch Lightning's own auto-requeue signal: a Lightning script would be requeued twice; "
+    "keep USR2 or pass Trainer(plugins=[SLURMEnvironment(auto_requeue=False)])"
+)
+
+
 def signal_plan(cfg: JobConfig) -> str:
-    """One line: the signal, its delay before the time limit, and the requeue cap."""
+    """One line: the signal, its delay before the time limit, and the requeue cap (and, for USR1,
+    ``LIGHTNING_USR1_NOTE``)."""
     r = cfg.requeue
+    lightning = f"; {LIGHTNING_USR1_NOTE}" if r.signal_name == "USR1" else ""
     if cfg.train.command:
         return (
             f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
             "forwarded to the ranks of train.command (a script using slurm_ddp.preemption stops at a step "
             f"boundary and exits {PREEMPTED_EXIT_CODE}; one that does not dies of it) -> requeue unless every rank "
-            f"exited 0 (FINISHED), at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
-            "SIGTERM (preemption, scancel): no requeue by the script"
+            f"exited 0 without a stop signal (FINISHED), at most {r.max_requeues} times (counted by "
+            "SLURM_RESTART_COUNT); SIGTERM (preemption, scancel): no requeue by the script, and exit 0 after it is "
+            f"a stop, not FINISHED{lightning}"
         )
     return (
         f"SIG{r.signal_name} {r.signal_delay_s} s before the time limit ({cfg.slurm.time}) to the batch shell, "
         f"forwarded to the ranks -> checkpoint at the next step boundary, exit {PREEMPTED_EXIT_CODE}, "
         f"requeue at most {r.max_requeues} times (counted by SLURM_RESTART_COUNT); "
-        "SIGTERM (preemption, scancel): checkpoint, no requeue by the script"
+        f"SIGTERM (preemption, scancel): checkpoint, no requeue by the script{lightning}"
     )
 
 

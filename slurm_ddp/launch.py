@@ -13,6 +13,17 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, MASTER_ADDR, MASTER_PORT), t
 directory as ``SLURM_DDP_RUN_DIR`` and the requeue signal as ``SLURM_DDP_REQUEUE_SIGNAL``. Imports no torch; with ``cpu_bind: none``, ``allocator: system``
 and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
 
+A ``train.command`` rank is different in two ways. Its words have ``$VAR``/``${VAR}`` of the
+rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`). And the wrapper
+does not replace itself: it forks the command (binding, rank log and hang watchdog as above) and
+stays as its parent, so that it sees the signals its rank is sent — Slurm signals every process
+of a task (``proctrack``), torchrun the worker's pid, the local launcher the rank's process
+group; the wrapper passes nothing on, the command gets them as before. A stop signal (SIGTERM,
+SIGINT, SIGHUP, ``requeue.signal``) is recorded in the run directory
+(``rundir.record_rank_stop``), where the finished and requeue rules read it: a script that exits
+0 after it has stopped, not finished. The wrapper exits with the command's status, or dies of the
+signal that killed it.
+
 ``--dry-run`` prints the plan as JSON and the command instead of running it. A binding
 that cannot be applied (numactl or a library missing) prints one line
 ``slurm_ddp launch: error: …`` naming the package to install, and exits 2.
@@ -22,11 +33,12 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, List, Mapping, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .entrypoint import run_main
 from .errors import CommandNotRunnable, UserError
@@ -34,6 +46,7 @@ from .errors import CommandNotRunnable, UserError
 if TYPE_CHECKING:  # imported where used, so that a plain binding imports as little as it can
     from .binding import BindingPlan
     from .config import JobConfig
+    from .env import DistEnv
 
 USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] -- CMD [ARG...]"
 
@@ -121,6 +134,37 @@ def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
     )
 
 
+def expand_command(words: Sequence[str], environ: Mapping[str, str]) -> List[str]:
+    """``words`` with ``$NAME`` and ``${NAME}`` replaced by ``environ[NAME]`` and ``$$`` by ``$``.
+
+    The rule of ``train.command`` at rank start (the rank's own environment: ``SLURM_DDP_RUN_DIR``,
+    ``RANK``, ``SLURM_JOB_ID``, ...). No other shell syntax: no ``~``, ``$(...)``, ``${NAME:-x}``.
+    Raises ``UserError`` for a variable that is not set (an empty value would silently become a
+    wrong path) and for a ``$`` followed by anything else.
+    """
+    pattern = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S)
+
+    def one(word: str) -> str:
+        def sub(m: re.Match[str]) -> str:
+            if m.group(1):
+                return "$"
+            name = m.group(2) or m.group(3)
+            if name is None:
+                raise UserError(
+                    f"train.command word {word!r}: a '$' must start $NAME or ${{NAME}}; write $$ for a literal $"
+                )
+            if name not in environ:
+                raise UserError(
+                    f"train.command word {word!r} names ${name}, which is not set in the rank's environment "
+                    "(set it in environment.env, or write $$ for a literal $)"
+                )
+            return environ[name]
+
+        return pattern.sub(sub, word)
+
+    return [one(w) for w in words]
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry of ``python -m slurm_ddp.launch``: does not return when CMD starts; else the exit status
     (2 a bad run directory or binding, 127 CMD cannot run), after one ``slurm_ddp launch: error:`` line."""
@@ -155,6 +199,8 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     env.update(denv.torch_env())
     env[RUN_DIR_VAR] = str(Path(run_dir).resolve())
     env[SIGNAL_VAR] = cfg.requeue.signal_name
+    if cfg.train.command:
+        cmd = expand_command(cmd, env)
     full = plan.command(cmd)
     if dry:
         print(
@@ -201,22 +247,102 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+    if cfg.train.command:
+        return _supervise(cfg, denv, env, full)
     if cfg.watchdog.enabled:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
-    if not cfg.train.command:
-        # The shared worker handles the requeue signal only once its PreemptionFlag is installed; until
-        # then the default action would kill the rank (a preemption notice in the first seconds of a
-        # start, or one Slurm re-delivers to a requeued job, ends the run unrequeued). Blocked here, the
-        # signal stays pending across exec and reaches the flag when install() unblocks it.
-        # A train.command script keeps the default action (torchrun's behaviour).
-        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.Signals[f"SIG{cfg.requeue.signal_name}"]})
+    # The shared worker handles the requeue signal only once its PreemptionFlag is installed; until
+    # then the default action would kill the rank (a preemption notice in the first seconds of a
+    # start, or one Slurm re-delivers to a requeued job, ends the run unrequeued). Blocked here, the
+    # signal stays pending across exec and reaches the flag when install() unblocks it.
+    # A train.command script keeps the default action (torchrun's behaviour; see _supervise).
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.Signals[f"SIG{cfg.requeue.signal_name}"]})
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:
         raise CommandNotRunnable(f"cannot run {full[0]!r}: {err}") from None
     return 0  # not reached
+
+
+#: What the supervising wrapper of a ``train.command`` rank catches: the stop signals and the
+#: user signals (a USR1 meant for the command must not end the wrapper); the rest keep their default.
+_CAUGHT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str]) -> int:
+    """Fork ``full`` (a ``train.command`` rank) and stay its parent: record the stop signals this
+    rank is sent (``rundir.record_rank_stop``), pass nothing on, and end as the command did."""
+    from .rundir import STOP_SIGNALS, record_rank_stop
+
+    requeue_name = "SIG" + cfg.requeue.signal_name
+    caught = {signal.Signals[n] for n in (*_CAUGHT, requeue_name)}
+    stop_names = {*STOP_SIGNALS, requeue_name}
+    run_dir = env[RUN_DIR_VAR]
+    recorded: Set[str] = set()
+
+    def record(name: str) -> None:
+        if name not in stop_names or name in recorded:
+            return
+        recorded.add(name)
+        try:
+            record_rank_stop(
+                run_dir,
+                job_id=str(denv.job_id),
+                restart=denv.restart_count,
+                rank=denv.rank,
+                signal=name,
+                requeue=name == requeue_name,
+            )
+        except OSError as err:
+            print(f"slurm_ddp launch: note: could not record {name} for rank {denv.rank}: {err}", file=sys.stderr)
+
+    signal.pthread_sigmask(signal.SIG_BLOCK, caught)  # until the handlers are in place (parent) / reset (child)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:  # the rank: default dispositions, dies with the wrapper, then as the exec path does
+        try:
+            from .backends.local import die_with_parent
+
+            die_with_parent(signal.SIGKILL)
+            for sig in caught:  # Python's own SIGINT handler too: the command starts with the defaults
+                signal.signal(sig, signal.SIG_DFL)
+            if cfg.watchdog.enabled:
+                from .watchdog import start_for_rank
+
+                env.update(start_for_rank(cfg, denv, run_dir, sys.executable))
+            sys.stdout.flush()
+            sys.stderr.flush()
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, caught)
+            os.execvpe(full[0], full, env)
+        except OSError as err:
+            print(f"slurm_ddp launch: error: cannot run {full[0]!r}: {err}", file=sys.stderr, flush=True)
+            os._exit(CommandNotRunnable.exit_code)
+        except BaseException as err:  # never return into the wrapper's code in the child
+            print(f"slurm_ddp launch: error: {type(err).__name__}: {err}", file=sys.stderr, flush=True)
+            os._exit(2)
+    for sig in caught:
+        signal.signal(sig, lambda signum, frame: record(signal.Signals(signum).name))
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, caught)
+    try:
+        _, status = os.waitpid(pid, 0)  # resumed after a handler ran (PEP 475)
+    except ChildProcessError:
+        status = 0
+    if os.WIFSIGNALED(status):
+        died = os.WTERMSIG(status)
+        record(signal.Signals(died).name if died in signal.valid_signals() else "")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        try:
+            signal.signal(died, signal.SIG_DFL)  # SIGKILL (the hang watchdog's) has no handler to reset
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, {died})
+        except (OSError, ValueError):
+            pass
+        os.kill(os.getpid(), died)  # end as the rank did, so srun/torchrun/the local launcher see the same
+        return 128 + died
+    return os.waitstatus_to_exitcode(status)
 
 
 if __name__ == "__main__":

@@ -147,3 +147,33 @@ def _reset_for_tests() -> Any:
         _flag.restore()
     _flag, _agreement = None, None
     return None
+
+
+def mark_finished(**record: Any) -> bool:
+    """State that the run is finished (rank 0, once training has ended): writes the run directory's
+    ``FINISHED`` marker (``record`` plus ``command``/``job_id``/``restart``/``time``) when
+    ``SLURM_DDP_RUN_DIR`` is set. True when written, False outside slurm_ddp or when it exists.
+
+    Without it, a ``train.command`` run is finished when every rank exits 0 without having been
+    told to stop (``slurm_ddp.rundir.mark_command_finished``); with it, a stop signal that reaches
+    the ranks after this call (a cancel while they tear down) no longer makes the run unfinished,
+    and the job reports success. Raises ``OSError`` when the marker cannot be written.
+    """
+    run_dir = os.environ.get("SLURM_DDP_RUN_DIR")
+    if not run_dir:
+        return False
+    from .rundir import is_finished, write_finished
+
+    if is_finished(run_dir):
+        return False
+    import time
+
+    rec = {
+        "command": True,
+        "job_id": os.environ.get("SLURM_JOB_ID", ""),
+        "restart": os.environ.get("SLURM_RESTART_COUNT") or "0",
+        "time": time.time(),
+    }
+    rec.update(record)
+    write_finished(run_dir, rec)
+    return True

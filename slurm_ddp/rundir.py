@@ -25,7 +25,10 @@ A run directory holds:
   ``environment`` (``PRIVATE_FILES``, ``PRIVATE_DIRS``: config, script, provenance, code, diffs,
   submitit's folder); everything else gets the user's umask;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
-  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher.
+  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
+- ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
+  (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
+  ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`).
 
 A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
 ``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
@@ -93,6 +96,8 @@ def diff_name(sha: str) -> str:
 
 #: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
 HANGS_DIR = "hangs"
+#: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``
+STOPS_DIR = "stops"
 SWEEP_NAME = "sweep.json"
 ARRAY_SCRIPT_NAME = "array.sbatch"
 SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
@@ -451,6 +456,80 @@ def find_hang(run_dir: PathLike, job_id: str, restart: int) -> Optional[Hang]:
     return summarize_hang(read_hang_reports(run_dir, job_id, restart))
 
 
+# --------------------------------------------------------------------------- stop signals of train.command ranks
+#: Signals that tell a rank to stop, besides the job's ``requeue.signal``: SIGTERM (``scancel``,
+#: ``scontrol requeue``, a preemption, the local launcher's Ctrl-C), SIGINT and SIGHUP.
+STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
+
+
+@dataclass(frozen=True)
+class RankStops:
+    """What the ranks of one job and restart were told (:func:`read_rank_stops`); empty when nothing."""
+
+    signals: Tuple[str, ...] = ()  #: the signal names, e.g. ``("SIGTERM",)``, sorted
+    requeue: bool = False  #: some rank got the job's ``requeue.signal``
+    ranks: Tuple[int, ...] = ()  #: the ranks that recorded a signal
+
+    @property
+    def told(self) -> bool:
+        """Some rank was told to stop (either kind)."""
+        return bool(self.signals)
+
+    @property
+    def stop(self) -> bool:
+        """Some rank got one of ``STOP_SIGNALS`` (not the requeue signal): stop, do not requeue."""
+        return any(s in STOP_SIGNALS for s in self.signals)
+
+
+def stop_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
+    """``RUN_DIR/stops/JOBID.RESTART``: the stop records of one job's ranks (exists only after one)."""
+    return Path(run_dir) / STOPS_DIR / f"{job_id}.{restart}"
+
+
+def record_rank_stop(run_dir: PathLike, *, job_id: str, restart: int, rank: int, signal: str, requeue: bool) -> None:
+    """Append ``"SIGNAL requeue|stop"`` to rank ``rank``'s record of job ``job_id`` at ``restart``
+    (the launch wrapper of a ``train.command`` rank, when the rank is sent ``signal``, e.g.
+    ``SIGTERM``; ``requeue``: it is the job's ``requeue.signal``). Raises ``OSError`` when unwritable."""
+    d = stop_dir(run_dir, job_id, restart)
+    d.mkdir(parents=True, exist_ok=True)
+    append_line = f"{signal} {'requeue' if requeue else 'stop'}\n"
+    with open(d / f"rank-{rank}", "a", encoding="utf-8") as f:
+        f.write(append_line)
+
+
+def read_rank_stops(run_dir: PathLike, job_id: str, restart: int) -> RankStops:
+    """The stop signals the ranks of job ``job_id`` at ``restart`` recorded (malformed lines skipped)."""
+    signals, ranks, requeue = set(), set(), False
+    try:
+        paths = sorted(stop_dir(run_dir, job_id, restart).glob("rank-*"))
+    except OSError:
+        paths = []
+    for p in paths:
+        try:
+            rank = int(p.name[len("rank-") :])
+            lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
+        except (OSError, ValueError):
+            continue
+        for line in lines:
+            parts = line.split()
+            if len(parts) == 2 and parts[0].startswith("SIG") and parts[1] in ("requeue", "stop"):
+                signals.add(parts[0])
+                ranks.add(rank)
+                requeue = requeue or parts[1] == "requeue"
+    return RankStops(signals=tuple(sorted(signals)), requeue=requeue, ranks=tuple(sorted(ranks)))
+
+
+def read_rank_stops_here(run_dir: PathLike, environ: Optional[Mapping[str, str]] = None) -> RankStops:
+    """:func:`read_rank_stops` for the job in ``environ`` (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT``);
+    empty without a job id or with a malformed restart count."""
+    env = os.environ if environ is None else environ
+    restart = env.get("SLURM_RESTART_COUNT") or "0"
+    job_id = env.get("SLURM_JOB_ID", "")
+    if not job_id or not restart.isdigit():
+        return RankStops()
+    return read_rank_stops(run_dir, job_id, int(restart))
+
+
 # --------------------------------------------------------------------------- the requeue decision
 @dataclass(frozen=True)
 class RequeueDecision:
@@ -477,8 +556,9 @@ def decide_requeue(
     command: bool = False,
     hang: Optional[Hang] = None,
     previous_hang: Optional[Hang] = None,
+    stops: Optional[RankStops] = None,
 ) -> RequeueDecision:
-    """THE requeue rule, for the batch script and the submitit backend alike. Pure.
+    """THE requeue rule, for the batch script, the submitit backend and the local launcher alike. Pure.
 
     ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
@@ -506,7 +586,19 @@ def decide_requeue(
     conditions, without the culprits' node when the hang points at one (``exclude``), and resumes
     from its last checkpoint. ``previous_hang`` (the job's previous restart) at the same step on
     another node makes it the training code's fault: no requeue.
+
+    ``stops``: the signals the ranks' launch wrappers recorded (:func:`read_rank_stops`, a
+    ``train.command`` run): the requeue signal counts as ``got_signal`` and a stop signal as
+    ``got_term``, wherever it came from (``scancel --signal=USR2 JOBID`` reaches the ranks only).
+    A ``train.command`` run is finished only when its ranks exit 0 *without* having been told to
+    stop: status 0 after SIGTERM (a script that saves and exits 0 on it, PyTorch Lightning) is a
+    stop like a preemption, exit ``PREEMPTED_EXIT_CODE``, not requeued; the next start decides
+    (a script with nothing left to do exits 0 at once, and then the run is finished). A run that
+    had written ``FINISHED`` before a stop signal ended its ranks (status 75 or 128+N) reports 0.
     """
+    if stops is not None:
+        got_signal = got_signal or stops.requeue
+        got_term = got_term or stops.stop
     if hang is not None and not finished and marker_is_not_this(marker, job_id, restart_count):
         return _decide_hang(
             exit_code=exit_code,
@@ -528,10 +620,19 @@ def decide_requeue(
     if not preempted and got_signal and command and not finished:
         preempted = True
         notes.append(f"the ranks got the time-limit signal and stopped (status {exit_code}) before the run finished")
+    if not preempted and got_term and command and not finished and exit_code == 0:
+        preempted = True
+        notes.append(
+            "the ranks were told to stop (SIGTERM) and exited with status 0: stopped, not finished; "
+            "the next start decides"
+        )
     requeue = False
     if finished:
         preempted = False
         notes.append("the run finished: nothing to requeue")
+        if (got_term or got_signal) and (exit_code == PREEMPTED_EXIT_CODE or exit_code > 128):
+            notes.append(f"status {exit_code} came from a stop signal that arrived after the run finished: reporting 0")
+            exit_code = 0
     elif not preempted:
         pass
     elif got_term:
@@ -618,7 +719,8 @@ def decide_requeue_here(
     got_signal: bool = False,
     command: bool = False,
 ) -> RequeueDecision:
-    """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s markers.
+    """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s
+    markers (``PREEMPTED``, ``FINISHED``, the hang reports, the ranks' stop records).
 
     Raises ``ValueError`` when ``SLURM_RESTART_COUNT`` is not a non-negative integer.
     """
@@ -640,20 +742,34 @@ def decide_requeue_here(
         finished=is_finished(run_dir),
         got_signal=got_signal,
         command=command,
+        stops=read_rank_stops(run_dir, job_id, restart) if job_id else None,
     )
 
 
-def mark_command_finished(run_dir: PathLike, *, exit_code: int, environ: Optional[Mapping[str, str]] = None) -> bool:
-    """Write ``FINISHED`` for a ``train.command`` run whose ranks all exited with status 0; True if written.
+def mark_command_finished(
+    run_dir: PathLike,
+    *,
+    exit_code: int,
+    environ: Optional[Mapping[str, str]] = None,
+    told_to_stop: bool = False,
+) -> bool:
+    """Write ``FINISHED`` for a ``train.command`` run whose ranks all exited with status 0 without
+    having been told to stop; True if written.
 
     A script of one's own knows nothing of the run directory, so its exit status is its only
     statement: 0 is "done" (the batch script, the local launcher and submitit's rank 0 call this
     after the ranks exit, before the requeue decision, so a finished run is never requeued and a
-    requeued or resubmitted job of it exits at once). Any other status writes nothing.
+    requeued or resubmitted job of it exits at once) — unless the ranks were told to stop: status
+    0 after a stop signal is a stop (a script that saves and exits 0 on SIGTERM, PyTorch
+    Lightning), and the next start decides. ``told_to_stop``: the caller sent or forwarded a stop
+    signal (the batch shell's SIGTERM or ``requeue.signal``); the ranks' own records
+    (:func:`read_rank_stops` of the job in ``environ``) count too. Any other status writes nothing.
     """
-    if exit_code != 0 or is_finished(run_dir):
+    if exit_code != 0 or is_finished(run_dir) or told_to_stop:
         return False
     env = os.environ if environ is None else environ
+    if read_rank_stops_here(run_dir, env).told:
+        return False
     write_finished(
         run_dir,
         {
@@ -728,7 +844,8 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     def decide() -> int:
         args = _parser().parse_args(args_list)
         if args.command_mode:
-            mark_command_finished(args.run_dir, exit_code=args.exit_code, environ=env)
+            told = bool(args.got_term or args.got_signal)
+            mark_command_finished(args.run_dir, exit_code=args.exit_code, environ=env, told_to_stop=told)
         try:
             decision = decide_requeue_here(
                 args.run_dir,

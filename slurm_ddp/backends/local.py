@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import IO, Callable, Deque, Dict, List, Optional, Protocol
+from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
 from .. import PREEMPTED_EXIT_CODE
 from ..config import command_argv
@@ -35,6 +35,7 @@ from ..rundir import (
     FINISHED_NAME,
     LAUNCHER_LOCK_NAME,
     LOGS_DIR,
+    decide_requeue_here,
     find_hang,
     is_finished,
     mark_command_finished,
@@ -192,7 +193,7 @@ class LocalJob:
         self.echo = echo
         self.say = say or (lambda message: None)
         self.python = python or plan.cfg.environment.python or sys.executable
-        self.procs: List[subprocess.Popen] = []
+        self.procs: List[subprocess.Popen[bytes]] = []
         self.threads: List[threading.Thread] = []
         self.job_id = str(os.getpid())
         self._interrupts = 0
@@ -200,6 +201,10 @@ class LocalJob:
         self._pending: Deque[int] = collections.deque()
         self._lock_fd: Optional[int] = None
         self.restart = 0  #: how many local launches of this run directory came before this one
+        #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
+        self.told: Set[int] = set()
+        #: (rank, status) of the first rank that failed, when one did
+        self.failed: Optional[Tuple[int, int]] = None
 
     def _lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
@@ -264,13 +269,21 @@ class LocalJob:
         return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
 
     def send(self, sig: int) -> None:
-        """Send ``sig`` to every rank still running."""
+        """Send ``sig`` to every rank still running: for ``train.command`` to the rank's process
+        group (its launch wrapper, which records a stop, and the command; as Slurm signals every
+        process of a task), else to the rank."""
         for p in self.procs:
             if p.poll() is None:
                 try:
-                    p.send_signal(sig)
+                    if self.plan.cfg.train.command:
+                        os.killpg(p.pid, sig)  # each rank leads its own session (start_new_session)
+                    else:
+                        p.send_signal(sig)
                 except ProcessLookupError:
                     pass
+
+    def _requeue_signal(self) -> int:
+        return int(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
 
     def _on_signal(self, signum: int, frame: object) -> None:
         """Signal handler: only records the signal; ``wait()``'s loop acts on it (``_act_on``)."""
@@ -283,10 +296,13 @@ class LocalJob:
             self._interrupts += 1
             if self._interrupts == 1:
                 self.say("interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)")
+                self.told.add(signal.SIGTERM)
                 self.send(signal.SIGTERM)
             else:
                 self.send(signal.SIGKILL)
             return
+        if signum in (signal.SIGTERM, self._requeue_signal()):
+            self.told.add(signum)
         self.send(signum)
 
     def wait(self) -> int:
@@ -296,7 +312,7 @@ class LocalJob:
         originals = {}
         if threading.current_thread() is threading.main_thread():
             originals = {s: signal.signal(s, self._on_signal) for s in sigs}
-        failed: Optional[tuple] = None
+        failed: Optional[Tuple[int, int]] = None
         kill_at: Optional[float] = None
         try:
             while True:
@@ -305,7 +321,8 @@ class LocalJob:
                 codes = [p.poll() for p in self.procs]
                 if failed is None:
                     for rank, c in enumerate(codes):
-                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE):
+                        # a rank that died of a stop signal passed on to it stopped, it did not fail
+                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and -c not in self.told:
                             failed = (rank, c)
                             self.say(
                                 f"rank {rank} exited with status {c}; stopping the other ranks "
@@ -314,6 +331,8 @@ class LocalJob:
                             self.send(signal.SIGTERM)
                             kill_at = time.monotonic() + KILL_GRACE_S
                             break
+                if kill_at is None and any(c is not None and c < 0 and -c in self.told for c in codes):
+                    kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
                 if all(c is not None for c in codes):
                     break
                 if kill_at is not None and time.monotonic() > kill_at:
@@ -326,7 +345,8 @@ class LocalJob:
         for t in self.threads:
             t.join(timeout=5)
         # the loop above ends only when every rank has exited: every returncode is set
-        exit_codes = [c for c in (p.returncode for p in self.procs) if c is not None]
+        exit_codes = [c if c >= 0 else 128 - c for c in (p.returncode for p in self.procs) if c is not None]
+        self.failed = failed
         if failed is not None:
             return failed[1] if failed[1] > 0 else 128 - failed[1]
         if any(c == PREEMPTED_EXIT_CODE for c in exit_codes):
@@ -358,6 +378,24 @@ def schedule(
     hang = find_hang(plan.run_dir, job.job_id, job.restart)
     if hang is not None:  # the ranks' watchdogs ended them (slurm_ddp.watchdog)
         job.say(f"{hang.line()} (logs in {Path(plan.run_dir) / LOGS_DIR})")
-    if command_mode:  # the script's status 0 on every rank is its "done" (rundir.mark_command_finished)
-        mark_command_finished(plan.run_dir, exit_code=status, environ={"SLURM_JOB_ID": job.job_id})
-    return status
+    here = {"SLURM_JOB_ID": job.job_id, "SLURM_RESTART_COUNT": str(job.restart)}
+    got_term = signal.SIGTERM in job.told
+    got_signal = job._requeue_signal() in job.told
+    if command_mode:  # status 0 of every rank, not told to stop, is the script's "done"
+        mark_command_finished(plan.run_dir, exit_code=status, environ=here, told_to_stop=got_term or got_signal)
+    if job.failed is not None or hang is not None:
+        return status
+    # the requeue rule (it cannot requeue here): preempted, stopped, or finished before a late stop
+    decision = decide_requeue_here(
+        plan.run_dir,
+        exit_code=status,
+        max_requeues=0,
+        got_term=got_term,
+        can_requeue=False,
+        environ=here,
+        got_signal=got_signal,
+        command=command_mode,
+    )
+    if decision.exit_code != status:  # why (its notes on requeueing by Slurm do not apply here)
+        job.say("; ".join(n for n in decision.reason.split("; ") if "Slurm" not in n))
+    return decision.exit_code

@@ -81,9 +81,9 @@ class SubmititWorker:
                 requeue_job(requeue_target(), decision.exclude, run, wlog)
         if decision.preempted:
             return decision.exit_code
-        if status != 0:
+        if decision.exit_code != 0:  # 0 also for a run that finished before a late stop signal
             raise RuntimeError(f"slurm_ddp worker exited with status {status}; see the rank logs in {self.run_dir}")
-        return status
+        return 0
 
     def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
         """The requeue decision for this task's environment; submitit's tasks get no batch-shell
@@ -139,7 +139,8 @@ class SubmititCommand(SubmititWorker):
         """Rank 0 writes ``FINISHED`` for status 0 (``rundir.mark_command_finished``); then
         ``after_worker``'s requeue decision and return value."""
         if os.environ.get("SLURM_PROCID", "0") == "0":
-            mark_command_finished(self.run_dir, exit_code=status)
+            told = self._got_signal or self._got_term  # status 0 after a stop signal is a stop
+            mark_command_finished(self.run_dir, exit_code=status, told_to_stop=told)
         return self.after_worker(status, run)
 
     def decide(self, status: int, can_requeue: bool) -> RequeueDecision:

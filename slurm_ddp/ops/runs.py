@@ -43,6 +43,7 @@ class Run:
     finished: Optional[Dict[str, Any]] = None  #: the finished marker's record (``rundir.read_finished``)
     preempted: Optional[Preempted] = None
     last_checkpoint: Optional[int] = None  #: step of the newest committed checkpoint
+    starts: int = 0  #: the starts of the run's ranks (``provenance.json``, one per job start, any backend and mode)
 
     @property
     def backend(self) -> Optional[str]:
@@ -88,7 +89,9 @@ class Run:
 
     @property
     def restarts(self) -> int:
-        return len(self.resumes)
+        """Starts after the first: the worker's ``resume`` events, or for a script of one's own
+        (``train.command``, which writes none) the starts its launch wrapper recorded."""
+        return max(len(self.resumes), self.starts - 1, 0)
 
     @property
     def last_eval(self) -> Optional[Dict[str, Any]]:
@@ -178,17 +181,25 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     ``facts``: (name, max_steps, world size) when the caller knows them (a sweep's manifest), so
     the config file is not parsed again; default :func:`read_config_facts`."""
     path = Path(path)
+    from ..provenance import read as read_provenance
+
     name, max_steps, world = facts if facts is not None else read_config_facts(path / CONFIG_NAME)
+    metrics = read_metrics(path)
+    last_checkpoint = latest_checkpoint_step(path)
+    if last_checkpoint is None:  # a script of one's own: its metrics.jsonl "checkpoint" events, if it writes them
+        saved = [m["step"] for m in metrics if m.get("event") == "checkpoint" and isinstance(m.get("step"), int)]
+        last_checkpoint = max(saved) if saved else None
     return Run(
         path=path,
         name=name or path.name,
         max_steps=max_steps,
         world_size=world,
         jobs=read_jobs(path),
-        metrics=read_metrics(path),
+        metrics=metrics,
         finished=read_finished(path),
         preempted=read_preempted(path),
-        last_checkpoint=latest_checkpoint_step(path),
+        last_checkpoint=last_checkpoint,
+        starts=len(read_provenance(str(path)).get("starts", [])),
     )
 
 

@@ -544,6 +544,9 @@ def test_env_explain_two_nodes_two_tasks_matches_the_plan(write_job, capsys, mon
     assert rc == 0, out
     assert "MASTER_ADDR=gpu07" in out and "15000 + job_id % 15000 = 19242" in out
     assert "SIGUSR1 300 s before the time limit" in out and "at most 5 times" in out
+    # USR1 is PyTorch Lightning's auto-requeue signal too (issue 33): the setting that turns it off is named
+    assert "SIGUSR1 is also PyTorch Lightning's own auto-requeue signal" in out, out
+    assert "SLURMEnvironment(auto_requeue=False)" in out, out
     blocks = _blocks(out)
     assert sorted(blocks) == [0, 1, 2, 3]
     cfg = load_config(job)

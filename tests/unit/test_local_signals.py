@@ -40,7 +40,7 @@ def test_acting_on_signals_forwards_them_and_ctrl_c_twice_kills(job, monkeypatch
     assert capsys.readouterr() == ("", "")
 
 
-def test_wait_acts_on_a_recorded_signal_and_says_which_rank_failed(job, capsys):
+def test_wait_acts_on_a_recorded_signal_and_a_rank_it_stops_has_not_failed(job, capsys):
     rank = subprocess.Popen(["sleep", "600"])
     job.procs.append(rank)
     try:
@@ -50,11 +50,16 @@ def test_wait_acts_on_a_recorded_signal_and_says_which_rank_failed(job, capsys):
         rank.kill()
         rank.wait()
     assert rank.returncode == -signal.SIGTERM
-    expected = (
-        f"rank 0 exited with status {-signal.SIGTERM}; stopping the other ranks "
-        f"(see {job.plan.run_dir}/logs/rank-0.log)"
-    )
-    assert job.said == [expected]
+    assert job.failed is None and job.said == []  # it died of the stop signal it was sent: stopped, not failed
+    assert capsys.readouterr() == ("", "")
+
+
+def test_wait_says_which_rank_failed(job, capsys):
+    rank = subprocess.Popen(["sh", "-c", "exit 3"])
+    job.procs.append(rank)
+    assert job.wait() == 3
+    expected = f"rank 0 exited with status 3; stopping the other ranks (see {job.plan.run_dir}/logs/rank-0.log)"
+    assert job.failed == (0, 3) and job.said == [expected]
     assert capsys.readouterr() == ("", "")
 
 

@@ -23,7 +23,15 @@ from lib.fake_slurm import JOB_ID, make_stubs, requeued, run_script, scontrol_af
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.backends.submitit_backend import SubmititCommand, SubmititWorker
 from slurm_ddp.render import render
-from slurm_ddp.rundir import HangReport, Preempted, read_finished, write_finished, write_hang_report, write_preempted
+from slurm_ddp.rundir import (
+    HangReport,
+    Preempted,
+    read_finished,
+    record_rank_stop,
+    write_finished,
+    write_hang_report,
+    write_preempted,
+)
 
 P = PREEMPTED_EXIT_CODE
 
@@ -40,6 +48,10 @@ class Row:
     command: bool = False  #: a train.command run (status 0 writes FINISHED)
     hang: Optional[Tuple[str, int]] = None  #: the watchdogs' reports of this job: (culprit's node, step)
     prev_hang: Optional[Tuple[str, int]] = None  #: ... of its previous restart
+    #: what a train.command rank's launch wrapper recorded in this job: (signal, kind), e.g. the
+    #: requeue signal sent to the ranks only (``scancel --signal=USR2 JOBID``)
+    rank_stop: Optional[Tuple[str, str]] = None
+    finishes: bool = False  #: the ranks write FINISHED before they stop (the shared worker at its last step)
     requeue: bool = False  #: expected: scontrol requeue JOB_ID called
     exclude: Optional[str] = None  #: expected: this node left out of the requeued job (ExcNodeList)
     exit: int = 0  #: expected: the job's exit status (submitit: returned, or raised when not 0/75)
@@ -63,13 +75,26 @@ TABLE = {
     "crash": Row(1, exit=1),
     "success": Row(0, exit=0),
     "finished-run": Row(0, restart=1, finished=True, exit=0),
+    # a stop signal that reached the ranks after they had written FINISHED: success, not 128+N
+    "late-sigterm-after-finishing": Row(128 + 15, finishes=True, rank_stop=("SIGTERM", "stop"), exit=0),
+    "late-requeue-signal-after-finishing": Row(P, finishes=True, rank_stop=("SIGUSR2", "requeue"), exit=0),
     # the shared worker states a preemption itself (status 75, marker): a crash after the signal is a crash
     "worker-crash-after-the-signal": Row(1, signal=True, exit=1),
     # train.command: a script of one's own
     "script-killed-by-the-time-limit-signal": Row(128 + 12, signal=True, command=True, requeue=True, exit=P),
     "script-killed-by-the-signal-at-the-cap": Row(128 + 12, restart=3, signal=True, command=True, exit=P),
     "script-using-the-api-stops-for-the-signal": Row(P, signal=True, command=True, requeue=True, exit=P),
-    "script-exits-0-after-the-signal-finished": Row(0, signal=True, command=True, exit=0),
+    # status 0 after a stop signal is a stop, not "finished": the next start decides
+    "script-exits-0-after-the-signal-is-a-stop": Row(0, signal=True, command=True, requeue=True, exit=P),
+    "script-exits-0-after-usr2-to-the-ranks-only": Row(
+        0, command=True, rank_stop=("SIGUSR2", "requeue"), requeue=True, exit=P
+    ),
+    "script-killed-by-usr2-to-the-ranks-only": Row(
+        128 + 12, command=True, rank_stop=("SIGUSR2", "requeue"), requeue=True, exit=P
+    ),
+    "script-exits-0-after-sigterm-to-the-ranks": Row(0, command=True, rank_stop=("SIGTERM", "stop"), exit=P),
+    "script-killed-by-sigterm-to-the-ranks": Row(128 + 15, command=True, rank_stop=("SIGTERM", "stop"), exit=143),
+    "stop-record-of-another-restart-is-stale": Row(0, restart=1, command=True, rank_stop=("SIGTERM", "stop:0"), exit=0),
     "script-crash-without-signal": Row(1, command=True, exit=1),
     "script-success": Row(0, command=True, exit=0),
     # the hang watchdog ended the ranks (slurm_ddp.watchdog): a node problem
@@ -94,6 +119,11 @@ def prepare(row: Row, run_dir: Path) -> None:
     for restart, hang in ((row.restart, row.hang), (row.restart - 1, row.prev_hang)):
         if hang is not None:
             write_hang_reports(run_dir, restart, *hang)
+    if row.rank_stop is not None:  # "stop:0": recorded at restart 0, not this job's restart
+        sig, kind = row.rank_stop
+        kind, _, restart = kind.partition(":")
+        stop_restart = int(restart) if restart else row.restart
+        record_rank_stop(run_dir, job_id=JOB_ID, restart=stop_restart, rank=1, signal=sig, requeue=kind == "requeue")
 
 
 def write_hang_reports(run_dir: Path, restart: int, node: str, step: int) -> None:
@@ -130,6 +160,19 @@ def _finished_by_the_job(row: Row, run_dir: Path) -> bool:
     return not row.finished and rec is not None and rec.get("command") is True
 
 
+def _finishes(row: Row) -> bool:
+    """The job writes FINISHED for a train.command run: every rank exited 0 without being told to stop."""
+    told = row.signal or (row.rank_stop is not None and ":" not in row.rank_stop[1])
+    return row.command and row.status == 0 and not told
+
+
+def _finish_first(row: Row, run_dir: Path) -> str:
+    """Shell lines for the srun stub: write FINISHED as the shared worker does at its last step."""
+    if not row.finishes:
+        return ""
+    return f"touch {shlex.quote(str(run_dir / 'FINISHED'))}; "
+
+
 @pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
 def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) -> None:
     run_dir = tmp_path / "run"
@@ -140,7 +183,7 @@ def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) 
     cfg = make_config(patch)
     script = render(cfg, str(run_dir), command=["t"], python=sys.executable).script
     if not row.signal:
-        stubs = make_stubs(tmp_path, srun_body=f"exit {row.status}", scontrol=row.scontrol)
+        stubs = make_stubs(tmp_path, srun_body=f"{_finish_first(row, run_dir)}exit {row.status}", scontrol=row.scontrol)
         out = run_script(script, tmp_path, stubs, restart_count=row.restart)
         text = out.stdout.decode() + out.stderr.decode()
         returncode = out.returncode
@@ -148,7 +191,7 @@ def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) 
         ready = tmp_path / "stubs" / "srun.ready"
         stubs = make_stubs(
             tmp_path,
-            srun_first=f"trap 'exit {row.status}' USR2",
+            srun_first=f"trap '{_finish_first(row, run_dir)}exit {row.status}' USR2",
             srun_body=f"touch {shlex.quote(str(ready))}\nwhile :; do sleep 0.05; done",
             scontrol=row.scontrol,
         )
@@ -168,7 +211,7 @@ def test_batch_script_takes_the_decision(make_config, tmp_path: Path, row: Row) 
     if row.hang and row.marker is None:
         assert "hang: " in text, text
     assert (stubs / "srun.argv").exists() == (not row.finished), text
-    assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0), text
+    assert _finished_by_the_job(row, run_dir) == _finishes(row), text
 
 
 @pytest.mark.parametrize("row", list(TABLE.values()), ids=list(TABLE))
@@ -186,6 +229,8 @@ def test_submitit_worker_takes_the_decision(monkeypatch, tmp_path: Path, row: Ro
         decide = command.after_command
     else:
         decide = SubmititWorker(str(run_dir), row.max_requeues).after_worker
+    if row.finishes:
+        write_finished(run_dir, {"step": 20, "world_size": 2})
     if row.exit in (0, P):
         assert decide(row.status) == row.exit
     else:
@@ -193,7 +238,7 @@ def test_submitit_worker_takes_the_decision(monkeypatch, tmp_path: Path, row: Ro
             decide(row.status)
     assert requeued(stubs) == row.requeue
     check_exclusion(row, stubs, "")
-    assert _finished_by_the_job(row, run_dir) == (row.command and row.status == 0)
+    assert _finished_by_the_job(row, run_dir) == _finishes(row)
 
 
 def test_submitit_worker_other_ranks_never_requeue(monkeypatch, tmp_path: Path) -> None:
