@@ -231,13 +231,15 @@ def run(args: argparse.Namespace) -> int:
 
 def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) -> None:
     """The requeue rule (``rundir.decide_requeue``) for a hung submitit job, in rank 0's watchdog
-    before it ends the rank (the rank's own ``SubmititWorker.after_worker`` never runs then)."""
+    before it ends the rank (the rank's own ``SubmititWorker.after_worker`` never runs then); the job
+    requeued is ``rundir.requeue_target`` of this process's environment (``ARRAYJOBID_TASKID`` for an
+    array task)."""
     import logging
     import shutil
     import subprocess
 
     from .ops.slurm import requeue_job
-    from .rundir import decide_requeue_here
+    from .rundir import decide_requeue_here, requeue_target
 
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": str(restart)}
     decision = decide_requeue_here(
@@ -255,7 +257,9 @@ def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) 
         handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp watchdog: %(message)s", "%Y-%m-%dT%H:%M:%S"))
         wlog.handlers[:] = [handler]
         wlog.setLevel(logging.INFO)
-        requeue_job(job_id, decision.exclude, subprocess.run, wlog)
+        # an array task (a submitit sweep element) requeues itself alone: ARRAYJOBID_TASKID, not the
+        # bare job id, which may be the array's own and requeue every task of it
+        requeue_job(requeue_target(env), decision.exclude, subprocess.run, wlog)
 
 
 def _parser() -> argparse.ArgumentParser:
