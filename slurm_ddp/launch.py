@@ -35,7 +35,7 @@ if TYPE_CHECKING:  # imported where used, so that a plain binding imports as lit
     from .binding import BindingPlan
     from .config import JobConfig
 
-USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] -- CMD [ARG...]"
+USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] [--no-watchdog] -- CMD [ARG...]"
 
 #: Set for CMD: the run directory (absolute), where a script of one's own may keep its snapshots
 #: and ``metrics.jsonl`` (the batch script exports it too), and the job's ``requeue.signal``
@@ -50,22 +50,25 @@ TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
     """``(run_dir, dry_run, command)`` from ``argv``; raises ``UserError`` with the usage line.
-    (``--rank-log`` is read by :func:`parse_options`.)"""
-    run_dir, dry, _, cmd = parse_options(argv)
+    (``--rank-log`` and ``--no-watchdog`` are read by :func:`parse_options`.)"""
+    run_dir, dry, _, _, cmd = parse_options(argv)
     return run_dir, dry, cmd
 
 
-def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, List[str]]:
-    """``(run_dir, dry_run, rank_log, command)`` from ``argv``; raises ``UserError`` with the usage line.
+def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, bool, List[str]]:
+    """``(run_dir, dry_run, rank_log, no_watchdog, command)`` from ``argv``; raises ``UserError`` with
+    the usage line.
 
     ``--rank-log``: send this rank's stdout and stderr to ``RUN_DIR/logs/rank-RANK.log`` (appended),
-    as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it."""
+    as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it.
+    ``--no-watchdog``: CMD is not the rank but starts it through this wrapper again (submitit's Python
+    running ``train.command``): the inner start makes the rank's one hang watchdog, this one none."""
     argv = list(argv)
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
     cut = argv.index("--")
     opts, cmd = argv[:cut], argv[cut + 1 :]
-    run_dir, dry, rank_log = None, False, False
+    run_dir, dry, rank_log, no_watchdog = None, False, False, False
     i = 0
     while i < len(opts):
         if opts[i] == "--run-dir" and i + 1 < len(opts):
@@ -80,11 +83,14 @@ def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, List[str]]:
         elif opts[i] == "--rank-log":
             rank_log = True
             i += 1
+        elif opts[i] == "--no-watchdog":
+            no_watchdog = True
+            i += 1
         else:
             raise UserError(f"unknown option {opts[i]!r}; {USAGE}")
     if not run_dir or not cmd:
         raise UserError(USAGE)
-    return run_dir, dry, rank_log, cmd
+    return run_dir, dry, rank_log, no_watchdog, cmd
 
 
 def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
@@ -134,7 +140,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     from .env import DistEnv
     from .rundir import CONFIG_NAME, LOGS_DIR, rank_log_name
 
-    run_dir, dry, rank_log, cmd = parse_options(argv)
+    run_dir, dry, rank_log, no_watchdog, cmd = parse_options(argv)
     path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
@@ -201,7 +207,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
-    if cfg.watchdog.enabled:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
+    if cfg.watchdog.enabled and not no_watchdog:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))

@@ -350,8 +350,11 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         job_id=str(denv.job_id),
         restart=denv.restart_count,
         limits=limits,
-        # submitit runs no batch script after the ranks: rank 0's watchdog takes the requeue decision
-        decide_requeue=cfg.requeue.max_requeues if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" else -1,
+        # submitit runs no batch script after the ranks: rank 0's watchdog takes the requeue decision,
+        # unless the rank is train.command's, whose SubmititCommand outlives it and decides then
+        decide_requeue=cfg.requeue.max_requeues
+        if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" and not cfg.train.command
+        else -1,
     )
     spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,))
     return {FD_VAR: str(fd)}

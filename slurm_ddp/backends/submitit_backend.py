@@ -139,7 +139,14 @@ class SubmititCommand(SubmititWorker):
 
     def after_command(self, status: int, run: Callable[..., Any] = subprocess.run) -> int:
         """Rank 0 writes ``FINISHED`` for status 0 (``rundir.mark_command_finished``); then
-        ``after_worker``'s requeue decision and return value."""
+        ``after_worker``'s requeue decision (its line in the task's log: no worker configured
+        logging in this process) and return value."""
+        wlog = logging.getLogger("slurm_ddp.worker")
+        if not wlog.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+            wlog.addHandler(handler)
+            wlog.setLevel(logging.INFO)
         if os.environ.get("SLURM_PROCID", "0") == "0":
             mark_command_finished(self.run_dir, exit_code=status)
         return self.after_worker(status, run)
@@ -198,9 +205,12 @@ def config_parameters(cfg: JobConfig) -> Dict[str, Any]:
 
 def task_launcher(cfg: JobConfig, run_dir_word: str) -> str:
     """submitit's ``python`` for the tasks of ``cfg``'s run (``run_dir_word``: its run directory as a
-    shell word): the launch wrapper, then submitit's interpreter."""
+    shell word): the launch wrapper, then submitit's interpreter. For ``train.command`` that Python
+    (``SubmititCommand``) is not the rank: it starts the rank's command through the wrapper again,
+    which starts the rank's one hang watchdog, so this start makes none (``--no-watchdog``)."""
     py = cfg.environment.python or sys.executable
-    return f"{_q(py)} -m slurm_ddp.launch --run-dir {run_dir_word} -- {_q(py)}"
+    own = " --no-watchdog" if cfg.train.command else ""
+    return f"{_q(py)} -m slurm_ddp.launch --run-dir {run_dir_word}{own} -- {_q(py)}"
 
 
 def _q(value: str) -> str:

@@ -70,8 +70,8 @@ def sweep_parameters(plan: SweepPlan) -> Dict[str, Any]:
 
 
 def launcher(plan: SweepPlan) -> str:
-    """submitit's ``python``: the launch wrapper of this task's element (expanded by the batch shell)
-    (``task_launcher``)."""
+    """submitit's ``python``: the launch wrapper of this task's element (expanded by the batch shell);
+    ``train.command``, which a sweep does not vary, decides its watchdog option (``task_launcher``)."""
     return task_launcher(plan.sweep.base_cfg, f'"${RUN_DIR_SHELL_VAR}"')
 
 
