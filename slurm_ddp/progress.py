@@ -28,7 +28,8 @@ the first call to the first completed step the rank is in ``startup`` (``watchdo
 The record (:data:`RECORD`, little-endian): magic, flags (bit 0: the dump handler is installed;
 bit 1: the rank reports progress), then the step (``int64``), the phase (an index into
 :data:`PHASES`) and ``time.monotonic()`` of the last report (``float64``, seconds; the clock is
-system-wide, so the watchdog process compares it with its own).
+system-wide, so the watchdog process compares it with its own); then (:data:`DUMP_PID`) the pid of
+the process that installed the dump handler.
 """
 
 from __future__ import annotations
@@ -65,6 +66,9 @@ FLAG_REPORTING = 2
 #: magic, flags, step, phase, monotonic time
 RECORD = struct.Struct("<IIqqd")
 _HEAD = struct.Struct("<II")
+#: After the record: the pid of the process that installed the dump handler (``int32``; 0: none).
+DUMP_PID = struct.Struct("<i")
+DUMP_PID_OFFSET = RECORD.size
 _BODY = struct.Struct("<qqd")
 SIZE = 64
 
@@ -88,8 +92,11 @@ class Progress:
 
     def install_dump(self) -> None:
         """Register ``faulthandler`` for :data:`DUMP_SIGNAL` (all threads, to stderr) and say so
-        in the record; the watchdog sends that signal only to a rank that did this."""
+        in the record, with this process's pid: the watchdog sends that signal only to the process
+        that did this (the rank, or a Python program a shell script of the rank started), never to
+        one whose default action for it is to die."""
         faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+        DUMP_PID.pack_into(self._mm, DUMP_PID_OFFSET, os.getpid())
         self._set_flags(FLAG_DUMPABLE | FLAG_REPORTING)
 
     def mark(self, step: int, phase: int) -> None:

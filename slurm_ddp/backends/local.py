@@ -264,11 +264,13 @@ class LocalJob:
         return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
 
     def send(self, sig: int) -> None:
-        """Send ``sig`` to every rank still running."""
+        """Send ``sig`` to every rank still running: to its process group (each rank leads its own
+        session), as Slurm signals every process of a task, so that a ``train.command`` shell
+        script's Python program gets it too and does not outlive the run."""
         for p in self.procs:
             if p.poll() is None:
                 try:
-                    p.send_signal(sig)
+                    os.killpg(p.pid, sig)
                 except ProcessLookupError:
                     pass
 
