@@ -270,7 +270,10 @@ class LocalJob:
         for p in self.procs:
             if p.poll() is None:
                 try:
-                    os.killpg(p.pid, sig)
+                    if os.getpgid(p.pid) == p.pid:  # started by start(): it leads its own group
+                        os.killpg(p.pid, sig)
+                    else:
+                        p.send_signal(sig)
                 except ProcessLookupError:
                     pass
 
