@@ -48,7 +48,7 @@ if TYPE_CHECKING:  # imported where used, so that a plain binding imports as lit
     from .config import JobConfig
     from .env import DistEnv
 
-USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] -- CMD [ARG...]"
+USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] [--no-watchdog] -- CMD [ARG...]"
 
 #: Set for CMD: the run directory (absolute), where a script of one's own may keep its snapshots
 #: and ``metrics.jsonl`` (the batch script exports it too), and the job's ``requeue.signal``
@@ -63,22 +63,25 @@ TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
     """``(run_dir, dry_run, command)`` from ``argv``; raises ``UserError`` with the usage line.
-    (``--rank-log`` is read by :func:`parse_options`.)"""
-    run_dir, dry, _, cmd = parse_options(argv)
+    (``--rank-log`` and ``--no-watchdog`` are read by :func:`parse_options`.)"""
+    run_dir, dry, _, _, cmd = parse_options(argv)
     return run_dir, dry, cmd
 
 
-def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, List[str]]:
-    """``(run_dir, dry_run, rank_log, command)`` from ``argv``; raises ``UserError`` with the usage line.
+def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, bool, List[str]]:
+    """``(run_dir, dry_run, rank_log, no_watchdog, command)`` from ``argv``; raises ``UserError`` with
+    the usage line.
 
     ``--rank-log``: send this rank's stdout and stderr to ``RUN_DIR/logs/rank-RANK.log`` (appended),
-    as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it."""
+    as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it.
+    ``--no-watchdog``: CMD is not the rank but starts it through this wrapper again (submitit's Python
+    running ``train.command``): the inner start makes the rank's one hang watchdog, this one none."""
     argv = list(argv)
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
     cut = argv.index("--")
     opts, cmd = argv[:cut], argv[cut + 1 :]
-    run_dir, dry, rank_log = None, False, False
+    run_dir, dry, rank_log, no_watchdog = None, False, False, False
     i = 0
     while i < len(opts):
         if opts[i] == "--run-dir" and i + 1 < len(opts):
@@ -93,11 +96,14 @@ def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, List[str]]:
         elif opts[i] == "--rank-log":
             rank_log = True
             i += 1
+        elif opts[i] == "--no-watchdog":
+            no_watchdog = True
+            i += 1
         else:
             raise UserError(f"unknown option {opts[i]!r}; {USAGE}")
     if not run_dir or not cmd:
         raise UserError(USAGE)
-    return run_dir, dry, rank_log, cmd
+    return run_dir, dry, rank_log, no_watchdog, cmd
 
 
 def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
@@ -178,7 +184,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     from .env import DistEnv
     from .rundir import CONFIG_NAME, LOGS_DIR, rank_log_name
 
-    run_dir, dry, rank_log, cmd = parse_options(argv)
+    run_dir, dry, rank_log, no_watchdog, cmd = parse_options(argv)
     path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
@@ -248,8 +254,8 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         os.dup2(fd, 2)
         os.close(fd)
     if cfg.train.command:
-        return _supervise(cfg, denv, env, full)
-    if cfg.watchdog.enabled:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
+        return _supervise(cfg, denv, env, full, watchdog=not no_watchdog)
+    if cfg.watchdog.enabled and not no_watchdog:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
@@ -271,7 +277,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
 _CAUGHT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
 
-def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str]) -> int:
+def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str], watchdog: bool = True) -> int:
     """Fork ``full`` (a ``train.command`` rank) and stay its parent: record the stop signals this
     rank is sent (``rundir.record_rank_stop``), pass nothing on, and end as the command did."""
     from .rundir import STOP_SIGNALS, record_rank_stop
@@ -309,7 +315,7 @@ def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[st
             die_with_parent(signal.SIGKILL)
             for sig in caught:  # Python's own SIGINT handler too: the command starts with the defaults
                 signal.signal(sig, signal.SIG_DFL)
-            if cfg.watchdog.enabled:
+            if cfg.watchdog.enabled and watchdog:
                 from .watchdog import start_for_rank
 
                 env.update(start_for_rank(cfg, denv, run_dir, sys.executable))

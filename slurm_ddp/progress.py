@@ -4,7 +4,8 @@ Side effects: maps a small shared-memory record (a ``memfd`` the launch wrapper 
 down as ``$SLURM_DDP_PROGRESS_FD``) and, at the first call, registers ``faulthandler`` for
 :data:`DUMP_SIGNAL` (every thread's Python stack to stderr, i.e. the rank log, without needing the
 GIL). Imports no torch. Without the variable (a script not started by ``slurm-ddp submit``, or
-``watchdog.enabled: false``) every call is a no-op.
+``watchdog.enabled: false``), or when its descriptor holds no progress record (a grandchild started
+with ``close_fds`` inherits the variable, not the descriptor), every call is a no-op.
 
 The shared worker reports its progress itself. A script of one's own (``train.command``) opts in
 with one call per step, and wraps long phases::
@@ -27,7 +28,8 @@ the first call to the first completed step the rank is in ``startup`` (``watchdo
 The record (:data:`RECORD`, little-endian): magic, flags (bit 0: the dump handler is installed;
 bit 1: the rank reports progress), then the step (``int64``), the phase (an index into
 :data:`PHASES`) and ``time.monotonic()`` of the last report (``float64``, seconds; the clock is
-system-wide, so the watchdog process compares it with its own).
+system-wide, so the watchdog process compares it with its own); then (:data:`DUMP_PID`) the pid of
+the process that installed the dump handler.
 """
 
 from __future__ import annotations
@@ -64,6 +66,9 @@ FLAG_REPORTING = 2
 #: magic, flags, step, phase, monotonic time
 RECORD = struct.Struct("<IIqqd")
 _HEAD = struct.Struct("<II")
+#: After the record: the pid of the process that installed the dump handler (``int32``; 0: none).
+DUMP_PID = struct.Struct("<i")
+DUMP_PID_OFFSET = RECORD.size
 _BODY = struct.Struct("<qqd")
 SIZE = 64
 
@@ -72,10 +77,12 @@ class Progress:
     """A rank's progress record in shared memory (``fd``: the memfd from the launch wrapper)."""
 
     def __init__(self, fd: int):
+        _check_record(fd)
         self._mm = mmap.mmap(fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE)
         self._flags = _HEAD.unpack_from(self._mm, 0)[1]
         self._step = 0
         self._phase = STARTUP
+        self._steps_reported = 0  # calls of step(): before the first one the rank is in start-up
         self._pack = _BODY.pack_into
         self._clock = time.monotonic
 
@@ -85,14 +92,27 @@ class Progress:
 
     def install_dump(self) -> None:
         """Register ``faulthandler`` for :data:`DUMP_SIGNAL` (all threads, to stderr) and say so
-        in the record; the watchdog sends that signal only to a rank that did this."""
+        in the record, with this process's pid: the watchdog sends that signal only to the process
+        that did this (the rank, or a Python program a shell script of the rank started), never to
+        one whose default action for it is to die."""
         faulthandler.register(DUMP_SIGNAL, file=sys.stderr, all_threads=True, chain=False)
+        DUMP_PID.pack_into(self._mm, DUMP_PID_OFFSET, os.getpid())
         self._set_flags(FLAG_DUMPABLE | FLAG_REPORTING)
 
     def mark(self, step: int, phase: int) -> None:
         """Record ``step`` (steps completed) and ``phase`` (an index into :data:`PHASES`), now."""
         self._step, self._phase = step, phase
         self._pack(self._mm, 8, step, phase, self._clock())
+
+    def mark_step(self, step: int) -> None:
+        """Record that step ``step`` is done (phase ``step``): the end of start-up."""
+        self._steps_reported += 1
+        self.mark(step, STEP)
+
+    @property
+    def steps_reported(self) -> int:
+        """How many times :meth:`mark_step` was called (0: still in start-up)."""
+        return self._steps_reported
 
     @property
     def step(self) -> int:
@@ -114,6 +134,11 @@ class _Off:
 
     def mark(self, step: int, phase: int) -> None:
         return None
+
+    def mark_step(self, step: int) -> None:
+        return None
+
+    steps_reported = 0
 
 
 _recorder: Optional[Progress | _Off] = None
@@ -141,14 +166,15 @@ def step(n: int) -> None:
     every rank. The watchdog allows ``max(watchdog.timeout_floor_s, step_time_factor × recent
     step time)`` until the next call."""
     rec = _recorder if _recorder is not None else recorder()
-    rec.mark(n, STEP)
+    rec.mark_step(n)
 
 
 @contextlib.contextmanager
 def phase(name: str) -> Iterator[None]:
     """Within the block the rank is in phase ``name`` (``"eval"`` or ``"checkpoint"``, allowed
     ``watchdog.eval_s`` / ``watchdog.checkpoint_s``; ``"data"``, ``"step"``); after it, back to
-    a training step. Raises ``ValueError`` for another name."""
+    a training step, or to start-up when no :func:`step` was reported yet (an evaluation before
+    training leaves the first step its ``watchdog.startup_s``). Raises ``ValueError`` for another name."""
     if name not in PHASES:
         raise ValueError(f"unknown progress phase {name!r}; one of {', '.join(PHASES)}")
     rec = recorder()
@@ -156,7 +182,19 @@ def phase(name: str) -> Iterator[None]:
     try:
         yield
     finally:
-        rec.mark(rec.step, STEP)
+        rec.mark(rec.step, STEP if rec.steps_reported else STARTUP)
+
+
+def _check_record(fd: int) -> None:
+    """Raise ``ValueError`` unless ``fd`` holds a progress record (:data:`SIZE` bytes, :data:`MAGIC`
+    first): a process that inherited ``$SLURM_DDP_PROGRESS_FD`` but not the descriptor (``close_fds``)
+    may have that number open on a file of its own, which must not be written. ``OSError`` when
+    ``fd`` is not open."""
+    if os.fstat(fd).st_size != SIZE:
+        raise ValueError(f"file descriptor {fd} is not a progress record (size)")
+    head = os.pread(fd, _HEAD.size, 0)
+    if len(head) != _HEAD.size or _HEAD.unpack(head)[0] != MAGIC:
+        raise ValueError(f"file descriptor {fd} is not a progress record (magic)")
 
 
 def read_record(buf: bytes) -> Optional[tuple[int, int, int, float]]:

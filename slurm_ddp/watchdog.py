@@ -19,8 +19,9 @@ reported (a ``train.command`` script that does not call ``slurm_ddp.progress``) 
 When the rank exceeds its allowance, or another rank of the job was found hung (a report appeared in
 ``rundir.hang_dir``), the watchdog: writes its ``HangReport`` (``rundir.write_hang_report``), logs one
 line to the rank's log, makes the rank write every thread's stack there (``faulthandler`` on
-``progress.DUMP_SIGNAL``; a rank stuck in C dumps too), waits a moment so that its peers notice and
-dump theirs, and kills the rank (SIGKILL). The launcher then ends the job (srun's
+``progress.DUMP_SIGNAL``, sent only to the process that installed it: the rank, or the Python program
+a rank's shell script started; a rank stuck in C dumps too), waits a moment so that its peers notice
+and dump theirs, and kills the rank with every process it started (SIGKILL). The launcher then ends the job (srun's
 ``--kill-on-bad-exit``, the local launcher, torchrun), and the requeue rule reads the reports.
 """
 
@@ -38,6 +39,8 @@ from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
 
 from .progress import (
     CHECKPOINT,
+    DUMP_PID,
+    DUMP_PID_OFFSET,
     EVAL,
     FLAG_DUMPABLE,
     FLAG_REPORTING,
@@ -213,31 +216,86 @@ def run(args: argparse.Namespace) -> int:
             f"rank {args.rank} on {args.host} (step {step}, {words}): another rank of the job stopped progressing; "
             "its stacks follow, then the rank is ended"
         )
-    if flags & FLAG_DUMPABLE:
+    target = _dump_target(mm, pid) if flags & FLAG_DUMPABLE else None
+    if target is not None:
         try:
-            os.kill(pid, DUMP_SIGNAL)
+            os.kill(target, DUMP_SIGNAL)
         except ProcessLookupError:
-            return 0
+            pass
     # Let the peers' watchdogs see the report and dump their ranks before this rank's end takes the job down.
     time.sleep(max(1.0, 2 * limits.poll_interval_s) + 0.5)
     if args.decide_requeue >= 0:  # submitit: no batch script decides after the ranks; rank 0's watchdog does
         _decide_requeue(args.run_dir, args.job_id, args.restart, args.decide_requeue)
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    _end_rank(pid)
     return 0
+
+
+def _children() -> Dict[int, List[int]]:
+    """Every process's children, from ``/proc/PID/stat`` (its parent pid)."""
+    out: Dict[int, List[int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                text = f.read().decode(errors="replace")
+            ppid = int(text[text.rindex(")") + 2 :].split(" ", 2)[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        out.setdefault(ppid, []).append(int(name))
+    return out
+
+
+def rank_tree(pid: int) -> List[int]:
+    """``pid`` and every process it started, children before grandchildren (this watchdog excluded)."""
+    children, tree, i = _children(), [pid], 0
+    while i < len(tree):
+        tree += [c for c in children.get(tree[i], []) if c != os.getpid() and c not in tree]
+        i += 1
+    return tree
+
+
+def _dump_target(mm: mmap.mmap, pid: int) -> Optional[int]:
+    """The process that installed the stack-dump handler (``progress.DUMP_PID``): the rank, or a
+    Python program that a rank's shell script started; None when it is neither (gone, or a pid
+    reused by another process), so that no process dies of the dump signal's default action."""
+    (target,) = DUMP_PID.unpack_from(mm, DUMP_PID_OFFSET)
+    return target if target > 0 and target in rank_tree(pid) else None
+
+
+def _end_rank(pid: int) -> None:
+    """SIGKILL the rank and every process it started. A ``train.command`` such as ``bash run.sh``
+    runs its Python program as a child of the rank's process: killing only the shell would leave it
+    running, hung. Each is stopped first, so that none starts another or loses its parent unseen."""
+    seen: List[int] = []
+    for _ in range(3):
+        tree = [p for p in rank_tree(pid) if p not in seen]
+        if not tree:
+            break
+        for p in tree:
+            try:
+                os.kill(p, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass
+        seen += tree
+    for p in reversed(seen):  # the rank last: its end ends this watchdog too (PR_SET_PDEATHSIG)
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) -> None:
     """The requeue rule (``rundir.decide_requeue``) for a hung submitit job, in rank 0's watchdog
-    before it ends the rank (the rank's own ``SubmititWorker.after_worker`` never runs then)."""
+    before it ends the rank (the rank's own ``SubmititWorker.after_worker`` never runs then); the job
+    requeued is ``rundir.requeue_target`` of this process's environment (``ARRAYJOBID_TASKID`` for an
+    array task)."""
     import logging
     import shutil
     import subprocess
 
     from .ops.slurm import requeue_job
-    from .rundir import decide_requeue_here
+    from .rundir import decide_requeue_here, requeue_target
 
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": str(restart)}
     decision = decide_requeue_here(
@@ -255,7 +313,9 @@ def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) 
         handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp watchdog: %(message)s", "%Y-%m-%dT%H:%M:%S"))
         wlog.handlers[:] = [handler]
         wlog.setLevel(logging.INFO)
-        requeue_job(job_id, decision.exclude, subprocess.run, wlog)
+        # an array task (a submitit sweep element) requeues itself alone: ARRAYJOBID_TASKID, not the
+        # bare job id, which may be the array's own and requeue every task of it
+        requeue_job(requeue_target(env), decision.exclude, subprocess.run, wlog)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -346,8 +406,11 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         job_id=str(denv.job_id),
         restart=denv.restart_count,
         limits=limits,
-        # submitit runs no batch script after the ranks: rank 0's watchdog takes the requeue decision
-        decide_requeue=cfg.requeue.max_requeues if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" else -1,
+        # submitit runs no batch script after the ranks: rank 0's watchdog takes the requeue decision,
+        # unless the rank is train.command's, whose SubmititCommand outlives it and decides then
+        decide_requeue=cfg.requeue.max_requeues
+        if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" and not cfg.train.command
+        else -1,
     )
     spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,))
     return {FD_VAR: str(fd)}

@@ -269,14 +269,14 @@ class LocalJob:
         return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
 
     def send(self, sig: int) -> None:
-        """Send ``sig`` to every rank still running: for ``train.command`` to the rank's process
-        group (its launch wrapper, which records a stop, and the command; as Slurm signals every
-        process of a task), else to the rank."""
+        """Send ``sig`` to every rank still running: to its process group (each rank leads its own
+        session), as Slurm signals every process of a task, so that a ``train.command`` shell
+        script's Python program gets it too and does not outlive the run."""
         for p in self.procs:
             if p.poll() is None:
                 try:
-                    if self.plan.cfg.train.command:
-                        os.killpg(p.pid, sig)  # each rank leads its own session (start_new_session)
+                    if os.getpgid(p.pid) == p.pid:  # started by start(): it leads its own group
+                        os.killpg(p.pid, sig)
                     else:
                         p.send_signal(sig)
                 except ProcessLookupError:

@@ -19,13 +19,16 @@ submitit as its ``python`` command. MASTER_PORT is probed free on the first node
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ..config import JobConfig, command_argv
 from ..errors import ClusterError, UserError
@@ -137,7 +140,14 @@ class SubmititCommand(SubmititWorker):
 
     def after_command(self, status: int, run: Callable[..., Any] = subprocess.run) -> int:
         """Rank 0 writes ``FINISHED`` for status 0 (``rundir.mark_command_finished``); then
-        ``after_worker``'s requeue decision and return value."""
+        ``after_worker``'s requeue decision (its line in the task's log: no worker configured
+        logging in this process) and return value."""
+        wlog = logging.getLogger("slurm_ddp.worker")
+        if not wlog.handlers:
+            handler = logging.StreamHandler(sys.stderr)
+            handler.setFormatter(logging.Formatter("%(asctime)s slurm_ddp: %(message)s", "%Y-%m-%dT%H:%M:%S"))
+            wlog.addHandler(handler)
+            wlog.setLevel(logging.INFO)
         if os.environ.get("SLURM_PROCID", "0") == "0":
             told = self._got_signal or self._got_term  # status 0 after a stop signal is a stop
             mark_command_finished(self.run_dir, exit_code=status, told_to_stop=told)
@@ -195,6 +205,16 @@ def config_parameters(cfg: JobConfig) -> Dict[str, Any]:
     return params
 
 
+def task_launcher(cfg: JobConfig, run_dir_word: str) -> str:
+    """submitit's ``python`` for the tasks of ``cfg``'s run (``run_dir_word``: its run directory as a
+    shell word): the launch wrapper, then submitit's interpreter. For ``train.command`` that Python
+    (``SubmititCommand``) is not the rank: it starts the rank's command through the wrapper again,
+    which starts the rank's one hang watchdog, so this start makes none (``--no-watchdog``)."""
+    py = cfg.environment.python or sys.executable
+    own = " --no-watchdog" if cfg.train.command else ""
+    return f"{_q(py)} -m slurm_ddp.launch --run-dir {run_dir_word}{own} -- {_q(py)}"
+
+
 def _q(value: str) -> str:
     import shlex
 
@@ -227,28 +247,82 @@ def make_callable(cfg: JobConfig, ranks_cfg: JobConfig, run_dir: str) -> Submiti
     return SubmititCommand(run_dir, cfg.requeue.max_requeues, argv, tc.workdir, cfg.requeue.signal_name)
 
 
+def new_executor(cls: Any, *, dry_run: bool = False, **kwargs: Any) -> Any:
+    """``cls(**kwargs)``, a ``submitit.SlurmExecutor`` (sub)class. submitit refuses to build one where
+    ``srun`` is not on PATH (a ``RuntimeError``): that is ``ClusterError`` here, as is a missing
+    ``sbatch``, checked before anything is written; with ``dry_run`` (the script is only printed,
+    ``submit --dry-run``) the check is skipped, as for the single-run dry run."""
+    if dry_run:
+
+        class DryRunExecutor(cls):
+            @classmethod
+            def affinity(cls) -> int:  # submitit's "is srun here" test, only asked by __init__
+                return 1
+
+        return DryRunExecutor(**kwargs)
+    for tool in ("sbatch", "srun"):
+        if shutil.which(tool) is None:
+            raise ClusterError(
+                f"{tool} is not on PATH: --backend submitit submits from a login node of the cluster "
+                "(see the script with --dry-run, or use --backend local)"
+            )
+    return cls(**kwargs)
+
+
+@contextlib.contextmanager
+def submitting(what: str) -> Iterator[None]:
+    """Around ``executor.submit``/``executor.batch()``: submitit's failures become one-line
+    ``ClusterError``s, as the sbatch backend's: sbatch refused (``FailedJobError``, e.g. "Invalid
+    partition": exit status and sbatch's last line), no job id in its answer
+    (``FailedSubmissionError``), sbatch not runnable (``OSError``). The copy of sbatch's stderr that
+    submitit prints on a refusal is held back (the message has it); on success what was printed is
+    passed on."""
+    from submitit.core.utils import FailedJobError, FailedSubmissionError
+
+    held = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    except FailedJobError as e:
+        cause = e.__cause__
+        status = f"exit {cause.returncode}" if isinstance(cause, subprocess.CalledProcessError) else "no job"
+        raise ClusterError(f"sbatch refused {what} ({status}): {_last_line(str(e))}") from None
+    except FailedSubmissionError as e:
+        raise ClusterError(f"sbatch printed no job id for {what}: {_last_line(str(e))}") from None
+    except (subprocess.CalledProcessError, OSError) as e:
+        raise ClusterError(f"submitit could not submit {what}: {e}") from None
+    sys.stderr.write(held.getvalue())
+
+
+def _last_line(text: str) -> str:
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return lines[-1] if lines else "no message"
+
+
 def schedule(plan: SubmitPlan) -> str:
-    """Submit through ``submitit.SlurmExecutor``; returns the job id."""
+    """Submit through ``submitit.SlurmExecutor``; returns the job id. Raises ``UserError`` (no
+    submitit, a config submitit cannot run) and ``ClusterError`` (no sbatch or srun here, sbatch
+    refused: ``submitting``)."""
     try:
         import submitit
     except ImportError:
         raise UserError("--backend submitit needs submitit: pip install 'slurm-ddp[submitit]'") from None
     check_config(plan.cfg)
-    rd = prepare_run_dir(plan)
-    private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
+    rd = Path(plan.run_dir)
     # Each task starts through slurm_ddp.launch (CPU binding, OMP_*, LD_PRELOAD must be set before
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
-    py = plan.cfg.environment.python or sys.executable
-    launcher = f"{_q(py)} -m slurm_ddp.launch --run-dir {_q(str(rd))} -- {_q(py)}"
-    executor = submitit.SlurmExecutor(
-        folder=str(rd / SUBMITIT_DIR / "%j"), max_num_timeout=plan.cfg.requeue.max_requeues, python=launcher
+    executor = new_executor(
+        submitit.SlurmExecutor,
+        folder=str(rd / SUBMITIT_DIR / "%j"),
+        max_num_timeout=plan.cfg.requeue.max_requeues,
+        python=task_launcher(plan.cfg, _q(str(rd))),
     )
     executor.update_parameters(**executor_parameters(plan))
+    rd = prepare_run_dir(plan)
+    private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
     # train.command's script and workdir in the code snapshot
     callable_ = make_callable(plan.cfg, plan.ranks_cfg, str(rd))
-    try:
+    with submitting("the job"):
         job = executor.submit(callable_)
-    except (subprocess.CalledProcessError, FileNotFoundError, OSError) as e:
-        raise ClusterError(f"submitit could not submit the job: {e}") from None
     record_job(plan.run_dir, backend="submitit", job_id=str(job.job_id))
     return str(job.job_id)

@@ -20,17 +20,15 @@ submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``;
 from __future__ import annotations
 
 import shlex
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
-from ..errors import ClusterError, UserError
+from ..errors import UserError
 from ..rundir import SUBMITIT_DIR, element_dir_name, private_dir, record_job, record_sweep_job
 from ..secrets import redact_text, secret_values
 from ..snapshot import remap_config
 from .array import SweepPlan, prepare_sweep_dir
-from .submitit_backend import check_config, config_parameters, make_callable
+from .submitit_backend import check_config, config_parameters, make_callable, new_executor, submitting, task_launcher
 
 #: the batch script's shell variable holding the task's element run directory
 RUN_DIR_SHELL_VAR = "SLURM_DDP_ELEMENT_DIR"
@@ -73,13 +71,14 @@ def sweep_parameters(plan: SweepPlan) -> Dict[str, Any]:
 
 
 def launcher(plan: SweepPlan) -> str:
-    """submitit's ``python``: the launch wrapper of this task's element (expanded by the batch shell)."""
-    py = plan.sweep.base_cfg.environment.python or sys.executable
-    return f'{shlex.quote(py)} -m slurm_ddp.launch --run-dir "${RUN_DIR_SHELL_VAR}" -- {shlex.quote(py)}'
+    """submitit's ``python``: the launch wrapper of this task's element (expanded by the batch shell);
+    ``train.command``, which a sweep does not vary, decides its watchdog option (``task_launcher``)."""
+    return task_launcher(plan.sweep.base_cfg, f'"${RUN_DIR_SHELL_VAR}"')
 
 
-def make_executor(plan: SweepPlan) -> Any:
-    """The ``submitit.SlurmExecutor`` of the sweep (folder ``SWEEP_DIR/submitit/%j``)."""
+def make_executor(plan: SweepPlan, dry_run: bool = False) -> Any:
+    """The ``submitit.SlurmExecutor`` of the sweep (folder ``SWEEP_DIR/submitit/%j``). Raises
+    ``ClusterError`` where sbatch or srun is missing, unless ``dry_run`` (``new_executor``)."""
     try:
         import submitit
     except ImportError:
@@ -88,7 +87,9 @@ def make_executor(plan: SweepPlan) -> Any:
     cls = submitit.SlurmExecutor
     if len(plan.todo) == 1:
         cls = _one_task_array_executor(submitit.SlurmExecutor)
-    executor = cls(
+    executor = new_executor(
+        cls,
+        dry_run=dry_run,
         folder=str(Path(plan.sweep_dir) / SUBMITIT_DIR / "%j"),
         max_num_timeout=plan.sweep.base_cfg.requeue.max_requeues,
         python=launcher(plan),
@@ -113,8 +114,9 @@ def _one_task_array_executor(base: Any) -> Any:
 
 
 def script_text(plan: SweepPlan) -> str:
-    """The batch script submitit would submit for ``plan`` (``submit --dry-run``); nothing is written."""
-    executor = make_executor(plan)
+    """The batch script submitit would submit for ``plan`` (``submit --dry-run``); nothing is written,
+    and no Slurm command is needed."""
+    executor = make_executor(plan, dry_run=True)
     params = dict(executor.parameters)
     params["map_count"] = len(plan.todo)
     from submitit.slurm.slurm import _make_sbatch_string
@@ -145,7 +147,7 @@ def describe(plan: SweepPlan) -> str:
 def schedule_submitit(plan: SweepPlan) -> str:
     """Write the sweep directory and submit the unfinished elements as one submitit job array;
     returns the array job id. Raises ``UserError`` (no submitit, a config submitit cannot run)
-    and ``ClusterError`` (sbatch refused)."""
+    and ``ClusterError`` (no sbatch or srun here, sbatch refused: ``submitting``)."""
     executor = make_executor(plan)
     prepare_sweep_dir(plan)
     private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR)  # its batch script exports environment.env (rundir.PRIVATE_DIRS)
@@ -154,11 +156,8 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
-    try:
-        with executor.batch():
-            jobs = [executor.submit(c) for c in callables]
-    except (subprocess.CalledProcessError, FileNotFoundError, OSError) as e:
-        raise ClusterError(f"submitit could not submit the job array: {e}") from None
+    with submitting("the job array"), executor.batch():
+        jobs = [executor.submit(c) for c in callables]
     first = str(jobs[0].job_id)
     array_job_id = first.split("_", 1)[0]
     record_sweep_job(

@@ -308,3 +308,21 @@ def test_submitit_hang_is_decided_by_rank_0s_watchdog(monkeypatch, tmp_path: Pat
     _decide_requeue(str(run_dir), JOB_ID, 0, 3)
     assert requeued(stubs)
     check_exclusion(TABLE["hang-on-one-node"], stubs, "")
+
+
+def test_a_hung_array_task_is_requeued_alone_by_its_watchdog(monkeypatch, tmp_path: Path) -> None:
+    """A submitit sweep element is an array task: its watchdog requeues ARRAYJOBID_TASKID
+    (rundir.requeue_target), never the bare job id, which can be the array's own and requeue every
+    task (issue 28, bug 4); the node's exclusion names the task too."""
+    from slurm_ddp.watchdog import _decide_requeue
+
+    run_dir = tmp_path / "run"
+    prepare(TABLE["hang-on-one-node"], run_dir)
+    stubs = make_stubs(tmp_path)
+    monkeypatch.setenv("PATH", str(stubs / "bin"))
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", JOB_ID)  # task 0 of an array: its job id is the array's
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "0")
+    _decide_requeue(str(run_dir), JOB_ID, 0, 3)
+    assert requeued(stubs, f"{JOB_ID}_0")
+    exclude = TABLE["hang-on-one-node"].exclude
+    assert scontrol_after_requeue(stubs).endswith(f"update\0JobId={JOB_ID}_0\0ExcNodeList={exclude}\0".encode())

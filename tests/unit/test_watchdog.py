@@ -60,6 +60,68 @@ def test_progress_without_a_watchdog_is_a_no_op(monkeypatch: pytest.MonkeyPatch)
     progress._reset_for_tests()
 
 
+@pytest.fixture
+def record(monkeypatch: pytest.MonkeyPatch):  # type: ignore[no-untyped-def]
+    """A fresh progress record passed down as ``$SLURM_DDP_PROGRESS_FD``; yields a reader of it."""
+    import faulthandler
+
+    fd = progress.create_record()
+    mm = mmap.mmap(fd, progress.SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+    monkeypatch.setenv(progress.FD_VAR, str(fd))
+    progress._reset_for_tests()
+    try:
+        yield lambda: progress.read_record(mm[:])
+    finally:
+        faulthandler.unregister(progress.DUMP_SIGNAL)
+        progress._reset_for_tests()
+        mm.close()
+        os.close(fd)
+
+
+def test_a_phase_before_the_first_step_keeps_the_start_up_allowance(record) -> None:  # type: ignore[no-untyped-def]
+    """An evaluation before training (issue 28, bug 10): after the block the rank is back in start-up,
+    so its first step (torch.compile, autotuning) still gets ``watchdog.startup_s``."""
+    with progress.phase("eval"):
+        assert record()[2] == progress.EVAL
+    flags, step, phase, _ = record()
+    assert flags & progress.FLAG_REPORTING and (step, phase) == (0, progress.STARTUP)
+    w = Watch(LIM, record)
+    w.poll(w.resumed_t, stopped=False)
+    assert w.limit_s == LIM.startup_s
+    progress.step(1)  # after the first step, a phase ends in a training step
+    with progress.phase("checkpoint"):
+        pass
+    assert record()[1:3] == (1, progress.STEP)
+
+
+def test_progress_never_writes_into_a_descriptor_that_is_not_its_record(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A grandchild started with close_fds inherits $SLURM_DDP_PROGRESS_FD but not the descriptor; the
+    number may be a file of its own, opened read-write (issue 28, bug 11): it is left alone."""
+    data = bytes(range(256)) * 2
+    for size in (progress.SIZE, len(data)):  # a file of the record's size, and a larger one
+        user_file = tmp_path / f"user-{size}.bin"
+        user_file.write_bytes(data[:size])
+        fd = os.open(user_file, os.O_RDWR)
+        try:
+            monkeypatch.setenv(progress.FD_VAR, str(fd))
+            progress._reset_for_tests()
+            progress.step(3)
+            with progress.phase("eval"):
+                pass
+            assert isinstance(progress.recorder(), progress._Off)
+        finally:
+            progress._reset_for_tests()
+            os.close(fd)
+        assert user_file.read_bytes() == data[:size]
+    monkeypatch.setenv(progress.FD_VAR, "987")  # not open at all
+    progress._reset_for_tests()
+    progress.step(1)
+    assert isinstance(progress.recorder(), progress._Off)
+    progress._reset_for_tests()
+
+
 @pytest.mark.parametrize(
     "phase, seen, step_time, expected",
     [
