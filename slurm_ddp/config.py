@@ -257,10 +257,24 @@ def _check_gpu_type(v: Any) -> Optional[str]:
     return None if _GPU_TYPE.match(v) else "a GPU type name of letters, digits, '.', '_' or '-' (e.g. a100)"
 
 
-def _check_gpu_bind(v: Any) -> Optional[str]:
-    from .devices import check_gpu_bind
+#: ``--gpu-bind`` values srun(1) accepts ("--gpu-bind=[verbose,]<type>"), as patterns.
+GPU_BIND_FORMS = (
+    "closest",
+    "none",
+    "map_gpu:<list>",
+    "mask_gpu:<list>",
+    "per_task:<gpus_per_task>",
+    "single:<tasks_per_gpu>",
+)
+_GPU_BIND = re.compile(
+    r"^(?:verbose,)?(?:closest|none|single:[1-9]\d*|per_task:[1-9]\d*"
+    r"|map_gpu:\d+(?:\*\d+)?(?:,\d+(?:\*\d+)?)*|mask_gpu:(?:0x)?[0-9a-fA-F]+(?:\*\d+)?(?:,(?:0x)?[0-9a-fA-F]+(?:\*\d+)?)*)\Z"
+)
 
-    return check_gpu_bind(v)
+
+def check_gpu_bind(value: str) -> Optional[str]:
+    """None when ``value`` is a ``--gpu-bind`` value srun(1) accepts, else what is valid."""
+    return None if _GPU_BIND.match(value) else "one of " + ", ".join(GPU_BIND_FORMS) + " (optionally 'verbose,' first)"
 
 
 def _gres_items(value: str) -> Optional[Tuple[Tuple[str, Optional[str], int], ...]]:
@@ -332,7 +346,7 @@ class SlurmConfig:
         metadata=_meta(
             "--gpu-bind (sbatch and srun): closest | none | single:1 | per_task:1 | map_gpu:… | mask_gpu:… "
             "(verbose, may come first)",
-            check=_check_gpu_bind,
+            check=check_gpu_bind,
         ),
     )
     gres: Optional[str] = field(
