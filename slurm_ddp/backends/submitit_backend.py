@@ -29,7 +29,6 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ..config import JobConfig, command_argv
 from ..errors import ClusterError, UserError
-from ..ops.slurm import requeue_job
 from ..render import sbatch_options
 from ..rundir import (
     SUBMITIT_DIR,
@@ -37,6 +36,7 @@ from ..rundir import (
     decide_requeue_here,
     mark_command_finished,
     record_job,
+    requeue_job,
     requeue_target,
 )
 from . import SubmitPlan, prepare_run_dir
