@@ -48,6 +48,37 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
 _SBATCH_FLAG = re.compile(r"^[a-z][a-z0-9_-]*\Z")
 _TASK_PATH = re.compile(r"^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*\Z")
 
+#: sbatch options that slurm_ddp sets itself, with what sets them instead. In
+#: ``slurm.extra`` they would silently disagree with the config the worker checks the
+#: allocation against (nodes, tasks) or break the signal/requeue plan and the run
+#: directory's log layout. Aliases per sbatch(1) "OPTIONS".
+_MANAGED_FLAGS = {
+    "job-name": "name",
+    "nodes": "slurm.nodes",
+    "ntasks-per-node": "slurm.tasks_per_node",
+    "ntasks": "slurm.nodes and slurm.tasks_per_node",
+    "cpus-per-task": "slurm.cpus_per_task",
+    "gpus-per-node": "slurm.gpus_per_node",
+    "gpus-per-task": "slurm.gpus_per_task",
+    "gpus": "slurm.gpus_per_node or slurm.gpus_per_task",
+    "gpu-bind": "slurm.gpu_bind",
+    "gres": "slurm.gres",
+    "mem": "slurm.mem_gb",
+    "time": "slurm.time",
+    "partition": "slurm.partition",
+    "account": "slurm.account",
+    "qos": "slurm.qos",
+    "constraint": "slurm.constraint",
+    "exclusive": "slurm.exclusive",
+    "signal": "requeue.signal and requeue.signal_delay_s",
+    "requeue": "requeue.max_requeues (always on)",
+    "no-requeue": "requeue.max_requeues: 0",
+    "open-mode": "slurm_ddp (append, so logs survive requeues)",
+    "output": "slurm_ddp (RUN_DIR/logs)",
+    "error": "slurm_ddp (RUN_DIR/logs)",
+    "array": "one submission per run directory (submit each config with its own --run-dir)",
+}
+
 
 def _empty_mapping() -> Mapping[str, Any]:
     return MappingProxyType({})
