@@ -24,40 +24,24 @@ convention); anything else is an error naming ``CUDA_VISIBLE_DEVICES``, ``SLURM_
 from __future__ import annotations
 
 import json
-import re
 import sys
 from dataclasses import asdict, dataclass
 from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
+from .env import expand_tasks_per_node
 from .errors import UserError
 
 __all__ = [
     "DeviceChoice",
     "DeviceSelectionError",
-    "GPU_BIND_FORMS",
     "NCCL_DEFAULTS",
     "NCCL_PASS_THROUGH",
-    "check_gpu_bind",
     "nccl_environment",
     "select_device",
     "slot_gpus",
     "synthetic_gpu_env",
     "visible_devices",
 ]
-
-#: ``--gpu-bind`` values srun(1) accepts ("--gpu-bind=[verbose,]<type>"), as patterns.
-GPU_BIND_FORMS = (
-    "closest",
-    "none",
-    "map_gpu:<list>",
-    "mask_gpu:<list>",
-    "per_task:<gpus_per_task>",
-    "single:<tasks_per_gpu>",
-)
-_GPU_BIND = re.compile(
-    r"^(?:verbose,)?(?:closest|none|single:[1-9]\d*|per_task:[1-9]\d*"
-    r"|map_gpu:\d+(?:\*\d+)?(?:,\d+(?:\*\d+)?)*|mask_gpu:(?:0x)?[0-9a-fA-F]+(?:\*\d+)?(?:,(?:0x)?[0-9a-fA-F]+(?:\*\d+)?)*)\Z"
-)
 
 #: NCCL/PyTorch variables a GPU rank gets when the user has not set them (nor their older name).
 #:
@@ -145,8 +129,6 @@ def _local_world_size(environ: Mapping[str, str]) -> Optional[int]:
         return lws
     spec = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE")
     if spec:
-        from .env import expand_tasks_per_node
-
         per_node = expand_tasks_per_node(spec)
         node = _int(environ, ("SLURM_NODEID",)) or 0
         return per_node[node] if node < len(per_node) else per_node[-1]
@@ -241,11 +223,6 @@ def slot_gpus(environ: Mapping[str, str]) -> List[Optional[str]]:
     if len(job) == n and job[mine.local_rank] == mine.physical:
         return list(job)
     return [mine.physical if k == mine.local_rank else None for k in range(n)]
-
-
-def check_gpu_bind(value: str) -> Optional[str]:
-    """None when ``value`` is a ``--gpu-bind`` value srun(1) accepts, else what is valid."""
-    return None if _GPU_BIND.match(value) else "one of " + ", ".join(GPU_BIND_FORMS) + " (optionally 'verbose,' first)"
 
 
 def _bind_lists(kind: str, spec: str) -> List[List[int]]:

@@ -310,7 +310,7 @@ def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[st
     pid = os.fork()
     if pid == 0:  # the rank: default dispositions, dies with the wrapper, then as the exec path does
         try:
-            from .backends.local import die_with_parent
+            from .signals import die_with_parent
 
             die_with_parent(signal.SIGKILL)
             for sig in caught:  # Python's own SIGINT handler too: the command starts with the defaults

@@ -41,7 +41,8 @@ element's ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
 cannot disagree: the batch script asks for it after ``srun`` returns
 (``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
-backend's rank 0 calls it in-process.
+backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision taken in Python
+(submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``, as the batch script does.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple, Union
 
 from . import PREEMPTED_EXIT_CODE
 
@@ -744,6 +745,32 @@ def decide_requeue_here(
         command=command,
         stops=read_rank_stops(run_dir, job_id, restart) if job_id else None,
     )
+
+
+def requeue_job(job_id: str, exclude: Optional[str], run: Callable[..., Any], wlog: logging.Logger) -> None:
+    """``scontrol requeue JOB_ID``, then leave node ``exclude`` (a hang's) out of the requeued job
+    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again),
+    as the batch script does. Used where Python takes the requeue decision (submitit's rank 0, a hung
+    submitit job's watchdog); failures are logged, not raised."""
+    r = run(["scontrol", "requeue", job_id], check=False)
+    if getattr(r, "returncode", 0) != 0:
+        wlog.error("scontrol requeue failed (status %s)", r.returncode)
+        return
+    if not exclude:
+        return
+    out = run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True)
+    current = ""
+    for word in str(getattr(out, "stdout", "") or "").split():
+        if word.startswith("ExcNodeList="):
+            current = word.split("=", 1)[1]
+    nodes = exclude if current in ("", "(null)") else f"{current},{exclude}"
+    for _ in range(5):
+        r = run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=False)
+        if getattr(r, "returncode", 0) == 0:
+            wlog.warning("node %s is left out of the requeued job (ExcNodeList=%s)", exclude, nodes)
+            return
+        time.sleep(1)
+    wlog.error("could not leave node %s out of the requeued job", exclude)
 
 
 def mark_command_finished(

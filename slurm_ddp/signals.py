@@ -118,3 +118,15 @@ class PreemptionFlag:
         if agreed and self._received is None:
             self._received = self.signals[0] if self.signals else signal.SIGUSR2
         return agreed
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """Have Linux send ``sig`` to this process when its parent dies (prctl(2) PR_SET_PDEATHSIG);
+    a no-op where prctl is missing. Used by the local launcher's ranks and sweep elements and by
+    the launch wrapper's command child: none may outlive the process that supervises it."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass

@@ -294,8 +294,7 @@ def _decide_requeue(run_dir: str, job_id: str, restart: int, max_requeues: int) 
     import shutil
     import subprocess
 
-    from .ops.slurm import requeue_job
-    from .rundir import decide_requeue_here, requeue_target
+    from .rundir import decide_requeue_here, requeue_job, requeue_target
 
     env = {**os.environ, "SLURM_JOB_ID": job_id, "SLURM_RESTART_COUNT": str(restart)}
     decision = decide_requeue_here(

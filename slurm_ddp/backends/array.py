@@ -4,88 +4,38 @@
 submitted; ``describe()`` is ``submit --dry-run``'s text). ``schedule_sbatch`` writes the
 sweep directory and submits **one** ``sbatch --array`` of the elements that have not
 finished (``submitit_sweep.schedule_submitit``: one submitit job array); ``schedule_local`` runs those elements one after another on this machine through
-the local backend. The directory layout's names are ``slurm_ddp.rundir``'s.
+the local backend. The plan (``SweepPlan``) and the sweep directory's writing (``prepare_sweep_dir``) are
+``sweep_plan``'s; the directory layout's names are ``slurm_ddp.rundir``'s.
 """
 
 from __future__ import annotations
 
 import os
-import shlex
 import shutil
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ..checkpoint import atomic_write_text
-from ..config import dump_config
 from ..errors import ClusterError, SlurmDDPError, UserError
-from ..provenance import record_submit
 from ..render import ArrayJob, RenderedJob, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
-    CHECKPOINTS_DIR,
     CONFIG_NAME,
-    LOGS_DIR,
-    SNAPSHOTS_DIR,
     array_task_id,
     element_dir_name,
     element_width,
     is_finished,
-    private_dir,
     read_sweep_manifest,
     record_job,
     record_sweep_job,
-    write_sweep_manifest,
 )
-from ..secrets import check_pass_env, redact_argv
-from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
-from ..sweep import Sweep, SweepElement, array_spec
+from ..secrets import check_pass_env
+from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
+from ..sweep import Sweep, array_spec
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
-
-
-@dataclass(frozen=True)
-class SweepPlan:
-    """What ``submit`` does with a sweep; ``describe()`` is what ``submit --dry-run`` prints."""
-
-    sweep: Sweep
-    backend: str
-    sweep_dir: str
-    rendered: RenderedJob  #: the array script (all elements)
-    todo: Tuple[int, ...]  #: indices of the elements to run (not finished)
-    resuming: bool  #: the sweep directory already holds this sweep
-    command: Tuple[str, ...]  #: the sbatch argv (informative for local)
-    #: the sweep's one code snapshot (``SWEEP_DIR/code/<digest>``; None: train.snapshot is off)
-    snapshot: Optional[SnapshotPlan] = None
-    warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
-    accept_new_code: bool = False  #: ``--accept-new-code`` (the local backend checks each element again)
-    submit_argv: Tuple[str, ...] = ()  #: the submit command, for the sweep's ``provenance.json``
-
-    def element_dir(self, index: int) -> str:
-        return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
-
-    @property
-    def script_path(self) -> str:
-        return os.path.join(self.sweep_dir, ARRAY_SCRIPT_NAME)
-
-    def describe(self) -> str:
-        if self.backend == "submitit":
-            from .submitit_sweep import describe
-
-            return describe(self)
-        n = len(self.sweep.elements)
-        head = [
-            f"# backend: {self.backend}",
-            f"# sweep directory: {self.sweep_dir}"
-            + (" (exists: resumes its unfinished elements)" if self.resuming else ""),
-            f"# elements: {n}, to run: {len(self.todo)}"
-            + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
-            f"# command: {shlex.join(self.command)}",
-            *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
-            f"# script ({self.script_path}):",
-        ]
-        return "\n".join(head) + "\n" + self.rendered.shown
+from .submitit_sweep import SubmititSweepPlan
+from .sweep_plan import SweepPlan, prepare_sweep_dir
 
 
 def render_sweep(
@@ -186,7 +136,8 @@ def plan_sweep(
         argv = ("slurm-ddp", "local launcher", f"{len(todo)} elements one after another")
     elif backend == "submitit":  # one submitit job array (backends.submitit_sweep); task k runs todo[k]
         argv = ("submitit.SlurmExecutor.batch", f"{len(todo)} array tasks")
-    return SweepPlan(
+    plan_type = SubmititSweepPlan if backend == "submitit" else SweepPlan
+    return plan_type(
         sweep=sweep,
         backend=backend,
         sweep_dir=sweep_dir,
@@ -199,55 +150,6 @@ def plan_sweep(
         accept_new_code=accept_new_code,
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
-
-
-def prepare_sweep_dir(plan: SweepPlan) -> Path:
-    """Write the sweep directory: ``sweep.json``, the array script, the code snapshot (once:
-    ``code/<digest>``, ``snapshot.json``), and per element a run directory with its
-    ``config.yaml``, ``logs/``, ``checkpoints/`` and a ``snapshot.json`` naming the sweep's snapshot
-    (read by the ranks on every start, requeues included); then the submit's provenance record in the
-    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest)."""
-    sd = Path(plan.sweep_dir)
-    sd.mkdir(parents=True, exist_ok=True)
-    if plan.snapshot is not None:
-        private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
-        take(plan.snapshot)
-    for e in plan.sweep.elements:
-        _prepare_element(plan, e)
-    manifest = plan.sweep.manifest()
-    manifest["sweep_hash"] = plan.sweep.sweep_hash()
-    manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
-    write_sweep_manifest(sd, manifest)
-    atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
-    os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
-    env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
-    record_submit(
-        plan.sweep_dir,
-        argv=redact_argv(plan.submit_argv, env),
-        backend=plan.backend,
-        script=plan.rendered.script,
-        snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
-        git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
-    )
-    return sd
-
-
-def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
-    rd = Path(plan.element_dir(e.index))
-    (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
-    (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-    target = rd / CONFIG_NAME
-    if not target.exists():
-        # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
-        # a config lost to a power cut is rewritten by submitting the sweep again
-        tmp = rd / f".{CONFIG_NAME}.tmp"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # owner-only whatever the umask (rundir.PRIVATE_FILES)
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_config(e.cfg))
-        os.replace(tmp, target)
-    if plan.snapshot is not None:
-        write_record(plan.snapshot, str(rd), fsync=False)
 
 
 def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
@@ -350,7 +252,7 @@ def _run_local_concurrently(
     import signal
 
     from .. import PREEMPTED_EXIT_CODE
-    from .local import die_with_parent
+    from ..signals import die_with_parent
 
     n = len(plan.sweep.elements)
     width = len(element_dir_name(n - 1, n))

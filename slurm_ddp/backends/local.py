@@ -43,6 +43,7 @@ from ..rundir import (
     read_jobs,
     record_job,
 )
+from ..signals import die_with_parent
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
@@ -77,17 +78,6 @@ def rank_environ(
         }
     )
     return env
-
-
-def die_with_parent(sig: int = signal.SIGKILL) -> None:
-    """Have Linux send ``sig`` to this process when its parent dies (prctl PR_SET_PDEATHSIG);
-    a no-op where prctl is missing."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, sig)  # 1 = PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
 
 
 def _die_with_parent() -> None:

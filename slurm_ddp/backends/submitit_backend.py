@@ -32,7 +32,6 @@ from typing import Any, Callable, Dict, Iterator, List, Optional
 
 from ..config import JobConfig, command_argv
 from ..errors import ClusterError, UserError
-from ..ops.slurm import requeue_job
 from ..render import sbatch_options
 from ..rundir import (
     SUBMITIT_DIR,
@@ -41,6 +40,7 @@ from ..rundir import (
     mark_command_finished,
     private_dir,
     record_job,
+    requeue_job,
     requeue_target,
 )
 from . import SubmitPlan, prepare_run_dir

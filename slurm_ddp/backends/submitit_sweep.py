@@ -20,6 +20,7 @@ submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``;
 from __future__ import annotations
 
 import shlex
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Sequence, Tuple
 
@@ -27,8 +28,8 @@ from ..errors import UserError
 from ..rundir import SUBMITIT_DIR, element_dir_name, private_dir, record_job, record_sweep_job
 from ..secrets import redact_text, secret_values
 from ..snapshot import remap_config
-from .array import SweepPlan, prepare_sweep_dir
 from .submitit_backend import check_config, config_parameters, make_callable, new_executor, submitting, task_launcher
+from .sweep_plan import SweepPlan, prepare_sweep_dir
 
 #: the batch script's shell variable holding the task's element run directory
 RUN_DIR_SHELL_VAR = "SLURM_DDP_ELEMENT_DIR"
@@ -123,6 +124,14 @@ def script_text(plan: SweepPlan) -> str:
 
     text: str = _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
     return text
+
+
+@dataclass(frozen=True)
+class SubmititSweepPlan(SweepPlan):
+    """A sweep planned for ``--backend submitit`` (``array.plan_sweep``): its dry-run text is ``describe``'s."""
+
+    def describe(self) -> str:
+        return describe(self)
 
 
 def describe(plan: SweepPlan) -> str:

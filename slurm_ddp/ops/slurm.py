@@ -9,12 +9,10 @@ as a note, never raised: the callers decide what it means. Imports no torch.
 
 from __future__ import annotations
 
-import logging
 import re
 import subprocess
-import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 #: ``subprocess.run``'s signature: ``run(argv, capture_output=True, text=True, timeout=S)``.
 Runner = Callable[..., subprocess.CompletedProcess[str]]
@@ -215,29 +213,3 @@ def query_jobs(job_ids: Sequence[str], run: Runner = subprocess.run, detail: boo
         if why:
             ans.notes.append(why)
     return ans
-
-
-def requeue_job(job_id: str, exclude: Optional[str], run: Callable[..., Any], wlog: logging.Logger) -> None:
-    """``scontrol requeue JOB_ID``, then leave node ``exclude`` (a hang's) out of the requeued job
-    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again),
-    as the batch script does. Used where Python takes the requeue decision (submitit's rank 0, a hung
-    submitit job's watchdog); failures are logged, not raised."""
-    r = run(["scontrol", "requeue", job_id], check=False)
-    if getattr(r, "returncode", 0) != 0:
-        wlog.error("scontrol requeue failed (status %s)", r.returncode)
-        return
-    if not exclude:
-        return
-    out = run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True)
-    current = ""
-    for word in str(getattr(out, "stdout", "") or "").split():
-        if word.startswith("ExcNodeList="):
-            current = word.split("=", 1)[1]
-    nodes = exclude if current in ("", "(null)") else f"{current},{exclude}"
-    for _ in range(5):
-        r = run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=False)
-        if getattr(r, "returncode", 0) == 0:
-            wlog.warning("node %s is left out of the requeued job (ExcNodeList=%s)", exclude, nodes)
-            return
-        time.sleep(1)
-    wlog.error("could not leave node %s out of the requeued job", exclude)

@@ -15,9 +15,9 @@ from typing import Dict, Optional
 
 import pytest
 
+from slurm_ddp.config import check_gpu_bind
 from slurm_ddp.devices import (
     DeviceSelectionError,
-    check_gpu_bind,
     nccl_environment,
     probe_record,
     select_device,

@@ -1,0 +1,63 @@
+"""The job config: one YAML file → a typed, validated, frozen ``JobConfig``.
+
+Side effects: ``load_config`` reads one file; everything else is pure. Imports no torch.
+
+Keys follow sbatch's long option names with ``_`` for ``-`` (``cpus_per_task`` is
+``--cpus-per-task``) and carry their unit where a number has one (``mem_gb``,
+``signal_delay_s``). Every mistake raises :class:`~slurm_ddp.errors.ConfigError` with a
+one-line message that names the key, says what was given and what is valid.
+
+The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a mapping → a checked
+``JobConfig``: types, ranges, cross-checks), ``loading`` (YAML files, ``--set`` overrides, dumping)
+and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.config``.
+"""
+
+from .command import command_argv, command_module_index, command_script_index
+from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
+from .loading import apply_overrides, dump_config, load_config, read_yaml
+from .schema import (
+    GPU_BIND_FORMS,
+    LAUNCHERS,
+    RESIZABLE_KEYS,
+    TIME_FORMATS,
+    VALID_SIGNALS,
+    CheckpointConfig,
+    EnvironmentConfig,
+    JobConfig,
+    RequeueConfig,
+    SlurmConfig,
+    TrainConfig,
+    WatchdogConfig,
+    check_gpu_bind,
+    describe_keys,
+    node_range,
+    parse_time_s,
+)
+from .validate import config_from_dict
+
+__all__ = [
+    "GPU_BIND_FORMS",
+    "LAUNCHERS",
+    "RESIZABLE_KEYS",
+    "TIME_FORMATS",
+    "VALID_SIGNALS",
+    "CheckpointConfig",
+    "EnvironmentConfig",
+    "JobConfig",
+    "RequeueConfig",
+    "SlurmConfig",
+    "TrainConfig",
+    "WatchdogConfig",
+    "apply_overrides",
+    "check_gpu_bind",
+    "command_argv",
+    "command_module_index",
+    "command_script_index",
+    "config_from_dict",
+    "describe_keys",
+    "dump_config",
+    "load_config",
+    "node_range",
+    "parse_time_s",
+    "read_yaml",
+]

@@ -1,0 +1,371 @@
+"""A plain mapping (parsed YAML) → a checked, frozen ``JobConfig`` (``config_from_dict``): each key's
+type and range (coercion against the schema's type hints and field metadata), then the checks
+across keys (``_cross_checks``: task or command, GPUs, ``slurm.extra``, ``environment.env``).
+
+Pure; imports no torch. Every mistake is a one-line ``ConfigError`` naming the key, what was given
+and what is valid. Part of ``slurm_ddp.config`` (import names from there).
+"""
+
+from __future__ import annotations
+
+import collections.abc
+import dataclasses
+import difflib
+import functools
+import math
+import os
+import shlex
+from dataclasses import fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+
+from ..errors import ConfigError
+from .command import command_script_index
+from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_sbatch_token
+
+
+def _printable(text: object) -> str:
+    """``text`` on one line: control characters (newlines, tabs) become escapes like ``\\n``."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+
+
+def _freeze(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return MappingProxyType({k: _freeze(v) for k, v in obj.items()})
+    if isinstance(obj, list):
+        return tuple(_freeze(v) for v in obj)
+    return obj
+
+
+# --------------------------------------------------------------------------- building
+
+_TYPE_NAMES = {str: "a string", int: "an integer", float: "a number", bool: "true or false"}
+
+
+def _type_name(tp: Any) -> str:
+    origin = get_origin(tp)
+    if origin is Union:
+        names = [_type_name(a) for a in get_args(tp) if a is not type(None)]
+        return " or ".join(names)
+    if origin in (tuple, Tuple, Sequence, list):
+        return "a list of strings"
+    if origin in (Mapping, dict, collections.abc.Mapping) or tp in (dict, Mapping):
+        return "a mapping"
+    return _TYPE_NAMES.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(key: str, tp: Any, value: Any) -> Any:
+    """Check ``value`` against ``tp``; returns the (frozen) value or raises ConfigError."""
+    origin = get_origin(tp)
+    if origin is Union:
+        args = get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        if float in args and isinstance(value, float) and not math.isfinite(value):
+            raise _bad(key, value, "a finite number")
+        if isinstance(value, float) and int in args and float not in args:  # not the text "1.5" (slurm.nodes)
+            raise _bad(key, value, "an integer")
+        for a in args:
+            if a is type(None):
+                continue
+            try:
+                return _coerce(key, a, value)
+            except ConfigError:
+                pass  # try the next member; none fitting is one error naming them all
+        raise _bad(key, value, _type_name(tp))
+    if origin in (tuple, Tuple):
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise _bad(key, value, "a list of strings")
+        for i, item in enumerate(value):
+            if not isinstance(item, str):
+                raise _bad(f"{key}[{i}]", item, "a string")
+        return tuple(value)
+    if origin in (Mapping, dict, collections.abc.Mapping):
+        if value is None:
+            value = {}
+        if not isinstance(value, Mapping):
+            raise _bad(key, value, "a mapping")
+        kt, vt = get_args(tp)
+        out = {}
+        for k, v in value.items():
+            if not isinstance(k, str):
+                raise _bad(key, k, "mapping keys that are strings")
+            out[k] = v if vt is Any else _coerce(f"{key}.{k}", vt, v)
+        return _freeze(out)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise _bad(key, value, "true or false")
+        return value
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise _bad(key, value, "an integer")
+        return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise _bad(key, value, "a number")
+        if not math.isfinite(value):  # YAML's .nan/.inf, or 1e999
+            raise _bad(key, value, "a finite number")
+        return float(value)
+    if tp is str:
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise _bad(key, value, "a string")
+        return str(value)
+    raise TypeError(f"unsupported config type {tp!r}")  # a bug in this module, not user input
+
+
+def _bad(key: str, value: Any, valid: str, hint: str = "") -> ConfigError:
+    shown = repr(value)
+    if len(shown) > 60:
+        shown = shown[:57] + "..."
+    msg = f"config key '{_printable(key)}': got {shown}, expected {valid}"
+    return ConfigError(msg + (f" (hint: {hint})" if hint else ""))
+
+
+def _unknown(key: str, given: str, valid: Sequence[str]) -> ConfigError:
+    close = difflib.get_close_matches(given, valid, n=1)
+    hint = f"; did you mean '{close[0]}'?" if close else ""
+    where = f"'{_printable(key)}.{_printable(given)}'" if key else f"'{_printable(given)}'"
+    return ConfigError(f"unknown config key {where}; valid keys: {', '.join(valid)}{hint}")
+
+
+@functools.cache
+def _type_hints(cls: type) -> Dict[str, Any]:
+    """``get_type_hints`` of a config dataclass, computed once (it dominates validating many configs: a sweep)."""
+    return get_type_hints(cls)
+
+
+def _build(cls: type, data: Any, prefix: str) -> Any:
+    if data is None:
+        data = {}
+    if not isinstance(data, Mapping):
+        raise _bad(prefix or "<top level>", data, "a mapping of keys")
+    hints = _type_hints(cls)
+    known = [f.name for f in fields(cls)]
+    for k in data:
+        if k not in known:
+            raise _unknown(prefix, str(k), known)
+    kwargs = {}
+    for f in fields(cls):
+        if f.name not in data:
+            continue
+        key = f"{prefix}.{f.name}" if prefix else f.name
+        tp = hints[f.name]
+        value = data[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            kwargs[f.name] = _build(tp, value, key)
+            continue
+        value = _coerce(key, tp, value)
+        meta = f.metadata
+        if value is not None and "min" in meta and value < meta["min"]:
+            raise _bad(key, value, f"a value >= {meta['min']}")
+        if value is not None and "max" in meta and value > meta["max"]:
+            raise _bad(key, value, f"a value <= {meta['max']}")
+        if "choices" in meta and value not in meta["choices"]:
+            raise _bad(key, value, "one of " + ", ".join(meta["choices"]))
+        if value is not None and "check" in meta:
+            problem = meta["check"](value)
+            if problem:
+                raise _bad(key, value, problem)
+        kwargs[f.name] = value
+    return cls(**kwargs)
+
+
+def _check_gpus(s: SlurmConfig) -> None:
+    """The GPU keys agree with each other and give one GPU per task (DDP: one process per GPU)."""
+    if s.gres_gpus and (s.gpus_per_node or s.gpus_per_task):
+        other = "slurm.gpus_per_node" if s.gpus_per_node else "slurm.gpus_per_task"
+        raise _bad(
+            "slurm.gres", s.gres, f"no GPU count when {other} asks for GPUs", f"keep one of slurm.gres and {other}"
+        )
+    if s.gpu_type and not (s.gpus_per_node or s.gpus_per_task):
+        hint = (
+            "put the type into slurm.gres (gpu:TYPE:N)" if s.gres_gpus else "set slurm.gpus_per_node or gpus_per_task"
+        )
+        raise _bad("slurm.gpu_type", s.gpu_type, "a type for slurm.gpus_per_node or slurm.gpus_per_task", hint)
+    if s.gpus_per_task is not None and s.gpus_per_task != 1:
+        raise _bad(
+            "slurm.gpus_per_task",
+            s.gpus_per_task,
+            "1 (DDP runs one process per GPU; a rank would use one of its GPUs)",
+            "ask for more ranks with slurm.tasks_per_node instead",
+        )
+    if s.gpus_per_node and s.gpus_per_task and s.gpus_per_task * s.tasks_per_node != s.gpus_per_node:
+        raise _bad(
+            "slurm.gpus_per_node",
+            s.gpus_per_node,
+            f"slurm.gpus_per_task × slurm.tasks_per_node = {s.gpus_per_task} × {s.tasks_per_node}",
+            "the two keys contradict; set only one of slurm.gpus_per_node and slurm.gpus_per_task",
+        )
+    per_node = s.gpus_per_node or s.gres_gpus
+    if per_node and s.tasks_per_node != per_node:
+        key = "slurm.gpus_per_node" if s.gpus_per_node else "slurm.gres"
+        raise _bad(
+            "slurm.tasks_per_node",
+            s.tasks_per_node,
+            f"one task per GPU ({per_node}, from {key})",
+            f"DDP runs one process per GPU; leave slurm.tasks_per_node out (it defaults to the GPUs per node) "
+            f"or set it to {per_node}",
+        )
+    if s.gpu_bind and not s.gpu_job:
+        raise _bad("slurm.gpu_bind", s.gpu_bind, "no value for a CPU job", "set slurm.gpus_per_node or gpus_per_task")
+    # Under torchrun one Slurm task per node starts every local rank, so that task must see all of
+    # the node's GPUs (each rank then takes cuda:LOCAL_RANK): per-task GPU options would give it one.
+    if s.launcher == "torchrun" and s.gpus_per_task:
+        raise _bad(
+            "slurm.gpus_per_task",
+            s.gpus_per_task,
+            "no value with slurm.launcher=torchrun (one Slurm task per node runs every local rank)",
+            "use slurm.gpus_per_node instead",
+        )
+    if s.launcher == "torchrun" and s.gpu_bind and s.gpu_bind.removeprefix("verbose,") != "none":
+        raise _bad(
+            "slurm.gpu_bind",
+            s.gpu_bind,
+            "none or no value with slurm.launcher=torchrun (one Slurm task per node must see all its GPUs)",
+            "leave slurm.gpu_bind out, or use slurm.launcher=srun",
+        )
+    bind = (s.gpu_bind or "").removeprefix("verbose,")
+    if bind.startswith(("single:", "per_task:")) and bind.split(":", 1)[1] != "1":
+        raise _bad(
+            "slurm.gpu_bind",
+            s.gpu_bind,
+            f"{bind.split(':', 1)[0]}:1 (one GPU per task: DDP cannot share a GPU between ranks or use two)",
+        )
+
+
+def _default_tasks_per_node(cfg: JobConfig, data: Any) -> JobConfig:
+    """A GPU job whose YAML does not set ``slurm.tasks_per_node`` gets one task per GPU of the node
+    (``gpus_per_node``, or the gpu count of ``gres``); otherwise the key's default (1) stays."""
+    slurm = data.get("slurm") if isinstance(data, Mapping) else None
+    given = isinstance(slurm, Mapping) and "tasks_per_node" in slurm
+    per_node = cfg.slurm.gpus_per_node or cfg.slurm.gres_gpus
+    if given or not per_node:
+        return cfg
+    return dataclasses.replace(cfg, slurm=dataclasses.replace(cfg.slurm, tasks_per_node=per_node))
+
+
+def _cross_checks(cfg: JobConfig) -> None:
+    s, r = cfg.slurm, cfg.requeue
+    if not cfg.name:
+        raise ConfigError("config key 'name' is missing; give the job a name, e.g. name: digits")
+    t = cfg.train
+    if t.task and t.command:
+        raise ConfigError(
+            "config keys 'train.task' and 'train.command' are both set; set exactly one: train.task (a "
+            "slurm_ddp Task, 'module:Class') or train.command (your own script, e.g. [python, train.py])"
+        )
+    if not t.task and not t.command:
+        raise ConfigError(
+            "config key 'train.task' is missing, and so is 'train.command'; set exactly one: train.task (an "
+            "import path 'module:Class') or train.command (your own script, e.g. [python, train.py])"
+        )
+    if t.command and not t.command[0].strip():
+        raise _bad("train.command[0]", t.command[0], "the program to run (e.g. python or train.py)")
+    if r.signal_delay_s >= s.time_s:
+        raise _bad(
+            "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
+        )
+    _check_gpus(s)
+    if cfg.train.backend == "nccl" and not s.gpu_job:
+        raise _bad("train.backend", "nccl", "gloo or auto for a CPU job", "set slurm.gpus_per_node to use nccl")
+    for k, v in s.extra.items():
+        if not _SBATCH_FLAG.match(k):
+            raise _bad(f"slurm.extra.{k}", k, "an sbatch long option name without dashes, e.g. mail-type")
+        if k.replace("_", "-") in _MANAGED_FLAGS:
+            raise _bad(
+                f"slurm.extra.{k}",
+                k,
+                "an sbatch option slurm_ddp does not set itself",
+                f"--{k.replace('_', '-')} comes from {_MANAGED_FLAGS[k.replace('_', '-')]}",
+            )
+        if not isinstance(v, bool):
+            problem = _check_sbatch_token(v)
+            if problem:
+                raise _bad(f"slurm.extra.{k}", v, problem)
+    for k in cfg.environment.env:
+        if not _ENV_NAME.match(k):
+            raise _bad(f"environment.env.{k}", k, "a variable name of letters, digits and _")
+    for k, v in cfg.environment.env.items():
+        if not isinstance(v, str):
+            raise _bad(f"environment.env.{k}", v, "a string")
+    _check_pass_env(cfg)
+
+
+def _check_pass_env(cfg: JobConfig) -> None:
+    """``environment.pass_env``: variable names, not also in ``environment.env``, and not dropped by an
+    ``slurm.extra.export`` (sbatch(1) "--export": ALL, the default, hands over the submitting environment)."""
+    names = cfg.environment.pass_env
+    for i, name in enumerate(names):
+        if not isinstance(name, str) or not _ENV_NAME.match(name):
+            raise _bad(f"environment.pass_env[{i}]", name, "a variable name of letters, digits and _")
+        if name in cfg.environment.env:
+            raise _bad(
+                f"environment.pass_env[{i}]", name, "a name not also set in environment.env", "keep one of the two"
+            )
+    export = cfg.slurm.extra.get("export")
+    if names and export is not None and export is not True:
+        given = str(export).split(",") if export is not False else []
+        dropped = [n for n in names if "ALL" not in given and n not in given]
+        if dropped:
+            raise _bad(
+                "slurm.extra.export",
+                export,
+                f"ALL, or a list holding the environment.pass_env names ({', '.join(dropped)} would not reach the job)",
+            )
+
+
+def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = None) -> JobConfig:
+    """Validate a plain mapping (parsed YAML) into a frozen ``JobConfig``.
+
+    ``base_dir`` (the YAML file's directory) resolves relative ``train.pythonpath``
+    entries and is the default ``pythonpath``. Raises ``ConfigError``.
+    """
+    if isinstance(data, Mapping) and isinstance(data.get("environment"), Mapping):
+        env = data["environment"].get("env")
+        if isinstance(env, Mapping):  # numbers in env values are written as strings
+            data = {
+                **data,
+                "environment": {
+                    **data["environment"],
+                    "env": {
+                        k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                        for k, v in env.items()
+                    },
+                },
+            }
+    data = _split_command(data)
+    cfg: JobConfig = _build(JobConfig, data, "")
+    cfg = _default_tasks_per_node(cfg, data)
+    _cross_checks(cfg)
+    if base_dir is not None:
+        base = Path(base_dir).resolve()
+        paths = cfg.train.pythonpath or (".",)
+        resolved = tuple(str((base / p).resolve()) for p in paths)
+        # train.workdir: the real directory (symlinks resolved), for the task worker and train.command alike
+        workdir = str((base / (cfg.train.workdir or ".")).resolve())
+        train = dataclasses.replace(cfg.train, pythonpath=resolved, workdir=workdir)
+        if train.command:
+            argv = list(train.command)
+            i = command_script_index(argv)
+            if i is not None and not os.path.isabs(argv[i]):
+                argv[i] = str(base / argv[i])
+            train = dataclasses.replace(train, command=tuple(argv))
+        cfg = dataclasses.replace(cfg, train=train)
+    return cfg
+
+
+def _split_command(data: Any) -> Any:
+    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words)."""
+    if not isinstance(data, Mapping) or not isinstance(data.get("train"), Mapping):
+        return data
+    command = data["train"].get("command")
+    if not isinstance(command, str):
+        return data
+    try:
+        argv = shlex.split(command)
+    except ValueError as e:
+        raise _bad("train.command", command, f"a command line shlex can split ({e})") from None
+    return {**data, "train": {**data["train"], "command": argv}}

@@ -1,0 +1,398 @@
+"""``SlurmSandbox``: a sandbox's life: start (``up``), status, faults (``kill_node``, ``restart_node``), stop (``down``).
+
+Built from its parts: ``layout`` (settings, names, state file), ``conf`` (the files the daemons
+read), ``network`` (bridge and namespaces) and ``procs`` (the daemons' processes). Side effects:
+all of theirs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+import signal
+import socket
+import time
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Union
+
+from slurm_ddp.errors import SandboxUnavailable
+
+from .conf import SandboxConf
+from .layout import _CONTROLLER_HOST, STATE_FILE
+from .network import SandboxNetwork
+from .procs import SandboxDaemons, _alive, _executable, _kill, _sh, check_prerequisites
+
+_LOCK_PATH = "/tmp/slurm-ddp-sandbox.lock"
+
+
+class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
+    """A private Slurm cluster (``munged`` + ``slurmctld`` + N ``slurmd``) on this machine.
+
+    ``root``: directory for everything (created). ``nodes``: number of nodes ``n1..nN``.
+    ``cpus_per_node``: CPUs each node advertises (may exceed the real cores).
+    ``name``: short id (lowercase letters/digits, ≤ 8) used in interface, namespace and
+    cluster names; random when omitted. ``gpus_per_node``: emulated GPUs per node (GRES
+    ``gpu``): placeholder character devices ``ROOT/dev/nvidia0..N-1`` (``mknod c 195 K``, as
+    slurmd accepts only devices) listed in a ``gres.conf`` with ``AutoDetect=off``. Slurm then
+    schedules them and sets ``CUDA_VISIBLE_DEVICES``/``SLURM_STEP_GPUS`` per task exactly as on
+    a GPU cluster; CUDA cannot use them, so jobs run on the CPU (gloo). ``accounting``: also a
+    private MariaDB (``mariadbd --no-defaults``, datadir ``ROOT/mysql``, on 127.0.0.1) and Debian's
+    ``slurmdbd`` in front of it (``AccountingStorageType=accounting_storage/slurmdbd``), started
+    before slurmctld and stopped by PID with the rest, so ``sacct`` answers (packages ``slurmdbd``
+    and ``mariadb-server``; the database is created at the first ``up``, a few seconds).
+
+    Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
+    answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
+    ``message_timeout_s`` (``MessageTimeout``, one RPC's round trip) and ``kill_wait_s``
+    (``KillWait``, SIGTERM→SIGKILL grace). A node-loss test sets ``slurmd_timeout_s`` to a few
+    seconds (slurmctld pings every ``SlurmdTimeout/3``) and loses a node with :meth:`kill_node`.
+    """
+
+    @classmethod
+    def load(cls, root: Union[str, os.PathLike[str]]) -> SlurmSandbox:
+        """Re-attach to a sandbox started earlier (possibly by another process) in ``root``."""
+        path = Path(root).absolute() / STATE_FILE
+        try:
+            state = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise SandboxUnavailable(f"no sandbox state file {path}: nothing was started in {root}") from None
+        sb = cls(
+            root,
+            nodes=state["nodes"],
+            cpus_per_node=state["cpus_per_node"],
+            name=state["id"],
+            gpus_per_node=state.get("gpus_per_node", 0),
+            slurmd_timeout_s=state.get("slurmd_timeout_s", 60),
+            message_timeout_s=state.get("message_timeout_s", 10),
+            kill_wait_s=state.get("kill_wait_s", 5),
+            accounting=state.get("accounting", False),
+        )
+        sb._state = state
+        return sb
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> Dict[str, Any]:
+        """Where the sandbox stands: ``up``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
+        live = self._live_pids()
+        expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)}
+        up = bool(self._state.get("pids")) and expected <= set(live)
+        states: Dict[str, str] = {}
+        if up:
+            with contextlib.suppress(Exception):
+                states = self._node_states(timeout=10)
+        nodes = []
+        for n in self.node_names:
+            nodes.append(
+                {
+                    "name": n,
+                    "addr": self.node_addr(n) if "subnet" in self._state else None,
+                    "netns": self.netns(n),
+                    "state": states.get(n, "down" if not up else "unknown"),
+                    "pid": live.get(f"slurmd-{n}"),
+                }
+            )
+        return {
+            "up": up,
+            "id": self.id,
+            "root": str(self.root),
+            "nodes": nodes,
+            "pids": live,
+            "slurm_conf": str(self.slurm_conf),
+            "log_dir": str(self.log_dir),
+            "controller": (
+                f"{self.controller_addr}:{self._state['ports']['slurmctld']}" if "ports" in self._state else None
+            ),
+            "subnet": f"{self._state['subnet']}.0/24" if "subnet" in self._state else None,
+            "bridge": self.bridge,
+            "short_dir": str(self.short_dir),
+            "partitions": ["debug", "high"],
+        }
+
+    def _node_states(self, timeout: float = 10) -> Dict[str, str]:
+        out = self.run(["sinfo", "-h", "-N", "-o", "%N|%T"], capture_output=True, text=True, timeout=timeout)
+        if out.returncode != 0:
+            raise RuntimeError(out.stderr.strip())
+        states: Dict[str, str] = {}
+        for line in out.stdout.split():
+            node, _, st = line.partition("|")
+            states[node] = st  # a node in two partitions is listed twice, same state
+        return states
+
+    # ------------------------------------------------------------------ up
+
+    def up(self, timeout_s: float = 60) -> SlurmSandbox:
+        """Start the cluster and wait until every node is idle; return self.
+
+        Raises :class:`SandboxUnavailable` if this machine cannot run it (not root,
+        packages missing, no network namespaces) or if it did not come up within
+        ``timeout_s`` (whatever did start is stopped first).
+        """
+        problems = check_prerequisites()
+        if problems:
+            raise SandboxUnavailable("; ".join(problems))
+        deadline = time.monotonic() + timeout_s
+        if not self._state and self.state_path.exists():
+            with contextlib.suppress(Exception):
+                state = json.loads(self.state_path.read_text())
+                if state.get("pids"):  # started earlier, maybe by another process: attach
+                    self._state, self.id = state, state["id"]
+        if self._state.get("pids"):
+            wanted = (self.num_nodes, self.cpus_per_node, self.gpus_per_node)
+            self.num_nodes, self.cpus_per_node = self._state["nodes"], self._state["cpus_per_node"]
+            self.gpus_per_node = self._state.get("gpus_per_node", 0)
+            if self.status()["up"]:
+                if (self.num_nodes, self.cpus_per_node, self.gpus_per_node) != wanted:
+                    raise SandboxUnavailable(
+                        f"a sandbox with {self.num_nodes} nodes x {self.cpus_per_node} CPUs x {self.gpus_per_node} "
+                        f"GPUs already runs in {self.root}; stop it first (slurm-ddp sandbox down) to start one with "
+                        f"{wanted[0]} x {wanted[1]} x {wanted[2]}"
+                    )
+                self._wait_idle(deadline)
+                return self
+            self.down()  # stale or partial: clear it before starting afresh
+            self.num_nodes, self.cpus_per_node, self.gpus_per_node = wanted
+        with open(_LOCK_PATH, "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # ports, subnet and names are chosen one sandbox at a time
+            self._check_id_free()
+            try:
+                self._prepare_files()
+                self._make_network()
+                self._start_daemons(deadline)
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    self.down()
+                raise
+        try:
+            self._wait_idle(deadline)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                self.down()
+            raise
+        self._state["started_at"] = time.time()
+        self._save_state()
+        return self
+
+    def _prepare_files(self) -> None:
+        self._prepare_dirs()
+        self._allocate_addresses()
+        self._write_conf_files()
+
+    def _start_accounting(self, deadline: float) -> None:
+        """MariaDB (its data directory made at the first start) then slurmdbd, both in this namespace."""
+        datadir = self.root / "mysql"
+        ports = self._state["ports"]
+        if not (datadir / "mysql").is_dir():
+            shutil.rmtree(datadir, ignore_errors=True)
+            res = _sh(
+                _executable("mariadb-install-db"), "--no-defaults", f"--datadir={datadir}", "--user=root",
+                "--auth-root-authentication-method=normal", "--skip-test-db", check=False, timeout=120,
+            )  # fmt: skip
+            if res.returncode != 0:
+                raise SandboxUnavailable(f"mariadb-install-db failed: {(res.stderr or res.stdout).strip()[-300:]}")
+        self._spawn(
+            "mariadbd",
+            [
+                _executable("mariadbd"), "--no-defaults", f"--datadir={datadir}", "--user=root",
+                f"--socket={self.short_dir}/mysql.sock", f"--port={ports['mysql']}", "--bind-address=127.0.0.1",
+                f"--pid-file={datadir}/mariadbd.pid", f"--log-error={self.log_dir}/mariadbd.err",
+                "--skip-grant-tables", "--skip-name-resolve",
+            ],
+        )  # fmt: skip
+
+        def listening(addr: Any) -> Callable[[], bool]:
+            def check() -> bool:
+                with socket.socket() as sk:
+                    sk.settimeout(0.5)
+                    return sk.connect_ex(addr) == 0
+
+            return check
+
+        self._wait_for(listening(("127.0.0.1", ports["mysql"])), deadline, "mariadbd to listen", ["mariadbd"])
+        self._spawn("slurmdbd", [_executable("slurmdbd"), "-D"])
+        self._wait_for(
+            listening((self.host_addr, ports["slurmdbd"])), deadline, "slurmdbd to listen", ["slurmdbd", "mariadbd"]
+        )
+
+    # ------------------------------------------------------------------ daemons
+
+    def _start_daemons(self, deadline: float) -> None:
+        short = self.short_dir
+        sock = short / "munge.sock"
+        m = self.root / "munge"
+        self._spawn(
+            "munged",
+            [
+                _executable("munged"), "-F", "--force",
+                f"--socket={sock}", f"--key-file={m / 'munge.key'}", f"--pid-file={m / 'munged.pid'}",
+                f"--log-file={self.log_dir / 'munged.log'}", f"--seed-file={m / 'munged.seed'}",
+            ],
+        )  # fmt: skip
+        self._wait_for(lambda: sock.exists(), deadline, "munged to create its socket", ["munged"])
+        if self.accounting:
+            self._start_accounting(deadline)
+
+        conf = str(self.slurm_conf)
+        argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(_CONTROLLER_HOST)}", "--"]
+        ctld = [_executable("slurmctld"), "-D", "-f", conf]
+        self._spawn("slurmctld", argv + self._isolated(_CONTROLLER_HOST, ctld))
+        addr = (self.controller_addr, self._state["ports"]["slurmctld"])
+
+        def ctld_listening() -> bool:
+            with socket.socket() as s:
+                s.settimeout(0.5)
+                return s.connect_ex(addr) == 0
+
+        self._wait_for(ctld_listening, deadline, f"slurmctld to listen on {addr[0]}:{addr[1]}", ["slurmctld"])
+        for n in self.node_names:
+            self._spawn_slurmd(n)
+
+    def _spawn_slurmd(self, node: str) -> None:
+        argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(node)}", "--"]
+        argv += self._isolated(node, [_executable("slurmd"), "-D", "-N", node, "-f", str(self.slurm_conf)])
+        self._spawn(f"slurmd-{node}", argv)
+
+    # ------------------------------------------------------------------ faults
+
+    def node_pids(self, node: str) -> List[int]:
+        """PIDs of every process in ``node``'s network namespace: its slurmd, the slurmstepd of each
+        job step and batch script there, and their tasks (a job's batch shell runs on its first node)."""
+        if node not in self.node_names:
+            raise ValueError(f"no node {node!r} in this sandbox (nodes: {', '.join(self.node_names)})")
+        return self._netns_pids([self.netns(node)])
+
+    def kill_node(self, node: str, timeout_s: float = 10) -> List[int]:
+        """Lose ``node`` as a power cut would: SIGKILL its slurmd and every process of it (job steps,
+        batch shell, tasks) at once, and wait until they are gone. Returns the PIDs killed.
+
+        The namespace and its address stay: slurmctld's pings are refused, and after
+        ``slurmd_timeout_s`` it marks the node DOWN (jobs on it: NODE_FAIL, requeued when they
+        allow it). :meth:`restart_node` brings it back.
+        """
+        pids = self.node_pids(node)
+        for _ in range(3):  # a process forked while we killed: catch it on the next pass
+            for p in pids:
+                _kill(p, signal.SIGKILL)
+            more = [p for p in self.node_pids(node) if p not in pids]
+            if not more:
+                break
+            pids += more
+        self._wait_gone({}, {}, pids, timeout_s)
+        self._procs.pop(f"slurmd-{node}", None)
+        return pids
+
+    def restart_node(self, node: str, timeout_s: float = 60) -> None:
+        """Start ``node``'s slurmd again (after :meth:`kill_node`) and wait until the node is idle
+        (``ReturnToService=2``: a DOWN node returns when its slurmd registers)."""
+        if node not in self.node_names:
+            raise ValueError(f"no node {node!r} in this sandbox (nodes: {', '.join(self.node_names)})")
+        if _alive(
+            self._state.get("pids", {}).get(f"slurmd-{node}"), self._state.get("starttimes", {}).get(f"slurmd-{node}")
+        ):
+            raise SandboxUnavailable(f"slurmd of {node} still runs; kill_node({node!r}) first")
+        deadline = time.monotonic() + timeout_s
+        self._spawn_slurmd(node)
+        last: Dict[str, str] = {}
+
+        def idle() -> bool:
+            nonlocal last
+            with contextlib.suppress(Exception):
+                last = self._node_states(timeout=10)
+            return last.get(node) == "idle"
+
+        try:
+            self._wait_for(idle, deadline, f"{node} to be idle again", [f"slurmd-{node}"])
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(f"{e} (node states: {last or 'none'})") from None
+
+    def _wait_idle(self, deadline: float) -> None:
+        want = set(self.node_names)
+        last: Dict[str, str] = {}
+
+        def all_idle() -> bool:
+            nonlocal last
+            try:
+                last = self._node_states(timeout=max(1.0, deadline - time.monotonic()))
+            except Exception:
+                return False
+            return want <= set(last) and all(last[n] == "idle" for n in want)
+
+        try:
+            self._wait_for(all_idle, deadline, "all nodes to be idle")
+        except SandboxUnavailable as e:
+            raise SandboxUnavailable(f"{e} (node states: {last or 'none'})") from None
+
+    # ------------------------------------------------------------------ down
+
+    def down(self, timeout_s: float = 10) -> None:
+        """Stop every daemon (SIGTERM in parallel, SIGKILL after ``timeout_s``) and every process
+        left in the nodes' namespaces, then delete the namespaces, the bridge and the socket dir.
+        Safe to call twice, after a partial start, and from another process (see :meth:`load`)."""
+        if not self._state and self.state_path.exists():
+            with contextlib.suppress(Exception):
+                self._state = json.loads(self.state_path.read_text())
+        pids = self._state.get("pids", {})
+        starts = self._state.get("starttimes", {})
+        netns = list(self._state.get("network", {}).get("netns", []))
+
+        node_netns = [ns for ns in netns if not ns.endswith(f"-{_CONTROLLER_HOST}")]
+
+        def stop(group: Dict[str, int], extra: List[int], grace: float) -> None:
+            targets = {k: p for k, p in group.items() if _alive(p, starts.get(k))}
+            for p in targets.values():
+                _kill(p, signal.SIGTERM)
+            for p in extra:  # job steps and tasks: no grace at teardown (slurmstepd ignores SIGTERM)
+                _kill(p, signal.SIGKILL)
+            end = time.monotonic() + grace
+            while time.monotonic() < end:
+                if not any(_alive(p, starts.get(k)) for k, p in targets.items()) and not any(
+                    _alive(p, None) for p in extra
+                ):
+                    break
+                time.sleep(0.05)
+            for k, p in targets.items():
+                if _alive(p, starts.get(k)):
+                    _kill(p, signal.SIGKILL)
+            for p in extra:
+                if _alive(p, None):
+                    _kill(p, signal.SIGKILL)
+
+        slurm = {k: p for k, p in pids.items() if k != "munged"}
+        daemon_pids = set(pids.values())
+        stop(slurm, [p for p in self._netns_pids(node_netns) if p not in daemon_pids], timeout_s)
+        leftovers = self._netns_pids(netns)  # job steps/tasks that outlived slurmd, slurmctld's helpers
+        for p in leftovers:
+            _kill(p, signal.SIGKILL)
+        stop({k: p for k, p in pids.items() if k == "munged"}, [], min(timeout_s, 5))
+        self._wait_gone(pids, starts, leftovers, 5)
+        for proc in self._procs.values():
+            with contextlib.suppress(Exception):
+                proc.wait(timeout=1)
+        self._procs.clear()
+
+        self._remove_network(netns)
+        short = self._state.get("short_dir")
+        if short and Path(short).name.startswith("sdsb-"):
+            shutil.rmtree(short, ignore_errors=True)
+        shutil.rmtree(self.gpu_dir, ignore_errors=True)  # the placeholder GPU devices
+        if self._state:
+            self._state.pop("pids", None)
+            self._state.pop("starttimes", None)
+            self._state.pop("network", None)
+            self._state["stopped_at"] = time.time()
+            with contextlib.suppress(OSError):
+                self._save_state()
+
+    # ------------------------------------------------------------------ context manager
+
+    def __enter__(self) -> SlurmSandbox:
+        return self.up()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.down()
+
+    def __repr__(self) -> str:
+        return f"SlurmSandbox(root={str(self.root)!r}, nodes={self.num_nodes}, id={self.id!r})"

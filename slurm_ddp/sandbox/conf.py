@@ -1,0 +1,181 @@
+"""The sandbox's configuration files: ``slurm.conf``, ``slurmdbd.conf``, ``gres.conf`` with the
+placeholder GPU devices, ``cgroup.conf``, the ``/etc/hosts`` the daemons see, and the munge key.
+
+Side effects: writes under the sandbox root (``etc/``, ``munge/``, ``dev/``) and makes the
+sockets' directory under ``/tmp``. The keys are slurm.conf(5)'s, slurmdbd.conf(5)'s and gres.conf(5)'s.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+import stat
+from pathlib import Path
+
+from slurm_ddp.errors import SandboxUnavailable
+
+from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
+
+
+class SandboxConf(SandboxLayout):
+    """The files a sandbox's daemons read, written before they start."""
+
+    def _prepare_dirs(self) -> None:
+        """A fresh ``state/``, the root's directories, and the sockets' directory under ``/tmp``."""
+        # every start is a fresh cluster: slurmctld refuses state saved under another ClusterName
+        shutil.rmtree(self.root / "state", ignore_errors=True)
+        for d in ("etc", "log", "state", "munge"):
+            (self.root / d).mkdir(parents=True, exist_ok=True)
+        short = Path(f"{_SHORT_BASE}/sdsb-{self.id}")
+        if short.exists():  # left by a sandbox with this id that was not stopped (its bridge is gone)
+            shutil.rmtree(short)
+        short.mkdir(mode=0o755)
+        os.chmod(short, 0o755)  # munged wants o+x on the socket's directory
+        for n in self.node_names:
+            (short / n).mkdir(mode=0o755)
+        self._state["short_dir"] = str(short)
+
+    def _write_conf_files(self) -> None:
+        """The munge key, ``etc/hosts``, ``cgroup.conf``, the GPUs' ``gres.conf``, ``slurm.conf`` (and ``slurmdbd.conf``)."""
+        key = self.root / "munge" / "munge.key"
+        if key.exists():
+            key.chmod(0o600)
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o400)
+        os.chmod(self.root / "munge", 0o700)
+
+        hosts = ["127.0.0.1\tlocalhost", "::1\tlocalhost ip6-localhost ip6-loopback"]
+        names = [(self.host_addr, "sandbox-host"), (self.controller_addr, _CONTROLLER_HOST)]
+        names += [(self.node_addr(n), n) for n in self.node_names]
+        hosts += [f"{a}\t{n}" for a, n in names]
+        # reverse lookups of IPv4-mapped peers (dual-stack servers such as torch's TCPStore)
+        hosts += [f"::ffff:{a}\t{n}" for a, n in names]
+        (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
+        (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        self._make_gpu_devices()
+        self.slurm_conf.write_text(self._render_conf())
+        if self.accounting:
+            dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
+            dbd.write_text(self._render_dbd_conf())
+            dbd.chmod(0o600)  # slurmdbd refuses a readable one
+
+    def _make_gpu_devices(self) -> None:
+        """``gpus_per_node`` placeholder character devices (major 195, NVIDIA's) and ``gres.conf``.
+
+        gres.conf(5): ``AutoDetect=off`` (no NVML here), one ``Name=gpu File=…`` line covering
+        ``nvidia[0-N-1]``; every node lists the same files (they are placeholders). slurmd refuses
+        regular files ("is not a valid character or block device"), hence ``mknod``.
+        """
+        gres = self.root / "etc" / "gres.conf"
+        shutil.rmtree(self.gpu_dir, ignore_errors=True)
+        if not self.gpus_per_node:
+            gres.unlink(missing_ok=True)
+            return
+        self.gpu_dir.mkdir(parents=True)
+        for k in range(self.gpus_per_node):
+            try:
+                os.mknod(self.gpu_dir / f"nvidia{k}", 0o600 | stat.S_IFCHR, os.makedev(195, k))
+            except OSError as e:
+                raise SandboxUnavailable(f"cannot make the emulated GPU device {self.gpu_dir}/nvidia{k}: {e}") from None
+        files = (
+            f"{self.gpu_dir}/nvidia[0-{self.gpus_per_node - 1}]"
+            if self.gpus_per_node > 1
+            else f"{self.gpu_dir}/nvidia0"
+        )
+        gres.write_text(f"# Written by slurm_ddp.sandbox: emulated GPUs.\nAutoDetect=off\nName=gpu File={files}\n")
+
+    def _render_conf(self) -> str:
+        r, s = self.root, self.short_dir
+        ports = self._state["ports"]
+        node_lines = [
+            f"NodeName={n} NodeHostname={n} NodeAddr={self.node_addr(n)} Port={ports[n]} "
+            f"CPUs={self.cpus_per_node} RealMemory={self.real_memory_mb} State=UNKNOWN"
+            + (f" Gres=gpu:{self.gpus_per_node}" if self.gpus_per_node else "")
+            for n in self.node_names
+        ]
+        all_nodes = f"n[1-{self.num_nodes}]" if self.num_nodes > 1 else "n1"
+        lines = [
+            "# Written by slurm_ddp.sandbox: a private cluster; do not edit while it runs.",
+            f"ClusterName=sdb{self.id}",
+            f"SlurmctldHost={_CONTROLLER_HOST}({self.controller_addr})",
+            f"SlurmctldPort={ports['slurmctld']}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={s}/munge.sock,cred_expire=5",
+            f"StateSaveLocation={r}/state",
+            f"SlurmdSpoolDir={s}/%n",
+            f"SlurmctldPidFile={r}/state/slurmctld.pid",
+            f"SlurmdPidFile={r}/state/slurmd-%n.pid",
+            f"SlurmctldLogFile={r}/log/slurmctld.log",
+            f"SlurmdLogFile={r}/log/slurmd-%n.log",
+            "SlurmctldDebug=info",
+            "SlurmdDebug=info",
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            *(
+                [
+                    "AccountingStorageType=accounting_storage/slurmdbd",
+                    f"AccountingStorageHost={self.host_addr}",
+                    f"AccountingStoragePort={ports['slurmdbd']}",
+                    f"AccountingStoragePass={s}/munge.sock",  # traffic to slurmdbd ignores AuthInfo's socket
+                    # GPUs are not tracked by default: without this sacct's AllocTRES has no gres/gpu
+                    *(["AccountingStorageTRES=gres/gpu"] if self.gpus_per_node else []),
+                ]
+                if self.accounting
+                else ["AccountingStorageType=accounting_storage/none"]
+            ),
+            "JobCompType=jobcomp/filetxt",
+            f"JobCompLoc={r}/log/jobcomp.txt",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core",
+            "SlurmdParameters=config_overrides",
+            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            f"KillWait={self.kill_wait_s}",
+            "JobRequeue=1",
+            "ReturnToService=2",
+            "InactiveLimit=0",
+            "MinJobAge=300",
+            "SlurmctldTimeout=30",
+            f"SlurmdTimeout={self.slurmd_timeout_s}",
+            f"MessageTimeout={self.message_timeout_s}",
+            "MailProg=/bin/true",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=REQUEUE",
+            *(["GresTypes=gpu"] if self.gpus_per_node else []),
+            *node_lines,
+            f"PartitionName=debug Nodes={all_nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
+            f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
+        ]
+        return "\n".join(lines) + "\n"
+
+    def _render_dbd_conf(self) -> str:
+        r, s = self.root, self.short_dir
+        ports = self._state["ports"]
+        return (
+            "\n".join(
+                [
+                    "# Written by slurm_ddp.sandbox: the private accounting daemon.",
+                    "AuthType=auth/munge",
+                    f"AuthInfo=socket={s}/munge.sock",
+                    f"DbdHost={socket.gethostname().split('.')[0]}",
+                    f"DbdAddr={self.host_addr}",
+                    f"DbdPort={ports['slurmdbd']}",
+                    "SlurmUser=root",
+                    f"PidFile={r}/state/slurmdbd.pid",
+                    f"LogFile={r}/log/slurmdbd.log",
+                    "DebugLevel=info",
+                    "StorageType=accounting_storage/mysql",
+                    "StorageHost=127.0.0.1",
+                    f"StoragePort={ports['mysql']}",
+                    "StorageUser=root",
+                    "StorageLoc=slurm_acct_db",
+                ]
+            )
+            + "\n"
+        )

@@ -1,0 +1,168 @@
+"""The sandbox's settings, names, addresses, paths and state file (``SandboxLayout``), shared by its parts.
+
+No side effects apart from writing the state file (``sandbox.json``, ``_save_state``) and ``run``
+(a Slurm client command against the sandbox). Names and addresses follow the layout in
+``slurm_ddp.sandbox``'s docstring: bridge ``sdbID``, namespaces ``sdID-NODE``, subnet
+``10.A.B.0/24`` with node ``nI`` at ``.I``, this machine at ``.253`` and the controller at ``.254``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import secrets
+import subprocess
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Union
+
+#: Name of the state file inside the sandbox root.
+STATE_FILE = "sandbox.json"
+
+_CONTROLLER_HOST = "ctl"
+_SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
+
+
+class SandboxLayout:
+    """A sandbox's settings (``SlurmSandbox``'s arguments, checked) and the names derived from them."""
+
+    def __init__(
+        self,
+        root: Union[str, os.PathLike[str]],
+        nodes: int = 2,
+        cpus_per_node: int = 2,
+        name: Optional[str] = None,
+        gpus_per_node: int = 0,
+        slurmd_timeout_s: int = 60,
+        message_timeout_s: int = 10,
+        kill_wait_s: int = 5,
+        accounting: bool = False,
+    ) -> None:
+        if not 1 <= int(nodes) <= 200:
+            raise ValueError(f"nodes must be 1..200, got {nodes}")
+        if int(cpus_per_node) < 1:
+            raise ValueError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
+        if not 0 <= int(gpus_per_node) <= 64:
+            raise ValueError(f"gpus_per_node must be 0..64, got {gpus_per_node}")
+        for key, value, low in (
+            ("slurmd_timeout_s", slurmd_timeout_s, 2),
+            ("message_timeout_s", message_timeout_s, 1),
+            ("kill_wait_s", kill_wait_s, 0),
+        ):
+            if not low <= int(value) <= 65533:
+                raise ValueError(f"{key} must be {low}..65533 seconds, got {value}")
+        self.slurmd_timeout_s = int(slurmd_timeout_s)
+        self.message_timeout_s = int(message_timeout_s)
+        self.kill_wait_s = int(kill_wait_s)
+        self.root = Path(root).absolute()
+        self.num_nodes = int(nodes)
+        self.cpus_per_node = int(cpus_per_node)
+        self.gpus_per_node = int(gpus_per_node)
+        self.accounting = bool(accounting)
+        self.id = self._make_id(name)
+        self.real_memory_mb = 1000
+        self._state: Dict[str, Any] = {}
+        self._procs: Dict[str, subprocess.Popen] = {}
+
+    # ------------------------------------------------------------------ naming
+
+    @staticmethod
+    def _make_id(name: Optional[str]) -> str:
+        if name is None:
+            return secrets.token_hex(3)
+        if re.fullmatch(r"[a-z0-9]{1,8}", name):
+            return name
+        return hashlib.sha1(name.encode()).hexdigest()[:6]
+
+    @property
+    def node_names(self) -> List[str]:
+        return [f"n{i}" for i in range(1, self.num_nodes + 1)]
+
+    @property
+    def bridge(self) -> str:
+        return f"sdb{self.id}"
+
+    def netns(self, node: str) -> str:
+        """Name of the network namespace of ``node`` (``n1``.., or ``ctl`` for slurmctld), under /run/netns."""
+        return f"sd{self.id}-{node}"
+
+    def _veth(self, node: str) -> str:
+        return f"sd{self.id}h{'c' if node == _CONTROLLER_HOST else node[1:]}"
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.root / "etc" / "slurm.conf"
+
+    @property
+    def state_path(self) -> Path:
+        return self.root / STATE_FILE
+
+    @property
+    def short_dir(self) -> Path:
+        return Path(self._state.get("short_dir") or f"{_SHORT_BASE}/sdsb-{self.id}")
+
+    @property
+    def log_dir(self) -> Path:
+        return self.root / "log"
+
+    @property
+    def gpu_dir(self) -> Path:
+        """Where the placeholder GPU devices live (``nvidia0`` …)."""
+        return self.root / "dev"
+
+    def node_addr(self, node: str) -> str:
+        """IPv4 address of ``node`` (e.g. ``n1``) on the sandbox bridge."""
+        return f"{self._state['subnet']}.{int(node[1:])}"
+
+    @property
+    def controller_addr(self) -> str:
+        """Address of slurmctld (in its own namespace)."""
+        return f"{self._state['subnet']}.254"
+
+    @property
+    def host_addr(self) -> str:
+        """Address of this machine (the host namespace) on the sandbox bridge."""
+        return f"{self._state['subnet']}.253"
+
+    # ------------------------------------------------------------------ client side
+
+    @property
+    def env(self) -> Dict[str, str]:
+        """Variables a Slurm client needs to talk to this sandbox (merge into a copy of os.environ)."""
+        return {"SLURM_CONF": str(self.slurm_conf), "SLURM_DDP_SANDBOX": str(self.root)}
+
+    def client_env(self, base: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+        """``base`` plus :attr:`env`. Without ``base``: os.environ minus its SLURM_* variables (those
+        of an enclosing job, e.g. SLURM_JOB_ID, would make srun think it runs inside that job)."""
+        if base is None:
+            out = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        else:
+            out = dict(base)
+        out.update(self.env)
+        return out
+
+    def run(self, *args: Any, **kw: Any) -> subprocess.CompletedProcess:
+        """``subprocess.run`` with :attr:`env` merged into the environment (``env=`` or os.environ)."""
+        kw["env"] = self.client_env(kw.get("env"))
+        return subprocess.run(*args, **kw)
+
+    # ------------------------------------------------------------------ state file
+
+    def _save_state(self) -> None:
+        self._state.update(
+            id=self.id,
+            nodes=self.num_nodes,
+            cpus_per_node=self.cpus_per_node,
+            gpus_per_node=self.gpus_per_node,
+            slurmd_timeout_s=self.slurmd_timeout_s,
+            message_timeout_s=self.message_timeout_s,
+            kill_wait_s=self.kill_wait_s,
+            accounting=self.accounting,
+            root=str(self.root),
+            slurm_conf=str(self.slurm_conf),
+        )
+        self.root.mkdir(parents=True, exist_ok=True)
+        tmp = self.state_path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(self._state, indent=2, sort_keys=True))
+        os.replace(tmp, self.state_path)
