@@ -166,6 +166,16 @@ def is_sweep_dir(path: PathLike) -> bool:
     return (Path(path) / SWEEP_NAME).is_file()
 
 
+def is_job_dir(path: PathLike) -> bool:
+    """True when ``path`` is a run or sweep directory slurm_ddp wrote (or began to write): it holds
+    ``SWEEP_NAME``, ``JOBS_NAME`` or ``SNAPSHOT_NAME``, or ``CONFIG_NAME`` next to ``LOGS_DIR``.
+    A code snapshot never copies one (``slurm_ddp.snapshot``)."""
+    p = Path(path)
+    if any((p / name).is_file() for name in (SWEEP_NAME, JOBS_NAME, SNAPSHOT_NAME)):
+        return True
+    return (p / CONFIG_NAME).is_file() and (p / LOGS_DIR).is_dir()
+
+
 def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
     """The sweep directory's ``SWEEP_NAME`` record; None when missing or unreadable."""
     try:

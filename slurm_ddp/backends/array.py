@@ -304,7 +304,15 @@ def _run_local_element(
     from .local import schedule as local_schedule
 
     e = plan.sweep.elements[index]
-    sub = plan_submit(e.cfg, "local", plan.element_dir(index), command=command, accept_new_code=plan.accept_new_code)
+    sub = plan_submit(
+        e.cfg,
+        "local",
+        plan.element_dir(index),
+        command=command,
+        accept_new_code=plan.accept_new_code,
+        sweep_snapshot=plan.snapshot,  # the sweep's one snapshot, never one per element
+        in_sweep=True,
+    )
     return local_schedule(sub, echo=echo, say=say)
 
 

@@ -1,0 +1,133 @@
+"""Submitting sweeps and runs into directories that already exist (issue 28): a local sweep runs the
+sweep's one code snapshot; no snapshot copies a run or sweep directory; a snapshot with no source
+root; a stop signal ends a local sweep; a directory whose job was never accepted binds nothing; a
+sweep is refused while any element's job is pending or running, on every backend."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Tuple
+
+import pytest
+import yaml
+
+from slurm_ddp.backends import plan_submit, prepare_run_dir
+from slurm_ddp.backends.array import plan_sweep, prepare_sweep_dir
+from slurm_ddp.cli import main
+from slurm_ddp.config import load_config
+from slurm_ddp.rundir import SNAPSHOT_NAME, SNAPSHOTS_DIR
+from slurm_ddp.snapshot import plan_snapshot, take
+from slurm_ddp.sweep import load_sweep
+
+SLURM = {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00"}
+
+
+@pytest.fixture
+def sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fake ``sbatch`` first on PATH: records its calls; refuses ``--partition=gpuu`` as Slurm does
+    ("invalid partition specified"), else prints job id 777."""
+    bindir = tmp_path / "fakebin"
+    bindir.mkdir()
+    calls = tmp_path / "sbatch.calls"
+    (bindir / "sbatch").write_text(
+        "#!/bin/sh\n"
+        f'echo "$@" >> {calls}\n'
+        'case "$*" in *--partition=gpuu*) echo "sbatch: error: invalid partition specified: gpuu" >&2; exit 1;; esac\n'
+        "echo 777\n"
+    )
+    (bindir / "sbatch").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    return calls
+
+
+def cli(argv: List[str], capsys: pytest.CaptureFixture[str]) -> Tuple[int, str, str]:
+    try:
+        rc = main(argv)
+    except SystemExit as e:
+        rc = int(e.code or 0)
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def command_project(root: Path, script: str = "import os\nprint('ran', os.environ['SLURM_DDP_RUN_DIR'])\n") -> Path:
+    """A project outside git: ``train.py`` and ``sweep.yaml`` (``train.command``, two elements)."""
+    proj = root / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(script)
+    (proj / "sweep.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "name": "cs",
+                "slurm": SLURM,
+                "train": {"command": ["python", "train.py"]},
+                "sweep": {"grid": {"train.seed": [1, 2]}},
+            }
+        )
+    )
+    return proj
+
+
+def local_sweep(proj: Path, *extra: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "submit", "sweep.yaml", "--backend", "local", "--no-check-task", *extra],
+        cwd=proj,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def test_a_local_sweep_inside_the_code_root_runs_every_element_from_the_sweeps_one_snapshot(tmp_path: Path) -> None:
+    proj = command_project(tmp_path)
+    r = local_sweep(proj)
+    assert r.returncode == 0, r.stdout + r.stderr
+    sweep_dir = proj / "runs" / "cs"
+    (digest_dir,) = (sweep_dir / SNAPSHOTS_DIR).iterdir()  # one snapshot for the whole sweep
+    digest = json.loads((sweep_dir / SNAPSHOT_NAME).read_text())["digest"]
+    for i in range(2):
+        el = sweep_dir / f"{i:03d}"
+        assert (el / "FINISHED").is_file()
+        assert not (el / SNAPSHOTS_DIR).exists()  # no snapshot of its own
+        assert json.loads((el / SNAPSHOT_NAME).read_text())["digest"] == digest
+        assert f"ran {el}" in r.stdout
+    again = local_sweep(proj)  # the sweep directory is not part of the code: unchanged, nothing to run
+    assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+
+
+def test_no_snapshot_copies_a_run_or_sweep_directory(tmp_path: Path) -> None:
+    """Outside git and in a git repository that ignores nothing: the files of the sweep directory
+    (its code copy, its elements) and of another run directory stay out of the snapshot."""
+    proj = command_project(tmp_path)
+    sw = load_sweep(proj / "sweep.yaml")
+    assert sw is not None
+    prepare_sweep_dir(plan_sweep(sw, "sbatch", str(proj / "runs" / "cs")))
+    (proj / "runs" / "cs" / "notes.py").write_text("x = 1\n")  # a .py file in a sweep directory
+    cfg = sw.base_cfg
+    prepare_run_dir(plan_submit(cfg, "sbatch", str(proj / "runs" / "single")))
+    files = lambda: sorted(f.rel for f in plan.files)  # noqa: E731
+    plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
+    assert plan is not None and files() == ["train.py"]
+    subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
+    assert plan is not None and plan.git_roots and files() == ["sweep.yaml", "train.py"]
+
+
+def test_take_with_no_source_root_writes_an_empty_snapshot(tmp_path: Path, sbatch: Path, capsys) -> None:
+    """Every train.pythonpath entry missing on the submit host (the task is importable from the
+    environment): a run and a sweep submit with an empty snapshot."""
+    job = tmp_path / "job.yaml"
+    train = {"task": "slurm_ddp.task:Task", "pythonpath": [str(tmp_path / "absent")]}
+    job.write_text(yaml.safe_dump({"name": "nr", "slurm": SLURM, "train": train}))
+    plan = plan_snapshot(load_config(job), str(tmp_path / "direct"))
+    assert plan is not None and plan.roots == () and plan.files == ()
+    assert take(plan).is_dir() and (tmp_path / "direct" / SNAPSHOT_NAME).is_file()
+    rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(tmp_path / "run")], capsys)
+    assert rc == 0 and "submitted job 777" in out, err
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(tmp_path / "sw"), "--sweep", "train.seed=1,2"]
+    rc, out, err = cli([*argv, "--no-check-task"], capsys)
+    assert rc == 0 and "submitted job array 777" in out, err
