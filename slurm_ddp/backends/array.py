@@ -16,7 +16,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import IO, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
@@ -298,7 +298,12 @@ def schedule_local(
 
 
 def _run_local_element(
-    plan: SweepPlan, index: int, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
+    plan: SweepPlan,
+    index: int,
+    echo: IO[str],
+    say: Callable[[str], None],
+    command: Optional[Sequence[str]],
+    told: Optional[Set[int]] = None,
 ) -> int:
     from . import plan_submit
     from .local import schedule as local_schedule
@@ -313,7 +318,7 @@ def _run_local_element(
         sweep_snapshot=plan.snapshot,  # the sweep's one snapshot, never one per element
         in_sweep=True,
     )
-    return local_schedule(sub, echo=echo, say=say)
+    return local_schedule(sub, echo=echo, say=say, told=told)
 
 
 def _run_local_in_turn(
@@ -325,10 +330,11 @@ def _run_local_in_turn(
     n = len(plan.sweep.elements)
     for i in plan.todo:
         say(f"sweep element {i + 1}/{n} ({plan.sweep.elements[i].label}): run directory {plan.element_dir(i)}")
-        status = _run_local_element(plan, i, echo, say, command)
+        told: Set[int] = set()  # the stop signals (Ctrl-C, SIGTERM, the requeue signal) passed to its ranks
+        status = _run_local_element(plan, i, echo, say, command, told)
         results.append((i, status))
-        if status == PREEMPTED_EXIT_CODE:
-            break
+        if status == PREEMPTED_EXIT_CODE or told:
+            break  # a script killed by the stop signal exits 143, not 75: stopped all the same
     return results
 
 

@@ -131,3 +131,51 @@ def test_take_with_no_source_root_writes_an_empty_snapshot(tmp_path: Path, sbatc
     argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(tmp_path / "sw"), "--sweep", "train.seed=1,2"]
     rc, out, err = cli([*argv, "--no-check-task"], capsys)
     assert rc == 0 and "submitted job array 777" in out, err
+
+
+SLEEPER = (
+    "import os, pathlib, time\n"
+    "run = pathlib.Path(os.environ['SLURM_DDP_RUN_DIR'])\n"
+    "(run.parent.parent.parent / ('started-' + run.name)).write_text('')\n"
+    "time.sleep(120)\n"  # killed by the forwarded SIGTERM (default action): exit 143
+)
+
+
+@pytest.mark.parametrize("parallel", [1, 2], ids=["in-turn", "concurrent"])
+def test_no_element_starts_after_a_stop_signal(tmp_path: Path, parallel: int) -> None:
+    """Ctrl-C of a local sweep whose train.command dies of the forwarded SIGTERM: the sweep ends,
+    no further element starts (in turn, and with array_parallelism below the element count)."""
+    import signal
+
+    from lib import wait_process
+
+    proj = command_project(tmp_path, SLEEPER)
+    grid = {"train.seed": [1, 2, 3]}
+    d = yaml.safe_load((proj / "sweep.yaml").read_text())
+    d["sweep"] = {"grid": grid}
+    if parallel > 1:
+        d["slurm"]["array_parallelism"] = parallel
+    (proj / "sweep.yaml").write_text(yaml.safe_dump(d))
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", "sweep.yaml", "--backend", "local", "--no-check-task"]
+    err = tmp_path / "err"
+    with open(err, "w") as e:
+        p = subprocess.Popen(cmd, cwd=proj, stdout=subprocess.DEVNULL, stderr=e)
+    try:
+        wait_process(
+            p,
+            lambda: all((proj / f"started-{i:03d}").exists() for i in range(parallel)),
+            120,
+            "the first element(s) to start",
+            lambda: err.read_text(),
+        )
+        p.send_signal(signal.SIGINT)
+        p.wait(timeout=120)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    assert p.returncode != 0, err.read_text()
+    assert sorted(x.name for x in proj.glob("started-*")) == [f"started-{i:03d}" for i in range(parallel)], (
+        err.read_text()
+    )
+    assert not (proj / "runs" / "cs" / "002" / "jobs.jsonl").exists(), err.read_text()
