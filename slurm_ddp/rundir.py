@@ -176,6 +176,25 @@ def is_job_dir(path: PathLike) -> bool:
     return (p / CONFIG_NAME).is_file() and (p / LOGS_DIR).is_dir()
 
 
+def was_accepted(run_dir: PathLike) -> bool:
+    """True when a job of ``run_dir`` was ever accepted (sbatch, submitit or the local launcher):
+    ``JOBS_NAME`` has a record, or it holds metrics, a checkpoint or the ``FINISHED`` marker. A run
+    or sweep directory of which none holds (a submit refused by sbatch, or interrupted before it
+    submitted) binds nothing: the next submit writes it anew with its own config."""
+    p = Path(run_dir)
+    try:
+        if (p / JOBS_NAME).stat().st_size > 0:
+            return True
+    except OSError:
+        pass
+    if (p / FINISHED_NAME).exists() or (p / METRICS_NAME).exists():
+        return True
+    try:
+        return any(True for _ in os.scandir(p / CHECKPOINTS_DIR))
+    except OSError:
+        return False
+
+
 def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
     """The sweep directory's ``SWEEP_NAME`` record; None when missing or unreadable."""
     try:

@@ -21,7 +21,16 @@ from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
 from ..provenance import record_submit
 from ..render import RenderedJob, render
-from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME, SNAPSHOTS_DIR, private_dir
+from ..rundir import (
+    CHECKPOINTS_DIR,
+    CONFIG_NAME,
+    DEFAULT_RUNS_DIR,
+    LOGS_DIR,
+    SCRIPT_NAME,
+    SNAPSHOTS_DIR,
+    private_dir,
+    was_accepted,
+)
 from ..secrets import check_pass_env, literal_warning, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
 
@@ -70,7 +79,8 @@ class SubmitPlan:
 
 
 def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
-    """True when ``run_dir`` holds a run of this same config (a resume), False when new.
+    """True when ``run_dir`` holds a run of this same config (a resume), False when new: also when
+    no job of it was ever accepted (``rundir.was_accepted``: a submit sbatch refused binds nothing).
 
     Raises ``UserError`` when it belongs to a different config.
     """
@@ -79,7 +89,7 @@ def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
     for sub in (LOGS_DIR, CHECKPOINTS_DIR):
         if (Path(run_dir) / sub).exists() and not (Path(run_dir) / sub).is_dir():
             raise UserError(f"--run-dir {run_dir!r}: {sub!r} in it is not a directory; move it away or use another")
-    if not existing.exists():
+    if not existing.exists() or not was_accepted(run_dir):
         return False
     try:
         old = config_from_dict(read_yaml(existing))

@@ -34,9 +34,11 @@ from ..rundir import (
     element_width,
     is_finished,
     private_dir,
+    read_sweep_jobs,
     read_sweep_manifest,
     record_job,
     record_sweep_job,
+    was_accepted,
     write_sweep_manifest,
 )
 from ..secrets import check_pass_env, redact_argv
@@ -118,7 +120,12 @@ def default_sweep_dir(sweep: Sweep) -> str:
 
 def _check_sweep_dir(sweep: Sweep, sweep_dir: str) -> Tuple[bool, List[int]]:
     """(resuming, indices of unfinished elements). Raises ``UserError`` when ``sweep_dir`` holds
-    another sweep or something that is not a sweep directory."""
+    another sweep or something that is not a sweep directory.
+
+    A sweep directory none of whose jobs was ever accepted (``rundir.was_accepted``: sbatch refused
+    it, or the submit was interrupted before it submitted) binds nothing: it is written anew, its
+    elements' configs included (``prepare_sweep_dir``). One element that ran binds the sweep, and
+    a sweep directory that lost its ``sweep.json`` is checked element by element."""
     p = Path(sweep_dir)
     n = len(sweep.elements)
     if not p.exists():
@@ -126,21 +133,21 @@ def _check_sweep_dir(sweep: Sweep, sweep_dir: str) -> Tuple[bool, List[int]]:
     if not p.is_dir():
         raise UserError(f"--run-dir {sweep_dir!r} exists and is not a directory; choose another path")
     manifest = read_sweep_manifest(p)
-    if manifest is None:
-        if (p / CONFIG_NAME).exists():
-            raise UserError(
-                f"--run-dir {sweep_dir!r} holds a single run, not a sweep; give the sweep another --run-dir"
-            )
+    if manifest is None and (p / CONFIG_NAME).exists():
+        raise UserError(f"--run-dir {sweep_dir!r} holds a single run, not a sweep; give the sweep another --run-dir")
+    dirs = [os.path.join(sweep_dir, element_dir_name(e.index, n)) for e in sweep.elements]
+    if not read_sweep_jobs(p) and not any(was_accepted(d) for d in dirs):
         return False, list(range(n))
-    old = manifest.get("elements")
-    if not isinstance(old, list) or len(old) != n or manifest.get("sweep_hash") != sweep.sweep_hash():
+    old = manifest.get("elements") if manifest is not None else None
+    if manifest is not None and (
+        not isinstance(old, list) or len(old) != n or manifest.get("sweep_hash") != sweep.sweep_hash()
+    ):
         raise UserError(
             f"sweep directory {sweep_dir!r} belongs to a different sweep (other keys, values or config); "
             "use another --run-dir, or restore that sweep's config to resume it"
         )
     todo = []
-    for e in sweep.elements:
-        d = os.path.join(sweep_dir, element_dir_name(e.index, n))
+    for e, d in zip(sweep.elements, dirs):
         check_run_dir(e.cfg, d)
         if not is_finished(d):
             todo.append(e.index)
@@ -237,16 +244,19 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
     target = rd / CONFIG_NAME
-    if not target.exists():
+    text = dump_config(e.cfg)
+    # new, left by a submit that never submitted (a stale config binds nothing: _check_sweep_dir),
+    # or a resume on another world size (check_run_dir allowed only config.RESIZABLE_KEYS to differ)
+    if not target.exists() or target.read_text(encoding="utf-8", errors="replace") != text:
         # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
         # a config lost to a power cut is rewritten by submitting the sweep again
         tmp = rd / f".{CONFIG_NAME}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # owner-only whatever the umask (rundir.PRIVATE_FILES)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_config(e.cfg))
+            f.write(text)
         os.replace(tmp, target)
-    if plan.snapshot is not None:
+    if plan.snapshot is not None and not is_finished(rd):  # a finished element keeps the code it ran
         write_record(plan.snapshot, str(rd), fsync=False)
 
 

@@ -28,15 +28,18 @@ SLURM = {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00"}
 
 @pytest.fixture
 def sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``sbatch`` first on PATH: records its calls; refuses ``--partition=gpuu`` as Slurm does
-    ("invalid partition specified"), else prints job id 777."""
+    """A fake ``sbatch`` first on PATH: records its calls; refuses a script with ``--partition=gpuu``
+    as Slurm does ("invalid partition specified"), else prints job id 777."""
     bindir = tmp_path / "fakebin"
     bindir.mkdir()
     calls = tmp_path / "sbatch.calls"
     (bindir / "sbatch").write_text(
         "#!/bin/sh\n"
         f'echo "$@" >> {calls}\n'
-        'case "$*" in *--partition=gpuu*) echo "sbatch: error: invalid partition specified: gpuu" >&2; exit 1;; esac\n'
+        'for script; do :; done\n'  # the batch script: the last argument
+        'if grep -q -e "--partition=gpuu" "$script"; then\n'
+        '  echo "sbatch: error: invalid partition specified: gpuu" >&2; exit 1\n'
+        "fi\n"
         "echo 777\n"
     )
     (bindir / "sbatch").chmod(0o755)
@@ -179,3 +182,52 @@ def test_no_element_starts_after_a_stop_signal(tmp_path: Path, parallel: int) ->
         err.read_text()
     )
     assert not (proj / "runs" / "cs" / "002" / "jobs.jsonl").exists(), err.read_text()
+
+
+def task_job(root: Path) -> Path:
+    job = root / "job.yaml"
+    train = {"task": "slurm_ddp.task:Task", "pythonpath": [str(root / "absent")], "lr": 0.1}
+    job.write_text(yaml.safe_dump({"name": "typo", "slurm": SLURM, "train": train}))
+    return job
+
+
+@pytest.mark.parametrize("sweep", [False, True], ids=["run", "sweep"])
+def test_a_submit_sbatch_refused_binds_nothing_and_the_fixed_one_goes_through(
+    tmp_path: Path, sbatch: Path, capsys, sweep: bool
+) -> None:
+    job = task_job(tmp_path)
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(tmp_path / "d"), "--no-check-task"]
+    argv += ["--sweep", "train.seed=1,2"] if sweep else []
+    rc, out, err = cli([*argv, "--set", "slurm.partition=gpuu"], capsys)
+    assert rc != 0 and "invalid partition specified" in err, err
+    rc, out, err = cli(argv, capsys)  # the typo fixed, same directory
+    assert rc == 0 and "submitted job" in out, err
+    configs = [tmp_path / "d" / "000" / "config.yaml", tmp_path / "d" / "001" / "config.yaml"] if sweep else []
+    for c in configs or [tmp_path / "d" / "config.yaml"]:
+        assert "gpuu" not in c.read_text()
+    rc, out, err = cli([*argv, "--set", "train.lr=0.5"], capsys)  # now a job was accepted: it binds
+    assert rc == 2 and "different" in err, err
+
+
+def test_an_interrupted_sweep_submit_leaves_no_stale_element_config(tmp_path: Path, sbatch: Path, capsys) -> None:
+    """A submit killed after it wrote the elements and before sweep.json; the next submit of another
+    sweep into the same directory runs its own values, not the stale element configs."""
+    from slurm_ddp.rundir import SWEEP_NAME, record_job
+
+    job = task_job(tmp_path)
+    sw = load_sweep(job, flags=["train.seed=1,2"])
+    assert sw is not None
+    sweep_dir = tmp_path / "d"
+    prepare_sweep_dir(plan_sweep(sw, "sbatch", str(sweep_dir)))
+    (sweep_dir / SWEEP_NAME).unlink()
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(sweep_dir), "--no-check-task"]
+    rc, out, err = cli([*argv, "--sweep", "train.seed=1,2", "--set", "train.lr=0.7"], capsys)
+    assert rc == 0, err
+    for i in range(2):
+        assert load_config(sweep_dir / f"{i:03d}" / "config.yaml").train.lr == 0.7
+    # an element a job ran in, with another config, and no sweep.json: refused, not overwritten
+    (sweep_dir / SWEEP_NAME).unlink()
+    record_job(sweep_dir / "001", backend="sbatch", job_id="5_1")
+    rc, out, err = cli([*argv, "--sweep", "train.seed=1,2", "--set", "train.lr=0.9"], capsys)
+    assert rc == 2 and "different config" in err, err
+    assert load_config(sweep_dir / "001" / "config.yaml").train.lr == 0.7
