@@ -231,3 +231,23 @@ def test_an_interrupted_sweep_submit_leaves_no_stale_element_config(tmp_path: Pa
     rc, out, err = cli([*argv, "--sweep", "train.seed=1,2", "--set", "train.lr=0.9"], capsys)
     assert rc == 2 and "different config" in err, err
     assert load_config(sweep_dir / "001" / "config.yaml").train.lr == 0.7
+
+
+@pytest.mark.parametrize("backend", ["local", "sbatch"])
+def test_a_sweep_whose_array_still_runs_is_refused_on_every_backend(
+    tmp_path: Path, sbatch: Path, capsys, backend: str
+) -> None:
+    """Submitted with sbatch (array 777), element 0 running and 1 pending in squeue: submitting the
+    sweep again, also with --backend local, is refused and runs nothing."""
+    proj = command_project(tmp_path)
+    (sbatch.parent / "fakebin" / "squeue").write_text(
+        "#!/bin/sh\nprintf '777_0|RUNNING|None|node1\\n777_1|PENDING|Priority|\\n'\n"
+    )
+    (sbatch.parent / "fakebin" / "squeue").chmod(0o755)
+    sweep_dir = tmp_path / "sw"
+    argv = ["submit", str(proj / "sweep.yaml"), "--run-dir", str(sweep_dir), "--no-check-task"]
+    rc, out, err = cli([*argv, "--backend", "sbatch"], capsys)
+    assert rc == 0 and "submitted job array 777" in out, err
+    rc, out, err = cli([*argv, "--backend", backend], capsys)
+    assert rc == 2 and "pending or running" in err, out + err
+    assert not (sweep_dir / "000" / "FINISHED").exists() and len(sbatch.read_text().splitlines()) == 1
