@@ -213,20 +213,24 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     ``code/<digest>``, ``snapshot.json``), and per element a run directory with its
     ``config.yaml``, ``logs/``, ``checkpoints/`` and a ``snapshot.json`` naming the sweep's snapshot
     (read by the ranks on every start, requeues included); then the submit's provenance record in the
-    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest)."""
+    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest).
+    Raises ``UserError`` (one line) when the directory cannot be written (disk full, permissions)."""
     sd = Path(plan.sweep_dir)
-    sd.mkdir(parents=True, exist_ok=True)
-    if plan.snapshot is not None:
-        private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
-        take(plan.snapshot)
-    for e in plan.sweep.elements:
-        _prepare_element(plan, e)
-    manifest = plan.sweep.manifest()
-    manifest["sweep_hash"] = plan.sweep.sweep_hash()
-    manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
-    write_sweep_manifest(sd, manifest)
-    atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
-    os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+    try:
+        sd.mkdir(parents=True, exist_ok=True)
+        if plan.snapshot is not None:
+            private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
+            take(plan.snapshot)
+        for e in plan.sweep.elements:
+            _prepare_element(plan, e)
+        manifest = plan.sweep.manifest()
+        manifest["sweep_hash"] = plan.sweep.sweep_hash()
+        manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
+        write_sweep_manifest(sd, manifest)
+        atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
+        os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+    except OSError as e:  # checked in plan_sweep; the disk can still fill up or change in between
+        raise UserError(f"cannot write the sweep directory {str(sd)!r}: {e}; choose another --run-dir") from None
     env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
     record_submit(
         plan.sweep_dir,

@@ -36,7 +36,7 @@ def sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     (bindir / "sbatch").write_text(
         "#!/bin/sh\n"
         f'echo "$@" >> {calls}\n'
-        'for script; do :; done\n'  # the batch script: the last argument
+        "for script; do :; done\n"  # the batch script: the last argument
         'if grep -q -e "--partition=gpuu" "$script"; then\n'
         '  echo "sbatch: error: invalid partition specified: gpuu" >&2; exit 1\n'
         "fi\n"
@@ -251,3 +251,43 @@ def test_a_sweep_whose_array_still_runs_is_refused_on_every_backend(
     rc, out, err = cli([*argv, "--backend", backend], capsys)
     assert rc == 2 and "pending or running" in err, out + err
     assert not (sweep_dir / "000" / "FINISHED").exists() and len(sbatch.read_text().splitlines()) == 1
+
+
+@pytest.mark.parametrize("key", ["train.pythonpath=[a],[b]", "train.snapshot=true,false"])
+def test_sweeping_a_key_of_the_one_code_snapshot_is_one_line(tmp_path: Path, capsys, key: str) -> None:
+    """Every element runs the sweep's one snapshot (planned once): a key that would choose another
+    snapshot per element is refused, not silently taken from element 0."""
+    job = task_job(tmp_path)
+    rc, out, err = cli(["submit", str(job), "--dry-run", "--backend", "sbatch", "--sweep", key], capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "code snapshot" in err, err
+
+
+def test_accept_new_code_leaves_a_finished_elements_snapshot_record(tmp_path: Path) -> None:
+    from slurm_ddp.rundir import record_job, write_finished
+
+    proj = command_project(tmp_path)
+    sw = load_sweep(proj / "sweep.yaml")
+    assert sw is not None
+    sweep_dir = tmp_path / "sw"
+    prepare_sweep_dir(plan_sweep(sw, "sbatch", str(sweep_dir)))
+    record_job(sweep_dir / "000", backend="sbatch", job_id="5_0")
+    write_finished(sweep_dir / "000", {"command": True})
+    old = json.loads((sweep_dir / "000" / SNAPSHOT_NAME).read_text())["digest"]
+    (proj / "train.py").write_text("print('new')\n")
+    plan = plan_sweep(sw, "sbatch", str(sweep_dir), accept_new_code=True)
+    assert plan.todo == (1,) and plan.snapshot is not None and plan.snapshot.digest != old
+    prepare_sweep_dir(plan)
+    assert json.loads((sweep_dir / "000" / SNAPSHOT_NAME).read_text())["digest"] == old  # the code it ran
+    assert json.loads((sweep_dir / "001" / SNAPSHOT_NAME).read_text())["digest"] == plan.snapshot.digest
+
+
+def test_an_unwritable_sweep_directory_is_one_line(tmp_path: Path, sbatch: Path, capsys) -> None:
+    """The disk changed between the checks and the writes (here: a file where element 001 goes)."""
+    job = task_job(tmp_path)
+    sweep_dir = tmp_path / "sw"
+    sweep_dir.mkdir()
+    (sweep_dir / "001").write_text("in the way\n")
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(sweep_dir), "--no-check-task"]
+    rc, out, err = cli([*argv, "--sweep", "train.seed=1,2"], capsys)
+    assert rc == 2 and len(err.splitlines()) == 1 and "cannot write the sweep directory" in err, err
+    assert not sbatch.exists()  # nothing submitted
