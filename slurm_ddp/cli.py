@@ -302,7 +302,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if not plan.todo:
         print(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})")
         return 0
-    if plan.resuming and backend in ("sbatch", "submitit"):
+    if plan.resuming:  # on every backend: a sweep run locally into the directories of a running array, too
         from .ops.sweeps import progress_kind, read_sweep, sweep_status
 
         active = [

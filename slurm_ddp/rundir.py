@@ -167,6 +167,35 @@ def is_sweep_dir(path: PathLike) -> bool:
     return (Path(path) / SWEEP_NAME).is_file()
 
 
+def is_job_dir(path: PathLike) -> bool:
+    """True when ``path`` is a run or sweep directory slurm_ddp wrote (or began to write): it holds
+    ``SWEEP_NAME``, ``JOBS_NAME`` or ``SNAPSHOT_NAME``, or ``CONFIG_NAME`` next to ``LOGS_DIR``.
+    A code snapshot never copies one (``slurm_ddp.snapshot``)."""
+    p = Path(path)
+    if any((p / name).is_file() for name in (SWEEP_NAME, JOBS_NAME, SNAPSHOT_NAME)):
+        return True
+    return (p / CONFIG_NAME).is_file() and (p / LOGS_DIR).is_dir()
+
+
+def was_accepted(run_dir: PathLike) -> bool:
+    """True when a job of ``run_dir`` was ever accepted (sbatch, submitit or the local launcher):
+    ``JOBS_NAME`` has a record, or it holds metrics, a checkpoint or the ``FINISHED`` marker. A run
+    or sweep directory of which none holds (a submit refused by sbatch, or interrupted before it
+    submitted) binds nothing: the next submit writes it anew with its own config."""
+    p = Path(run_dir)
+    try:
+        if (p / JOBS_NAME).stat().st_size > 0:
+            return True
+    except OSError:
+        pass
+    if (p / FINISHED_NAME).exists() or (p / METRICS_NAME).exists():
+        return True
+    try:
+        return any(True for _ in os.scandir(p / CHECKPOINTS_DIR))
+    except OSError:
+        return False
+
+
 def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
     """The sweep directory's ``SWEEP_NAME`` record; None when missing or unreadable."""
     try:

@@ -10,7 +10,9 @@ What is copied (``train.snapshot: true``, the default):
   --others --exclude-standard``: tracked files and untracked ones ``.gitignore`` does not exclude,
   as they are in the working tree now); one outside a repository contributes its Python code
   (``CODE_SUFFIXES``: ``*.py``, ``*.pyi``, compiled extensions) in its directory tree (hidden
-  directories, ``__pycache__`` and run directories left out) — data, logs and outputs stay out.
+  directories and ``__pycache__`` left out) — data, logs and outputs stay out. Run and sweep
+  directories (``rundir.is_job_dir``: this run's, a sweep's with its ``code/`` copy, any other) are
+  never copied, git-listed or not.
 - ``train.command``: the same for the directory of the script (``train.py`` in ``python
   train.py``; the script itself is copied whatever its name), or of ``train.workdir`` when the
   command names no script (``python -m pkg``).
@@ -51,7 +53,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from .config import JobConfig, command_module_index, command_script_index
 from .errors import UserError
-from .rundir import CONFIG_NAME, LOGS_DIR, SNAPSHOT_NAME, SNAPSHOTS_DIR, snapshot_dir_name
+from .rundir import SNAPSHOT_NAME, SNAPSHOTS_DIR, is_job_dir, snapshot_dir_name
 from .secrets import is_credential_file
 
 _SKIP_DIRS = ("__pycache__",)
@@ -164,8 +166,17 @@ def _git_files(top: str) -> List[str]:
     return sorted({p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p})
 
 
-def _looks_like_run_dir(d: str) -> bool:
-    return os.path.isfile(os.path.join(d, CONFIG_NAME)) and os.path.isdir(os.path.join(d, LOGS_DIR))
+def _in_job_dir(root: str, rel: str, cache: Dict[str, bool]) -> bool:
+    """True when ``root/rel`` lies in a run or sweep directory (``rundir.is_job_dir``) below ``root``
+    (each directory asked once, through ``cache``)."""
+    parts = rel.split("/")[:-1]
+    for depth in range(1, len(parts) + 1):
+        d = os.path.join(root, *parts[:depth])
+        if d not in cache:
+            cache[d] = is_job_dir(d)
+        if cache[d]:
+            return True
+    return False
 
 
 def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) -> List[str]:
@@ -174,7 +185,7 @@ def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) 
         keep = []
         for name in sorted(dirnames):
             full = os.path.join(dirpath, name)
-            if name.startswith(".") or name in _SKIP_DIRS or full in skip or _looks_like_run_dir(full):
+            if name.startswith(".") or name in _SKIP_DIRS or full in skip or is_job_dir(full):
                 continue
             if os.path.islink(full):
                 continue
@@ -255,6 +266,7 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
     skip = [run_dir, _package_dir()]
     files: List[SnapshotFile] = []
     skipped: List[str] = []
+    job_dirs: Dict[str, bool] = {}
     for i, root in enumerate(roots):
         rels = _git_files(root) if root in git_roots else _walk_files(root, skip, _script(cfg))
         for rel in rels:
@@ -262,8 +274,8 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
                 skipped.append(rel)
                 continue
             full = os.path.join(root, rel)
-            if any(full == s or full.startswith(s + "/") for s in skip):
-                continue
+            if any(full == s or full.startswith(s + "/") for s in skip) or _in_job_dir(root, rel, job_dirs):
+                continue  # this run's directory, slurm_ddp itself, another run or sweep directory
             try:
                 st = os.stat(full)
             except FileNotFoundError:
@@ -318,6 +330,7 @@ def take(plan: SnapshotPlan) -> Path:
     if not dest.is_dir():
         tmp = dest.parent / f".tmp-{dest.name}-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)  # also with no root at all (no train.pythonpath entry exists here)
         for f in plan.files:
             target = tmp / str(f.root) / f.rel
             target.parent.mkdir(parents=True, exist_ok=True)

@@ -21,8 +21,9 @@ flags, over dotted config keys (``train.lr``, ``train.args.width``, ``checkpoint
 lists last) and named from their values: ``lr=0.001,seed=1`` (the key's last part, or the
 whole key where two keys share it).
 
-Every element of one job array shares one batch script, so a sweep may vary only keys that
-the script does not contain: ``train.*`` (except ``train.command``/``train.workdir``) and
+Every element of one job array shares one batch script and one code snapshot, so a sweep may
+vary only keys that neither depends on: ``train.*`` (except ``train.command``/``train.workdir``
+and the snapshot's ``train.pythonpath``/``train.snapshot``/``train.snapshot_max_mb``) and
 ``checkpoint.*``. Each element's config is named ``NAME[LABEL]``. Errors are
 ``UserError``/``ConfigError`` naming the element and the key (one line, exit 2 in the CLI).
 """
@@ -51,6 +52,8 @@ PARALLELISM_KEY = "slurm.array_parallelism"
 #: config keys an element may vary: the batch script of a job array is shared by all elements
 _SCRIPT_FREE_SECTIONS = ("train", "checkpoint")
 _SCRIPT_KEYS = ("train.command", "train.workdir")
+#: config keys that choose the code snapshot, which every element of a sweep shares (one per sweep)
+_SNAPSHOT_KEYS = ("train.pythonpath", "train.snapshot", "train.snapshot_max_mb")
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -145,6 +148,11 @@ def _check_key(key: str) -> None:
             raise UserError(
                 f"sweep key {key!r} is a whole section; sweep one of its keys, e.g. {key}.{fields(cls)[0].name}"
             )
+    if key in _SNAPSHOT_KEYS:
+        raise UserError(
+            f"sweep key {key!r} chooses the code snapshot, which every element of a sweep shares "
+            "(one snapshot per sweep); set it once for the sweep, or submit separate jobs"
+        )
     if parts[0] not in _SCRIPT_FREE_SECTIONS or key in _SCRIPT_KEYS or (len(parts) == 1):
         raise UserError(
             f"sweep key {key!r} changes the batch script, which every element of one job array shares; "

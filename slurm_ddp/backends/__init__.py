@@ -21,9 +21,18 @@ from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
 from ..provenance import record_submit
 from ..render import RenderedJob, render
-from ..rundir import CHECKPOINTS_DIR, CONFIG_NAME, DEFAULT_RUNS_DIR, LOGS_DIR, SCRIPT_NAME, SNAPSHOTS_DIR, private_dir
+from ..rundir import (
+    CHECKPOINTS_DIR,
+    CONFIG_NAME,
+    DEFAULT_RUNS_DIR,
+    LOGS_DIR,
+    SCRIPT_NAME,
+    SNAPSHOTS_DIR,
+    private_dir,
+    was_accepted,
+)
 from ..secrets import check_pass_env, literal_warning, redact_argv
-from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take
+from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
 
 BACKENDS = ("sbatch", "submitit", "local")
 
@@ -70,7 +79,8 @@ class SubmitPlan:
 
 
 def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
-    """True when ``run_dir`` holds a run of this same config (a resume), False when new.
+    """True when ``run_dir`` holds a run of this same config (a resume), False when new: also when
+    no job of it was ever accepted (``rundir.was_accepted``: a submit sbatch refused binds nothing).
 
     Raises ``UserError`` when it belongs to a different config.
     """
@@ -79,7 +89,7 @@ def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:
     for sub in (LOGS_DIR, CHECKPOINTS_DIR):
         if (Path(run_dir) / sub).exists() and not (Path(run_dir) / sub).is_dir():
             raise UserError(f"--run-dir {run_dir!r}: {sub!r} in it is not a directory; move it away or use another")
-    if not existing.exists():
+    if not existing.exists() or not was_accepted(run_dir):
         return False
     try:
         old = config_from_dict(read_yaml(existing))
@@ -115,10 +125,15 @@ def plan_submit(
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
     accept_new_code: bool = False,
+    sweep_snapshot: Optional[SnapshotPlan] = None,
+    in_sweep: bool = False,
 ) -> SubmitPlan:
     """Build the dry-run object for ``backend``. Raises ``UserError`` for a bad backend or run dir,
     for code that cannot be snapshotted, and for a run directory whose code snapshot differs from
-    the code now (unless ``accept_new_code``; see ``slurm_ddp.snapshot``)."""
+    the code now (unless ``accept_new_code``; see ``slurm_ddp.snapshot``).
+
+    ``in_sweep``: ``run_dir`` is an element of a sweep whose one snapshot is ``sweep_snapshot``
+    (None: off), taken and checked by the sweep (``backends.array``); none of its own is planned."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if backend == "submitit" and cfg.slurm.min_nodes != cfg.slurm.max_nodes:
@@ -129,9 +144,9 @@ def plan_submit(
     check_pass_env(cfg.environment.pass_env, os.environ)
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
-    snap = plan_snapshot(cfg, run_dir)
+    snap = sweep_snapshot if in_sweep else plan_snapshot(cfg, run_dir)
     warnings = secret_warnings(cfg.environment.env, snap)
-    warning = check_resubmit(snap, run_dir, accept_new_code) if resuming else None
+    warning = check_resubmit(snap, run_dir, accept_new_code) if resuming and not in_sweep else None
     ranks_cfg = remap_config(cfg, snap)
     rendered = render(ranks_cfg, run_dir, command=command, python=python, config_hash=cfg.config_hash())
     py = python or cfg.environment.python or sys.executable
@@ -183,7 +198,9 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
     try:
         (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-        if plan.snapshot is not None:
+        if plan.snapshot is not None and os.path.abspath(plan.snapshot.run_dir) != os.path.abspath(rd):
+            write_record(plan.snapshot, str(rd))  # a sweep's element: it runs the sweep's one snapshot
+        elif plan.snapshot is not None:
             private_dir(rd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
             take(plan.snapshot)
         text = dump_config(plan.cfg)

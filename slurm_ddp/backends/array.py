@@ -15,7 +15,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
+from typing import IO, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ..errors import ClusterError, SlurmDDPError, UserError
 from ..render import ArrayJob, RenderedJob, render
@@ -26,9 +26,11 @@ from ..rundir import (
     element_dir_name,
     element_width,
     is_finished,
+    read_sweep_jobs,
     read_sweep_manifest,
     record_job,
     record_sweep_job,
+    was_accepted,
 )
 from ..secrets import check_pass_env
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
@@ -68,7 +70,12 @@ def default_sweep_dir(sweep: Sweep) -> str:
 
 def _check_sweep_dir(sweep: Sweep, sweep_dir: str) -> Tuple[bool, List[int]]:
     """(resuming, indices of unfinished elements). Raises ``UserError`` when ``sweep_dir`` holds
-    another sweep or something that is not a sweep directory."""
+    another sweep or something that is not a sweep directory.
+
+    A sweep directory none of whose jobs was ever accepted (``rundir.was_accepted``: sbatch refused
+    it, or the submit was interrupted before it submitted) binds nothing: it is written anew, its
+    elements' configs included (``prepare_sweep_dir``). One element that ran binds the sweep, and
+    a sweep directory that lost its ``sweep.json`` is checked element by element."""
     p = Path(sweep_dir)
     n = len(sweep.elements)
     if not p.exists():
@@ -76,21 +83,21 @@ def _check_sweep_dir(sweep: Sweep, sweep_dir: str) -> Tuple[bool, List[int]]:
     if not p.is_dir():
         raise UserError(f"--run-dir {sweep_dir!r} exists and is not a directory; choose another path")
     manifest = read_sweep_manifest(p)
-    if manifest is None:
-        if (p / CONFIG_NAME).exists():
-            raise UserError(
-                f"--run-dir {sweep_dir!r} holds a single run, not a sweep; give the sweep another --run-dir"
-            )
+    if manifest is None and (p / CONFIG_NAME).exists():
+        raise UserError(f"--run-dir {sweep_dir!r} holds a single run, not a sweep; give the sweep another --run-dir")
+    dirs = [os.path.join(sweep_dir, element_dir_name(e.index, n)) for e in sweep.elements]
+    if not read_sweep_jobs(p) and not any(was_accepted(d) for d in dirs):
         return False, list(range(n))
-    old = manifest.get("elements")
-    if not isinstance(old, list) or len(old) != n or manifest.get("sweep_hash") != sweep.sweep_hash():
+    old = manifest.get("elements") if manifest is not None else None
+    if manifest is not None and (
+        not isinstance(old, list) or len(old) != n or manifest.get("sweep_hash") != sweep.sweep_hash()
+    ):
         raise UserError(
             f"sweep directory {sweep_dir!r} belongs to a different sweep (other keys, values or config); "
             "use another --run-dir, or restore that sweep's config to resume it"
         )
     todo = []
-    for e in sweep.elements:
-        d = os.path.join(sweep_dir, element_dir_name(e.index, n))
+    for e, d in zip(sweep.elements, dirs):
         check_run_dir(e.cfg, d)
         if not is_finished(d):
             todo.append(e.index)
@@ -200,14 +207,27 @@ def schedule_local(
 
 
 def _run_local_element(
-    plan: SweepPlan, index: int, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
+    plan: SweepPlan,
+    index: int,
+    echo: IO[str],
+    say: Callable[[str], None],
+    command: Optional[Sequence[str]],
+    told: Optional[Set[int]] = None,
 ) -> int:
     from . import plan_submit
     from .local import schedule as local_schedule
 
     e = plan.sweep.elements[index]
-    sub = plan_submit(e.cfg, "local", plan.element_dir(index), command=command, accept_new_code=plan.accept_new_code)
-    return local_schedule(sub, echo=echo, say=say)
+    sub = plan_submit(
+        e.cfg,
+        "local",
+        plan.element_dir(index),
+        command=command,
+        accept_new_code=plan.accept_new_code,
+        sweep_snapshot=plan.snapshot,  # the sweep's one snapshot, never one per element
+        in_sweep=True,
+    )
+    return local_schedule(sub, echo=echo, say=say, told=told)
 
 
 def _run_local_in_turn(
@@ -219,10 +239,11 @@ def _run_local_in_turn(
     n = len(plan.sweep.elements)
     for i in plan.todo:
         say(f"sweep element {i + 1}/{n} ({plan.sweep.elements[i].label}): run directory {plan.element_dir(i)}")
-        status = _run_local_element(plan, i, echo, say, command)
+        told: Set[int] = set()  # the stop signals (Ctrl-C, SIGTERM, the requeue signal) passed to its ranks
+        status = _run_local_element(plan, i, echo, say, command, told)
         results.append((i, status))
-        if status == PREEMPTED_EXIT_CODE:
-            break
+        if status == PREEMPTED_EXIT_CODE or told:
+            break  # a script killed by the stop signal exits 143, not 75: stopped all the same
     return results
 
 

@@ -349,12 +349,17 @@ def schedule(
     echo: Optional[IO[str]] = None,
     python: Optional[str] = None,
     say: Optional[Callable[[str], None]] = None,
+    told: Optional[Set[int]] = None,
 ) -> int:
     """Run the job's ranks here and wait; returns the job's exit status.
 
-    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``).
+    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``); ``told``
+    receives the stop signals passed on to the ranks (``LocalJob.told``: a local sweep starts no
+    further element after one, whatever the exit status).
     """
     job = LocalJob(plan, echo=echo, python=python, say=say)
+    if told is not None:
+        job.told = told
     command_mode = bool(plan.cfg.train.command)
     if command_mode and is_finished(plan.run_dir):
         job.say(f"the run in {plan.run_dir} already finished ({FINISHED_NAME} exists); nothing to do")

@@ -15,6 +15,7 @@ from typing import Optional, Tuple
 
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
+from ..errors import UserError
 from ..provenance import record_submit
 from ..render import RenderedJob
 from ..rundir import (
@@ -24,6 +25,7 @@ from ..rundir import (
     LOGS_DIR,
     SNAPSHOTS_DIR,
     element_dir_name,
+    is_finished,
     private_dir,
     write_sweep_manifest,
 )
@@ -77,20 +79,24 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     ``code/<digest>``, ``snapshot.json``), and per element a run directory with its
     ``config.yaml``, ``logs/``, ``checkpoints/`` and a ``snapshot.json`` naming the sweep's snapshot
     (read by the ranks on every start, requeues included); then the submit's provenance record in the
-    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest)."""
+    sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest).
+    Raises ``UserError`` (one line) when the directory cannot be written (disk full, permissions)."""
     sd = Path(plan.sweep_dir)
-    sd.mkdir(parents=True, exist_ok=True)
-    if plan.snapshot is not None:
-        private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
-        take(plan.snapshot)
-    for e in plan.sweep.elements:
-        _prepare_element(plan, e)
-    manifest = plan.sweep.manifest()
-    manifest["sweep_hash"] = plan.sweep.sweep_hash()
-    manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
-    write_sweep_manifest(sd, manifest)
-    atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
-    os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+    try:
+        sd.mkdir(parents=True, exist_ok=True)
+        if plan.snapshot is not None:
+            private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
+            take(plan.snapshot)
+        for e in plan.sweep.elements:
+            _prepare_element(plan, e)
+        manifest = plan.sweep.manifest()
+        manifest["sweep_hash"] = plan.sweep.sweep_hash()
+        manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
+        write_sweep_manifest(sd, manifest)
+        atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
+        os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+    except OSError as e:  # checked in plan_sweep; the disk can still fill up or change in between
+        raise UserError(f"cannot write the sweep directory {str(sd)!r}: {e}; choose another --run-dir") from None
     env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
     record_submit(
         plan.sweep_dir,
@@ -108,14 +114,17 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
     target = rd / CONFIG_NAME
-    if not target.exists():
+    text = dump_config(e.cfg)
+    # new, left by a submit that never submitted (a stale config binds nothing: _check_sweep_dir),
+    # or a resume on another world size (check_run_dir allowed only config.RESIZABLE_KEYS to differ)
+    if not target.exists() or target.read_text(encoding="utf-8", errors="replace") != text:
         # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
         # a config lost to a power cut is rewritten by submitting the sweep again
         tmp = rd / f".{CONFIG_NAME}.tmp"
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         os.fchmod(fd, 0o600)  # owner-only whatever the umask (rundir.PRIVATE_FILES)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(dump_config(e.cfg))
+            f.write(text)
         os.replace(tmp, target)
-    if plan.snapshot is not None:
+    if plan.snapshot is not None and not is_finished(rd):  # a finished element keeps the code it ran
         write_record(plan.snapshot, str(rd), fsync=False)

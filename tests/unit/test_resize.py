@@ -15,6 +15,7 @@ from slurm_ddp.env import DistEnv, synthetic_slurm_env
 from slurm_ddp.errors import EnvironmentMismatch, UserError
 from slurm_ddp.render import render, srun_flags, torchrun_flags
 from slurm_ddp.resize import accumulation_for, samples_in_epoch
+from slurm_ddp.rundir import record_job
 from slurm_ddp.worker.runtime import ResumableDistributedSampler, SeededBatchSampler
 
 
@@ -126,6 +127,7 @@ def test_a_run_directory_may_change_only_its_world_size(tmp_path: Path, make_con
     cfg = make_config({"slurm": {"nodes": 1, "tasks_per_node": 4}})
     rd = str(tmp_path / "run")
     prepare_run_dir(plan_submit(cfg, "local", rd, python=sys.executable))
+    record_job(rd, backend="local", job_id="1")  # a job ran in it: it binds the next submit
     resized = make_config({"slurm": {"nodes": 2, "tasks_per_node": 2}})
     assert check_run_dir(resized, rd) is True
     prepare_run_dir(plan_submit(resized, "local", rd, python=sys.executable))
