@@ -173,18 +173,18 @@ def _command_line(argv: Sequence[str]) -> List[str]:
 
 
 def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .backends import default_run_dir
-    from .render import render
+    from .backends import default_run_dir, plan_script
 
     sweep = _load_sweep(args)
     if sweep is not None:
-        from .backends.array import default_sweep_dir, render_sweep
+        from .backends.array import default_sweep_dir, plan_sweep_script
 
-        script = render_sweep(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv)).script
-        sys.stdout.write(script)
+        _, rendered = plan_sweep_script(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv))
+        sys.stdout.write(rendered.script)
         return 0
     cfg = _load(args)
-    rendered = render(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
+    # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
+    _, rendered = plan_script(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
     sys.stdout.write(rendered.script)
     return 0
 

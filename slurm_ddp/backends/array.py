@@ -108,6 +108,18 @@ def render_sweep(
     return render(cfg, sweep_dir, command=command, python=python, array=job)
 
 
+def plan_sweep_script(
+    sweep: Sweep, sweep_dir: str, *, command: Optional[Sequence[str]] = None, python: Optional[str] = None
+) -> Tuple[Optional[SnapshotPlan], RenderedJob]:
+    """The sweep's code snapshot for ``sweep_dir`` and the array script ``submit`` would write, its code
+    paths in that snapshot: what ``render --sweep`` prints and ``plan_sweep`` writes. Reads the
+    checkout, writes nothing, does not look at ``sweep_dir``. Raises ``UserError`` when the code
+    cannot be snapshotted."""
+    sweep_dir = os.path.abspath(sweep_dir)
+    snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    return snap, render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
+
+
 def default_sweep_dir(sweep: Sweep) -> str:
     """``./runs/<name>``, like a single run's."""
     return default_run_dir(sweep.base_cfg)
@@ -164,9 +176,8 @@ def plan_sweep(
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
-    snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python)
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
-    rendered = render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
     spec = array_spec(todo, sweep.parallelism) if todo else ""
     argv: Tuple[str, ...] = (
         "sbatch",

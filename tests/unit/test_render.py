@@ -522,3 +522,46 @@ def test_rendering_in_process_does_not_import_torch(tmp_path, example_job):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- render = submit --dry-run
+
+
+def _script_body(out: str) -> list:
+    """The script's lines: after the dry run's own head (up to ``# script (…):``), without the
+    ``# Made by:`` line (it names the command that printed it)."""
+    lines = out.splitlines()
+    head = [i for i, line in enumerate(lines) if line.startswith("# script (")]
+    lines = lines[head[0] + 1 :] if head else lines
+    return [line for line in lines if not line.startswith("# Made by:")]
+
+
+@pytest.mark.parametrize(
+    "job, extra",
+    [
+        ("digits/job.yaml", []),
+        ("own_script/job.yaml", []),
+        ("own_script/job.yaml", ["--set", "train.command=python -m train --epochs 5"]),
+        ("own_script/job.yaml", ["--sweep", "checkpoint.keep_last=1,2"]),
+    ],
+    ids=["task", "script", "module", "sweep"],
+)
+def test_render_prints_the_script_that_submit_dry_run_shows(job, extra, tmp_path, capsys):
+    """``render`` shows what runs: the script ``submit --dry-run`` prints, its code paths in the snapshot
+    that submit would take (issue 31); only the dry run's head (run directory, snapshot size) differs."""
+    from slurm_ddp.cli import main
+
+    path = str(REPO / "examples" / job)
+    run_dir = tmp_path / "run"
+    assert main(["render", path, "--run-dir", str(run_dir), *extra]) == 0
+    rendered = capsys.readouterr().out
+    assert main(["submit", path, "--backend", "sbatch", "--dry-run", "--run-dir", str(run_dir), *extra]) == 0
+    dry = capsys.readouterr().out
+    assert dry.startswith("# backend: sbatch") and rendered.startswith("#!/bin/bash")
+    assert _script_body(rendered) == _script_body(dry), "\n".join(
+        difflib.unified_diff(_script_body(dry), _script_body(rendered), "submit --dry-run", "render", lineterm="")
+    )
+    if "own_script" in job:  # the ranks' code: the snapshot's copy, not the checkout's
+        assert f"{run_dir}/code/" in rendered
+        assert f" {REPO}/examples/own_script/train.py" not in rendered
+    assert not run_dir.exists()  # both only print
