@@ -180,13 +180,18 @@ def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from .backends.array import default_sweep_dir, plan_sweep_script
 
         _, rendered = plan_sweep_script(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv))
-        sys.stdout.write(rendered.script)
-        return 0
-    cfg = _load(args)
-    # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
-    _, rendered = plan_script(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
+    else:
+        cfg = _load(args)
+        # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
+        _, rendered = plan_script(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
+    _warn(rendered.warnings)
     sys.stdout.write(rendered.script)
     return 0
+
+
+def _warn(lines: Sequence[str]) -> None:
+    for line in lines:
+        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
 
 
 def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -204,11 +209,10 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.test_only:
         _check_test_only(args, backend)
     plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
+    _warn(plan.warnings)
     if args.dry_run:
         sys.stdout.write(plan.describe())
         return 0
-    for line in plan.warnings:
-        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
     if plan.resuming and not args.test_only:
         from .ops import refuse_active_run
 
@@ -285,6 +289,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if backend in ("sbatch", "submitit"):
         check_array_size(sweep)
     if args.dry_run:
+        _warn(plan.warnings)
         sys.stdout.write(plan.describe())
         return 0
     if not plan.todo:

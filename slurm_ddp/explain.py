@@ -24,6 +24,7 @@ from .binding import (
     PLAN_VARS,
     BindingPlan,
     format_cpulist,
+    loader_cpu_warning,
     locate_libraries,
     needed_libraries,
     plan_for_task,
@@ -260,6 +261,9 @@ def explain_job(
         "launcher: " + launcher_line(cfg),
         code_line(cfg),
     ]
+    warning = loader_cpu_warning(cfg, cpt)
+    if warning:
+        out.insert(1, f"warning: {warning}")
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus
 

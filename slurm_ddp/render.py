@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import jinja2
 
 from . import PREEMPTED_EXIT_CODE, __version__
+from .binding import loader_cpu_warning
 from .config import JobConfig, command_argv
 from .launch import TORCHRUN_OMP_VAR
 from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
@@ -225,6 +226,8 @@ class RenderedJob:
     script: str
     run_dir: str
     sbatch_args: Tuple[str, ...]  #: extra sbatch argv (``--output`` when it could not go in the script)
+    #: lines ``render`` and ``submit`` print to stderr (``binding.loader_cpu_warning``); not in the script
+    warnings: Tuple[str, ...] = ()
 
 
 def render(
@@ -287,4 +290,5 @@ def render(
         )
     )
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra)
+    warning = loader_cpu_warning(cfg)
+    return RenderedJob(script=text, run_dir=run_dir, sbatch_args=extra, warnings=(warning,) if warning else ())

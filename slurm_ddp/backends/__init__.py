@@ -175,7 +175,7 @@ def plan_submit(
         command=argv,
         resuming=resuming,
         snapshot=snap,
-        warnings=(warning,) if warning else (),
+        warnings=(*rendered.warnings, *((warning,) if warning else ())),
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
 

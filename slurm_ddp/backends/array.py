@@ -9,6 +9,7 @@ the local backend. The directory layout's names are ``slurm_ddp.rundir``'s.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 import shutil
@@ -18,6 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
+from ..binding import loader_cpu_warning
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
 from ..errors import ClusterError, SlurmDDPError, UserError
@@ -105,7 +107,10 @@ def render_sweep(
         elements=tuple((e.index, e.label) for e in sweep.elements),
     )
     cfg = remap_config(sweep.base_cfg, snapshot)
-    return render(cfg, sweep_dir, command=command, python=python, array=job)
+    rendered = render(cfg, sweep_dir, command=command, python=python, array=job)
+    # an element may sweep train.num_workers: each element's warning, once
+    warnings = dict.fromkeys(w for e in sweep.elements for w in [loader_cpu_warning(e.cfg)] if w)
+    return dataclasses.replace(rendered, warnings=tuple(warnings))
 
 
 def plan_sweep_script(
@@ -199,7 +204,7 @@ def plan_sweep(
         resuming=resuming,
         command=argv,
         snapshot=snap,
-        warnings=(warning,) if warning else (),
+        warnings=(*rendered.warnings, *((warning,) if warning else ())),
         accept_new_code=accept_new_code,
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )

@@ -565,3 +565,47 @@ def test_render_prints_the_script_that_submit_dry_run_shows(job, extra, tmp_path
         assert f"{run_dir}/code/" in rendered
         assert f" {REPO}/examples/own_script/train.py" not in rendered
     assert not run_dir.exists()  # both only print
+
+
+# --------------------------------------------------------------------------- CPUs of a GPU rank
+
+GPU4 = {"slurm": {"gpus_per_node": 4}, "train": {"num_workers": 4}}  # 4 ranks; slurm.cpus_per_task: default 1
+
+
+@pytest.mark.parametrize("verb", ["render", "dry-run", "explain"])
+def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_in_one_line(
+    verb, write_job, tmp_path, capsys
+):
+    """Issue 31: a 4-GPU job with the default slurm.cpus_per_task=1 gives each rank's 4 DataLoader workers
+    and the rank itself one CPU; render, submit --dry-run and env --explain say so, naming the key."""
+    from slurm_ddp.cli import main
+
+    job = str(write_job(GPU4))
+    run = ["--run-dir", str(tmp_path / "run")]
+    argv = {
+        "render": ["render", job, *run],
+        "dry-run": ["submit", job, "--backend", "sbatch", "--dry-run", *run],
+        "explain": ["env", job, "--explain"],
+    }[verb]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "#SBATCH --cpus-per-task=1" in out if verb != "explain" else "x 4 task(s) x 1 CPU(s)" in out
+    text = out if verb == "explain" else err
+    lines = [line for line in text.splitlines() if "slurm.cpus_per_task" in line]
+    assert len(lines) == 1 and "warning: slurm.cpus_per_task=1 " in lines[0], text
+    assert "train.num_workers" in lines[0] and "at least 5" in lines[0]
+    if verb != "explain":
+        assert err.splitlines() == lines  # one line on stderr, nothing in the script
+
+    # enough CPUs, a CPU job, or no loader workers: no warning
+    for patch in (
+        {**GPU4, "slurm": {"gpus_per_node": 4, "cpus_per_task": 5}},
+        {"train": {"num_workers": 4}},
+        {"slurm": {"gpus_per_node": 4}},
+    ):
+        assert main([argv[0], str(write_job(patch)), *argv[2:]]) == 0
+        out, err = capsys.readouterr()
+        assert "slurm.cpus_per_task" not in out + err
+    if verb == "explain":  # --cpus-per-task answers it too
+        assert main([*argv, "--cpus-per-task", "5"]) == 0
+        assert "slurm.cpus_per_task" not in capsys.readouterr().out
