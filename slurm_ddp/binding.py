@@ -628,31 +628,6 @@ def plan_for_task(
     )
 
 
-def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
-    """One line when a GPU rank of the shared worker gets fewer CPUs than its DataLoader workers plus one
-    (the rank's own process), naming ``slurm.cpus_per_task``; else None.
-
-    A rank's CPUs are ``cpus_per_task`` (default ``slurm.cpus_per_task``; under torchrun the node task's
-    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). Each of the
-    ``train.num_workers`` worker processes loads batches on its own CPU while the main process drives the
-    GPU (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning
-    guide); with fewer CPUs they take turns and the GPUs wait for data. Not checked: CPU jobs (the rank's
-    compute threads are the work, planned by ``plan_binding``) and ``train.command`` jobs (the script's own
-    loaders are not known here). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
-    """
-    if not cfg.slurm.gpu_job or cfg.train.command:
-        return None
-    cpus = cpus_per_task or cfg.slurm.cpus_per_task
-    need = cfg.train.num_workers + 1
-    if cpus >= need:
-        return None
-    return (
-        f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {cfg.train.num_workers} DataLoader "
-        f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
-        f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
-    )
-
-
 def needed_libraries(cfg: JobConfig) -> List[str]:
     """Library kinds the config's ``environment`` asks to preload: ``iomp5``, ``jemalloc``, ``tcmalloc``."""
     e = cfg.environment

@@ -24,7 +24,6 @@ from .binding import (
     PLAN_VARS,
     BindingPlan,
     format_cpulist,
-    loader_cpu_warning,
     locate_libraries,
     needed_libraries,
     plan_for_task,
@@ -33,7 +32,7 @@ from .config import JobConfig, command_argv, command_module_index, command_scrip
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
-from .render import torchrun_flags
+from .render import loader_cpu_warning, torchrun_flags
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 

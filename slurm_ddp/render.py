@@ -22,7 +22,6 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import jinja2
 
 from . import PREEMPTED_EXIT_CODE, __version__
-from .binding import loader_cpu_warning
 from .config import JobConfig, command_argv
 from .launch import TORCHRUN_OMP_VAR
 from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
@@ -127,6 +126,31 @@ def gpu_options(cfg: JobConfig) -> Dict[str, str]:
     return opts
 
 
+def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
+    """One line when a GPU rank of the shared worker gets fewer CPUs than its DataLoader workers plus one
+    (the rank's own process), naming ``slurm.cpus_per_task``; else None.
+
+    A rank's CPUs are ``cpus_per_task`` (default ``slurm.cpus_per_task``; under torchrun the node task's
+    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). Each of the
+    ``train.num_workers`` worker processes loads batches on its own CPU while the main process drives the
+    GPU (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning
+    guide); with fewer CPUs they take turns and the GPUs wait for data. Not checked: CPU jobs (the rank's
+    compute threads are the work, planned by ``binding.plan_binding``) and ``train.command`` jobs (the script's own
+    loaders are not known here). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
+    """
+    if not cfg.slurm.gpu_job or cfg.train.command:
+        return None
+    cpus = cpus_per_task or cfg.slurm.cpus_per_task
+    need = cfg.train.num_workers + 1
+    if cpus >= need:
+        return None
+    return (
+        f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {cfg.train.num_workers} DataLoader "
+        f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
+        f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
+    )
+
+
 def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
     name (deterministic, golden-testable)."""
@@ -226,7 +250,7 @@ class RenderedJob:
     script: str
     run_dir: str
     sbatch_args: Tuple[str, ...]  #: extra sbatch argv (``--output`` when it could not go in the script)
-    #: lines ``render`` and ``submit`` print to stderr (``binding.loader_cpu_warning``); not in the script
+    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``); not in the script
     warnings: Tuple[str, ...] = ()
 
 

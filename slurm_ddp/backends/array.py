@@ -19,12 +19,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence, Tuple, cast
 
-from ..binding import loader_cpu_warning
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
 from ..errors import ClusterError, SlurmDDPError, UserError
 from ..provenance import record_submit
-from ..render import ArrayJob, RenderedJob, render
+from ..render import ArrayJob, RenderedJob, loader_cpu_warning, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CHECKPOINTS_DIR,
