@@ -173,20 +173,20 @@ def _command_line(argv: Sequence[str]) -> List[str]:
 
 
 def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .backends import default_run_dir
-    from .render import render
+    from .backends import default_run_dir, plan_script
 
     sweep = _load_sweep(args)
     if sweep is not None:
-        from .backends.array import default_sweep_dir, render_sweep
+        from .backends.array import default_sweep_dir, plan_sweep_script
 
         _warn_literal_secrets({k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()})
-        script = render_sweep(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv)).shown
-        sys.stdout.write(script)
-        return 0
-    cfg = _load(args)
-    _warn_literal_secrets(cfg.environment.env)
-    rendered = render(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
+        _, rendered = plan_sweep_script(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv))
+    else:
+        cfg = _load(args)
+        _warn_literal_secrets(cfg.environment.env)
+        # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
+        _, rendered = plan_script(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
+    _warn(rendered.warnings)
     sys.stdout.write(rendered.shown)  # credential-looking values as *** (slurm_ddp.secrets)
     return 0
 
@@ -196,6 +196,11 @@ def _warn_literal_secrets(env: Mapping[str, str]) -> None:
 
     line = literal_warning(env)
     if line:
+        _warn([line])
+
+
+def _warn(lines: Sequence[str]) -> None:
+    for line in lines:
         print(f"slurm-ddp: warning: {line}", file=sys.stderr)
 
 
@@ -214,8 +219,7 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
     if args.test_only:
         _check_test_only(args, backend)
     plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
-    for line in plan.warnings:
-        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
+    _warn(plan.warnings)
     if args.dry_run:
         sys.stdout.write(plan.describe())
         return 0
@@ -295,8 +299,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
     if backend in ("sbatch", "submitit"):
         check_array_size(sweep)
     if args.dry_run:
-        for w in plan.warnings:
-            print(f"slurm-ddp: warning: {w}", file=sys.stderr)
+        _warn(plan.warnings)
         sys.stdout.write(plan.describe())
         return 0
     if not plan.todo:

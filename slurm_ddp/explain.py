@@ -32,7 +32,7 @@ from .config import JobConfig, command_argv, command_module_index, command_scrip
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
-from .render import torchrun_flags
+from .render import loader_cpu_warning, torchrun_flags
 from .secrets import redact_env
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
@@ -297,6 +297,9 @@ def explain_job(
         code_line(cfg),
         *environment_lines(cfg, environ),
     ]
+    warning = loader_cpu_warning(cfg, cpt)
+    if warning:
+        out.insert(1, f"warning: {warning}")
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus
 

@@ -127,6 +127,31 @@ def gpu_options(cfg: JobConfig) -> Dict[str, str]:
     return opts
 
 
+def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
+    """One line when a GPU rank of the shared worker gets fewer CPUs than its DataLoader workers plus one
+    (the rank's own process), naming ``slurm.cpus_per_task``; else None.
+
+    A rank's CPUs are ``cpus_per_task`` (default ``slurm.cpus_per_task``; under torchrun the node task's
+    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). Each of the
+    ``train.num_workers`` worker processes loads batches on its own CPU while the main process drives the
+    GPU (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning
+    guide); with fewer CPUs they take turns and the GPUs wait for data. Not checked: CPU jobs (the rank's
+    compute threads are the work, planned by ``binding.plan_binding``) and ``train.command`` jobs (the script's own
+    loaders are not known here). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
+    """
+    if not cfg.slurm.gpu_job or cfg.train.command:
+        return None
+    cpus = cpus_per_task or cfg.slurm.cpus_per_task
+    need = cfg.train.num_workers + 1
+    if cpus >= need:
+        return None
+    return (
+        f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {cfg.train.num_workers} DataLoader "
+        f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
+        f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
+    )
+
+
 def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
     name (deterministic, golden-testable)."""
@@ -229,6 +254,8 @@ class RenderedJob:
     #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
     #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
     shown: str = ""
+    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``); not in the script
+    warnings: Tuple[str, ...] = ()
 
 
 def render(
@@ -299,4 +326,7 @@ def render(
     script = text(env)
     shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown)
+    warning = loader_cpu_warning(cfg)
+    return RenderedJob(
+        script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=(warning,) if warning else ()
+    )

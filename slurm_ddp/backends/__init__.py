@@ -117,6 +117,31 @@ def _changed_keys(a: Any, b: Any, prefix: str = "") -> List[str]:
     return [] if a == b else [prefix]
 
 
+def plan_script(
+    cfg: JobConfig,
+    run_dir: str,
+    *,
+    command: Optional[Sequence[str]] = None,
+    python: Optional[str] = None,
+    in_sweep: bool = False,
+    sweep_snapshot: Optional[SnapshotPlan] = None,
+) -> Tuple[Optional[SnapshotPlan], RenderedJob]:
+    """The code snapshot of ``cfg`` for ``run_dir`` and the batch script whose ranks run from it:
+    what ``render`` prints and what ``submit`` (``plan_submit``) writes, so the two cannot differ.
+
+    Reads the checkout (``snapshot.plan_snapshot``: ``git``, file contents for the digest); writes
+    nothing and does not look at ``run_dir`` (``render --run-dir`` may name a cluster path). The
+    ranks' code paths point into the snapshot (``snapshot.remap_config``); the header's config hash
+    is ``cfg``'s. ``in_sweep``: an element of a sweep, whose code is the sweep's one snapshot
+    (``sweep_snapshot``, None when it is off), not a snapshot of its own. Raises ``UserError`` when
+    the code cannot be snapshotted.
+    """
+    run_dir = os.path.abspath(run_dir)
+    snap = sweep_snapshot if in_sweep else plan_snapshot(cfg, run_dir)
+    rendered = render(remap_config(cfg, snap), run_dir, command=command, python=python, config_hash=cfg.config_hash())
+    return snap, rendered
+
+
 def plan_submit(
     cfg: JobConfig,
     backend: str,
@@ -144,11 +169,12 @@ def plan_submit(
     check_pass_env(cfg.environment.pass_env, os.environ)
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
-    snap = sweep_snapshot if in_sweep else plan_snapshot(cfg, run_dir)
+    snap, rendered = plan_script(
+        cfg, run_dir, command=command, python=python, in_sweep=in_sweep, sweep_snapshot=sweep_snapshot
+    )
     warnings = secret_warnings(cfg.environment.env, snap)
     warning = check_resubmit(snap, run_dir, accept_new_code) if resuming and not in_sweep else None
     ranks_cfg = remap_config(cfg, snap)
-    rendered = render(ranks_cfg, run_dir, command=command, python=python, config_hash=cfg.config_hash())
     py = python or cfg.environment.python or sys.executable
     rank: Tuple[str, ...] = (
         tuple(command_argv(ranks_cfg.train.command, py)) if cfg.train.command else ("python", "-m", "slurm_ddp.worker")
@@ -173,7 +199,7 @@ def plan_submit(
         command=argv,
         resuming=resuming,
         snapshot=snap,
-        warnings=(*warnings, *((warning,) if warning else ())),
+        warnings=(*warnings, *rendered.warnings, *((warning,) if warning else ())),
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )
 

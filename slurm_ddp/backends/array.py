@@ -10,6 +10,7 @@ the local backend. The plan (``SweepPlan``) and the sweep directory's writing (`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -18,7 +19,7 @@ from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ..errors import ClusterError, SlurmDDPError, UserError
-from ..render import ArrayJob, RenderedJob, render
+from ..render import ArrayJob, RenderedJob, loader_cpu_warning, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CONFIG_NAME,
@@ -60,7 +61,22 @@ def render_sweep(
         elements=tuple((e.index, e.label) for e in sweep.elements),
     )
     cfg = remap_config(sweep.base_cfg, snapshot)
-    return render(cfg, sweep_dir, command=command, python=python, array=job)
+    rendered = render(cfg, sweep_dir, command=command, python=python, array=job)
+    # an element may sweep train.num_workers: each element's warning, once
+    warnings = dict.fromkeys(w for e in sweep.elements for w in [loader_cpu_warning(e.cfg)] if w)
+    return dataclasses.replace(rendered, warnings=tuple(warnings))
+
+
+def plan_sweep_script(
+    sweep: Sweep, sweep_dir: str, *, command: Optional[Sequence[str]] = None, python: Optional[str] = None
+) -> Tuple[Optional[SnapshotPlan], RenderedJob]:
+    """The sweep's code snapshot for ``sweep_dir`` and the array script ``submit`` would write, its code
+    paths in that snapshot: what ``render --sweep`` prints and ``plan_sweep`` writes. Reads the
+    checkout, writes nothing, does not look at ``sweep_dir``. Raises ``UserError`` when the code
+    cannot be snapshotted."""
+    sweep_dir = os.path.abspath(sweep_dir)
+    snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    return snap, render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
 
 
 def default_sweep_dir(sweep: Sweep) -> str:
@@ -126,11 +142,10 @@ def plan_sweep(
         check_pass_env(e.cfg.environment.pass_env, os.environ)
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
-    snap = plan_snapshot(sweep.base_cfg, sweep_dir)
+    snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python)
     env = {k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()}
     secret = secret_warnings(env, snap)
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
-    rendered = render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
     spec = array_spec(todo, sweep.parallelism) if todo else ""
     argv: Tuple[str, ...] = (
         "sbatch",
@@ -153,7 +168,7 @@ def plan_sweep(
         resuming=resuming,
         command=argv,
         snapshot=snap,
-        warnings=(*secret, *((warning,) if warning else ())),
+        warnings=(*secret, *rendered.warnings, *((warning,) if warning else ())),
         accept_new_code=accept_new_code,
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
     )

@@ -12,8 +12,9 @@ section puts ``tests/`` on ``sys.path``)::
   implementation, which users of the pytest plugin share.
 - ``missing_prerequisite(reason)``: skip, or fail when ``SLURM_DDP_REQUIRE_SLURM=1`` (CI, where
   ``.ci/run`` installs every prerequisite and no tier may be skipped silently).
-- ``require_module(name)``, ``require_executable(*names)``: the same rule for an importable module
-  (instead of ``pytest.importorskip``) and a program on ``PATH``.
+- ``require_module(name)``, ``require_executable(*names)``, ``require_library(kind)``: the same rule for an
+  importable module (instead of ``pytest.importorskip``), a program on ``PATH`` and a library the binding
+  preloads (``jemalloc``, ``tcmalloc``, ``iomp5``; ``HIDE_LIBRARIES_ENV`` plays a machine without it).
 - ``wait_process(proc, pred, timeout_s, what)``: ``wait_for`` that fails at once, with the
   process's output, when ``proc`` exits first.
 """
@@ -21,6 +22,7 @@ section puts ``tests/`` on ``sys.path``)::
 from __future__ import annotations
 
 import importlib
+import os
 import shutil
 import subprocess
 from types import ModuleType
@@ -28,7 +30,15 @@ from typing import Any, Callable, TypeVar, cast
 
 from slurm_ddp.testing import missing_prerequisite, wait_for
 
-__all__ = ["missing_prerequisite", "require_executable", "require_module", "wait_for", "wait_process"]
+__all__ = [
+    "HIDE_LIBRARIES_ENV",
+    "missing_prerequisite",
+    "require_executable",
+    "require_library",
+    "require_module",
+    "wait_for",
+    "wait_process",
+]
 
 T = TypeVar("T")
 
@@ -53,6 +63,28 @@ def require_executable(*names: str, why: str = "") -> str:
         if path:
             return path
     missing_prerequisite(f"none of {', '.join(names)} is on PATH" + (f": {why}" if why else ""))
+
+
+#: Test-only: comma-separated library kinds ``require_library`` treats as missing although installed, so
+#: that a machine with them can check the suite passes on one without them (``.ci/run`` does).
+HIDE_LIBRARIES_ENV = "SLURM_DDP_TEST_HIDE_LIBRARIES"
+
+
+def require_library(kind: str, why: str = "") -> str:
+    """The path of the library ``kind`` as the binding finds it (``slurm_ddp.binding.locate_libraries``:
+    ``ldconfig -p``, then the usual directories); if it is not installed, ``missing_prerequisite`` with
+    the binding's own message (it names the package to install)."""
+    __tracebackhide__ = True
+    from slurm_ddp.binding import locate_libraries, missing_library_message
+    from slurm_ddp.errors import BindingError
+
+    hidden = {k.strip() for k in os.environ.get(HIDE_LIBRARIES_ENV, "").split(",")}
+    try:
+        if kind in hidden:
+            raise BindingError(f"{missing_library_message(kind)} [hidden by {HIDE_LIBRARIES_ENV}]")
+        return locate_libraries([kind], os.environ)[kind]
+    except BindingError as e:
+        missing_prerequisite(f"{e}" + (f": {why}" if why else ""))
 
 
 def wait_process(

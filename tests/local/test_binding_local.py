@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from lib import missing_prerequisite, require_executable
+from lib import missing_prerequisite, require_executable, require_library
 
 from slurm_ddp import binding
 from slurm_ddp.config import dump_config, load_config
@@ -144,6 +144,7 @@ def run_rank(rd: Path, rank: int, extra_env: dict = None) -> tuple:
 
 def test_local_backend_ranks_get_the_planned_threads_affinity_and_jemalloc(tmp_path: Path) -> None:
     """Two real DDP ranks through `slurm-ddp submit --backend local` with cores + jemalloc."""
+    require_library("jemalloc", why="the ranks preload it")
     (tmp_path / "report_task.py").write_text(TASK)
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -213,6 +214,7 @@ def test_wrapper_keeps_a_user_thread_count(tmp_path: Path) -> None:
 
 def test_wrapper_numa_mode_runs_under_numactl(tmp_path: Path) -> None:
     require_executable("numactl", why="environment.cpu_bind=numa (apt-get install numactl)")
+    require_library("jemalloc", why="the rank preloads it")
     rd = make_run_dir(tmp_path, "environment.cpu_bind=numa", "environment.allocator=jemalloc")
     cfg = load_config(rd / "config.yaml")
     report, env = run_rank(rd, 1)

@@ -522,3 +522,90 @@ def test_rendering_in_process_does_not_import_torch(tmp_path, example_job):
     out = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# --------------------------------------------------------------------------- render = submit --dry-run
+
+
+def _script_body(out: str) -> list:
+    """The script's lines: after the dry run's own head (up to ``# script (…):``), without the
+    ``# Made by:`` line (it names the command that printed it)."""
+    lines = out.splitlines()
+    head = [i for i, line in enumerate(lines) if line.startswith("# script (")]
+    lines = lines[head[0] + 1 :] if head else lines
+    return [line for line in lines if not line.startswith("# Made by:")]
+
+
+@pytest.mark.parametrize(
+    "job, extra",
+    [
+        ("digits/job.yaml", []),
+        ("own_script/job.yaml", []),
+        ("own_script/job.yaml", ["--set", "train.command=python -m train --epochs 5"]),
+        ("own_script/job.yaml", ["--sweep", "checkpoint.keep_last=1,2"]),
+    ],
+    ids=["task", "script", "module", "sweep"],
+)
+def test_render_prints_the_script_that_submit_dry_run_shows(job, extra, tmp_path, capsys):
+    """``render`` shows what runs: the script ``submit --dry-run`` prints, its code paths in the snapshot
+    that submit would take (issue 31); only the dry run's head (run directory, snapshot size) differs."""
+    from slurm_ddp.cli import main
+
+    path = str(REPO / "examples" / job)
+    run_dir = tmp_path / "run"
+    assert main(["render", path, "--run-dir", str(run_dir), *extra]) == 0
+    rendered = capsys.readouterr().out
+    assert main(["submit", path, "--backend", "sbatch", "--dry-run", "--run-dir", str(run_dir), *extra]) == 0
+    dry = capsys.readouterr().out
+    assert dry.startswith("# backend: sbatch") and rendered.startswith("#!/bin/bash")
+    assert _script_body(rendered) == _script_body(dry), "\n".join(
+        difflib.unified_diff(_script_body(dry), _script_body(rendered), "submit --dry-run", "render", lineterm="")
+    )
+    if "own_script" in job:  # the ranks' code: the snapshot's copy, not the checkout's
+        assert f"{run_dir}/code/" in rendered
+        assert f" {REPO}/examples/own_script/train.py" not in rendered
+    assert not run_dir.exists()  # both only print
+
+
+# --------------------------------------------------------------------------- CPUs of a GPU rank
+
+GPU4 = {"slurm": {"gpus_per_node": 4}, "train": {"num_workers": 4}}  # 4 ranks; slurm.cpus_per_task: default 1
+
+
+@pytest.mark.parametrize("verb", ["render", "dry-run", "explain"])
+def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_in_one_line(
+    verb, write_job, tmp_path, capsys
+):
+    """Issue 31: a 4-GPU job with the default slurm.cpus_per_task=1 gives each rank's 4 DataLoader workers
+    and the rank itself one CPU; render, submit --dry-run and env --explain say so, naming the key."""
+    from slurm_ddp.cli import main
+
+    job = str(write_job(GPU4))
+    run = ["--run-dir", str(tmp_path / "run")]
+    argv = {
+        "render": ["render", job, *run],
+        "dry-run": ["submit", job, "--backend", "sbatch", "--dry-run", *run],
+        "explain": ["env", job, "--explain"],
+    }[verb]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "#SBATCH --cpus-per-task=1" in out if verb != "explain" else "x 4 task(s) x 1 CPU(s)" in out
+    text = out if verb == "explain" else err
+    lines = [line for line in text.splitlines() if "slurm.cpus_per_task" in line]
+    assert len(lines) == 1 and "warning: slurm.cpus_per_task=1 " in lines[0], text
+    assert "train.num_workers" in lines[0] and "at least 5" in lines[0]
+    if verb != "explain":
+        assert err.splitlines() == lines  # one line on stderr, nothing in the script
+
+    # enough CPUs, a CPU job, or no loader workers: no warning
+    for patch in (
+        {**GPU4, "slurm": {"gpus_per_node": 4, "cpus_per_task": 5}},
+        {"train": {"num_workers": 4}},
+        {"slurm": {"gpus_per_node": 4}},
+    ):
+        assert main([argv[0], str(write_job(patch)), *argv[2:]]) == 0
+        out, err = capsys.readouterr()
+        assert "slurm.cpus_per_task" not in out + err
+    if verb == "explain":  # --cpus-per-task answers it too
+        assert main([*argv, "--cpus-per-task", "5"]) == 0
+        assert "slurm.cpus_per_task" not in capsys.readouterr().out

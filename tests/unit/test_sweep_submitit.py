@@ -35,7 +35,9 @@ ARRAY_ID = "777"
 
 @pytest.fixture
 def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A fake ``sbatch`` on PATH that keeps a copy of each script it gets (``scripts/N.sh``)."""
+    """A fake ``sbatch`` on PATH that keeps a copy of each script it gets (``scripts/N.sh``), and a fake
+    ``srun``: submitit's ``SlurmExecutor`` refuses to exist without one on PATH (it only looks it up, with
+    ``shutil.which``; the job's script runs it on the cluster), and a unit test must not need Slurm."""
     require_module("submitit", "the submitit backend")
     bindir, scripts = tmp_path / "bin", tmp_path / "scripts"
     bindir.mkdir()
@@ -45,7 +47,9 @@ def fake_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
         f'n=$(ls {scripts} | wc -l); cp "${{@: -1}}" {scripts}/$n.sh\n'
         f"echo 'Submitted batch job {ARRAY_ID}'\n"
     )
-    (bindir / "sbatch").chmod(0o755)
+    (bindir / "srun").write_text("#!/bin/sh\necho 'fake srun: a unit test ran srun' >&2\nexit 1\n")
+    for name in ("sbatch", "srun"):
+        (bindir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     return scripts
 
