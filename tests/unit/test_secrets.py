@@ -296,7 +296,10 @@ def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypat
     bindir = tmp_path / "bin"
     bindir.mkdir()
     (bindir / "sbatch").write_text("#!/bin/bash\necho 'Submitted batch job 4343'\n")
-    (bindir / "sbatch").chmod(0o755)
+    # submitit only looks srun up (a machine without Slurm has none): this one fails loudly if run
+    (bindir / "srun").write_text("#!/bin/sh\necho 'fake srun: a unit test ran srun' >&2\nexit 1\n")
+    for name in ("sbatch", "srun"):
+        (bindir / name).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     from slurm_ddp.backends.submitit_backend import schedule
 
