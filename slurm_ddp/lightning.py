@@ -27,8 +27,8 @@ set, except the watchdog reports, which are no-ops elsewhere anyway):
   ``val_accuracy`` reads as ``eval_accuracy``), ``resume`` when ``fit`` restored a checkpoint,
   ``checkpoint`` and ``preempted`` at a stop: the worker's events, read by ``slurm-ddp status``,
   ``runs`` and ``plot``.
-- **Hang watchdog**: the step after every training batch, ``eval`` during validation,
-  ``checkpoint`` while Lightning saves.
+- **Hang watchdog**: the step after every training batch (phase ``data`` until the next batch
+  starts, then ``step``), ``eval`` during validation, ``checkpoint`` while Lightning saves.
 - **Preemption**: from ``on_train_start`` the job's requeue signal (``$SLURM_DDP_REQUEUE_SIGNAL``)
   and SIGTERM set the flag of ``slurm_ddp.preemption`` instead of Lightning's SIGTERM handler; after
   each optimizer step the ranks agree on it (``preemption.should_stop``), and when set every rank
@@ -153,6 +153,7 @@ class SlurmDDPCallback(Callback):
         self._t_log = time.perf_counter()
         self._step_at_log = 0
         self._installed = False
+        self._started = False  # a training batch started since on_train_start
         self._saving: Optional[int] = None  # the step of a checkpoint Lightning is writing (event after it)
         self._progress = _progress.recorder()
 
@@ -207,6 +208,7 @@ class SlurmDDPCallback(Callback):
 
     def on_train_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
         step = trainer.global_step
+        self._started = False
         self._t_log, self._step_at_log, self._logged_step, self._polled_step = time.perf_counter(), step, step, step
         if trainer.ckpt_path:
             log.info("resumed from %s at step %d", trainer.ckpt_path, step)
@@ -228,7 +230,7 @@ class SlurmDDPCallback(Callback):
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
         step = trainer.global_step
-        self._mark(step, _progress.STEP)
+        self._mark(step, _progress.DATA)  # until the next batch starts: Lightning fetches it (and the one after)
         if self._metrics_path is not None:
             loss = _loss_of(outputs)
             if loss is not None:  # summed on the device: read only at log steps
@@ -279,7 +281,7 @@ class SlurmDDPCallback(Callback):
     def on_validation_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
         if trainer.sanity_checking:
             return
-        self._mark(trainer.global_step, _progress.STEP)
+        self._mark(trainer.global_step, _progress.DATA)
         result = eval_metrics(trainer.callback_metrics)
         if result:
             self.write(
@@ -294,7 +296,7 @@ class SlurmDDPCallback(Callback):
     def on_save_checkpoint(self, trainer: Trainer, pl_module: LightningModule, checkpoint: Dict[str, Any]) -> None:
         # called before Lightning writes the file: the event follows at the next hook, once it is written
         self._saving = trainer.global_step
-        self._mark(trainer.global_step, _progress.CHECKPOINT)  # until the next training batch ends
+        self._mark(trainer.global_step, _progress.CHECKPOINT)  # until the next training batch starts
 
     def _saved(self, trainer: Trainer) -> None:
         if self._saving is not None:
@@ -302,6 +304,10 @@ class SlurmDDPCallback(Callback):
             self._saving = None
 
     def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        if self._started:  # the batch is here: forward/backward/optimizer
+            self._mark(trainer.global_step, _progress.STEP)
+        else:  # the first step (DDP's buckets, first batches) keeps the start-up phase, as the worker's
+            self._started = True
         self._saved(trainer)
 
     def _uninstall(self) -> None:

@@ -121,3 +121,28 @@ def test_ctrl_c_is_a_stop_never_finished_and_resumes(tmp_path: Path) -> None:
     marker = read_preempted(run_dir)
     assert marker is not None and marker.signal == "SIGTERM", marker
     assert resume_and_finish(job, run_dir) == marker.step
+
+
+def test_a_hung_lightning_rank_is_caught_by_the_watchdog(tmp_path: Path) -> None:
+    """Rank 1 blocks in its dataset in the first epoch: the watchdog (10 s allowance) names it, in data
+    loading, with its stack at the blocking line in its log, and every process of the run ends."""
+    require_module("lightning", "the Lightning example")
+    hang_script = Path(__file__).resolve().parent / "lightning_hang_train.py"
+    shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
+    shutil.copy(hang_script, tmp_path / hang_script.name)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: lightning-hang\n"
+        "slurm: {nodes: 1, tasks_per_node: 2, time: '00:10:00'}\n"
+        f"train: {{command: 'python {hang_script.name} --hang-rank 1 --hang-after 160 --epochs 2'}}\n"
+        "watchdog: {timeout_floor_s: 10, step_time_factor: 2, poll_interval_s: 0.2}\n"
+    )
+    run_dir = tmp_path / "run"
+    r = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=600)
+    assert r.returncode not in (0, PREEMPTED_EXIT_CODE), r.stdout + r.stderr
+    line = [ln for ln in r.stderr.splitlines() if "hang:" in ln]
+    assert line and re.search(r"rank 1 on local0 stopped progressing at step \d+ in data loading", line[0]), r.stderr
+    rank1 = (run_dir / "logs" / "rank-1.log").read_text()
+    blocking = next(i for i, t in enumerate(hang_script.read_text().splitlines(), 1) if "HANG-HERE" in t)
+    assert f'{hang_script.name}", line {blocking} in __getitem__' in rank1, rank1[-3000:]
+    assert read_finished(run_dir) is None
