@@ -1,9 +1,15 @@
 """The real-Slurm tier for the PyTorch Lightning example (``examples/lightning``, ``SlurmDDPCallback``).
 
-2 nodes × 1 rank under srun (Lightning's ``SLURMEnvironment``, auto-requeue off by ``cluster_plugins``):
-``scancel --signal=USR2 JOBID`` (the requeue signal, to the ranks only) in the second epoch stops both
-ranks at one optimizer step with ``last.ckpt``; the job requeues itself once, resumes from that step and
-trains every epoch; ``status`` shows the restart.
+2 nodes × 1 rank under srun (Lightning's ``SLURMEnvironment``, auto-requeue off by ``cluster_plugins``),
+stopped in the second epoch in each of three ways:
+
+* ``scancel --signal=USR2 JOBID`` (the requeue signal, to the ranks only): the job requeues itself;
+* ``slurm-ddp cancel`` (SIGTERM, which Lightning alone would turn into exit 0 and a FINISHED run),
+  then ``slurm-ddp requeue``;
+* a partition preemption (SIGTERM; Slurm requeues the job itself).
+
+Each time both ranks stop at one optimizer step with ``last.ckpt``, the run is not finished, the next
+start resumes from that step and trains every epoch, and ``status`` shows the restart.
 """
 
 from __future__ import annotations
@@ -26,7 +32,10 @@ EPOCHS = 3
 STEPS_PER_EPOCH = 23  # 1,437 training images over 2 ranks, batch 32 per rank
 
 
-def test_usr2_to_the_ranks_requeues_once_and_resumes_from_last_ckpt(slurm_sandbox: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize("stop", ["usr2-to-ranks", "cancel-then-requeue", "partition-preemption"])
+def test_a_stopped_lightning_run_is_never_finished_early_and_resumes_from_last_ckpt(
+    slurm_sandbox: Any, tmp_path: Path, stop: str
+) -> None:
     require_module("lightning", "the Lightning example")
     shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
     job = tmp_path / "job.yaml"
@@ -37,7 +46,8 @@ def test_usr2_to_the_ranks_requeues_once_and_resumes_from_last_ckpt(slurm_sandbo
         .replace("--epochs 10", f"--epochs {EPOCHS} --step-sleep 0.1")
     )
     run_dir = tmp_path / "run"
-    r = cli(slurm_sandbox, "submit", str(job), "--run-dir", str(run_dir))
+    sets = ["--set", "slurm.partition=debug"] if stop == "partition-preemption" else []
+    r = cli(slurm_sandbox, "submit", str(job), "--run-dir", str(run_dir), *sets)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout
@@ -58,8 +68,25 @@ def test_usr2_to_the_ranks_requeues_once_and_resumes_from_last_ckpt(slurm_sandbo
         return [int(e["step"]) for e in read_metrics(run_dir) if e.get("event") == "train"]
 
     wait_for(lambda: any(s > STEPS_PER_EPOCH for s in steps()), 300, "a train event of the second epoch", why)
-    r2 = slurm_sandbox.run(["scancel", "--signal=USR2", job_id], capture_output=True, text=True, timeout=20)
-    assert r2.returncode == 0, r2.stderr
+    if stop == "usr2-to-ranks":
+        r2 = slurm_sandbox.run(["scancel", "--signal=USR2", job_id], capture_output=True, text=True, timeout=20)
+        assert r2.returncode == 0, r2.stderr
+    elif stop == "cancel-then-requeue":
+        r2 = cli(slurm_sandbox, "cancel", str(run_dir))
+        assert r2.returncode == 0, r2.stdout + r2.stderr
+        wait_for(lambda: state() == "CANCELLED", 120, "the cancelled job to end", why)
+        assert read_finished(run_dir) is None, why()
+        r2 = cli(slurm_sandbox, "requeue", str(run_dir))
+        assert r2.returncode == 0, r2.stdout + r2.stderr
+    else:  # a job of the higher-priority partition takes both nodes: SIGTERM, and Slurm requeues ours
+        hi = slurm_sandbox.run(
+            ["sbatch", "--parsable", "--partition=high", "--nodes=2", "--ntasks-per-node=2"]
+            + [f"--output={tmp_path}/high-%j.out", "--wrap", "sleep 1"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert hi.returncode == 0, hi.stderr
     wait_for(lambda: read_finished(run_dir) is not None, 400, "the run to finish after its requeue", why)
     wait_for(lambda: state() == "COMPLETED", 60, f"job {job_id} to complete", why)
     events = read_metrics(run_dir)
