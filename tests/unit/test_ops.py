@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import stat
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -737,7 +738,14 @@ def test_plot_writes_a_png_with_restarts(tmp_path, slurm, capsys):
     target = tmp_path / "elsewhere.png"
     rc, out, err = cli(["plot", str(rd), "-o", str(target)], capsys)
     assert rc == 0 and target.read_bytes()[:8] == PNG_SIGNATURE
-    assert "matplotlib" not in sys.modules or "matplotlib.pyplot" not in sys.modules  # no pyplot state
+    # no pyplot state: checked in a fresh interpreter (another test in this process may import pyplot,
+    # e.g. through lightning)
+    probe = subprocess.run(
+        [sys.executable, "-c", "import sys; from slurm_ddp.cli import main; rc = main(['plot', sys.argv[1], '-o', "
+         "sys.argv[2]]); assert rc == 0; print('matplotlib.pyplot' in sys.modules)", str(rd), str(tmp_path / "p.png")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert probe.returncode == 0 and probe.stdout.strip().splitlines()[-1] == "False", probe.stdout + probe.stderr
 
 
 def test_plot_draws_the_restart_lines(tmp_path):
