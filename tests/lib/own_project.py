@@ -39,6 +39,7 @@ print(f"[rank {{rank}}] done: {{VALUE}}", flush=True)
 
 
 def git(repo: Path, *args: str) -> str:
+    """``git -C repo ARGS`` with a throwaway identity; its stdout (raises on failure)."""
     return subprocess.run(
         ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
         check=True,

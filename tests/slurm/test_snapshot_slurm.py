@@ -14,12 +14,12 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from lib import wait_for
+from lib.own_project import git
 
 from slurm_ddp.rundir import read_metrics
 
@@ -36,15 +36,6 @@ SETS = (
     "slurm.nodes=1",
     "slurm.tasks_per_node=2",
 )
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 def logs(run_dir: Path) -> str:

@@ -14,6 +14,7 @@ from typing import List, Tuple
 
 import pytest
 import yaml
+from lib.own_project import git
 
 from slurm_ddp.cli import main
 from slurm_ddp.config import load_config
@@ -34,15 +35,6 @@ def sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     monkeypatch.delenv("SLURM_CONF", raising=False)
     return calls
-
-
-def git(repo: Path, *args: str) -> str:
-    return subprocess.run(
-        ["git", "-C", str(repo), "-c", "user.email=t@t", "-c", "user.name=t", *args],
-        check=True,
-        capture_output=True,
-        text=True,
-    ).stdout
 
 
 def make_repo(root: Path) -> Path:
