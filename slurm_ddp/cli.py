@@ -1,4 +1,7 @@
-"""The ``slurm-ddp`` command. The only place that turns errors into exit codes and messages.
+"""The ``slurm-ddp`` command: parses the arguments, makes one call per verb and turns its result or
+error into an exit code and messages; the only place that does. Each verb's work lives with its part
+(``backends.submit``: render and submit; ``ops``: runs, status, logs, cancel, requeue; ``plot``;
+``explain``: env; ``sandbox``); the text of tables and reports is ``ops.view``'s.
 
 A user mistake (``UserError``) prints one line ``slurm-ddp: error: …`` and exits 2;
 other ``SlurmDDPError``s print one line and exit with their code; with ``--verbose`` a
@@ -14,13 +17,13 @@ import os
 import sys
 import traceback
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence
+from typing import TYPE_CHECKING, List, NoReturn, Optional, Sequence
 
-from . import PREEMPTED_EXIT_CODE, __version__
-from .errors import SlurmDDPError, UserError
+from . import __version__
+from .errors import SlurmDDPError
 
 if TYPE_CHECKING:
-    from .ops import RunStatus
+    from .backends.submit import Reporter
 
 
 class _Parser(argparse.ArgumentParser):
@@ -51,12 +54,6 @@ def _add_sweep_arg(p: argparse.ArgumentParser) -> None:
         help="sweep a config key over values (repeatable: a grid), e.g. --sweep train.lr=0.001,0.003; "
         "one job array (see the sweep: section in the README)",
     )
-
-
-def _load_sweep(args: argparse.Namespace):
-    from .sweep import load_sweep
-
-    return load_sweep(args.job, args.overrides, args.sweep)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -173,218 +170,48 @@ def _command_line(argv: Sequence[str]) -> List[str]:
 
 
 def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .backends import default_run_dir, plan_script
+    from .backends.submit import render
 
-    sweep = _load_sweep(args)
-    if sweep is not None:
-        from .backends.array import default_sweep_dir, plan_sweep_script
-
-        _warn_literal_secrets({k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()})
-        _, rendered = plan_sweep_script(sweep, args.run_dir or default_sweep_dir(sweep), command=_command_line(argv))
-    else:
-        cfg = _load(args)
-        _warn_literal_secrets(cfg.environment.env)
-        # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
-        _, rendered = plan_script(cfg, args.run_dir or default_run_dir(cfg), command=_command_line(argv))
-    _warn(rendered.warnings)
-    sys.stdout.write(rendered.shown)  # credential-looking values as *** (slurm_ddp.secrets)
+    shown = render(
+        args.job, args.overrides, args.sweep, run_dir=args.run_dir, command=_command_line(argv), warn=_reporter().warn
+    )
+    sys.stdout.write(shown)  # credential-looking values as *** (slurm_ddp.secrets)
     return 0
 
 
-def _warn_literal_secrets(env: Mapping[str, str]) -> None:
-    from .secrets import literal_warning
+def _reporter() -> Reporter:
+    """submit's and render's words on the terminal: results on stdout, warnings and status lines on stderr."""
+    from .backends.submit import Reporter
 
-    line = literal_warning(env)
-    if line:
-        _warn([line])
+    def out(text: str) -> None:
+        sys.stdout.write(text)
+        sys.stdout.flush()
 
-
-def _warn(lines: Sequence[str]) -> None:
-    for line in lines:
-        print(f"slurm-ddp: warning: {line}", file=sys.stderr)
+    return Reporter(
+        out=out,
+        warn=lambda line: print(f"slurm-ddp: warning: {line}", file=sys.stderr),
+        say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True),
+        echo=sys.stdout,
+    )
 
 
 def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    import shutil
+    from .backends.submit import submit
 
-    from .backends import plan_submit
-
-    sweep = _load_sweep(args)
-    backend = args.backend
-    if backend == "auto":
-        backend = "sbatch" if shutil.which("sbatch") else "local"
-    if sweep is not None:
-        return _submit_sweep(args, argv, sweep, backend)
-    cfg = _load(args)
-    if args.test_only:
-        _check_test_only(args, backend)
-    plan = plan_submit(cfg, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
-    _warn(plan.warnings)
-    if args.dry_run:
-        sys.stdout.write(plan.describe())
-        return 0
-    if plan.resuming and not args.test_only:
-        from .ops import refuse_active_run
-
-        note = refuse_active_run(Path(plan.run_dir))
-        if note:
-            print(f"slurm-ddp: warning: {note}", file=sys.stderr)
-    if not args.no_check_task:
-        from .preflight import check_command, check_task_imports
-
-        def warn(msg: str) -> None:
-            print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
-
-        check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
-        if not cfg.train.command:
-            check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
-    if args.test_only:
-        from .preflight import sbatch_test_only
-
-        answer = sbatch_test_only(plan)
-        print(f"slurm-ddp: sbatch --test-only accepted the job (nothing submitted, no run directory written): {answer}")
-        return 0
-    if backend == "sbatch":
-        from .backends.sbatch import schedule
-
-        job_id = schedule(plan)
-        print(f"submitted job {job_id}; run directory {plan.run_dir}")
-        return 0
-    if backend == "submitit":
-        from .backends.submitit_backend import schedule as submitit_schedule
-
-        job_id = submitit_schedule(plan)
-        print(f"submitted job {job_id} through submitit; run directory {plan.run_dir}")
-        return 0
-    from .backends.local import schedule as local_schedule
-    from .rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
-
-    print(
-        f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
-        + (" (resuming)" if plan.resuming else ""),
-        flush=True,
-    )
-    status = local_schedule(
-        plan, echo=sys.stdout, say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True)
-    )
-    rec = read_finished(plan.run_dir)
-    if status == 0 and rec is not None and rec.get("command"):
-        print(f"slurm-ddp: finished: every rank of train.command exited with status 0; run directory {plan.run_dir}")
-    elif status == 0 and rec is not None:
-        acc = rec.get("eval_accuracy")
-        print(
-            f"slurm-ddp: finished at step {rec.get('step', '?')}"
-            + (f", eval accuracy {acc:.4f}" if acc is not None else "")
-            + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}"
-        )
-    elif status == PREEMPTED_EXIT_CODE:
-        print(
-            f"slurm-ddp: stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {args.job} "
-            f"--backend local --run-dir {plan.run_dir}",
-            file=sys.stderr,
-        )
-    else:
-        print(f"slurm-ddp: job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}", file=sys.stderr)
-    return status
-
-
-def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, backend: str) -> int:
-    """``submit`` of a sweep: one sweep directory, one ``sbatch --array`` (or the local backend, element by element)."""
-    from .backends.array import plan_sweep, schedule_local, schedule_sbatch
-    from .sweep import check_array_size
-
-    if args.test_only:
-        raise UserError("--test-only checks a single job; for a sweep use --dry-run")
-    plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
-    if backend in ("sbatch", "submitit"):
-        check_array_size(sweep)
-    if args.dry_run:
-        _warn(plan.warnings)
-        sys.stdout.write(plan.describe())
-        return 0
-    if not plan.todo:
-        print(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})")
-        return 0
-    if plan.resuming:  # on every backend: a sweep run locally into the directories of a running array, too
-        from .ops.sweeps import progress_kind, read_sweep, sweep_status
-
-        active = [
-            e.index
-            for e, st in sweep_status(read_sweep(Path(plan.sweep_dir))).elements
-            if progress_kind(st) in ("running",) or (st.slurm is not None and not st.final)
-        ]
-        if active:
-            raise UserError(
-                f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
-                f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
-            )
-    if not args.no_check_task:
-        from .preflight import check_command, check_task_imports
-
-        def warn(msg: str) -> None:
-            print(f"slurm-ddp: warning: {msg}", file=sys.stderr)
-
-        cfg0 = sweep.elements[0].cfg
-        check_command(cfg0, warn=warn)
-        if not cfg0.train.command:
-            check_task_imports(cfg0, cwd_on_path=backend == "local", warn=warn)
-    for w in plan.warnings:
-        print(f"slurm-ddp: warning: {w}", file=sys.stderr)
-    n = len(sweep.elements)
-    if backend == "sbatch":
-        from .sweep import array_spec
-
-        job_id = schedule_sbatch(plan)
-        print(
-            f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
-            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}"
-        )
-        return 0
-    if backend == "submitit":
-        from .backends.submitit_sweep import array_flag, schedule_submitit
-
-        job_id = schedule_submitit(plan)
-        print(
-            f"submitted job array {job_id} through submitit ({array_flag(plan)}): "
-            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}"
-        )
-        return 0
-    results = schedule_local(
-        plan,
-        echo=sys.stdout,
-        say=lambda message: print(f"slurm-ddp: {message}", file=sys.stderr, flush=True),
+    done = submit(
+        args.job,
+        args.overrides,
+        args.sweep,
+        report=_reporter(),
+        backend=args.backend,
+        run_dir=args.run_dir,
         command=_command_line(argv),
+        dry_run=args.dry_run,
+        test_only=args.test_only,
+        check_task=not args.no_check_task,
+        accept_new_code=args.accept_new_code,
     )
-    failed = [(i, rc) for i, rc in results if rc != 0]
-    done = len(results) - len(failed)
-    print(
-        f"slurm-ddp: sweep {sweep.name!r}: {done} of {len(results)} element(s) run finished; sweep directory {plan.sweep_dir}"
-    )
-    if failed:
-        i, rc = failed[0]
-        print(
-            f"slurm-ddp: element {i} ({sweep.elements[i].label}) ended with status {rc}; "
-            f"submit the sweep again with --run-dir {plan.sweep_dir} to resume the unfinished elements",
-            file=sys.stderr,
-        )
-        return rc
-    return 0
-
-
-def _check_test_only(args: argparse.Namespace, backend: str) -> None:
-    import shutil
-
-    if args.dry_run:
-        raise UserError(
-            "--dry-run and --test-only: choose one (--dry-run prints the script; --test-only asks the controller)"
-        )
-    if args.backend not in ("auto", "sbatch"):
-        raise UserError(f"--test-only checks an sbatch submission; it does not apply to --backend {args.backend}")
-    if backend != "sbatch" or not shutil.which("sbatch"):
-        raise UserError(
-            "--test-only asks the Slurm controller through sbatch, which is not on PATH here; "
-            "run it on a login node of the cluster (or use --dry-run)"
-        )
+    return done.exit_status
 
 
 def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
@@ -438,14 +265,56 @@ def cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
             )
         )
         return 0
-    if not os.environ.get("SLURM_PROCID"):
-        raise UserError(
-            "not inside a SLURM task (SLURM_PROCID is not set): run it under srun, "
-            f"or add --explain to see every rank without a cluster: slurm-ddp env {args.job} --explain"
-        )
-    from .launch import plan_here
+    sys.stdout.write(explain.explain_here(cfg, os.environ, args.job))
+    return 0
 
-    sys.stdout.write(explain.explain_task(cfg, os.environ, plan_here(cfg, os.environ)))
+
+# --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
+# Each is one call into slurm_ddp.ops (records, sentences) and one into slurm_ddp.ops.view (their text).
+def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import report, view
+
+    rep = report.list_runs(args.dir, accounting=not args.json)
+    sys.stdout.write(view.runs_json(rep) if args.json else view.format_runs_report(rep))
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import report, targets, view
+
+    rep = report.status_report(targets.resolve_target(args.run))
+    sys.stdout.write(view.status_json(rep) if args.json else view.format_status_report(rep, args.sort))
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import targets, view
+
+    st = targets.show_target_logs(args.run, args.rank, view.stream_writer(), follow=args.follow)
+    if st is not None:
+        print(f"slurm-ddp: run {st.run.name} ended: {st.describe_state()}", file=sys.stderr)
+    return 0
+
+
+def cmd_cancel(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import targets
+
+    print(targets.cancel_target(targets.resolve_target(args.run)))
+    return 0
+
+
+def cmd_requeue(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import targets
+
+    print(targets.requeue_target(targets.resolve_target(args.run)))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops.targets import resolve_target
+    from .plot import plot_target
+
+    print(f"wrote {plot_target(resolve_target(args.run), args.output)}")
     return 0
 
 
@@ -455,395 +324,13 @@ COMMANDS = {
     "sandbox": cmd_sandbox,
     "config-keys": cmd_config_keys,
     "env": cmd_env,
+    "runs": cmd_runs,
+    "status": cmd_status,
+    "logs": cmd_logs,
+    "cancel": cmd_cancel,
+    "requeue": cmd_requeue,
+    "plot": cmd_plot,
 }
-
-
-# --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
-# The tables and the writer of the login-node verbs: slurm_ddp.ops returns records and
-# sentences; what they look like on the terminal, and what a closed pipe means, is decided here.
-def format_eval(m: Optional[Dict[str, Any]]) -> str:
-    """``acc=0.9712`` (eval_accuracy), else the first other eval metric; ``-`` when none."""
-    if not m:
-        return "-"
-    if isinstance(m.get("eval_accuracy"), (int, float)):
-        return f"acc={m['eval_accuracy']:.4f}"
-    for k, v in m.items():
-        if k.startswith("eval_") and k != "eval_samples" and isinstance(v, (int, float)):
-            return f"{k[5:]}={v:.4g}"
-    return "-"
-
-
-def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> str:
-    """The ``slurm-ddp runs`` table."""
-    cwd = Path.cwd() if cwd is None else cwd
-    header = ("NAME", "JOBS", "STATE", "STEP", "EVAL", "RESTARTS", "DIR")
-    rows = [header]
-    for st in statuses:
-        r = st.run
-        jobs = ",".join(r.job_ids) or "-"
-        if r.is_local:
-            jobs = "local:" + jobs
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
-        try:
-            where = str(r.path.relative_to(cwd))
-        except ValueError:
-            where = str(r.path)
-        rows.append((r.name, jobs, st.state, step, format_eval(r.last_eval), str(r.restarts), where))
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
-
-
-def format_status(st: RunStatus) -> str:
-    """The ``slurm-ddp status`` report: one ``key: value`` line each."""
-    r = st.run
-    lines = [("run", f"{r.name}  ({r.path})"), ("backend", r.backend or "-")]
-    if r.jobs:
-        ids = r.job_ids
-        lines.append(("job", f"{r.latest_job_id}" + (f"  (all submissions: {', '.join(ids)})" if len(ids) > 1 else "")))
-    lines.append(("state", f"{st.describe_state()}  [{st.source}]"))
-    step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
-    lines.append(("step", step))
-    lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))
-    if r.finished is not None:
-        acc = r.finished.get("eval_accuracy")
-        lines.append(
-            (
-                "finished",
-                "yes, every rank of train.command exited with status 0"
-                if r.finished.get("command")
-                else f"yes, at step {r.finished.get('step', '?')}"
-                + (f", eval accuracy {acc:.4f}" if isinstance(acc, (int, float)) else ""),
-            )
-        )
-    else:
-        lines.append(("finished", "no"))
-    restarts = f"{r.restarts}"
-    if r.resumes:
-        restarts += " (resumed at step " + ", ".join(str(m.get("step", "?")) for m in r.resumes) + ")"
-    if st.slurm is not None and st.slurm.restarts is not None:
-        restarts += f"; Slurm restart count of job {st.slurm.job_id}: {st.slurm.restarts}"
-    lines.append(("restarts", restarts))
-    ev = r.last_eval
-    lines.append(("last eval", f"{format_eval(ev)} at step {ev.get('step', '?')}" if ev else "-"))
-    if r.preempted is not None and r.finished is None:
-        p = r.preempted
-        lines.append(("preempted", f"job {p.job_id} restart {p.restart} stopped at step {p.step} ({p.signal})"))
-    for n in st.notes:
-        lines.append(("note", n))
-    width = max(len(k) for k, _ in lines)
-    return "".join(f"{k + ':':<{width + 1}} {v}\n" for k, v in lines)
-
-
-def stream_writer(stream: Optional[IO[str]] = None) -> Callable[[str], None]:
-    """A ``write`` for :func:`slurm_ddp.ops.show_logs` that flushes every line (for pipes and ``tail``-like use)."""
-
-    def write(text: str) -> None:
-        s = stream or sys.stdout
-        try:
-            s.write(text)
-            s.flush()
-        except BrokenPipeError:  # `slurm-ddp logs RUN | head`: stop quietly, like tail
-            try:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), s.fileno())
-            except (OSError, ValueError, AttributeError):
-                pass
-            raise SystemExit(0) from None
-
-    return write
-
-
-def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-    from .ops import sweeps
-
-    runs = ops.find_runs(args.dir)
-    statuses = ops.runs_status(runs)
-    sweep_stats = [sweeps.sweep_status(sweeps.read_sweep(p)) for p in sweeps.find_sweeps(Path(args.dir))]
-    if args.json:
-        for st in statuses:
-            print(json.dumps(st.to_dict(), default=str))
-        for sw in sweep_stats:
-            print(json.dumps({"sweep_dir": str(sw.sweep.path), "name": sw.sweep.name, **sw.progress()}))
-        return 0
-    if not statuses and not sweep_stats:
-        print(f"no runs under {args.dir}")
-        return 0
-    if statuses:
-        sys.stdout.write(format_runs(statuses))
-    if sweep_stats:
-        sys.stdout.write(format_sweeps(sweep_stats))
-    from .ops.accounting import history
-
-    ids = [j for st in statuses if not st.run.is_local for j in st.run.job_ids]
-    if ids:
-        acc = history(ids)
-        if acc.unavailable:
-            print(f"total: accounting not available ({acc.unavailable})")
-        else:
-            print(
-                f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, "
-                f"{acc.gpu_hours:.4f} GPU-hours over {acc.starts} starts of {len(set(ids))} jobs (sacct)"
-            )
-    return 0
-
-
-def format_sweeps(stats: Sequence[Any], cwd: Optional[Path] = None) -> str:
-    """The sweeps part of ``slurm-ddp runs``: one line per sweep with its progress."""
-    cwd = Path.cwd() if cwd is None else cwd
-    header = ("SWEEP", "ARRAY JOBS", "ELEMENTS", "DONE", "RUNNING", "PENDING", "FAILED", "DIR")
-    rows = [header]
-    for sw in stats:
-        p = sw.progress()
-        try:
-            where = str(sw.sweep.path.relative_to(cwd))
-        except ValueError:
-            where = str(sw.sweep.path)
-        rows.append(
-            (
-                sw.sweep.name,
-                ",".join(sw.sweep.array_job_ids) or "-",
-                str(len(sw.elements)),
-                *(str(p[k]) for k in ("done", "running", "pending", "failed")),
-                where,
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    return "\n" + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
-
-
-def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
-    """The ``slurm-ddp status SWEEP`` table: one row per element."""
-    from .ops import sweeps
-
-    sw = st.sweep
-    rows_src = sweeps.sort_elements(st, metric) if (sort and metric) else st.elements
-    m = metric or "-"
-    short = m[5:] if m.startswith("eval_") else m
-    header = ("#", "VALUES", "JOB", "STATE", "STEP", f"LAST {short}", f"BEST {short}", "RESTARTS")
-    rows = [header]
-    for e, rs in rows_src:
-        r = e.run
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
-        vals = sweeps.metric_values(r, metric) if metric else []
-        best = sweeps.best_value(r, metric) if metric else None
-        state = rs.state if r.finished is None or rs.state == "COMPLETED" else f"{rs.state} (finished)"
-        rows.append(
-            (
-                str(e.index),
-                e.label,
-                ("local:" if r.is_local else "") + (r.latest_job_id or "-"),
-                state,
-                step,
-                f"{vals[-1]:.4g}" if vals else "-",
-                f"{best:.4g}" if best is not None else "-",
-                str(r.restarts),
-            )
-        )
-    widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-    p = st.progress()
-    head = (
-        f"sweep {sw.name}  ({sw.path})\n"
-        f"array jobs: {', '.join(sw.array_job_ids) or '-'}; {len(st.elements)} elements: "
-        + ", ".join(f"{p[k]} {k}" for k in ("done", "running", "pending", "failed"))
-        + "\n"
-    )
-    notes = "".join(f"note: {n}\n" for n in st.notes)
-    return head + notes + "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
-
-
-def _resolve(arg: str) -> Path:
-    """A run directory, a sweep directory, or ``SWEEP/N`` (an element by its number)."""
-    from . import ops
-    from .ops.sweeps import element_path
-    from .rundir import is_sweep_dir
-
-    elem = element_path(arg)
-    if elem is not None:
-        return elem
-    p = Path(arg)
-    if not p.exists() and os.sep not in arg and is_sweep_dir(Path("runs") / arg):
-        p = Path("runs") / arg
-    if is_sweep_dir(p):
-        return p.resolve()
-    return ops.resolve_run(arg)
-
-
-def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-    from .rundir import is_sweep_dir
-
-    path = _resolve(args.run)
-    if is_sweep_dir(path):
-        from .ops import sweeps
-
-        sst = sweeps.sweep_status(sweeps.read_sweep(path))
-        metric = args.sort or sweeps.default_metric(sst.sweep)
-        if args.json:
-            for e, rs in sst.elements:
-                print(json.dumps({"index": e.index, "label": e.label, "values": e.values, **rs.to_dict()}, default=str))
-            return 0
-        sys.stdout.write(format_sweep_status(sst, metric, sort=bool(args.sort)))
-        return 0
-    st = ops.run_status(ops.read_run(path))
-    from .ops.accounting import history
-    from .provenance import changes
-    from .provenance import read as read_provenance
-
-    acc = None if st.run.is_local else history(st.run.job_ids)
-    changed = changes(read_provenance(str(st.run.path)))
-    if args.json:
-        d = st.to_dict()
-        d["accounting"] = acc.to_dict() if acc is not None else None
-        d["changed_between_starts"] = changed
-        print(json.dumps(d, default=str))
-    else:
-        sys.stdout.write(format_status(st))
-        sys.stdout.write(format_history(st, acc, changed))
-    return 0
-
-
-def _epoch(text: str) -> Optional[float]:
-    import time
-
-    try:
-        return time.mktime(time.strptime(text, "%Y-%m-%dT%H:%M:%S"))
-    except (ValueError, OverflowError):
-        return None
-
-
-def _requeue_signal(run_dir: Path) -> str:
-    from .config import read_yaml
-    from .errors import ConfigError
-    from .rundir import CONFIG_NAME
-
-    try:
-        data = read_yaml(run_dir / CONFIG_NAME)
-    except ConfigError:
-        return "USR2"
-    requeue = data.get("requeue") if isinstance(data, dict) else None
-    return str(requeue.get("signal", "USR2")) if isinstance(requeue, dict) else "USR2"
-
-
-def format_history(st: RunStatus, acc: Any, changed: Sequence[str]) -> str:
-    """The ``status`` lines after the record: the Slurm history from accounting (one row per start,
-    why it ended, and the node-/CPU-/GPU-hours), or one line saying accounting is not available;
-    then what changed between starts (``provenance.json``)."""
-    from .ops.accounting import reason
-
-    out: List[str] = []
-    if acc is None:
-        out.append("history:    local run (no Slurm accounting)\n")
-    elif acc.unavailable:
-        out.append(f"history:    accounting not available ({acc.unavailable}); the record above is all there is\n")
-    else:
-        signal_name = _requeue_signal(st.run.path)
-        stops = [m for m in st.run.metrics if m.get("event") == "preempted"]
-        header = ("JOB", "RESTART", "STATE", "WHY", "START", "ELAPSED", "EXIT", "NODES")
-        rows = [header]
-        for r in acc.rows:
-            t0, t1 = _epoch(r.start), _epoch(r.end)
-            sig = None
-            for m in stops:
-                t = m.get("time")
-                if isinstance(t, (int, float)) and t0 is not None and t0 - 5 <= t <= (t1 or t) + 5:
-                    sig = str(m.get("signal") or "")
-            h, rem = divmod(r.elapsed_s, 3600)
-            elapsed = f"{h}:{rem // 60:02d}:{rem % 60:02d}"
-            rows.append(
-                (r.job_id, str(r.restart), r.state, reason(r, sig, signal_name), r.start, elapsed, r.exit_code, r.nodes)
-            )
-        widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
-        never = len(acc.rows) - acc.starts
-        out.append(f"history:    {acc.starts} starts (sacct)" + (f", {never} not started" if never else "") + "\n")
-        out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in rows]
-        out.append(
-            f"cost:       {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours\n"
-        )
-    for c in changed:
-        out.append(f"changed:    {c}\n")
-    return "".join(out)
-
-
-def cmd_logs(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-
-    path = _resolve(args.run)
-    from .rundir import is_sweep_dir
-
-    if is_sweep_dir(path):
-        raise UserError(f"logs shows one run: give one element of the sweep, e.g. slurm-ddp logs {args.run}/0")
-    run = ops.read_run(path)
-    if args.rank is not None:
-        ops.check_rank(run, args.rank)
-    write = stream_writer()
-    if not args.follow:
-        ops.show_logs(run, args.rank, write)
-        return 0
-    st = ops.follow_logs(run.path, args.rank, write)
-    print(f"slurm-ddp: run {run.name} ended: {st.describe_state()}", file=sys.stderr)
-    return 0
-
-
-def cmd_cancel(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-    from .rundir import is_sweep_dir
-
-    path = _resolve(args.run)
-    if is_sweep_dir(path):
-        from .ops import sweeps
-
-        print(sweeps.cancel_sweep(sweeps.read_sweep(path)))
-        return 0
-    print(ops.cancel(ops.read_run(path)))
-    return 0
-
-
-def cmd_requeue(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-    from .rundir import is_sweep_dir
-
-    path = _resolve(args.run)
-    if is_sweep_dir(path):
-        from .ops import sweeps
-
-        print(sweeps.requeue_sweep(sweeps.read_sweep(path)))
-        return 0
-    print(ops.requeue(ops.read_run(path)))
-    return 0
-
-
-def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from . import ops
-    from .plot import plot_run
-    from .rundir import is_sweep_dir
-
-    run_path = _resolve(args.run)
-    if args.output:
-        from .paths import check_file_writable
-
-        check_file_writable(args.output, "--output")
-    if is_sweep_dir(run_path):
-        from .ops import sweeps
-        from .plot import plot_sweep
-
-        path = plot_sweep(sweeps.read_sweep(run_path), args.output)
-        print(f"wrote {path}")
-        return 0
-    path = plot_run(ops.read_run(run_path), args.output)
-    print(f"wrote {path}")
-    return 0
-
-
-COMMANDS.update(
-    {
-        "runs": cmd_runs,
-        "status": cmd_status,
-        "logs": cmd_logs,
-        "cancel": cmd_cancel,
-        "requeue": cmd_requeue,
-        "plot": cmd_plot,
-    }
-)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

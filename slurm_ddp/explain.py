@@ -375,3 +375,19 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
         )
     out += rank_lines(denv, plan, rank_program(cfg))
     return "\n".join(out) + "\n"
+
+
+def explain_here(cfg: JobConfig, environ: Mapping[str, str], job: str) -> str:
+    """``slurm-ddp env JOB`` inside a SLURM task: :func:`explain_task` for this task, with the binding
+    plan the launch wrapper would apply here (``slurm_ddp.launch.plan_here``).
+
+    Raises ``UserError`` outside a SLURM task (``SLURM_PROCID`` unset), naming ``--explain``.
+    """
+    if not environ.get("SLURM_PROCID"):
+        raise UserError(
+            "not inside a SLURM task (SLURM_PROCID is not set): run it under srun, "
+            f"or add --explain to see every rank without a cluster: slurm-ddp env {job} --explain"
+        )
+    from .launch import plan_here
+
+    return explain_task(cfg, environ, plan_here(cfg, environ))

@@ -165,3 +165,19 @@ def plot_sweep(sweep: Any, out: Union[str, os.PathLike, None] = None, *, dpi: in
     except OSError as e:
         raise UserError(f"-o {str(out_path)!r}: cannot write the PNG: {e.strerror or e}") from None
     return out_path
+
+
+def plot_target(path: Path, out: Optional[str] = None) -> Path:
+    """``slurm-ddp plot``: :func:`plot_sweep` when ``path`` is a sweep directory, else :func:`plot_run`.
+    ``out`` is checked to be writable first (``UserError`` naming ``--output``)."""
+    from .rundir import is_sweep_dir
+
+    if out:
+        from .paths import check_file_writable
+
+        check_file_writable(out, "--output")
+    if is_sweep_dir(path):
+        from .ops.sweeps import read_sweep
+
+        return plot_sweep(read_sweep(path), out)
+    return plot_run(read_run(path), out)

@@ -4,8 +4,8 @@ Side effects: starts one subprocess per check. ``check_task_imports`` imports th
 ``train.task`` the way the worker will (the job's interpreter, ``train.pythonpath`` first
 on ``sys.path``, ``environment.env`` set) but in a child process, so that the CLI process
 never imports torch or the user's code. A task that does not import is a ``UserError``
-that says why, in one line, before anything is written or queued. ``sbatch_test_only`` asks the real controller
-whether (and when) it would run the rendered script, without submitting it.
+that says why, in one line, before anything is written or queued. (``sbatch --test-only``, which asks the
+real controller about the rendered script, is the sbatch backend's: ``backends.sbatch.sbatch_test_only``.)
 """
 
 from __future__ import annotations
@@ -15,13 +15,10 @@ import logging
 import os
 import subprocess
 import sys
-from typing import TYPE_CHECKING, Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Optional
 
 from .config import JobConfig
-from .errors import ClusterError, UserError
-
-if TYPE_CHECKING:
-    from .backends import SubmitPlan
+from .errors import UserError
 
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -247,35 +244,3 @@ def check_command(
             f"slurm.launcher=torchrun: {result['error']} ({python}); torchrun would not pass the requeue signal "
             f"to the ranks. Use a newer torch or slurm.launcher: srun{skip}"
         )
-
-
-def sbatch_test_only(plan: SubmitPlan, run: Runner = subprocess.run, *, timeout_s: float = 60.0) -> str:
-    """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
-    (``sbatch: Job N to start at … on nodes … in partition …``).
-
-    Nothing is submitted and no run directory is written: the script goes to a temporary
-    directory, which is removed. Raises ``ClusterError`` when sbatch is missing, does not
-    answer, or refuses the job (its reason included).
-    """
-    import tempfile
-    from pathlib import Path
-
-    with tempfile.TemporaryDirectory(prefix="slurm-ddp-test-only-") as tmp:
-        script = Path(tmp) / "test-only.sbatch"
-        script.write_text(plan.rendered.script, encoding="utf-8")
-        script.chmod(0o755)
-        argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
-        try:
-            proc = run(argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL)
-        except FileNotFoundError:
-            raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
-        except subprocess.TimeoutExpired:
-            raise ClusterError(f"sbatch --test-only did not answer within {timeout_s:.0f} s") from None
-    lines = [
-        " ".join(ln.split()) for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines() if ln.strip()
-    ]
-    if proc.returncode != 0:
-        raise ClusterError(
-            f"sbatch --test-only refused the job (exit {proc.returncode}): {'; '.join(lines) or 'no message'}"
-        )
-    return "; ".join(lines) or "no message"

@@ -1,4 +1,5 @@
-"""The ``sbatch`` backend: write the run directory, ``sbatch --parsable``, record the job id."""
+"""The ``sbatch`` backend: write the run directory, ``sbatch --parsable``, record the job id; and
+``sbatch --test-only`` (:func:`sbatch_test_only`), which asks the controller without submitting."""
 
 from __future__ import annotations
 
@@ -28,3 +29,37 @@ def schedule(plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] =
         raise ClusterError(f"sbatch printed no job id: {proc.stdout!r}")
     record_job(plan.run_dir, backend="sbatch", job_id=job_id)
     return job_id
+
+
+def sbatch_test_only(
+    plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] = subprocess.run, *, timeout_s: float = 60.0
+) -> str:
+    """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
+    (``sbatch: Job N to start at … on nodes … in partition …``).
+
+    Nothing is submitted and no run directory is written: the script goes to a temporary
+    directory, which is removed. Raises ``ClusterError`` when sbatch is missing, does not
+    answer, or refuses the job (its reason included).
+    """
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory(prefix="slurm-ddp-test-only-") as tmp:
+        script = Path(tmp) / "test-only.sbatch"
+        script.write_text(plan.rendered.script, encoding="utf-8")
+        script.chmod(0o755)
+        argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
+        try:
+            proc = run(argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL)
+        except FileNotFoundError:
+            raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
+        except subprocess.TimeoutExpired:
+            raise ClusterError(f"sbatch --test-only did not answer within {timeout_s:.0f} s") from None
+    lines = [
+        " ".join(ln.split()) for ln in ((proc.stderr or "") + "\n" + (proc.stdout or "")).splitlines() if ln.strip()
+    ]
+    if proc.returncode != 0:
+        raise ClusterError(
+            f"sbatch --test-only refused the job (exit {proc.returncode}): {'; '.join(lines) or 'no message'}"
+        )
+    return "; ".join(lines) or "no message"

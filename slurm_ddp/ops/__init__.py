@@ -1,5 +1,5 @@
 """Operating runs from the login node: the verbs ``runs``, ``status``, ``logs``, ``cancel`` and
-``requeue`` without their printing (that, and the exit codes, are ``slurm_ddp.cli``'s).
+``requeue`` as records and sentences; their text is :mod:`.view`'s, the exit codes ``slurm_ddp.cli``'s.
 
 One module per job:
 
@@ -10,7 +10,10 @@ One module per job:
 - :mod:`.status`: the two joined into a run's state (:class:`RunStatus`), the local launcher's
   liveness, and the refusal of a second job in a busy run directory;
 - :mod:`.actions`: :func:`cancel` and :func:`requeue` (``scancel`` / ``scontrol requeue``);
-- :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``.
+- :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``;
+- :mod:`.targets`: what a verb's argument names (run, sweep, ``SWEEP/N``) and the verbs that take either;
+- :mod:`.report`: what ``runs`` and ``status`` report (states joined with accounting and provenance);
+- :mod:`.view`: the text of all of it, shared by the CLI and the Python API.
 
 The run directory's file names and readers belong to :mod:`slurm_ddp.rundir`. Nothing here
 imports torch: all of it works on a login node where only the CLI is installed. The names

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from ..errors import UserError
+from ..errors import ConfigError, UserError
 from ..rundir import (
     CONFIG_NAME,
     DEFAULT_RUNS_DIR,
@@ -173,6 +173,19 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     # train.command: the script's own steps (metrics.jsonl) have no known end; max_steps is the worker's
     max_steps = None if get("train", "command") else as_int(get("train", "max_steps"), None)
     return name, max_steps, world
+
+
+def read_requeue_signal(run_dir: Path) -> str:
+    """The run's ``requeue.signal`` from its config file (``CONFIG_NAME``), without validating it;
+    ``USR2`` (the config's default) when it is missing or unreadable."""
+    from ..config import read_yaml
+
+    try:
+        data = read_yaml(run_dir / CONFIG_NAME)
+    except ConfigError:
+        return "USR2"
+    requeue = data.get("requeue") if isinstance(data, dict) else None
+    return str(requeue.get("signal", "USR2")) if isinstance(requeue, dict) else "USR2"
 
 
 def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Optional[int]]] = None) -> Run:

@@ -6,6 +6,12 @@ script can use the same way. Side effects: everything a training process does.
 
 Exit statuses: 0 finished (or already finished); ``PREEMPTED_EXIT_CODE`` (75) stopped for
 preemption after the checkpoint of the last completed step was committed; 2 bad input.
+
+Why over 600 lines: most of it is one class, :class:`Trainer`, whose methods share the state of
+one training process (model, optimizer, sampler, scaler, step, the preemption flag) and run in one
+order (build → resume → train loop → stop or finish). Its reusable pieces already live elsewhere
+(``worker.runtime``, ``checkpoint``, ``resize``, ``signals``); splitting the class across modules
+would only scatter that order.
 """
 
 from __future__ import annotations

@@ -925,3 +925,18 @@ def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, c
     finally:
         os.close(fd)
     assert ops.run_status(ops.read_run(run_dir)).state == "STOPPED"
+
+
+def test_the_view_and_the_verbs_import_no_torch_and_the_cli_holds_no_verb_logic():
+    """ops.view (the text the CLI and the API share), ops.targets/report and backends.submit load on a
+    login node without torch; cli.py is argument handling and one call per verb (issue 27)."""
+    code = (
+        "import sys\n"
+        "import slurm_ddp.ops.view, slurm_ddp.ops.targets, slurm_ddp.ops.report, slurm_ddp.backends.submit\n"
+        "import slurm_ddp.cli as cli\n"
+        "print(sorted(m for m in ('torch', 'numpy', 'submitit') if m in sys.modules))\n"
+        "print(sorted(n for n in dir(cli) if n.startswith('format_') or n in ('stream_writer', '_resolve')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "[]"]

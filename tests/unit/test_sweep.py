@@ -17,6 +17,7 @@ from slurm_ddp.backends.array import plan_sweep, prepare_sweep_dir, render_sweep
 from slurm_ddp.config import read_yaml
 from slurm_ddp.errors import UserError
 from slurm_ddp.ops.sweeps import read_sweep, sweep_status
+from slurm_ddp.ops.view import format_sweep_status
 from slurm_ddp.rundir import (
     FINISHED_NAME,
     SWEEP_NAME,
@@ -207,7 +208,7 @@ def test_sweep_status_is_one_squeue_call_for_all_elements(tmp_path):
     st = sweep_status(read_sweep(sweep_dir), run)
     assert len(calls) == 1 and "--array" in calls[0] and "--jobs=77" in calls[0]
     assert st.progress() == {"done": 1, "running": 1, "pending": 1, "failed": 1}
-    table = cli.format_sweep_status(st, "eval_accuracy", sort=True)
+    table = format_sweep_status(st, "eval_accuracy", sort=True)
     rows = table.splitlines()[3:]
     assert rows[0].split()[:4] == ["0", "lr=0.003,seed=0", "77_0", "COMPLETED"]
     assert rows[1].split() == ["1", "lr=0.003,seed=1", "77_1", "RUNNING", "200/300", "0.95", "0.95", "0"]

@@ -1,46 +1,14 @@
-"""CPU, NUMA, OpenMP and allocator binding of one rank: planned purely, applied at the edge.
-
-``plan_binding()`` is pure: from explicit inputs (the config's ``environment`` section, the
-rank's slot on its node, ``cpus_per_task``, the CPUs the process may use, the NUMA topology,
-the task's environment, the located libraries) it returns a :class:`BindingPlan` — the CPU
-set of the rank, its NUMA node(s), the variables to set, the libraries to preload and a
-command prefix (``numactl`` in ``numa`` mode). ``plan_for_task()`` takes the slot from the
-SLURM task variables. Nothing here changes the process.
-
-The readers (``read_numa_nodes``, ``read_core_ids``, ``read_gpu_numa_nodes``,
-``ldconfig_cache``) read ``/sys`` or run ``ldconfig -p`` and are the only functions with
-inputs from the machine; the caller passes what they return into the planner.
-Applying the plan (``sched_setaffinity``, the environment, ``exec``) is
-``slurm_ddp.launch``: ``LD_PRELOAD`` must be in place before the interpreter starts, so it
-cannot be set from inside the worker. Imports no torch.
-
-Conventions and sources:
-
-- CPU lists use the Linux "cpulist" format (``0-3,8,10-11``; cpuset(7), "FORMATS").
-- ``SLURM_CPU_BIND`` is the task's value of ``srun --cpu-bind`` (srun(1), "--cpu-bind" and
-  "OUTPUT ENVIRONMENT VARIABLES"): ``[quiet|verbose,]TYPE[:LIST]``.
-- ``OMP_NUM_THREADS``, ``OMP_PROC_BIND``, ``OMP_PLACES``, ``OMP_SCHEDULE``: OpenMP API
-  specification 5.2, chapter 21 "Environment Variables" (``{c}:n`` is a place interval:
-  ``n`` places of one CPU from CPU ``c``).
-- ``KMP_AFFINITY``, ``KMP_BLOCKTIME``: Intel OpenMP runtime ("Thread Affinity Interface",
-  "Supported Environment Variables" of the Intel C++ compiler / oneAPI documentation).
-  KMP_AFFINITY takes precedence over OMP_PROC_BIND/OMP_PLACES in libiomp5 (and warns when
-  both are set), so with ``openmp: intel`` only the KMP_ variables bind threads.
-- The values follow PyTorch's CPU performance tuning guide: OMP_NUM_THREADS = the task's
-  physical CPUs, ``OMP_SCHEDULE=STATIC``, ``OMP_PROC_BIND=CLOSE``, ``KMP_BLOCKTIME=1``.
+"""The binding plan of one rank (:func:`plan_binding`, :func:`plan_for_task`): its CPU set, NUMA node(s),
+OpenMP/KMP variables, libraries to preload and command prefix. Part of :mod:`slurm_ddp.binding` (its
+docstring gives the conventions and sources). Pure: the machine's facts come in as arguments.
 """
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from dataclasses import dataclass
-from pathlib import Path
 from typing import (
     TYPE_CHECKING,
-    Callable,
     Dict,
     FrozenSet,
     Iterable,
@@ -48,14 +16,16 @@ from typing import (
     Mapping,
     Optional,
     Sequence,
-    Set,
     Tuple,
 )
 
-from .errors import BindingError
+from ..errors import BindingError
+from .cpulist import _SLURM_BINDING_TYPES, format_cpulist, omp_places, parse_slurm_cpu_bind
+from .machine import missing_library_message
 
 if TYPE_CHECKING:
-    from .config import JobConfig
+    from ..config import JobConfig
+
 
 #: Variables that belong to the plan; a value the user already set is kept unless
 #: ``environment.override_env`` is true.
@@ -63,122 +33,6 @@ PLAN_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE", "
 
 #: Where the launch wrapper records what it applied (one line, for the logs and ``slurm-ddp env``).
 APPLIED_VAR = "SLURM_DDP_BINDING"
-
-
-# --------------------------------------------------------------------------- cpu lists
-
-
-def parse_cpulist(text: str) -> FrozenSet[int]:
-    """``"0-3,8,10-11"`` → ``{0, 1, 2, 3, 8, 10, 11}`` (Linux cpulist format, cpuset(7)).
-
-    Also accepts ``a-b:stride`` ranges. Raises ``ValueError`` for anything else.
-    """
-    cpus: Set[int] = set()
-    for part in text.strip().split(","):
-        part = part.strip()
-        if not part:
-            continue
-        m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", part)
-        if not m:
-            raise ValueError(f"bad CPU list {text!r}: expected e.g. 0-3,8,10-11")
-        lo = int(m.group(1))
-        hi = int(m.group(2)) if m.group(2) else lo
-        step = int(m.group(3)) if m.group(3) else 1
-        if hi < lo or step < 1:
-            raise ValueError(f"bad CPU list {text!r}: range {part!r} is empty")
-        cpus.update(range(lo, hi + 1, step))
-    return frozenset(cpus)
-
-
-def format_cpulist(cpus: Iterable[int]) -> str:
-    """``{0, 1, 2, 3, 8}`` → ``"0-3,8"`` (sorted; Linux cpulist format). Empty → ``""``."""
-    return ",".join(f"{a}" if a == b else f"{a}-{b}" for a, b in _runs(sorted(set(cpus))))
-
-
-def omp_places(cpus: Sequence[int]) -> str:
-    """OMP_PLACES with one place per CPU, in the given order, runs written as intervals.
-
-    ``[0, 1, 2, 3, 8]`` → ``"{0}:4,{8}"`` (OpenMP 5.2 §21.1.6: ``{0}:4`` = ``{0},{1},{2},{3}``).
-    """
-    parts = []
-    i = 0
-    cpus = list(cpus)
-    while i < len(cpus):
-        j = i
-        while j + 1 < len(cpus) and cpus[j + 1] == cpus[j] + 1:
-            j += 1
-        n = j - i + 1
-        parts.append(f"{{{cpus[i]}}}" + (f":{n}" if n > 1 else ""))
-        i = j + 1
-    return ",".join(parts)
-
-
-def _runs(sorted_cpus: List[int]) -> List[Tuple[int, int]]:
-    runs: List[Tuple[int, int]] = []
-    for c in sorted_cpus:
-        if runs and c == runs[-1][1] + 1:
-            runs[-1] = (runs[-1][0], c)
-        else:
-            runs.append((c, c))
-    return runs
-
-
-# --------------------------------------------------------------------------- SLURM_CPU_BIND
-
-
-#: srun --cpu-bind types that bind each task to a subset of the node (srun(1)).
-_SLURM_BINDING_TYPES = (
-    "cores",
-    "threads",
-    "sockets",
-    "ldoms",
-    "rank",
-    "rank_ldom",
-    "boards",
-    "map_cpu",
-    "mask_cpu",
-    "map_ldom",
-    "mask_ldom",
-)
-
-
-def parse_slurm_cpu_bind(value: str) -> Tuple[str, Tuple[FrozenSet[int], ...]]:
-    """``SLURM_CPU_BIND`` → ``(type, per-task CPU sets)``.
-
-    ``"quiet,mask_cpu:0x3,0xC"`` → ``("mask_cpu", ({0, 1}, {2, 3}))``;
-    ``"verbose,map_cpu:0,4"`` → ``("map_cpu", ({0}, {4}))``; ``"quiet,cores"`` → ``("cores", ())``;
-    ``""`` or ``"none"`` → ``("none", ())``. Masks are hexadecimal, map entries CPU ids, and
-    ``ITEM*N`` repeats an item N times (srun(1), ``--cpu-bind``). Raises ``ValueError`` for
-    a list that cannot be read.
-    """
-    tokens = [t for t in (value or "").split(",") if t]
-    kind = "none"
-    items: List[str] = []
-    seen_type = False
-    for tok in tokens:
-        if not seen_type:
-            head = tok.split(":", 1)
-            if head[0] in ("quiet", "verbose"):
-                continue
-            kind = head[0] or "none"
-            seen_type = True
-            if len(head) == 2 and head[1]:
-                items.append(head[1])
-        else:
-            items.append(tok)
-    if kind not in ("mask_cpu", "map_cpu"):
-        return kind, ()
-    sets: List[FrozenSet[int]] = []
-    for item in items:
-        text, _, times = item.partition("*")
-        count = int(times) if times else 1
-        if kind == "mask_cpu":
-            mask = int(text, 16)
-            cpus = frozenset(i for i in range(mask.bit_length()) if mask >> i & 1)
-        else:
-            cpus = frozenset([int(text, 0)])
-        sets.extend([cpus] * count)
-    return kind, tuple(sets)
 
 
 # --------------------------------------------------------------------------- the plan
@@ -598,7 +452,7 @@ def plan_for_task(
     are pinned only when ``train.num_workers`` is 0 (see ``plan_binding``). Raises
     ``UserError`` when ``environ`` is not a SLURM task, ``BindingError`` as ``plan_binding``.
     """
-    from .env import DistEnv
+    from ..env import DistEnv
 
     denv = DistEnv.from_environ(environ)
     local = environ.get("SLURM_DDP_BACKEND") == "local"
@@ -632,207 +486,3 @@ def needed_libraries(cfg: JobConfig) -> List[str]:
     """Library kinds the config's ``environment`` asks to preload: ``iomp5``, ``jemalloc``, ``tcmalloc``."""
     e = cfg.environment
     return (["iomp5"] if e.openmp == "intel" else []) + ([e.allocator] if e.allocator != "system" else [])
-
-
-# --------------------------------------------------------------------------- libraries
-
-
-@dataclass(frozen=True)
-class LibrarySpec:
-    """A preloadable library: its file names (preferred first) and who ships it."""
-
-    sonames: Tuple[str, ...]
-    install: str  #: how to install it, naming the Debian and RPM packages
-
-
-LIBRARIES: Mapping[str, LibrarySpec] = {
-    "jemalloc": LibrarySpec(
-        ("libjemalloc.so.2", "libjemalloc.so"),
-        "Debian/Ubuntu: apt-get install libjemalloc2; RHEL/Fedora: dnf install jemalloc (EPEL); "
-        "conda: conda install jemalloc",
-    ),
-    "tcmalloc": LibrarySpec(
-        ("libtcmalloc_minimal.so.4", "libtcmalloc.so.4", "libtcmalloc_minimal.so", "libtcmalloc.so"),
-        "Debian/Ubuntu: apt-get install libtcmalloc-minimal4; RHEL/Fedora: dnf install gperftools-libs; "
-        "conda: conda install gperftools",
-    ),
-    "iomp5": LibrarySpec(
-        ("libiomp5.so",),
-        "pip install intel-openmp (into the ranks' environment; it lands in <prefix>/lib) or "
-        "conda install intel-openmp; Debian/Ubuntu non-free: apt-get install libiomp5",
-    ),
-}
-
-
-def missing_library_message(kind: str) -> str:
-    """The one-line error for a library that ``locate_library`` could not find."""
-    spec = LIBRARIES[kind]
-    what = {
-        "jemalloc": "environment.allocator=jemalloc",
-        "tcmalloc": "environment.allocator=tcmalloc",
-        "iomp5": "environment.openmp=intel",
-    }[kind]
-    return (
-        f"{what} needs {spec.sonames[0]}, which is not installed on {os.uname().nodename} "
-        f"(looked in `ldconfig -p` and the usual library directories). Install it — {spec.install} — "
-        f"or set {what.split('=')[0]} back to {'gnu' if kind == 'iomp5' else 'system'}"
-    )
-
-
-def default_library_dirs(environ: Mapping[str, str], prefix: str = sys.prefix) -> List[str]:
-    """Directories searched after ``ldconfig -p``, in order: LD_LIBRARY_PATH, the Python
-    prefix's and conda's ``lib`` (pip's intel-openmp installs there), the Debian multiarch
-    and RPM ``lib64`` directories, ``/usr/local/lib``, oneAPI's compiler directory."""
-    import sysconfig
-
-    arch = sysconfig.get_config_var("MULTIARCH") or f"{os.uname().machine}-linux-gnu"
-    dirs = [d for d in environ.get("LD_LIBRARY_PATH", "").split(":") if d]
-    dirs += [os.path.join(prefix, "lib")]
-    if environ.get("CONDA_PREFIX"):
-        dirs.append(os.path.join(environ["CONDA_PREFIX"], "lib"))
-    dirs += [
-        f"/usr/lib/{arch}",
-        f"/lib/{arch}",
-        "/usr/lib64",
-        "/lib64",
-        "/usr/local/lib",
-        "/usr/lib",
-        "/lib",
-        "/opt/intel/oneapi/compiler/latest/lib",
-    ]
-    return list(dict.fromkeys(dirs))
-
-
-def locate_library(
-    kind: str,
-    *,
-    ldconfig_text: str = "",
-    search_dirs: Sequence[str] = (),
-    exists: Callable[[str], bool] = os.path.isfile,
-) -> str:
-    """Absolute path of the ``kind`` library (``jemalloc``, ``tcmalloc`` or ``iomp5``).
-
-    Looks first in ``ldconfig_text`` (the output of ``ldconfig -p``: lines
-    ``\\tNAME (FLAGS) => PATH``; on a 64-bit Python, entries whose FLAGS name a 64-bit ABI
-    are preferred), then for each file name in ``search_dirs``. Raises ``BindingError``
-    naming the Debian and RPM packages when nothing is found.
-    """
-    spec = LIBRARIES[kind]
-    entries: Dict[str, List[Tuple[str, str]]] = {}
-    for line in ldconfig_text.splitlines():
-        m = re.match(r"\s*(\S+)\s+\(([^)]*)\)\s+=>\s+(\S+)", line)
-        if m:
-            entries.setdefault(m.group(1), []).append((m.group(2), m.group(3)))
-    want64 = sys.maxsize > 2**32
-    for name in spec.sonames:
-        found = entries.get(name, [])
-        found = sorted(found, key=lambda e: ("64" in e[0]) != want64)
-        for _, path in found:
-            if exists(path):
-                return path
-    for name in spec.sonames:
-        for d in search_dirs:
-            path = os.path.join(d, name)
-            if exists(path):
-                return path
-    raise BindingError(missing_library_message(kind))
-
-
-def ldconfig_cache(run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
-    """Output of ``ldconfig -p`` (the dynamic linker's cache), or "" when ldconfig is missing.
-
-    ldconfig lives in /sbin, which is not on an ordinary user's PATH on Debian.
-    """
-    import shutil
-
-    exe = shutil.which("ldconfig") or next(
-        (p for p in ("/sbin/ldconfig", "/usr/sbin/ldconfig") if os.path.exists(p)), None
-    )
-    if exe is None:
-        return ""
-    try:
-        return run([exe, "-p"], capture_output=True, text=True, timeout=10).stdout or ""
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
-def locate_libraries(kinds: Sequence[str], environ: Mapping[str, str]) -> Dict[str, str]:
-    """``{kind: path}`` for each kind, with ``ldconfig -p`` run once. Raises ``BindingError``."""
-    if not kinds:
-        return {}
-    text = ldconfig_cache()
-    dirs = default_library_dirs(environ)
-    return {k: locate_library(k, ldconfig_text=text, search_dirs=dirs) for k in kinds}
-
-
-# --------------------------------------------------------------------------- readers of /sys
-
-
-def read_numa_nodes(root: str = "/sys/devices/system/node") -> Dict[int, FrozenSet[int]]:
-    """``{node: CPU ids}`` from ``ROOT/nodeN/cpulist``; ``{}`` when the kernel shows no NUMA
-    information (then the planner treats the machine as one node). Nodes without CPUs are left out."""
-    out: Dict[int, FrozenSet[int]] = {}
-    try:
-        names = os.listdir(root)
-    except OSError:
-        return out
-    for name in names:
-        m = re.fullmatch(r"node(\d+)", name)
-        if not m:
-            continue
-        try:
-            cpus = parse_cpulist(Path(root, name, "cpulist").read_text())
-        except (OSError, ValueError):
-            continue
-        if cpus:
-            out[int(m.group(1))] = cpus
-    return out
-
-
-def read_core_ids(cpus: Iterable[int], root: str = "/sys/devices/system/cpu") -> Dict[int, int]:
-    """``{cpu: core}``, the core being the smallest CPU id among the CPU's hyperthread
-    siblings (``cpuN/topology/thread_siblings_list``). CPUs without that file are their own core."""
-    out: Dict[int, int] = {}
-    for c in cpus:
-        try:
-            out[c] = min(parse_cpulist(Path(root, f"cpu{c}", "topology", "thread_siblings_list").read_text()))
-        except (OSError, ValueError):
-            out[c] = c
-    return out
-
-
-#: PCI vendor ids of GPUs whose CUDA/ROCm index follows PCI bus order: NVIDIA, AMD.
-_GPU_VENDORS = ("0x10de", "0x1002")
-
-
-def read_gpu_numa_nodes(environ: Mapping[str, str], root: str = "/sys/bus/pci/devices") -> List[int]:
-    """NUMA node of each GPU this task sees, in device-index order (-1 = unknown).
-
-    GPUs are the PCI display/3D controllers (class 0x03xxxx) of NVIDIA and AMD in bus order
-    (CUDA's order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; the usual one on servers), filtered
-    by ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` when those hold integer indices.
-    """
-    gpus: List[int] = []
-    try:
-        names = sorted(os.listdir(root))
-    except OSError:
-        return gpus
-    for name in names:
-        d = Path(root, name)
-        try:
-            if not d.joinpath("class").read_text().strip().startswith("0x03"):
-                continue
-            if d.joinpath("vendor").read_text().strip() not in _GPU_VENDORS:
-                continue
-            node = int(d.joinpath("numa_node").read_text().strip())
-        except (OSError, ValueError):
-            continue
-        gpus.append(node)
-    visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("ROCR_VISIBLE_DEVICES")
-    if visible:
-        try:
-            idx = [int(v) for v in visible.split(",") if v.strip()]
-        except ValueError:  # GPU UUIDs: the order cannot be matched to PCI devices here
-            return [-1] * len(visible.split(","))
-        gpus = [gpus[i] if 0 <= i < len(gpus) else -1 for i in idx]
-    return gpus

@@ -1,0 +1,345 @@
+"""``submit``: load a job (or a sweep), plan it, check it and start it on the chosen backend.
+
+The one implementation of the ``submit`` verb, for the CLI and the Python API alike. Side effects:
+reads the job's YAML, asks Slurm whether a resumed run is busy (``ops.refuse_active_run``),
+imports the task in a child process (``preflight``), writes the run or sweep directory and starts
+the job (``sbatch``, submitit, or the local ranks, which it waits for). What it has to say goes
+through a :class:`Reporter` (the CLI's: stdout and stderr); errors are raised (``UserError``,
+``ClusterError``), never turned into exit codes here. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Callable, Optional, Sequence, Union
+
+from .. import PREEMPTED_EXIT_CODE
+from ..config import JobConfig
+from ..errors import UserError
+
+if TYPE_CHECKING:
+    from ..sweep import Sweep
+
+
+@dataclass(frozen=True)
+class Reporter:
+    """Where ``submit``'s words go. ``out``: text of the result (the CLI's stdout; each call a whole
+    line or block, newline included); ``warn``: a warning (the CLI prints ``slurm-ddp: warning: …``);
+    ``say``: a status line of the launcher (``slurm-ddp: …``); ``echo``: rank 0's output of a local run."""
+
+    out: Callable[[str], None]
+    warn: Callable[[str], None]
+    say: Callable[[str], None]
+    echo: Optional[IO[str]] = None
+
+
+@dataclass(frozen=True)
+class Submitted:
+    """What :func:`submit` did."""
+
+    run_dir: str  #: the run directory, or a sweep's sweep directory
+    backend: str  #: ``sbatch``, ``submitit`` or ``local`` (``auto`` resolved)
+    sweep: bool  #: a sweep (``run_dir`` holds one run directory per element)
+    job_id: Optional[str] = None  #: the Slurm job id (a sweep: the array job id); None on the local backend
+    exit_status: int = 0  #: the local run's (or first failed element's) exit status; 0 for Slurm backends
+    started: bool = True  #: False for ``dry_run``, ``test_only`` and a sweep with nothing left to run
+
+
+def resolve_backend(backend: str) -> str:
+    """``auto`` → ``sbatch`` when it is on PATH, else ``local``; any other name as given."""
+    if backend == "auto":
+        return "sbatch" if shutil.which("sbatch") else "local"
+    return backend
+
+
+def check_test_only(requested: str, backend: str, dry_run: bool) -> None:
+    """Refuse ``--test-only`` where it cannot apply (with ``--dry-run``, another backend, no sbatch here)."""
+    if dry_run:
+        raise UserError(
+            "--dry-run and --test-only: choose one (--dry-run prints the script; --test-only asks the controller)"
+        )
+    if requested not in ("auto", "sbatch"):
+        raise UserError(f"--test-only checks an sbatch submission; it does not apply to --backend {requested}")
+    if backend != "sbatch" or not shutil.which("sbatch"):
+        raise UserError(
+            "--test-only asks the Slurm controller through sbatch, which is not on PATH here; "
+            "run it on a login node of the cluster (or use --dry-run)"
+        )
+
+
+def render(
+    job: str,
+    overrides: Sequence[str] = (),
+    sweep: Sequence[str] = (),
+    *,
+    warn: Callable[[str], None],
+    run_dir: Optional[str] = None,
+    command: Optional[Sequence[str]] = None,
+) -> str:
+    """``slurm-ddp render``: the batch script ``submit`` would write for ``job`` (a sweep: its array
+    script), with credential-looking values shown as ``***`` (``slurm_ddp.secrets``). Reads the
+    checkout for the code snapshot's paths; writes nothing and does not check ``run_dir`` (it may
+    name a cluster path). Warnings (literal credentials, the renderer's) go to ``warn``.
+
+    Raises ``UserError`` for a bad config or code that cannot be snapshotted."""
+    from ..secrets import literal_warning
+    from ..sweep import load_sweep
+    from . import default_run_dir, plan_script
+
+    loaded = load_sweep(job, overrides, sweep)
+    if loaded is not None:
+        from .array import default_sweep_dir, plan_sweep_script
+
+        line = literal_warning({k: v for e in loaded.elements for k, v in e.cfg.environment.env.items()})
+        if line:
+            warn(line)
+        _, rendered = plan_sweep_script(loaded, run_dir or default_sweep_dir(loaded), command=command)
+    else:
+        from ..config import load_config
+
+        cfg = load_config(job, overrides)
+        line = literal_warning(cfg.environment.env)
+        if line:
+            warn(line)
+        # the script submit writes (code paths in the snapshot it would take), without the run-dir checks
+        _, rendered = plan_script(cfg, run_dir or default_run_dir(cfg), command=command)
+    for w in rendered.warnings:
+        warn(w)
+    return rendered.shown
+
+
+def _preflight(cfg: JobConfig, backend: str, warn: Callable[[str], None]) -> None:
+    from ..preflight import check_command, check_task_imports
+
+    check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
+    if not cfg.train.command:
+        check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
+
+
+def submit(
+    job: str,
+    overrides: Sequence[str] = (),
+    sweep: Sequence[str] = (),
+    *,
+    report: Reporter,
+    backend: str = "auto",
+    run_dir: Optional[str] = None,
+    command: Optional[Sequence[str]] = None,
+    dry_run: bool = False,
+    test_only: bool = False,
+    check_task: bool = True,
+    accept_new_code: bool = False,
+) -> Submitted:
+    """Submit the job YAML ``job`` (with ``--set`` ``overrides``; a sweep when ``sweep`` specs or the
+    file's ``sweep:`` section say so) on ``backend``. ``command``: the command line recorded in the
+    script header and ``provenance.json``. A local run is waited for; Slurm backends return once
+    the job is accepted.
+
+    Raises ``UserError`` (bad config, run directory, backend, flags) or ``ClusterError`` (sbatch or
+    submitit refused the job); nothing is submitted then.
+    """
+    from ..sweep import load_sweep
+
+    loaded = load_sweep(job, overrides, sweep)
+    chosen = resolve_backend(backend)
+    if loaded is not None:
+        return submit_sweep(
+            loaded,
+            report=report,
+            backend=chosen,
+            run_dir=run_dir,
+            command=command,
+            dry_run=dry_run,
+            test_only=test_only,
+            check_task=check_task,
+            accept_new_code=accept_new_code,
+        )
+    from ..config import load_config
+
+    cfg = load_config(job, overrides)
+    if test_only:
+        check_test_only(backend, chosen, dry_run)
+    return submit_run(
+        cfg,
+        job=job,
+        report=report,
+        backend=chosen,
+        run_dir=run_dir,
+        command=command,
+        dry_run=dry_run,
+        test_only=test_only,
+        check_task=check_task,
+        accept_new_code=accept_new_code,
+    )
+
+
+def submit_run(
+    cfg: JobConfig,
+    *,
+    job: Union[str, Path],
+    report: Reporter,
+    backend: str,
+    run_dir: Optional[str] = None,
+    command: Optional[Sequence[str]] = None,
+    dry_run: bool = False,
+    test_only: bool = False,
+    check_task: bool = True,
+    accept_new_code: bool = False,
+) -> Submitted:
+    """:func:`submit` of one loaded job on a resolved ``backend``; ``job`` is the YAML path the
+    resume hint of a preempted local run names."""
+    from . import plan_submit
+
+    plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code)
+    for w in plan.warnings:
+        report.warn(w)
+    if dry_run:
+        report.out(plan.describe())
+        return Submitted(plan.run_dir, backend, sweep=False, started=False)
+    if plan.resuming and not test_only:
+        from ..ops import refuse_active_run
+
+        note = refuse_active_run(Path(plan.run_dir))
+        if note:
+            report.warn(note)
+    if check_task:
+        _preflight(cfg, backend, report.warn)
+    if test_only:
+        from .sbatch import sbatch_test_only
+
+        answer = sbatch_test_only(plan)
+        report.out(
+            f"slurm-ddp: sbatch --test-only accepted the job (nothing submitted, no run directory written): {answer}\n"
+        )
+        return Submitted(plan.run_dir, backend, sweep=False, started=False)
+    if backend == "sbatch":
+        from .sbatch import schedule
+
+        job_id = schedule(plan)
+        report.out(f"submitted job {job_id}; run directory {plan.run_dir}\n")
+        return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
+    if backend == "submitit":
+        from .submitit_backend import schedule as submitit_schedule
+
+        job_id = submitit_schedule(plan)
+        report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
+        return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
+    from ..rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
+    from .local import schedule as local_schedule
+
+    report.out(
+        f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
+        + (" (resuming)" if plan.resuming else "")
+        + "\n"
+    )
+    status = local_schedule(plan, echo=report.echo, say=report.say)
+    rec = read_finished(plan.run_dir)
+    if status == 0 and rec is not None and rec.get("command"):
+        report.out(
+            f"slurm-ddp: finished: every rank of train.command exited with status 0; run directory {plan.run_dir}\n"
+        )
+    elif status == 0 and rec is not None:
+        acc = rec.get("eval_accuracy")
+        report.out(
+            f"slurm-ddp: finished at step {rec.get('step', '?')}"
+            + (f", eval accuracy {acc:.4f}" if acc is not None else "")
+            + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}\n"
+        )
+    elif status == PREEMPTED_EXIT_CODE:
+        report.say(
+            f"stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {job} "
+            f"--backend local --run-dir {plan.run_dir}"
+        )
+    else:
+        report.say(f"job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}")
+    return Submitted(plan.run_dir, backend, sweep=False, exit_status=status)
+
+
+def submit_sweep(
+    sweep: Sweep,
+    *,
+    report: Reporter,
+    backend: str,
+    run_dir: Optional[str] = None,
+    command: Optional[Sequence[str]] = None,
+    dry_run: bool = False,
+    test_only: bool = False,
+    check_task: bool = True,
+    accept_new_code: bool = False,
+) -> Submitted:
+    """:func:`submit` of a sweep: one sweep directory, one ``sbatch --array`` (or the local backend,
+    element by element) of the elements that have not finished."""
+    from ..sweep import check_array_size
+    from .array import plan_sweep, schedule_local, schedule_sbatch
+
+    if test_only:
+        raise UserError("--test-only checks a single job; for a sweep use --dry-run")
+    plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code)
+    if backend in ("sbatch", "submitit"):
+        check_array_size(sweep)
+    if dry_run:
+        for w in plan.warnings:
+            report.warn(w)
+        report.out(plan.describe())
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
+    if not plan.todo:
+        report.out(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})\n")
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
+    if plan.resuming:  # on every backend: a sweep run locally into the directories of a running array, too
+        from ..ops.sweeps import progress_kind, read_sweep, sweep_status
+
+        active = [
+            e.index
+            for e, st in sweep_status(read_sweep(Path(plan.sweep_dir))).elements
+            if progress_kind(st) in ("running",) or (st.slurm is not None and not st.final)
+        ]
+        if active:
+            raise UserError(
+                f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
+                f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
+            )
+    if check_task:
+        _preflight(sweep.elements[0].cfg, backend, report.warn)
+    for w in plan.warnings:
+        report.warn(w)
+    n = len(sweep.elements)
+    if backend == "sbatch":
+        from ..sweep import array_spec
+
+        job_id = schedule_sbatch(plan)
+        report.out(
+            f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
+            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
+        )
+        return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)
+    if backend == "submitit":
+        from .submitit_sweep import array_flag, schedule_submitit
+
+        job_id = schedule_submitit(plan)
+        report.out(
+            f"submitted job array {job_id} through submitit ({array_flag(plan)}): "
+            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
+        )
+        return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)
+    echo = report.echo
+    if echo is None:
+        import sys
+
+        echo = sys.stdout
+    results = schedule_local(plan, echo=echo, say=report.say, command=command)
+    failed = [(i, rc) for i, rc in results if rc != 0]
+    done = len(results) - len(failed)
+    report.out(
+        f"slurm-ddp: sweep {sweep.name!r}: {done} of {len(results)} element(s) run finished; "
+        f"sweep directory {plan.sweep_dir}\n"
+    )
+    if failed:
+        i, rc = failed[0]
+        report.say(
+            f"element {i} ({sweep.elements[i].label}) ended with status {rc}; "
+            f"submit the sweep again with --run-dir {plan.sweep_dir} to resume the unfinished elements"
+        )
+        return Submitted(plan.sweep_dir, backend, sweep=True, exit_status=rc)
+    return Submitted(plan.sweep_dir, backend, sweep=True)

@@ -1,0 +1,200 @@
+"""The run directory's one owner: its file names, markers, JSON-lines records and the requeue rule.
+
+Side effects: reads and writes files of a run directory; imports no torch (a login node that
+only renders, submits and watches uses it). Every other module, the batch template included,
+asks this one for a name or a rule instead of spelling it again.
+
+A run directory holds:
+
+- ``config.yaml``: the validated job config, as submitted (``CONFIG_NAME``);
+- ``job.sbatch``: the rendered batch script (``SCRIPT_NAME``);
+- ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``);
+- ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
+  ``finished``, one JSON object per line (``METRICS_NAME``);
+- ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``), and
+  ``torchrun-node-N.log`` per node under ``slurm.launcher: torchrun``;
+- ``checkpoints/``: ``step-NNNNNNNN.{pt,json}`` (data and manifest, see ``slurm_ddp.checkpoint``);
+- the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
+  (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
+- ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
+- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
+- ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
+  ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
+  starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
+- owner-only (0600 files, 0700 directories, whatever the umask): what can hold a value of the config's
+  ``environment`` (``PRIVATE_FILES``, ``PRIVATE_DIRS``: config, script, provenance, code, diffs,
+  submitit's folder); everything else gets the user's umask;
+- ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
+  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
+- ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
+  (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
+  ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`).
+
+A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
+``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
+``array.sbatch`` (``ARRAY_SCRIPT_NAME``: the one job-array script), ``sweep-jobs.jsonl``
+(``SWEEP_JOBS_NAME``: one record per ``sbatch --array`` submission) and one ordinary run
+directory per element, named by its zero-padded index (:func:`element_dir_name`: ``000``,
+``001``, ...; the batch script finds its own as ``printf %0Nd $SLURM_ARRAY_TASK_ID``). An
+element's ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
+
+The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
+cannot disagree: the batch script asks for it after ``srun`` returns
+(``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
+backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision taken in Python
+(submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``, as the batch script does.
+
+The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
+``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
+``stops`` (the stop signals of ``train.command`` ranks) and ``requeue`` (the requeue and finished
+rules, and the batch shell's entry point; ``__main__`` runs it).
+"""
+
+from __future__ import annotations
+
+from .files import (
+    ARRAY_SCRIPT_NAME,
+    CHECKPOINTS_DIR,
+    CONFIG_NAME,
+    DEFAULT_RUNS_DIR,
+    DIFFS_DIR,
+    FINAL_MODEL_NAME,
+    FINISHED_NAME,
+    HANGS_DIR,
+    JOBS_NAME,
+    LAUNCHER_LOCK_NAME,
+    LOGS_DIR,
+    METRICS_NAME,
+    PREEMPTED_NAME,
+    PRIVATE_DIRS,
+    PRIVATE_FILES,
+    PROVENANCE_NAME,
+    SCRIPT_NAME,
+    SNAPSHOT_NAME,
+    SNAPSHOTS_DIR,
+    STOPS_DIR,
+    SUBMITIT_DIR,
+    SWEEP_JOBS_NAME,
+    SWEEP_NAME,
+    PathLike,
+    Preempted,
+    append_jsonl,
+    array_task_id,
+    batch_log_name,
+    checkpoint_dir,
+    diff_name,
+    element_dir_name,
+    element_width,
+    end_partial_line,
+    is_finished,
+    is_job_dir,
+    is_sweep_dir,
+    latest_checkpoint_step,
+    launcher_log_name,
+    private_dir,
+    rank_log_name,
+    read_finished,
+    read_jobs,
+    read_jsonl,
+    read_metrics,
+    read_preempted,
+    read_sweep_jobs,
+    read_sweep_manifest,
+    record_job,
+    record_sweep_job,
+    requeue_target,
+    snapshot_dir_name,
+    was_accepted,
+    write_finished,
+    write_preempted,
+    write_sweep_manifest,
+)
+from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
+from .requeue import (
+    RequeueDecision,
+    decide_requeue,
+    decide_requeue_here,
+    main,
+    mark_command_finished,
+    marker_is_not_this,
+    requeue_job,
+)
+from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here, record_rank_stop, stop_dir
+
+__all__ = [
+    "ARRAY_SCRIPT_NAME",
+    "CHECKPOINTS_DIR",
+    "CONFIG_NAME",
+    "DEFAULT_RUNS_DIR",
+    "DIFFS_DIR",
+    "FINAL_MODEL_NAME",
+    "FINISHED_NAME",
+    "HANGS_DIR",
+    "Hang",
+    "HangReport",
+    "JOBS_NAME",
+    "LAUNCHER_LOCK_NAME",
+    "LOGS_DIR",
+    "METRICS_NAME",
+    "PREEMPTED_NAME",
+    "PRIVATE_DIRS",
+    "PRIVATE_FILES",
+    "PROVENANCE_NAME",
+    "PathLike",
+    "Preempted",
+    "RankStops",
+    "RequeueDecision",
+    "SCRIPT_NAME",
+    "SNAPSHOTS_DIR",
+    "SNAPSHOT_NAME",
+    "STOPS_DIR",
+    "STOP_SIGNALS",
+    "SUBMITIT_DIR",
+    "SWEEP_JOBS_NAME",
+    "SWEEP_NAME",
+    "append_jsonl",
+    "array_task_id",
+    "batch_log_name",
+    "checkpoint_dir",
+    "decide_requeue",
+    "decide_requeue_here",
+    "diff_name",
+    "element_dir_name",
+    "element_width",
+    "end_partial_line",
+    "find_hang",
+    "hang_dir",
+    "is_finished",
+    "is_job_dir",
+    "is_sweep_dir",
+    "latest_checkpoint_step",
+    "launcher_log_name",
+    "main",
+    "mark_command_finished",
+    "marker_is_not_this",
+    "private_dir",
+    "rank_log_name",
+    "read_finished",
+    "read_hang_reports",
+    "read_jobs",
+    "read_jsonl",
+    "read_metrics",
+    "read_preempted",
+    "read_rank_stops",
+    "read_rank_stops_here",
+    "read_sweep_jobs",
+    "read_sweep_manifest",
+    "record_job",
+    "record_rank_stop",
+    "record_sweep_job",
+    "requeue_job",
+    "requeue_target",
+    "snapshot_dir_name",
+    "stop_dir",
+    "summarize_hang",
+    "was_accepted",
+    "write_finished",
+    "write_hang_report",
+    "write_preempted",
+    "write_sweep_manifest",
+]

@@ -1,0 +1,310 @@
+"""The run directory's names and markers: file and directory names, the sweep layout, the JSON-lines
+records (``jobs.jsonl``, ``metrics.jsonl``), the ``FINISHED``/``PREEMPTED`` markers and the newest
+committed checkpoint. Part of :mod:`slurm_ddp.rundir` (its docstring describes the directory).
+
+Side effects: reads and writes files of a run directory; imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Mapping, Optional, Union
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+CONFIG_NAME = "config.yaml"
+SCRIPT_NAME = "job.sbatch"
+JOBS_NAME = "jobs.jsonl"
+METRICS_NAME = "metrics.jsonl"
+FINISHED_NAME = "FINISHED"
+PREEMPTED_NAME = "PREEMPTED"
+FINAL_MODEL_NAME = "final_model.pt"
+#: held (flock) by a running ``submit --backend local`` launcher; holds its pid
+LAUNCHER_LOCK_NAME = "launcher.lock"
+LOGS_DIR = "logs"
+CHECKPOINTS_DIR = "checkpoints"
+#: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``
+SUBMITIT_DIR = "submitit"
+DEFAULT_RUNS_DIR = "runs"
+#: the code snapshots taken at submit, content-addressed: ``RUN_DIR/code/<digest>/<root>/...``
+SNAPSHOTS_DIR = "code"
+#: the snapshot the ranks run from (JSON: digest, directory, source roots), rewritten at each submit
+SNAPSHOT_NAME = "snapshot.json"
+#: what ran, where: submits and starts (JSON, see ``slurm_ddp.provenance``)
+PROVENANCE_NAME = "provenance.json"
+#: ``git diff HEAD`` of a dirty checkout at submit, ``RUN_DIR/diffs/<sha>.patch``
+DIFFS_DIR = "diffs"
+
+
+def snapshot_dir_name(digest: str) -> str:
+    """``code/<digest[:16]>``: the snapshot directory of a code digest, relative to the run directory."""
+    return f"{SNAPSHOTS_DIR}/{digest[:16]}"
+
+
+def diff_name(sha: str) -> str:
+    """``diffs/<sha[:16]>.patch``: a saved ``git diff``, relative to the run directory."""
+    return f"{DIFFS_DIR}/{sha[:16]}.patch"
+
+
+#: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
+HANGS_DIR = "hangs"
+#: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``
+STOPS_DIR = "stops"
+SWEEP_NAME = "sweep.json"
+ARRAY_SCRIPT_NAME = "array.sbatch"
+SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
+
+#: files that can hold a value of the config's ``environment`` (``slurm_ddp.secrets``): written
+#: owner-only (mode 0600) whatever the umask, the rest of a run directory keeps the user's umask
+PRIVATE_FILES = (CONFIG_NAME, SCRIPT_NAME, PROVENANCE_NAME, ARRAY_SCRIPT_NAME)
+#: directories that can, owner-only (mode 0700): the code snapshot (it holds the job's YAML), the
+#: saved ``git diff``s, and the submitit backend's folder (its batch script and pickles)
+PRIVATE_DIRS = (SNAPSHOTS_DIR, DIFFS_DIR, SUBMITIT_DIR)
+
+
+def private_dir(path: PathLike) -> Path:
+    """Create the directory ``path`` (missing parents with the umask's mode) with mode 0700, or set an
+    existing one's to 0700 (``PRIVATE_DIRS``). Returns it. Raises ``OSError``."""
+    p = Path(path)
+    p.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(p, 0o700)
+    return p
+
+
+def rank_log_name(rank: Union[int, str]) -> str:
+    """``rank-N.log``: rank N's output in ``LOGS_DIR``; ``rank_log_name("%t")`` is srun's pattern."""
+    return f"rank-{rank}.log"
+
+
+def launcher_log_name(node: Union[int, str]) -> str:
+    """``torchrun-node-N.log``: node N's torchrun agent (``slurm.launcher: torchrun``) in ``LOGS_DIR``;
+    its ranks still write ``rank-N.log``. ``launcher_log_name("%n")`` is srun's pattern (node id)."""
+    return f"torchrun-node-{node}.log"
+
+
+def batch_log_name(job_id: Union[int, str]) -> str:
+    """``batch-JOBID.out``: the batch shell's output in ``LOGS_DIR``; ``batch_log_name("%j")`` for sbatch."""
+    return f"batch-{job_id}.out"
+
+
+# --------------------------------------------------------------------------- sweeps (job arrays)
+def element_width(count: int) -> int:
+    """Digits of an element directory's name in a sweep of ``count`` elements (at least 3)."""
+    return max(3, len(str(max(count - 1, 0))))
+
+
+def element_dir_name(index: int, count: int) -> str:
+    """``000``, ``001``, ...: the run directory of sweep element ``index`` inside the sweep directory."""
+    return f"{index:0{element_width(count)}d}"
+
+
+def array_task_id(array_job_id: Union[int, str], index: Union[int, str]) -> str:
+    """``ARRAYJOBID_TASKID``: how Slurm names one task of a job array (squeue, scancel, scontrol requeue)."""
+    return f"{array_job_id}_{index}"
+
+
+def requeue_target(environ: Optional[Mapping[str, str]] = None) -> str:
+    """The job id that ``scontrol requeue`` must name for the job in ``environ``: an array task is
+    ``SLURM_ARRAY_JOB_ID_SLURM_ARRAY_TASK_ID`` (its bare ``SLURM_JOB_ID`` may be the array's own id,
+    which would requeue every task), else ``SLURM_JOB_ID``; ``""`` when neither is set."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        return array_task_id(env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"])
+    return env.get("SLURM_JOB_ID", "")
+
+
+def is_sweep_dir(path: PathLike) -> bool:
+    """True when ``path`` is a sweep directory (it holds ``SWEEP_NAME``)."""
+    return (Path(path) / SWEEP_NAME).is_file()
+
+
+def is_job_dir(path: PathLike) -> bool:
+    """True when ``path`` is a run or sweep directory slurm_ddp wrote (or began to write): it holds
+    ``SWEEP_NAME``, ``JOBS_NAME`` or ``SNAPSHOT_NAME``, or ``CONFIG_NAME`` next to ``LOGS_DIR``.
+    A code snapshot never copies one (``slurm_ddp.snapshot``)."""
+    p = Path(path)
+    if any((p / name).is_file() for name in (SWEEP_NAME, JOBS_NAME, SNAPSHOT_NAME)):
+        return True
+    return (p / CONFIG_NAME).is_file() and (p / LOGS_DIR).is_dir()
+
+
+def was_accepted(run_dir: PathLike) -> bool:
+    """True when a job of ``run_dir`` was ever accepted (sbatch, submitit or the local launcher):
+    ``JOBS_NAME`` has a record, or it holds metrics, a checkpoint or the ``FINISHED`` marker. A run
+    or sweep directory of which none holds (a submit refused by sbatch, or interrupted before it
+    submitted) binds nothing: the next submit writes it anew with its own config."""
+    p = Path(run_dir)
+    try:
+        if (p / JOBS_NAME).stat().st_size > 0:
+            return True
+    except OSError:
+        pass
+    if (p / FINISHED_NAME).exists() or (p / METRICS_NAME).exists():
+        return True
+    try:
+        return any(True for _ in os.scandir(p / CHECKPOINTS_DIR))
+    except OSError:
+        return False
+
+
+def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
+    """The sweep directory's ``SWEEP_NAME`` record; None when missing or unreadable."""
+    try:
+        rec = json.loads((Path(path) / SWEEP_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return rec if isinstance(rec, dict) else None
+
+
+def write_sweep_manifest(path: PathLike, record: Dict[str, Any]) -> None:
+    """Write the sweep directory's ``SWEEP_NAME`` record atomically."""
+    from ..checkpoint import atomic_write_text
+
+    atomic_write_text(Path(path) / SWEEP_NAME, json.dumps(record, indent=1) + "\n")
+
+
+def record_sweep_job(path: PathLike, **record: Any) -> None:
+    """Append one ``sbatch --array`` submission (array job id, indices) to ``SWEEP_JOBS_NAME``."""
+    record.setdefault("time", time.time())
+    append_jsonl(Path(path) / SWEEP_JOBS_NAME, record)
+
+
+def read_sweep_jobs(path: PathLike) -> List[Dict[str, Any]]:
+    """The sweep's array submissions, oldest first."""
+    return read_jsonl(Path(path) / SWEEP_JOBS_NAME)
+
+
+# --------------------------------------------------------------------------- JSON lines
+def append_jsonl(path: PathLike, record: Dict[str, Any]) -> None:
+    """Append ``record`` as one JSON line to ``path`` (created when missing).
+
+    One ``write`` of a whole line in append mode, so concurrent readers see whole lines or an
+    unfinished last line, which :func:`read_jsonl` skips. Raises ``OSError`` when unwritable.
+    """
+    with open(path, "a", encoding="utf-8") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def end_partial_line(path: PathLike) -> None:
+    """Terminate a last line that a killed writer left without its newline (no-op otherwise)."""
+    p = Path(path)
+    if p.exists() and p.stat().st_size:
+        with open(p, "rb+") as f:
+            f.seek(-1, os.SEEK_END)
+            if f.read(1) != b"\n":
+                f.write(b"\n")
+
+
+def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
+    """JSON objects, one per line, in order; a line being written (or damaged) is skipped.
+
+    A missing or unreadable file is an empty list.
+    """
+    try:
+        text = Path(path).read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return []
+    out = []
+    for line in text.splitlines():
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            out.append(obj)
+    return out
+
+
+def record_job(run_dir: PathLike, **record: Any) -> None:
+    """Append one submission to ``RUN_DIR/jobs.jsonl`` (backend, job id; ``time`` added)."""
+    record.setdefault("time", time.time())
+    append_jsonl(Path(run_dir) / JOBS_NAME, record)
+
+
+def read_jobs(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
+    return read_jsonl(Path(run_dir) / JOBS_NAME)
+
+
+def read_metrics(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """``RUN_DIR/metrics.jsonl`` as a list of events (incomplete lines skipped)."""
+    return read_jsonl(Path(run_dir) / METRICS_NAME)
+
+
+# --------------------------------------------------------------------------- markers
+@dataclass(frozen=True)
+class Preempted:
+    """The ``PREEMPTED`` marker: the last stop for preemption of the run."""
+
+    job_id: str
+    restart: int  #: SLURM_RESTART_COUNT of the job that stopped
+    step: int  #: the step whose checkpoint was committed before stopping
+    signal: str  #: e.g. ``SIGUSR2``, ``SIGTERM``
+
+    def line(self) -> str:
+        """The marker's one line, ``"JOB_ID RESTART_COUNT STEP SIGNAL\\n"`` (the batch script reads it)."""
+        return f"{self.job_id} {self.restart} {self.step} {self.signal}\n"
+
+
+def read_preempted(run_dir: PathLike) -> Optional[Preempted]:
+    """The ``PREEMPTED`` marker of ``run_dir``; None when missing or malformed."""
+    try:
+        parts = (Path(run_dir) / PREEMPTED_NAME).read_text().split()
+        return Preempted(job_id=parts[0], restart=int(parts[1]), step=int(parts[2]), signal=parts[3])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+def write_preempted(run_dir: PathLike, marker: Preempted) -> None:
+    """Write the ``PREEMPTED`` marker atomically (rank 0, after the checkpoint is committed)."""
+    from ..checkpoint import atomic_write_text
+
+    atomic_write_text(Path(run_dir) / PREEMPTED_NAME, marker.line())
+
+
+def is_finished(run_dir: PathLike) -> bool:
+    """True when the run wrote its ``FINISHED`` marker (it never trains again)."""
+    return (Path(run_dir) / FINISHED_NAME).exists()
+
+
+def read_finished(run_dir: PathLike) -> Optional[Dict[str, Any]]:
+    """The ``FINISHED`` record; None when the run has not finished, ``{}`` when it is unreadable."""
+    p = Path(run_dir) / FINISHED_NAME
+    if not p.exists():
+        return None
+    try:
+        rec = json.loads(p.read_text())
+    except (OSError, ValueError):
+        return {}
+    return rec if isinstance(rec, dict) else {}
+
+
+def write_finished(run_dir: PathLike, record: Dict[str, Any]) -> None:
+    """Write the ``FINISHED`` marker (JSON) atomically; rank 0 only, after the final checkpoint."""
+    from ..checkpoint import atomic_write_text
+
+    atomic_write_text(Path(run_dir) / FINISHED_NAME, json.dumps(record) + "\n")
+
+
+# --------------------------------------------------------------------------- checkpoints
+def checkpoint_dir(run_dir: PathLike) -> Path:
+    """``RUN_DIR/checkpoints``: where the worker's ``CheckpointManager`` keeps its files."""
+    return Path(run_dir) / CHECKPOINTS_DIR
+
+
+def latest_checkpoint_step(run_dir: PathLike) -> Optional[int]:
+    """Step of the newest committed checkpoint of the run: its manifest parses and its data
+    file has the recorded size (the sha256 is checked by the worker when it loads, not here)."""
+    from ..checkpoint import CheckpointManager
+
+    for info in reversed(CheckpointManager(checkpoint_dir(run_dir)).committed(quiet=True)):
+        try:
+            if info.path.stat().st_size == info.size_bytes:
+                return info.step
+        except OSError:
+            continue
+    return None

@@ -1,0 +1,146 @@
+"""Hang reports of a run directory: ``hangs/JOBID.RESTART/rank-N.json``, written by a rank's hang
+watchdog (``slurm_ddp.watchdog``) when it ends the rank, and their summary (:class:`Hang`) that the
+requeue rule and the local launcher read. Part of :mod:`slurm_ddp.rundir`.
+
+Side effects: reads and writes files of a run directory; imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import List, Optional, Sequence, Tuple
+
+from .files import HANGS_DIR, PathLike
+
+
+# --------------------------------------------------------------------------- hangs
+@dataclass(frozen=True)
+class HangReport:
+    """What one rank's watchdog saw when it ended the rank (``hangs/JOBID.RESTART/rank-N.json``)."""
+
+    job_id: str
+    restart: int
+    rank: int
+    world_size: int
+    host: str
+    step: int  #: steps the rank had completed
+    phase: str  #: one of ``slurm_ddp.progress.PHASES``
+    idle_s: float  #: seconds since its last progress report
+    limit_s: float  #: the allowance it exceeded (for ``cause == "self"``)
+    cause: str  #: ``"self"``: it stopped progressing; ``"peer"``: ended because another rank did
+    time: float = 0.0  #: wall clock (``time.time()``) of the report
+
+
+def hang_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
+    """``RUN_DIR/hangs/JOBID.RESTART``: the reports of one job's hang (exists only after one)."""
+    return Path(run_dir) / HANGS_DIR / f"{job_id}.{restart}"
+
+
+def write_hang_report(run_dir: PathLike, report: HangReport) -> Path:
+    """Write ``report`` as ``hang_dir(...)/rank-N.json`` (atomically); returns its path."""
+    from dataclasses import asdict
+
+    from ..checkpoint import atomic_write_text
+
+    d = hang_dir(run_dir, report.job_id, report.restart)
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"rank-{report.rank}.json"
+    atomic_write_text(path, json.dumps(asdict(report)) + "\n")
+    return path
+
+
+def read_hang_reports(run_dir: PathLike, job_id: str, restart: int) -> List[HangReport]:
+    """The hang reports of job ``job_id`` at ``restart``, by rank (unreadable ones skipped)."""
+    d = hang_dir(run_dir, job_id, restart)
+    out: List[HangReport] = []
+    try:
+        paths = sorted(d.glob("rank-*.json"))
+    except OSError:
+        return out
+    for p in paths:
+        try:
+            out.append(HangReport(**json.loads(p.read_text())))
+        except (OSError, ValueError, TypeError):
+            continue
+    return sorted(out, key=lambda r: r.rank)
+
+
+@dataclass(frozen=True)
+class Hang:
+    """A job's hang, from its ranks' reports (:func:`summarize_hang`)."""
+
+    job_id: str
+    restart: int
+    step: int  #: the culprits' last step
+    phase: str  #: what the culprits were doing
+    ranks: Tuple[int, ...]  #: the rank(s) that stopped progressing (all reporting ranks when unknown)
+    hosts: Tuple[str, ...]  #: their hosts
+    all_hosts: Tuple[str, ...]  #: the hosts of every reporting rank
+    idle_s: float  #: the longest time without progress among the culprits
+    known: bool  #: False when every rank stopped at the same point (no rank to blame)
+
+    @property
+    def exclude(self) -> Optional[str]:
+        """The one node to leave out of a requeued job: the culprits' only host, when other hosts
+        took part; None otherwise."""
+        if self.known and len(self.hosts) == 1 and len(self.all_hosts) > 1:
+            return self.hosts[0]
+        return None
+
+    def line(self) -> str:
+        """One line: which rank(s), on which host(s), stopped where."""
+        from ..progress import PHASE_WORDS
+
+        what = PHASE_WORDS.get(self.phase, self.phase)
+        ranks = ", ".join(str(r) for r in self.ranks)
+        who = f"rank {ranks}" if len(self.ranks) == 1 else f"ranks {ranks}"
+        where = ", ".join(self.hosts)
+        head = f"{who} on {where}" if self.known else f"every rank ({who} on {where})"
+        return (
+            f"hang: {head} stopped progressing at step {self.step} in {what} "
+            f"(no progress for {self.idle_s:.0f} s); their stacks are in their rank logs"
+        )
+
+
+def _position(r: HangReport) -> Tuple[int, int]:
+    """How far a rank got: its step, then the phase's place in a step (eval and checkpoint of step N
+    come after its training step, before step N+1's data)."""
+    order = {"startup": 0, "eval": 1, "checkpoint": 2, "data": 3, "step": 4}
+    return (r.step, order.get(r.phase, 4))
+
+
+def summarize_hang(reports: Sequence[HangReport]) -> Optional[Hang]:
+    """Name the culprits of a hang from its reports; None without reports.
+
+    A rank that hangs on its own (data loading, its own work) stops short of its peers, which then
+    wait in the next collective: the culprits are the ranks that got least far (step, then the
+    phase's place in a step). When every rank stopped at the same point, no rank is blamed
+    (``known`` False): the ranks that noticed the hang themselves are named.
+    """
+    if not reports:
+        return None
+    low = min(_position(r) for r in reports)
+    behind = [r for r in reports if _position(r) == low]
+    known = len(behind) < len(reports) or (
+        len(reports) < reports[0].world_size and all(r.cause == "self" for r in behind)
+    )
+    if not known:
+        behind = [r for r in reports if r.cause == "self"] or list(reports)
+    return Hang(
+        job_id=reports[0].job_id,
+        restart=reports[0].restart,
+        step=behind[0].step,
+        phase=behind[0].phase,
+        ranks=tuple(r.rank for r in behind),
+        hosts=tuple(dict.fromkeys(r.host for r in behind)),
+        all_hosts=tuple(dict.fromkeys(r.host for r in reports)),
+        idle_s=max(r.idle_s for r in behind),
+        known=known,
+    )
+
+
+def find_hang(run_dir: PathLike, job_id: str, restart: int) -> Optional[Hang]:
+    """The hang of job ``job_id`` at ``restart``, if its watchdogs reported one."""
+    return summarize_hang(read_hang_reports(run_dir, job_id, restart))

@@ -1,0 +1,396 @@
+"""The requeue rule (:func:`decide_requeue`), one for the batch script, the submitit backend and
+the local launcher; :func:`requeue_job`, which carries out a decision taken in Python; the finished
+rule of ``train.command`` runs (:func:`mark_command_finished`); and the batch shell's entry point
+(``python -m slurm_ddp.rundir requeue-decision ...``, :func:`main`). Part of :mod:`slurm_ddp.rundir`.
+
+Side effects: reads and writes the run directory's markers; :func:`requeue_job` runs ``scontrol``.
+Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
+
+from .. import PREEMPTED_EXIT_CODE
+from .files import PathLike, Preempted, is_finished, read_preempted, write_finished
+from .hangs import Hang, find_hang
+from .stops import RankStops, read_rank_stops, read_rank_stops_here
+
+
+# --------------------------------------------------------------------------- the requeue decision
+@dataclass(frozen=True)
+class RequeueDecision:
+    """What a job does after its ranks stopped: requeue itself or not, and its exit status."""
+
+    preempted: bool  #: the ranks stopped for preemption with a committed checkpoint
+    requeue: bool  #: run ``scontrol requeue JOB_ID`` now
+    reason: str  #: one log line saying why
+    exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
+    exclude: Optional[str] = None  #: a node to leave out of the requeued job (a hang on it)
+
+
+def decide_requeue(
+    *,
+    exit_code: int,
+    marker: Optional[Preempted],
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    finished: bool = False,
+    got_signal: bool = False,
+    command: bool = False,
+    hang: Optional[Hang] = None,
+    previous_hang: Optional[Hang] = None,
+    stops: Optional[RankStops] = None,
+) -> RequeueDecision:
+    """THE requeue rule, for the batch script, the submitit backend and the local launcher alike. Pure.
+
+    ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
+    ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
+    ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
+    ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``; ``got_signal``: the ranks
+    were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job;
+    ``command``: the run is a ``train.command`` script (``got_signal`` counts only for those: the
+    shared worker states a preemption itself, by its status and marker, on every backend alike).
+
+    Preempted when the status is ``PREEMPTED_EXIT_CODE``, or when the marker belongs to this job
+    AND this restart (srun may report a rank killed by ``--kill-on-bad-exit`` after rank 0 had
+    committed the checkpoint; a marker of another job or an earlier restart is stale), or when
+    the ranks got the time-limit signal and the run did not finish, whatever their status: a
+    script of one's own (``train.command``) that ignores the signal dies of it or is killed at
+    the limit, and one that resumes from its own snapshot (the PyTorch DDP tutorial's pattern)
+    continues after the requeue. A status other than 0/75 *without* that signal is a crash and
+    never requeues. A preempted
+    job requeues itself unless it was stopped by SIGTERM (Slurm requeues a job it preempts itself
+    with ``PreemptMode=REQUEUE``, and ``scancel`` means stop), ``scontrol`` is missing, there is no
+    job id, or ``restart_count >= max_requeues`` (the cap counts every restart of the job). A
+    finished run is never requeued.
+
+    ``hang``: the hang watchdog ended this job's ranks (``find_hang`` of this job and restart). A
+    hang is taken for a node's fault, like a preemption: the job requeues under the same
+    conditions, without the culprits' node when the hang points at one (``exclude``), and resumes
+    from its last checkpoint. ``previous_hang`` (the job's previous restart) at the same step on
+    another node makes it the training code's fault: no requeue.
+
+    ``stops``: the signals the ranks' launch wrappers recorded (:func:`read_rank_stops`, a
+    ``train.command`` run): the requeue signal counts as ``got_signal`` and a stop signal as
+    ``got_term``, wherever it came from (``scancel --signal=USR2 JOBID`` reaches the ranks only).
+    A ``train.command`` run is finished only when its ranks exit 0 *without* having been told to
+    stop: status 0 after SIGTERM (a script that saves and exits 0 on it, PyTorch Lightning) is a
+    stop like a preemption, exit ``PREEMPTED_EXIT_CODE``, not requeued; the next start decides
+    (a script with nothing left to do exits 0 at once, and then the run is finished). A run that
+    had written ``FINISHED`` before a stop signal ended its ranks (status 75 or 128+N) reports 0.
+    """
+    if stops is not None:
+        got_signal = got_signal or stops.requeue
+        got_term = got_term or stops.stop
+    if hang is not None and not finished and marker_is_not_this(marker, job_id, restart_count):
+        return _decide_hang(
+            exit_code=exit_code,
+            job_id=job_id,
+            restart_count=restart_count,
+            max_requeues=max_requeues,
+            got_term=got_term,
+            can_requeue=can_requeue,
+            hang=hang,
+            previous_hang=previous_hang,
+        )
+    notes: List[str] = []
+    preempted = exit_code == PREEMPTED_EXIT_CODE
+    if marker is not None and marker.job_id == job_id and marker.restart == restart_count:
+        preempted = True
+        notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
+        got_term = got_term or marker.signal == "SIGTERM"
+    saved = "checkpoint saved" if preempted else "stopped at the time-limit signal"
+    if not preempted and got_signal and command and not finished:
+        preempted = True
+        notes.append(f"the ranks got the time-limit signal and stopped (status {exit_code}) before the run finished")
+    if not preempted and got_term and command and not finished and exit_code == 0:
+        preempted = True
+        notes.append(
+            "the ranks were told to stop (SIGTERM) and exited with status 0: stopped, not finished; "
+            "the next start decides"
+        )
+    requeue = False
+    if finished:
+        preempted = False
+        notes.append("the run finished: nothing to requeue")
+        if (got_term or got_signal) and (exit_code == PREEMPTED_EXIT_CODE or exit_code > 128):
+            notes.append(f"status {exit_code} came from a stop signal that arrived after the run finished: reporting 0")
+            exit_code = 0
+    elif not preempted:
+        pass
+    elif got_term:
+        notes.append(
+            "stopped by SIGTERM (preemption or scancel): not requeueing; Slurm requeues a preempted job itself"
+        )
+    elif not can_requeue:
+        notes.append(f"{saved}, but scontrol is missing: cannot requeue")
+    elif not job_id:
+        notes.append(f"{saved}, but SLURM_JOB_ID is not set: cannot requeue")
+    elif restart_count >= max_requeues:
+        notes.append(f"{saved}; max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    else:
+        requeue = True
+        notes.append(f"{saved}; requeueing (restart {restart_count + 1} of at most {max_requeues})")
+    if not preempted and not notes:
+        notes.append(f"not preempted (status {exit_code}): not requeueing")
+    return RequeueDecision(
+        preempted=preempted,
+        requeue=requeue,
+        reason="; ".join(notes),
+        exit_code=PREEMPTED_EXIT_CODE if preempted else exit_code,
+    )
+
+
+def marker_is_not_this(marker: Optional[Preempted], job_id: str, restart_count: int) -> bool:
+    """True unless ``marker`` states a preemption stop of this job and restart (which wins over a hang)."""
+    return marker is None or marker.job_id != job_id or marker.restart != restart_count
+
+
+def _decide_hang(
+    *,
+    exit_code: int,
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    hang: Hang,
+    previous_hang: Optional[Hang],
+) -> RequeueDecision:
+    status = exit_code if exit_code not in (0, PREEMPTED_EXIT_CODE) else 1
+    notes = [hang.line()]
+    if previous_hang is not None and previous_hang.step == hang.step and set(previous_hang.hosts) != set(hang.hosts):
+        notes.append(
+            f"the same hang at step {hang.step} as in the previous run (on {', '.join(previous_hang.hosts)}), now on "
+            f"{', '.join(hang.hosts)}: a bug in the training code or its data, not a node; not requeueing"
+        )
+        return RequeueDecision(preempted=False, requeue=False, reason="; ".join(notes), exit_code=status)
+    exclude = hang.exclude
+    requeue = False
+    if got_term:
+        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing")
+    elif not can_requeue:
+        notes.append("scontrol is missing: cannot requeue")
+    elif not job_id:
+        notes.append("SLURM_JOB_ID is not set: cannot requeue")
+    elif restart_count >= max_requeues:
+        notes.append(f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    else:
+        requeue = True
+        away = f" without node {exclude}" if exclude else ""
+        notes.append(
+            f"taken for a node problem: requeueing{away} (restart {restart_count + 1} of at most {max_requeues}), "
+            "resuming from the last checkpoint"
+        )
+    return RequeueDecision(
+        preempted=False,
+        requeue=requeue,
+        reason="; ".join(notes),
+        exit_code=status,
+        exclude=exclude if requeue else None,
+    )
+
+
+def decide_requeue_here(
+    run_dir: PathLike,
+    *,
+    exit_code: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    environ: Optional[Mapping[str, str]] = None,
+    got_signal: bool = False,
+    command: bool = False,
+) -> RequeueDecision:
+    """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s
+    markers (``PREEMPTED``, ``FINISHED``, the hang reports, the ranks' stop records).
+
+    Raises ``ValueError`` when ``SLURM_RESTART_COUNT`` is not a non-negative integer.
+    """
+    env = os.environ if environ is None else environ
+    restart_text = env.get("SLURM_RESTART_COUNT") or "0"
+    if not restart_text.isdigit():
+        raise ValueError(f"SLURM_RESTART_COUNT={restart_text!r} is not a non-negative integer")
+    job_id, restart = env.get("SLURM_JOB_ID", ""), int(restart_text)
+    return decide_requeue(
+        hang=find_hang(run_dir, job_id, restart) if job_id else None,
+        previous_hang=find_hang(run_dir, job_id, restart - 1) if job_id and restart else None,
+        exit_code=exit_code,
+        marker=read_preempted(run_dir),
+        job_id=env.get("SLURM_JOB_ID", ""),
+        restart_count=int(restart_text),
+        max_requeues=max_requeues,
+        got_term=got_term,
+        can_requeue=can_requeue,
+        finished=is_finished(run_dir),
+        got_signal=got_signal,
+        command=command,
+        stops=read_rank_stops(run_dir, job_id, restart) if job_id else None,
+    )
+
+
+def requeue_job(job_id: str, exclude: Optional[str], run: Callable[..., Any], wlog: logging.Logger) -> None:
+    """``scontrol requeue JOB_ID``, then leave node ``exclude`` (a hang's) out of the requeued job
+    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again),
+    as the batch script does. Used where Python takes the requeue decision (submitit's rank 0, a hung
+    submitit job's watchdog); failures are logged, not raised."""
+    r = run(["scontrol", "requeue", job_id], check=False)
+    if getattr(r, "returncode", 0) != 0:
+        wlog.error("scontrol requeue failed (status %s)", r.returncode)
+        return
+    if not exclude:
+        return
+    out = run(["scontrol", "show", "job", "-o", job_id], check=False, capture_output=True, text=True)
+    current = ""
+    for word in str(getattr(out, "stdout", "") or "").split():
+        if word.startswith("ExcNodeList="):
+            current = word.split("=", 1)[1]
+    nodes = exclude if current in ("", "(null)") else f"{current},{exclude}"
+    for _ in range(5):
+        r = run(["scontrol", "update", f"JobId={job_id}", f"ExcNodeList={nodes}"], check=False)
+        if getattr(r, "returncode", 0) == 0:
+            wlog.warning("node %s is left out of the requeued job (ExcNodeList=%s)", exclude, nodes)
+            return
+        time.sleep(1)
+    wlog.error("could not leave node %s out of the requeued job", exclude)
+
+
+def mark_command_finished(
+    run_dir: PathLike,
+    *,
+    exit_code: int,
+    environ: Optional[Mapping[str, str]] = None,
+    told_to_stop: bool = False,
+) -> bool:
+    """Write ``FINISHED`` for a ``train.command`` run whose ranks all exited with status 0 without
+    having been told to stop; True if written.
+
+    A script of one's own knows nothing of the run directory, so its exit status is its only
+    statement: 0 is "done" (the batch script, the local launcher and submitit's rank 0 call this
+    after the ranks exit, before the requeue decision, so a finished run is never requeued and a
+    requeued or resubmitted job of it exits at once) — unless the ranks were told to stop: status
+    0 after a stop signal is a stop (a script that saves and exits 0 on SIGTERM, PyTorch
+    Lightning), and the next start decides. ``told_to_stop``: the caller sent or forwarded a stop
+    signal (the batch shell's SIGTERM or ``requeue.signal``); the ranks' own records
+    (:func:`read_rank_stops` of the job in ``environ``) count too. Any other status writes nothing.
+    """
+    if exit_code != 0 or is_finished(run_dir) or told_to_stop:
+        return False
+    env = os.environ if environ is None else environ
+    if read_rank_stops_here(run_dir, env).told:
+        return False
+    write_finished(
+        run_dir,
+        {
+            "command": True,
+            "exit_code": 0,
+            "job_id": env.get("SLURM_JOB_ID", ""),
+            "restart": env.get("SLURM_RESTART_COUNT") or "0",
+            "time": time.time(),
+        },
+    )
+    return True
+
+
+# --------------------------------------------------------------------------- batch-shell entry point
+class _Parser(argparse.ArgumentParser):
+    """argparse whose mistakes are a ``UserError`` (one stderr line, exit 2), not usage text."""
+
+    def error(self, message: str) -> NoReturn:
+        from ..errors import UserError
+
+        raise UserError(message)
+
+
+def _int_arg(low: int, high: Optional[int] = None) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+        if value < low or (high is not None and value > high):
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise argparse.ArgumentTypeError(f"{value} is out of range ({bound})")
+        return value
+
+    return parse
+
+
+def _parser() -> _Parser:
+    p = _Parser(prog="python -m slurm_ddp.rundir", add_help=False)
+    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
+    d = sub.add_parser("requeue-decision", add_help=False)
+    d.add_argument("--run-dir", required=True)
+    d.add_argument("--exit-code", required=True, type=_int_arg(0, 255))
+    d.add_argument("--got-term", required=True, type=_int_arg(0, 1))
+    d.add_argument("--can-requeue", required=True, type=_int_arg(0, 1))
+    d.add_argument("--max-requeues", required=True, type=_int_arg(0))
+    d.add_argument("--got-signal", default=0, type=_int_arg(0, 1))
+    d.add_argument("--command-mode", default=0, type=_int_arg(0, 1))
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    """``python -m slurm_ddp.rundir requeue-decision --run-dir D --exit-code N --got-term 0|1
+    --can-requeue 0|1 --max-requeues M [--got-signal 0|1] [--command-mode 0|1]``: the batch
+    script's requeue decision (``--got-signal``: it forwarded the time-limit signal to the ranks;
+    ``--command-mode``: a ``train.command`` run, whose status 0 writes ``FINISHED`` first, see
+    :func:`mark_command_finished`).
+
+    The job id and restart come from ``SLURM_JOB_ID``/``SLURM_RESTART_COUNT``. Prints one line
+    ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers, so the shell reads them with
+    ``read`` and checks them with a pattern, never ``eval``), followed by ``exclude=NODE`` when a
+    hang points at one node that the requeued job must leave out (``RequeueDecision.exclude``), and logs the reason
+    to stderr in the batch log's format. A malformed argument or environment is one stderr line
+    (``slurm_ddp rundir: error: ...``) and exit status 2; the script then does not requeue.
+    """
+    from ..entrypoint import run_main
+    from ..errors import UserError
+
+    env = os.environ if environ is None else environ
+    args_list = sys.argv[1:] if argv is None else list(argv)
+
+    def decide() -> int:
+        args = _parser().parse_args(args_list)
+        if args.command_mode:
+            told = bool(args.got_term or args.got_signal)
+            mark_command_finished(args.run_dir, exit_code=args.exit_code, environ=env, told_to_stop=told)
+        try:
+            decision = decide_requeue_here(
+                args.run_dir,
+                exit_code=args.exit_code,
+                max_requeues=args.max_requeues,
+                got_term=bool(args.got_term),
+                can_requeue=bool(args.can_requeue),
+                environ=env,
+                got_signal=bool(args.got_signal),
+                command=bool(args.command_mode),
+            )
+        except ValueError as e:
+            raise UserError(str(e)) from None
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(
+            logging.Formatter(
+                f"%(asctime)s slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: %(message)s", "%Y-%m-%dT%H:%M:%S"
+            )
+        )
+        blog = logging.getLogger("slurm_ddp.batch")
+        blog.handlers[:] = [handler]
+        blog.propagate = False
+        blog.setLevel(logging.INFO)
+        blog.info("%s", decision.reason)
+        exclude = f" exclude={decision.exclude}" if decision.exclude else ""
+        print(f"{int(decision.requeue)} {decision.exit_code}{exclude}", flush=True)
+        return 0
+
+    return run_main("slurm_ddp rundir", decide)
