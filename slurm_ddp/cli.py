@@ -272,17 +272,17 @@ def cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
 # --------------------------------------------------------------------------- login-node verbs (slurm_ddp.ops)
 # Each is one call into slurm_ddp.ops (records, sentences) and one into slurm_ddp.ops.view (their text).
 def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .ops import report, view
+    from .ops import overview, view
 
-    rep = report.list_runs(args.dir, accounting=not args.json)
+    rep = overview.list_runs(args.dir, accounting=not args.json)
     sys.stdout.write(view.runs_json(rep) if args.json else view.format_runs_report(rep))
     return 0
 
 
 def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .ops import report, targets, view
+    from .ops import overview, targets, view
 
-    rep = report.status_report(targets.resolve_target(args.run))
+    rep = overview.status_report(targets.resolve_target(args.run))
     sys.stdout.write(view.status_json(rep) if args.json else view.format_status_report(rep, args.sort))
     return 0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
 
 from .accounting import reason
-from .report import RunsReport, StatusReport
+from .overview import RunsReport, StatusReport
 from .runs import read_requeue_signal
 
 if TYPE_CHECKING:

@@ -932,7 +932,7 @@ def test_the_view_and_the_verbs_import_no_torch_and_the_cli_holds_no_verb_logic(
     login node without torch; cli.py is argument handling and one call per verb (issue 27)."""
     code = (
         "import sys\n"
-        "import slurm_ddp.ops.view, slurm_ddp.ops.targets, slurm_ddp.ops.report, slurm_ddp.backends.submit\n"
+        "import slurm_ddp.ops.view, slurm_ddp.ops.targets, slurm_ddp.ops.overview, slurm_ddp.backends.submit\n"
         "import slurm_ddp.cli as cli\n"
         "print(sorted(m for m in ('torch', 'numpy', 'submitit') if m in sys.modules))\n"
         "print(sorted(n for n in dir(cli) if n.startswith('format_') or n in ('stream_writer', '_resolve')))\n"
