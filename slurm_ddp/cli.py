@@ -257,7 +257,7 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         print(f"submitted job {job_id} through submitit; run directory {plan.run_dir}")
         return 0
     from .backends.local import schedule as local_schedule
-    from .rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
+    from .rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished, read_local_end
 
     print(
         f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
@@ -277,10 +277,10 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
             + (f", eval accuracy {acc:.4f}" if acc is not None else "")
             + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}"
         )
-    elif status == PREEMPTED_EXIT_CODE:
+    elif status == PREEMPTED_EXIT_CODE or getattr(read_local_end(plan.run_dir), "state", "") == "CANCELLED":
+        # what happened: the launcher's PREEMPTED/CANCELLED line (rundir.local_end)
         print(
-            f"slurm-ddp: stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {args.job} "
-            f"--backend local --run-dir {plan.run_dir}",
+            f"slurm-ddp: resume with: slurm-ddp submit {args.job} --backend local --run-dir {plan.run_dir}",
             file=sys.stderr,
         )
     else:
