@@ -899,7 +899,7 @@ def read_local_end(run_dir: PathLike) -> Optional[LocalEnd]:
     return end
 
 
-def _status_words(status: int) -> str:
+def status_words(status: int) -> str:
     """``status 3``, or ``killed by SIGKILL`` for a ``Popen.returncode`` of ``-9``."""
     if status >= 0:
         return f"status {status}"
@@ -949,9 +949,7 @@ def local_end(
     resume = "submit again with the same --run-dir to resume"
     own = " from the script's own last checkpoint"
     if finished and failed is None and hang is None:
-        late = (
-            f"; {_status_words(status)} came from a stop signal that arrived after the run finished" if status else ""
-        )
+        late = f"; {status_words(status)} came from a stop signal that arrived after the run finished" if status else ""
         return end("COMPLETED", "the run finished" + late)
     if hang is not None:
         return end("FAILED", hang.line(), signal=None)
@@ -960,7 +958,7 @@ def local_end(
         where = f"; its log: {failed_log}" if failed_log else ""
         return end(
             "FAILED",
-            f"rank {rank} failed first ({_status_words(rank_status)}); the other ranks were stopped{where}",
+            f"rank {rank} failed first ({status_words(rank_status)}); the other ranks were stopped{where}",
             rank=rank,
             rank_status=rank_status,
             log=failed_log,
@@ -972,9 +970,9 @@ def local_end(
     elif command and exit_code == PREEMPTED_EXIT_CODE and status == 0:
         saved = f"the ranks exited with status 0: stopped, not finished; {resume}{own}"
     elif command:
-        saved = f"the ranks stopped ({_status_words(status)}); {resume}{own}"
+        saved = f"the ranks stopped ({status_words(status)}); {resume}{own}"
     else:
-        saved = f"the ranks stopped ({_status_words(status)}); {resume} from the last committed checkpoint, if any"
+        saved = f"the ranks stopped ({status_words(status)}); {resume} from the last committed checkpoint, if any"
     if cancelled is not None:
         how = "SIGINT (Ctrl-C)" if cancelled == "SIGINT" else cancelled
         reason = f"cancelled by {how} to the launcher: the ranks were told to stop (SIGTERM)"
@@ -987,7 +985,7 @@ def local_end(
         sig = marker.signal if marker is not None else stopped_by or requeue_signal
         what = f"{sig} (the requeue signal)" if sig == requeue_signal else sig
         return end("PREEMPTED", f"stopped by {what}; {saved}", signal=sig)
-    why = f"the ranks ended with {_status_words(status)}" + (f" after {stopped_by}" if stopped_by else "")
+    why = f"the ranks ended with {status_words(status)}" + (f" after {stopped_by}" if stopped_by else "")
     return end("FAILED", f"{why} and the run did not finish", signal=stopped_by)
 
 

@@ -8,6 +8,12 @@ every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
 
+At the end of each start it records how the start ended (``rundir.LOCAL_END_NAME``, built by
+``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
+(the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C, or SIGTERM that is not the requeue
+signal, before any rank failed) or ``FAILED`` (the first failing rank, its status and log; a hang),
+for ``slurm-ddp status``; a launcher killed with ``kill -9`` records nothing.
+
 It writes nothing to the terminal itself: rank 0's lines go to the ``echo`` stream and its
 own status lines ("rank 1 exited with status 1; …") to the ``say`` callable, both given by
 ``slurm_ddp.cli``. Its signal handler only records the signal; ``LocalJob.wait`` acts on it.

@@ -12,7 +12,8 @@ the restart count), then ``squeue``, then ``sacct`` (which fails on clusters wit
 accounting, like the sandbox); a job that none of them knows any more has ended. The run
 directory says how far training got (last step, last committed checkpoint, the finished
 marker, the ``resume`` events = restarts). A run of the ``local`` backend is read from its
-run directory alone. The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
+run directory alone: its launcher's lock, then how its latest start ended, in Slurm's state names
+(``rundir.LOCAL_END_NAME``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
 starts such a job again.
 """
 
@@ -26,7 +27,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from .. import PREEMPTED_EXIT_CODE
 from ..errors import UserError
-from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd
+from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
 from .runs import Run, is_run_dir, read_run
 from .slurm import PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
 
@@ -120,8 +121,7 @@ class RunStatus:
         e = self.local_end
         if e is not None:
             if e.rank is not None and e.rank_status is not None:
-                how = f"status {e.rank_status}" if e.rank_status >= 0 else f"killed by signal {-e.rank_status}"
-                parts.append(f"rank {e.rank} {how}")
+                parts.append(f"rank {e.rank} {status_words(e.rank_status)}")
             if e.exit_code:
                 parts.append(f"exit {e.exit_code}")
         return self.state + (f" ({', '.join(parts)})" if parts else "")

@@ -19,7 +19,8 @@ if mode == "by-element":
 rank = int(os.environ["RANK"])
 print(f"[rank {rank}] ready", flush=True)
 if mode == "crash":
-    open(os.path.join(os.environ["SLURM_DDP_RUN_DIR"], "no-such-dir", "data.bin"), "rb")
+    with open(os.path.join(os.environ["SLURM_DDP_RUN_DIR"], "no-such-dir", "data.bin"), "rb") as data:
+        data.read()
 if mode == "crash-rank1" and rank == 1:
     raise SystemExit(3)
 if mode in ("wait", "crash-rank1"):
