@@ -128,27 +128,37 @@ def gpu_options(cfg: JobConfig) -> Dict[str, str]:
 
 
 def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
-    """One line when a GPU rank of the shared worker gets fewer CPUs than its DataLoader workers plus one
+    """One line when a GPU rank gets a single CPU, or fewer CPUs than its DataLoader workers plus one
     (the rank's own process), naming ``slurm.cpus_per_task``; else None.
 
     A rank's CPUs are ``cpus_per_task`` (default ``slurm.cpus_per_task``; under torchrun the node task's
-    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). Each of the
-    ``train.num_workers`` worker processes loads batches on its own CPU while the main process drives the
-    GPU (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning
-    guide); with fewer CPUs they take turns and the GPUs wait for data. Not checked: CPU jobs (the rank's
-    compute threads are the work, planned by ``binding.plan_binding``) and ``train.command`` jobs (the script's own
-    loaders are not known here). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
+    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). The rank's own
+    process drives the GPU (the Python loop, the host side of the batch, the CUDA/NCCL threads) and each of
+    the ``train.num_workers`` worker processes loads batches on its own CPU (PyTorch docs,
+    ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning guide); with fewer
+    CPUs they take turns and the GPUs wait for data. ``slurm.cpus_per_task`` defaults to 1, so a GPU job
+    that keeps the default is warned. A ``train.command`` job's loaders are not known here: it is warned
+    only for a single CPU. CPU jobs are not checked (the rank's compute threads are the work, planned by
+    ``binding.plan_binding``). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
     """
-    if not cfg.slurm.gpu_job or cfg.train.command:
+    if not cfg.slurm.gpu_job:
         return None
     cpus = cpus_per_task or cfg.slurm.cpus_per_task
-    need = cfg.train.num_workers + 1
+    workers = 0 if cfg.train.command else cfg.train.num_workers
+    need = max(2, workers + 1)
     if cpus >= need:
         return None
+    if workers:
+        return (
+            f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {workers} DataLoader "
+            f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
+            f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
+        )
+    loaders = "DataLoader worker the script starts" if cfg.train.command else "DataLoader worker (train.num_workers)"
     return (
-        f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {cfg.train.num_workers} DataLoader "
-        f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
-        f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
+        f"slurm.cpus_per_task={cpus} gives each GPU rank a single CPU for its training loop, data loading and "
+        f"CUDA/NCCL threads, so the GPU waits on it; set slurm.cpus_per_task to at least 2 (one more per "
+        f"{loaders}; it defaults to 1)"
     )
 
 

@@ -8,6 +8,12 @@ every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
 
+At the end of each start it records how the start ended (``rundir.LOCAL_END_NAME``, built by
+``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
+(the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C, or SIGTERM that is not the requeue
+signal, before any rank failed) or ``FAILED`` (the first failing rank, its status and log; a hang),
+for ``slurm-ddp status``; a launcher killed with ``kill -9`` records nothing.
+
 It writes nothing to the terminal itself: rank 0's lines go to the ``echo`` stream and its
 own status lines ("rank 1 exited with status 1; …") to the ``say`` callable, both given by
 ``slurm_ddp.cli``. Its signal handler only records the signal; ``LocalJob.wait`` acts on it.
@@ -35,13 +41,19 @@ from ..rundir import (
     FINISHED_NAME,
     LAUNCHER_LOCK_NAME,
     LOGS_DIR,
+    Hang,
+    RequeueDecision,
     decide_requeue_here,
     find_hang,
     is_finished,
+    local_end,
     mark_command_finished,
+    marker_is_not_this,
     rank_log_name,
     read_jobs,
+    read_preempted,
     record_job,
+    write_local_end,
 )
 from ..signals import die_with_parent
 from . import SubmitPlan, prepare_run_dir
@@ -195,6 +207,10 @@ class LocalJob:
         self.told: Set[int] = set()
         #: (rank, status) of the first rank that failed, when one did
         self.failed: Optional[Tuple[int, int]] = None
+        #: the signal that told this launcher to stop (SIGINT, or SIGTERM when it is not the requeue signal)
+        self.cancelled: Optional[str] = None
+        #: whether that came before the first failure (then the job was cancelled, not failed)
+        self.cancelled_first = False
 
     def _lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
@@ -282,6 +298,10 @@ class LocalJob:
     def _act_on(self, signum: int) -> None:
         """Forward ``signum`` to the ranks, as srun does; SIGINT asks them to checkpoint and stop
         (SIGTERM), a second SIGINT kills them."""
+        if self.cancelled is None and (
+            signum == signal.SIGINT or (signum == signal.SIGTERM and signum != self._requeue_signal())
+        ):
+            self.cancelled = signal.Signals(signum).name
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts == 1:
@@ -314,6 +334,7 @@ class LocalJob:
                         # a rank that died of a stop signal passed on to it stopped, it did not fail
                         if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and -c not in self.told:
                             failed = (rank, c)
+                            self.cancelled_first = self.cancelled is not None
                             self.say(
                                 f"rank {rank} exited with status {c}; stopping the other ranks "
                                 f"(see {Path(self.plan.run_dir) / LOGS_DIR / rank_log_name(rank)})"
@@ -378,19 +399,57 @@ def schedule(
     got_signal = job._requeue_signal() in job.told
     if command_mode:  # status 0 of every rank, not told to stop, is the script's "done"
         mark_command_finished(plan.run_dir, exit_code=status, environ=here, told_to_stop=got_term or got_signal)
-    if job.failed is not None or hang is not None:
-        return status
-    # the requeue rule (it cannot requeue here): preempted, stopped, or finished before a late stop
-    decision = decide_requeue_here(
-        plan.run_dir,
-        exit_code=status,
-        max_requeues=0,
-        got_term=got_term,
-        can_requeue=False,
-        environ=here,
-        got_signal=got_signal,
-        command=command_mode,
+    decision = None
+    if job.failed is None and hang is None:
+        # the requeue rule, as the batch script applies it (it cannot requeue here): preempted,
+        # stopped, or finished before a late stop
+        decision = decide_requeue_here(
+            plan.run_dir,
+            exit_code=status,
+            max_requeues=0,
+            got_term=got_term,
+            can_requeue=False,
+            environ=here,
+            got_signal=got_signal,
+            command=command_mode,
+        )
+    _record_end(job, status, decision, hang, command_mode)
+    return status if decision is None else decision.exit_code
+
+
+def _record_end(
+    job: LocalJob, status: int, decision: Optional[RequeueDecision], hang: Optional[Hang], command: bool
+) -> None:
+    """Write how this start ended (``rundir.LOCAL_END_NAME``, for ``slurm-ddp status``) and say it,
+    unless the launcher said it already (a failed rank, a hang) or the run simply finished."""
+    run_dir = job.plan.run_dir
+    marker = read_preempted(run_dir)
+    requeue_signal = signal.Signals(job._requeue_signal()).name
+    stopped_by = requeue_signal if job._requeue_signal() in job.told else None
+    if stopped_by is None and signal.SIGTERM in job.told:
+        stopped_by = "SIGTERM"
+    failed_log = None
+    if job.failed is not None:
+        failed_log = str(Path(run_dir) / LOGS_DIR / rank_log_name(job.failed[0]))
+    end = local_end(
+        job_id=job.job_id,
+        restart=job.restart,
+        status=status,
+        decision=decision,
+        requeue_signal=requeue_signal,
+        command=command,
+        finished=is_finished(run_dir),
+        marker=None if marker_is_not_this(marker, job.job_id, job.restart) else marker,
+        failed=job.failed,
+        failed_log=failed_log,
+        hang=hang,
+        cancelled=job.cancelled if (job.failed is None or job.cancelled_first) else None,
+        stopped_by=stopped_by,
     )
-    if decision.exit_code != status:  # why (its notes on requeueing by Slurm do not apply here)
-        job.say("; ".join(n for n in decision.reason.split("; ") if "Slurm" not in n))
-    return decision.exit_code
+    try:
+        write_local_end(run_dir, end)
+    except OSError as e:
+        job.say(f"warning: could not record how the job ended in {run_dir}: {e}")
+    said = end.state == "FAILED" and (job.failed is not None or hang is not None)
+    if not said and not (end.state == "COMPLETED" and status == 0):
+        job.say(f"{end.state}: {end.reason}")

@@ -226,7 +226,7 @@ def submit_run(
         job_id = submitit_schedule(plan)
         report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
-    from ..rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished
+    from ..rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished, read_local_end
     from .local import schedule as local_schedule
 
     report.out(
@@ -247,11 +247,9 @@ def submit_run(
             + (f", eval accuracy {acc:.4f}" if acc is not None else "")
             + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}\n"
         )
-    elif status == PREEMPTED_EXIT_CODE:
-        report.say(
-            f"stopped for preemption; checkpoint saved. Resume with: slurm-ddp submit {job} "
-            f"--backend local --run-dir {plan.run_dir}"
-        )
+    elif status == PREEMPTED_EXIT_CODE or getattr(read_local_end(plan.run_dir), "state", "") == "CANCELLED":
+        # what happened: the launcher's PREEMPTED/CANCELLED line (rundir.local_end)
+        report.say(f"resume with: slurm-ddp submit {job} --backend local --run-dir {plan.run_dir}")
     else:
         report.say(f"job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}")
     return Submitted(plan.run_dir, backend, sweep=False, exit_status=status)

@@ -20,11 +20,13 @@ from ..rundir import (
     CONFIG_NAME,
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
+    LocalEnd,
     Preempted,
     is_sweep_dir,
     latest_checkpoint_step,
     read_finished,
     read_jobs,
+    read_local_end,
     read_metrics,
     read_preempted,
 )
@@ -44,6 +46,8 @@ class Run:
     preempted: Optional[Preempted] = None
     last_checkpoint: Optional[int] = None  #: step of the newest committed checkpoint
     starts: int = 0  #: the starts of the run's ranks (``provenance.json``, one per job start, any backend and mode)
+    #: how the latest local start ended (``rundir.read_local_end``), when its launcher recorded it
+    local_end: Optional[LocalEnd] = None
 
     @property
     def backend(self) -> Optional[str]:
@@ -213,6 +217,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         preempted=read_preempted(path),
         last_checkpoint=last_checkpoint,
         starts=len(read_provenance(str(path)).get("starts", [])),
+        local_end=read_local_end(path),
     )
 
 

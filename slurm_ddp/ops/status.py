@@ -12,7 +12,8 @@ the restart count), then ``squeue``, then ``sacct`` (which fails on clusters wit
 accounting, like the sandbox); a job that none of them knows any more has ended. The run
 directory says how far training got (last step, last committed checkpoint, the finished
 marker, the ``resume`` events = restarts). A run of the ``local`` backend is read from its
-run directory alone. The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
+run directory alone: its launcher's lock, then how its latest start ended, in Slurm's state names
+(``rundir.LOCAL_END_NAME``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
 starts such a job again.
 """
 
@@ -20,13 +21,13 @@ from __future__ import annotations
 
 import os
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from .. import PREEMPTED_EXIT_CODE
 from ..errors import UserError
-from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME
+from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
 from .runs import Run, is_run_dir, read_run
 from .slurm import PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
 
@@ -101,6 +102,8 @@ class RunStatus:
     source: str  #: where ``state`` comes from
     slurm: Optional[SlurmJob] = None
     notes: List[str] = field(default_factory=list)
+    #: a local run: how its latest start ended (``rundir.LocalEnd``), when the launcher recorded it
+    local_end: Optional[LocalEnd] = None
 
     def describe_state(self) -> str:
         """``state`` with the detail that explains it, on one line."""
@@ -115,6 +118,12 @@ class RunStatus:
                 parts.append(f"reason {s.reason}")
             if s.exit_code and s.final:
                 parts.append(f"exit {s.exit_code}")
+        e = self.local_end
+        if e is not None:
+            if e.rank is not None and e.rank_status is not None:
+                parts.append(f"rank {e.rank} {status_words(e.rank_status)}")
+            if e.exit_code:
+                parts.append(f"exit {e.exit_code}")
         return self.state + (f" ({', '.join(parts)})" if parts else "")
 
     def to_dict(self) -> Dict[str, Any]:
@@ -137,15 +146,25 @@ class RunStatus:
             "slurm_restarts": None if self.slurm is None else self.slurm.restarts,
             "last_eval": r.last_eval,
             "notes": self.notes,
+            "local_end": None if self.local_end is None else asdict(self.local_end),
         }
 
 
 def _local_status(run: Run) -> RunStatus:
+    """A local run's state from its run directory: the finished marker, the launcher's lock, then how
+    the latest start ended (``rundir.LOCAL_END_NAME``: ``PREEMPTED``, ``CANCELLED``, ``FAILED``, in
+    Slurm's names); ``STOPPED`` when the launcher is gone without a record (``kill -9``)."""
     src = "run directory (local backend)"
+    end = run.local_end if run.local_end is not None and run.local_end.describes(run.jobs[-1]) else None
     if run.finished is not None:
-        return RunStatus(run, "COMPLETED", True, src)
+        return RunStatus(run, "COMPLETED", True, src, local_end=end)
     if local_launcher_alive(run.jobs[-1], run.path):
         return RunStatus(run, "RUNNING", False, src, notes=[f"launcher pid {run.latest_job_id} runs on this machine"])
+    if end is not None:
+        notes = [end.reason]
+        if end.state == "COMPLETED":  # a finished run whose marker is gone: say so
+            notes.append("but the run directory holds no FINISHED marker")
+        return RunStatus(run, end.state, True, src, notes=notes, local_end=end)
     if run.preempted is not None and run.preempted.job_id == run.latest_job_id:
         return RunStatus(
             run,
@@ -158,7 +177,11 @@ def _local_status(run: Run) -> RunStatus:
             ],
         )
     return RunStatus(
-        run, "STOPPED", True, src, notes=["the local launcher is gone and the run did not finish; see its logs"]
+        run,
+        "STOPPED",
+        True,
+        src,
+        notes=["the local launcher is gone without recording how the job ended (killed?); see its logs"],
     )
 
 

@@ -18,6 +18,10 @@ A run directory holds:
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
+- ``local-end.json`` (``LOCAL_END_NAME``): how the latest local start ended (:class:`LocalEnd`: job id,
+  restart, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/``FAILED``, the first failing rank, its status
+  and log), written by the local launcher when its ranks are gone; a launcher killed with ``kill -9``
+  writes none, so a record of an earlier start does not describe the latest one;
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
@@ -46,7 +50,7 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
-``stops`` (the stop signals of ``train.command`` ranks) and ``requeue`` (the requeue and finished
+``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended) and ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it).
 """
 
@@ -63,6 +67,7 @@ from .files import (
     HANGS_DIR,
     JOBS_NAME,
     LAUNCHER_LOCK_NAME,
+    LOCAL_END_NAME,
     LOGS_DIR,
     METRICS_NAME,
     PREEMPTED_NAME,
@@ -110,6 +115,7 @@ from .files import (
     write_sweep_manifest,
 )
 from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
+from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
 from .requeue import (
     RequeueDecision,
     decide_requeue,
@@ -122,6 +128,13 @@ from .requeue import (
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here, record_rank_stop, stop_dir
 
 __all__ = [
+    "write_local_end",
+    "status_words",
+    "read_local_end",
+    "local_end",
+    "LocalEnd",
+    "LOCAL_END_STATES",
+    "LOCAL_END_NAME",
     "ARRAY_SCRIPT_NAME",
     "CHECKPOINTS_DIR",
     "CONFIG_NAME",

@@ -25,6 +25,8 @@ PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
 #: held (flock) by a running ``submit --backend local`` launcher; holds its pid
 LAUNCHER_LOCK_NAME = "launcher.lock"
+#: how the latest local start ended (JSON, :class:`~slurm_ddp.rundir.LocalEnd`), written by the local launcher
+LOCAL_END_NAME = "local-end.json"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 #: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``

@@ -69,7 +69,7 @@ def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
             proc.kill()
             proc.wait()
     assert proc.returncode == PREEMPTED_EXIT_CODE, out
-    assert "stopped for preemption" in out
+    assert "PREEMPTED: stopped by SIGUSR2 (the requeue signal); rank 0 committed the checkpoint of step" in out, out
 
     stopped_step = int((run_dir / "PREEMPTED").read_text().split()[2])
     assert 50 <= stopped_step < MAX_STEPS

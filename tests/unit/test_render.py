@@ -597,11 +597,12 @@ def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_i
     if verb != "explain":
         assert err.splitlines() == lines  # one line on stderr, nothing in the script
 
-    # enough CPUs, a CPU job, or no loader workers: no warning
+    # enough CPUs, or a CPU job: no warning
     for patch in (
         {**GPU4, "slurm": {"gpus_per_node": 4, "cpus_per_task": 5}},
         {"train": {"num_workers": 4}},
-        {"slurm": {"gpus_per_node": 4}},
+        {"slurm": {"gpus_per_node": 4, "cpus_per_task": 2}},
+        {"slurm": {"tasks_per_node": 4}},
     ):
         assert main([argv[0], str(write_job(patch)), *argv[2:]]) == 0
         out, err = capsys.readouterr()
@@ -609,3 +610,32 @@ def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_i
     if verb == "explain":  # --cpus-per-task answers it too
         assert main([*argv, "--cpus-per-task", "5"]) == 0
         assert "slurm.cpus_per_task" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verb", ["render", "dry-run", "explain"])
+@pytest.mark.parametrize(
+    "train", [{"task": "mypkg.tasks:Task"}, {"command": "python train.py"}], ids=["worker", "command"]
+)
+def test_a_gpu_rank_with_the_default_single_cpu_is_warned_without_loader_workers(
+    verb, train, write_job, tmp_path, capsys
+):
+    """Issue 31, "Done when": a 4-GPU render with the default CPUs (slurm.cpus_per_task=1, no loader
+    workers, the shared worker or a script of one's own) prints the one-line warning naming the key."""
+    from slurm_ddp.cli import main
+
+    job = str(write_job({"name": "unit", "slurm": {"gpus_per_node": 4}, "train": train}, base=None))
+    run = ["--run-dir", str(tmp_path / "run")]
+    argv = {
+        "render": ["render", job, *run],
+        "dry-run": ["submit", job, "--backend", "sbatch", "--dry-run", "--no-check-task", *run],
+        "explain": ["env", job, "--explain"],
+    }[verb]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    text = out if verb == "explain" else err
+    lines = [line for line in text.splitlines() if "slurm.cpus_per_task" in line]
+    assert len(lines) == 1 and "slurm.cpus_per_task=1 gives each GPU rank a single CPU" in lines[0], text
+    assert "at least 2" in lines[0], lines
+    if verb != "explain":
+        assert "#SBATCH --cpus-per-task=1" in out and "--gpus-per-node=4" in out
+        assert err.splitlines() == lines

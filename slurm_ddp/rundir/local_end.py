@@ -1,0 +1,161 @@
+"""How a local start ended (``LOCAL_END_NAME``, :class:`LocalEnd`), in Slurm's state names, and the
+pure rule that names it (:func:`local_end`). Part of :mod:`slurm_ddp.rundir`.
+
+Side effects: :func:`write_local_end`/:func:`read_local_end` write and read the record. Imports no torch.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping, Optional, Tuple
+
+from .. import PREEMPTED_EXIT_CODE
+from .files import LOCAL_END_NAME, PathLike, Preempted
+from .hangs import Hang
+from .requeue import RequeueDecision
+
+# --------------------------------------------------------------------------- how a local start ended
+#: The states of a local start's end, Slurm's own names for the same endings (squeue(1) JOB STATE CODES).
+LOCAL_END_STATES = ("COMPLETED", "PREEMPTED", "CANCELLED", "FAILED")
+
+
+@dataclass(frozen=True)
+class LocalEnd:
+    """How one start of the local launcher ended (``LOCAL_END_NAME``), in Slurm's state names.
+
+    ``COMPLETED``: the run finished. ``PREEMPTED``: the ranks stopped at the requeue signal (status 75
+    with a checkpoint, or a script of one's own that the signal stopped); a new submit resumes.
+    ``CANCELLED``: the launcher was told to stop (Ctrl-C = SIGINT, or SIGTERM when it is not the
+    requeue signal) before any rank failed. ``FAILED``: a rank exited with another status first
+    (``rank``, ``rank_status``, ``log``), or the hang watchdog ended the ranks.
+    """
+
+    job_id: str  #: the launcher's job id (its pid), as in ``JOBS_NAME``
+    restart: int  #: the start's ``SLURM_RESTART_COUNT`` (local starts of the run directory before it)
+    state: str  #: one of ``LOCAL_END_STATES``
+    exit_code: int  #: the launcher's exit status
+    reason: str  #: one line saying what happened and what to do next
+    rank: Optional[int] = None  #: FAILED: the first rank that failed
+    rank_status: Optional[int] = None  #: its status (``-N``: killed by signal N, as ``Popen.returncode``)
+    log: Optional[str] = None  #: its log file
+    signal: Optional[str] = None  #: the signal that stopped the start (``SIGUSR2``, ``SIGINT``, ...)
+    time: float = 0.0  #: wall clock (``time.time()``) of the end
+
+    def describes(self, job: Mapping[str, Any]) -> bool:
+        """True when this record is the end of the submission ``job`` (a ``JOBS_NAME`` record)."""
+        restart = job.get("restart", 0)
+        return str(job.get("job_id", "")) == self.job_id and isinstance(restart, int) and restart == self.restart
+
+
+def write_local_end(run_dir: PathLike, end: LocalEnd) -> None:
+    """Write ``end`` as the run's ``LOCAL_END_NAME`` (JSON, atomically). Raises ``OSError``."""
+    from dataclasses import asdict
+
+    from ..checkpoint import atomic_write_text
+
+    atomic_write_text(Path(run_dir) / LOCAL_END_NAME, json.dumps(asdict(end)) + "\n")
+
+
+def read_local_end(run_dir: PathLike) -> Optional[LocalEnd]:
+    """The run's ``LOCAL_END_NAME`` record; None when missing, unreadable or malformed."""
+    try:
+        rec = json.loads((Path(run_dir) / LOCAL_END_NAME).read_text(encoding="utf-8"))
+        end = LocalEnd(**rec)
+    except (OSError, ValueError, TypeError):
+        return None
+    if end.state not in LOCAL_END_STATES or not isinstance(end.restart, int):
+        return None
+    return end
+
+
+def status_words(status: int) -> str:
+    """``status 3``, or ``killed by SIGKILL`` for a ``Popen.returncode`` of ``-9``."""
+    if status >= 0:
+        return f"status {status}"
+    import signal as _signal
+
+    try:
+        return f"killed by {_signal.Signals(-status).name}"
+    except ValueError:
+        return f"killed by signal {-status}"
+
+
+def local_end(
+    *,
+    job_id: str,
+    restart: int,
+    status: int,
+    decision: Optional[RequeueDecision],
+    requeue_signal: str,
+    command: bool,
+    finished: bool,
+    marker: Optional[Preempted] = None,
+    failed: Optional[Tuple[int, int]] = None,
+    failed_log: Optional[str] = None,
+    hang: Optional[Hang] = None,
+    cancelled: Optional[str] = None,
+    stopped_by: Optional[str] = None,
+) -> LocalEnd:
+    """How a local start ended, in Slurm's state names, with its one-line reason. Pure.
+
+    ``status``: the launcher's status before the requeue rule; ``decision``: the rule's
+    (:func:`decide_requeue`, as the batch script applies it; None after a failure or hang);
+    ``requeue_signal``: e.g. ``SIGUSR2``; ``command``: a ``train.command`` run; ``finished``: the run
+    wrote ``FINISHED``; ``marker``: the ``PREEMPTED`` marker when it belongs to this start;
+    ``failed``: ``(rank, Popen.returncode)`` of the first rank that failed (not of a stop signal the
+    launcher passed on) and ``failed_log`` its log; ``hang``: the watchdogs' report of this start;
+    ``cancelled``: the signal that told the launcher to stop (SIGINT, or SIGTERM that is not the
+    requeue signal) when it came before any rank failed; ``stopped_by``: the requeue signal or
+    SIGTERM the launcher passed on to the ranks, if any.
+    """
+    exit_code = decision.exit_code if decision is not None else status
+
+    def end(state: str, reason: str, **kw: Any) -> LocalEnd:
+        return LocalEnd(
+            job_id=job_id, restart=restart, state=state, exit_code=exit_code, reason=reason, time=time.time(), **kw
+        )
+
+    resume = "submit again with the same --run-dir to resume"
+    own = " from the script's own last checkpoint"
+    if finished and failed is None and hang is None:
+        late = f"; {status_words(status)} came from a stop signal that arrived after the run finished" if status else ""
+        return end("COMPLETED", "the run finished" + late)
+    if hang is not None:
+        return end("FAILED", hang.line(), signal=None)
+    if failed is not None and cancelled is None:
+        rank, rank_status = failed
+        where = f"; its log: {failed_log}" if failed_log else ""
+        return end(
+            "FAILED",
+            f"rank {rank} failed first ({status_words(rank_status)}); the other ranks were stopped{where}",
+            rank=rank,
+            rank_status=rank_status,
+            log=failed_log,
+        )
+    if marker is not None and not command:
+        saved = f"rank 0 committed the checkpoint of step {marker.step}; {resume} from it"
+    elif marker is not None:
+        saved = f"the script stopped at its step {marker.step} (slurm_ddp.preemption); {resume}{own}"
+    elif command and exit_code == PREEMPTED_EXIT_CODE and status == 0:
+        saved = f"the ranks exited with status 0: stopped, not finished; {resume}{own}"
+    elif command:
+        saved = f"the ranks stopped ({status_words(status)}); {resume}{own}"
+    else:
+        saved = f"the ranks stopped ({status_words(status)}); {resume} from the last committed checkpoint, if any"
+    if cancelled is not None:
+        how = "SIGINT (Ctrl-C)" if cancelled == "SIGINT" else cancelled
+        reason = f"cancelled by {how} to the launcher: the ranks were told to stop (SIGTERM)"
+        if command and status == 0 and marker is None:
+            reason += f" and exited with status 0: stopped, not finished; {resume}{own}"
+        else:
+            reason += f"; {saved}"
+        return end("CANCELLED", reason, signal=cancelled)
+    if decision is not None and decision.preempted:
+        sig = marker.signal if marker is not None else stopped_by or requeue_signal
+        what = f"{sig} (the requeue signal)" if sig == requeue_signal else sig
+        return end("PREEMPTED", f"stopped by {what}; {saved}", signal=sig)
+    why = f"the ranks ended with {status_words(status)}" + (f" after {stopped_by}" if stopped_by else "")
+    return end("FAILED", f"{why} and the run did not finish", signal=stopped_by)
