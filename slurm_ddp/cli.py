@@ -160,6 +160,16 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="PNG of train loss and eval accuracy against step, restarts marked")
     p.add_argument("run", help=run_help + "; a sweep: every element's curves in one PNG")
     p.add_argument("-o", "--output", metavar="PNG", help="where to write it (default: RUN/metrics.png)")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="where the allocation went instead: one row per start (a sweep: per element), phases coloured, "
+        "restarts and their reasons marked, goodput in the title (default: RUN/timeline.png)",
+    )
+
+    p = sub.add_parser("report", help="where a run's allocation went: starts, phases, goodput, largest losses")
+    p.add_argument("run", help=run_help + ", or a sweep directory")
+    p.add_argument("--json", action="store_true", help="one JSON object (field names in the README)")
 
 
 def _load(args: argparse.Namespace):
@@ -822,6 +832,12 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
         from .paths import check_file_writable
 
         check_file_writable(args.output, "--output")
+    if args.timeline:
+        from .ops.report import report
+        from .plot import plot_timeline
+
+        print(f"wrote {plot_timeline(report(run_path), args.output)}")
+        return 0
     if is_sweep_dir(run_path):
         from .ops import sweeps
         from .plot import plot_sweep
@@ -834,8 +850,20 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops.report import RunReport, format_report, format_sweep_report, report
+
+    rep = report(_resolve(args.run))
+    if args.json:
+        print(json.dumps(rep.to_dict(), default=str))
+    else:
+        sys.stdout.write(format_report(rep) if isinstance(rep, RunReport) else format_sweep_report(rep))
+    return 0
+
+
 COMMANDS.update(
     {
+        "report": cmd_report,
         "runs": cmd_runs,
         "status": cmd_status,
         "logs": cmd_logs,

@@ -9,6 +9,9 @@ A run directory holds:
 - ``config.yaml``: the validated job config, as submitted (``CONFIG_NAME``);
 - ``job.sbatch``: the rendered batch script (``SCRIPT_NAME``);
 - ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``);
+- ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
+  survivor saw (``ENDS_NAME``: the batch shell after srun, the local launcher; :func:`record_end`),
+  read by ``slurm-ddp report`` where Slurm accounting is not there;
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
 - ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``), and
@@ -64,6 +67,8 @@ PathLike = Union[str, "os.PathLike[str]"]
 CONFIG_NAME = "config.yaml"
 SCRIPT_NAME = "job.sbatch"
 JOBS_NAME = "jobs.jsonl"
+#: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
+ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
@@ -273,6 +278,23 @@ def record_job(run_dir: PathLike, **record: Any) -> None:
 def read_jobs(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
     return read_jsonl(Path(run_dir) / JOBS_NAME)
+
+
+def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:
+    """Append the end of one start (job ``job_id`` at ``restart``, its status ``exit_code``: srun's
+    or the local launcher's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
+    now. Written by the process that outlives the ranks (the batch shell's requeue decision, the
+    local launcher), never by a rank: a start killed with its launcher has no record (the report then
+    takes its last record's time). Raises ``OSError`` when unwritable."""
+    record: Dict[str, Any] = {"job_id": str(job_id), "restart": int(restart), "exit_code": int(exit_code)}
+    record.update(extra)
+    record.setdefault("time", time.time())
+    append_jsonl(Path(run_dir) / ENDS_NAME, record)
+
+
+def read_ends(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """The start ends recorded in ``RUN_DIR/ends.jsonl`` (:func:`record_end`), oldest first."""
+    return read_jsonl(Path(run_dir) / ENDS_NAME)
 
 
 def read_metrics(run_dir: PathLike) -> List[Dict[str, Any]]:
@@ -926,6 +948,19 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
+        restart_text = env.get("SLURM_RESTART_COUNT") or "0"
+        if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
+            try:
+                record_end(
+                    args.run_dir,
+                    job_id=env["SLURM_JOB_ID"],
+                    restart=int(restart_text),
+                    exit_code=args.exit_code,
+                    requeue=decision.requeue,
+                    by="batch",
+                )
+            except OSError as e:
+                blog.warning("could not record this start's end in %s: %s", ENDS_NAME, e)
         exclude = f" exclude={decision.exclude}" if decision.exclude else ""
         print(f"{int(decision.requeue)} {decision.exit_code}{exclude}", flush=True)
         return 0

@@ -41,6 +41,7 @@ from ..rundir import (
     mark_command_finished,
     rank_log_name,
     read_jobs,
+    record_end,
     record_job,
 )
 from ..signals import die_with_parent
@@ -370,6 +371,10 @@ def schedule(
         status = job.start().wait()
     finally:
         job.release()
+    try:  # this start's end, for slurm-ddp report (ranks killed with the launcher leave none)
+        record_end(plan.run_dir, job_id=job.job_id, restart=job.restart, exit_code=status, by="local")
+    except OSError as e:
+        job.say(f"could not record this start's end: {e}")
     hang = find_hang(plan.run_dir, job.job_id, job.restart)
     if hang is not None:  # the ranks' watchdogs ended them (slurm_ddp.watchdog)
         job.say(f"{hang.line()} (logs in {Path(plan.run_dir) / LOGS_DIR})")
