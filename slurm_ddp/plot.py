@@ -236,25 +236,26 @@ def plot_timeline(report: Any, out: Union[str, os.PathLike, None] = None, *, dpi
                     left += w
             ax.plot([s.start - t0] * 2, [y - 0.35, y + 0.35], color="black", linewidth=1)
             what = s.ended + (f", {s.redone_steps} steps redone" if s.redone_steps else "")
-            ax.annotate(what, xy=(s.end - t0, y), xytext=(3, 9), textcoords="offset points", fontsize=7)
+            why = s.reason if len(s.reason) <= 48 else s.reason[:47] + "…"
+            ax.annotate(
+                f"{what}\n{why}",
+                xy=(s.end - t0, y),
+                xytext=(3, 0),
+                textcoords="offset points",
+                fontsize=6.5,
+                va="center",
+            )
     ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
     ax.invert_yaxis()
-    ax.set_xlim(0, span * 1.12 if span > 0 else 1)
+    ax.set_xlim(0, span * 1.3 if span > 0 else 1)
     ax.set_xlabel("seconds since the first submission")
     handles = [Patch(color=PHASE_COLOURS[k], label=PHASE_WORDS[k]) for k in PHASES]
     handles.append(Patch(facecolor="white", edgecolor="lightgray", hatch="//", label="queue wait"))
-    ax.legend(
-        handles=handles,
-        loc="upper center",
-        bbox_to_anchor=(0.5, -0.25 if len(rows) < 3 else -0.12),
-        ncol=4,
-        fontsize=7,
-        frameon=False,
-    )
+    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=7, frameon=False)
     ax.grid(True, axis="x", alpha=0.3)
     shown = "?" if goodput is None else f"{goodput * 100:.1f} %"
     fig.suptitle(f"{name}: goodput {shown}{extra}", fontsize=10)
-    fig.tight_layout()
+    fig.tight_layout(rect=(0, 0.07 if len(rows) > 2 else 0.12, 1, 1))
     if not out_path.parent.is_dir():
         raise UserError(f"-o {str(out_path)!r}: directory {str(out_path.parent)!r} does not exist")
     try:

@@ -168,6 +168,9 @@ class RunReport:
     starts: List[StartReport]
     allocated_source: str  #: ``sacct``, ``run directory``, or ``sacct and run directory``
     unknown: List[str] = field(default_factory=list)
+    #: the records hold steps with times (the worker's events, or a script's timed metrics.jsonl
+    #: lines): without them the productive time, goodput and redone steps are unknown (None)
+    step_level: bool = True
 
     @property
     def allocated_node_s(self) -> float:
@@ -178,18 +181,18 @@ class RunReport:
         return {k: sum(s.phases_node_s[k] for s in self.starts) for k in PHASES}
 
     @property
-    def productive_node_s(self) -> float:
-        return self.phases_node_s["train_kept"]
+    def productive_node_s(self) -> Optional[float]:
+        return self.phases_node_s["train_kept"] if self.step_level else None
 
     @property
     def goodput(self) -> Optional[float]:
-        """productive ÷ allocated node-seconds; None before any allocation."""
-        alloc = self.allocated_node_s
-        return self.productive_node_s / alloc if alloc > 0 else None
+        """productive ÷ allocated node-seconds; None before any allocation or without step-level records."""
+        alloc, productive = self.allocated_node_s, self.productive_node_s
+        return productive / alloc if alloc > 0 and productive is not None else None
 
     @property
-    def redone_steps(self) -> int:
-        return sum(s.redone_steps or 0 for s in self.starts)
+    def redone_steps(self) -> Optional[int]:
+        return sum(s.redone_steps or 0 for s in self.starts) if self.step_level else None
 
     @property
     def restarts(self) -> int:
@@ -423,7 +426,20 @@ def run_report(
     alloc_src = "sacct" if sources == {True} else "run directory" if sources == {False} else "sacct and run directory"
     if not starts:
         unknown.append("starts: provenance.json records none (the run never started, or predates it)")
-    return RunReport(run=name or path.name, path=path, starts=starts, allocated_source=alloc_src, unknown=unknown)
+    step_level = any(steps for steps, _ in trained)
+    if starts and not step_level:
+        unknown.append(
+            "productive time, goodput and redone steps: no step is recorded with a time (the worker writes them; "
+            'a script of its own appends {"event": "train", "step": N, "time": T} lines to metrics.jsonl)'
+        )
+    return RunReport(
+        run=name or path.name,
+        path=path,
+        starts=starts,
+        allocated_source=alloc_src,
+        unknown=unknown,
+        step_level=step_level,
+    )
 
 
 def _ending(
@@ -563,7 +579,7 @@ def _close(st: StartReport) -> None:
 def losses(rep: RunReport, top: int = 3) -> List[Dict[str, Any]]:
     """The ``top`` largest non-productive phases of ``rep`` in node-seconds, each with a sentence."""
     alloc = rep.allocated_node_s
-    if alloc <= 0:
+    if alloc <= 0 or not rep.step_level:
         return []
     totals = rep.phases_node_s
     out: List[Dict[str, Any]] = []
@@ -645,12 +661,14 @@ def format_report(rep: RunReport) -> str:
     for s in rep.starts:
         out.append(f"  start {s.index}: {s.reason}\n")
     g = rep.goodput
+    prod = "?" if rep.productive_node_s is None else f"{rep.productive_node_s:.1f}"
+    redone = "?" if rep.redone_steps is None else str(rep.redone_steps)
     out.append(
         f"allocated:  {rep.allocated_node_s:.1f} node-s (from {rep.allocated_source}); productive "
-        f"{rep.productive_node_s:.1f} node-s; goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
+        f"{prod} node-s; goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
     )
     out.append(
-        f"restarts:   {rep.restarts}; redone steps {rep.redone_steps}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
+        f"restarts:   {rep.restarts}; redone steps {redone}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
     )
     for i, loss in enumerate(rep.losses):
         out.append(f"{'losses:' if i == 0 else '':<11} {loss['words']}\n")
@@ -674,13 +692,15 @@ class SweepReport:
         return sum(r.allocated_node_s for _, _, r in self.elements)
 
     @property
-    def productive_node_s(self) -> float:
-        return sum(r.productive_node_s for _, _, r in self.elements)
+    def productive_node_s(self) -> Optional[float]:
+        """Σ of the elements' productive node-seconds; None when one of them is unknown."""
+        parts = [r.productive_node_s for _, _, r in self.elements]
+        return None if any(p is None for p in parts) else sum(p or 0.0 for p in parts)
 
     @property
     def goodput(self) -> Optional[float]:
-        a = self.allocated_node_s
-        return self.productive_node_s / a if a > 0 else None
+        a, p = self.allocated_node_s, self.productive_node_s
+        return p / a if a > 0 and p is not None else None
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -689,7 +709,7 @@ class SweepReport:
             "allocated_node_s": self.allocated_node_s,
             "productive_node_s": self.productive_node_s,
             "goodput": self.goodput,
-            "redone_steps": sum(r.redone_steps for _, _, r in self.elements),
+            "redone_steps": sum(r.redone_steps or 0 for _, _, r in self.elements),
             "restarts": sum(r.restarts for _, _, r in self.elements),
             "queue_wait_s": sum(r.queue_wait_s for _, _, r in self.elements),
             "elements": [{"index": i, "label": label, **r.to_dict()} for i, label, r in self.elements],
@@ -710,7 +730,7 @@ def format_sweep_report(rep: SweepReport) -> str:
                 str(len(r.starts)),
                 f"{r.allocated_node_s:.1f}",
                 "?" if g is None else f"{g * 100:.1f} %",
-                str(r.redone_steps),
+                "?" if r.redone_steps is None else str(r.redone_steps),
                 f"{r.queue_wait_s:.1f}",
                 loss,
             )

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
-from lib import wait_for, wait_process
+from lib import require_module, wait_for, wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.rundir import latest_checkpoint_step, read_ends, read_jobs, read_metrics
@@ -177,7 +177,7 @@ def test_report_of_a_stop_a_kill_and_a_finish(tmp_path: Path) -> None:
 
     table = subprocess.run([sys.executable, "-m", "slurm_ddp", "report", str(run_dir)], capture_output=True, text=True)
     assert table.returncode == 0 and "goodput" in table.stdout and "killed" in table.stdout, table.stdout
-    pytest.importorskip("matplotlib")
+    require_module("matplotlib", "slurm-ddp plot --timeline")
     png = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "plot", str(run_dir), "--timeline"], capture_output=True, text=True
     )
