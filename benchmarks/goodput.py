@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -113,7 +114,10 @@ def run_one(sb: Any, work: Path, every: int, say: Callable[[str], None]) -> Dict
         r = sb.run(cmd, capture_output=True, text=True, timeout=120)
         if r.returncode != 0:
             raise RuntimeError(r.stdout + r.stderr)
-        return r.stdout.split("submitted job ")[1].split()[0]
+        m = re.search(r"submitted job (\d+)", r.stdout)
+        if m is None:
+            raise RuntimeError(r.stdout + r.stderr)
+        return m.group(1)
 
     def job_gone(job: str) -> bool:
         r = sb.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, timeout=20)
