@@ -157,6 +157,16 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("plot", help="PNG of train loss and eval accuracy against step, restarts marked")
     p.add_argument("run", help=run_help + "; a sweep: every element's curves in one PNG")
     p.add_argument("-o", "--output", metavar="PNG", help="where to write it (default: RUN/metrics.png)")
+    p.add_argument(
+        "--timeline",
+        action="store_true",
+        help="where the allocation went instead: one row per start (a sweep: per element), phases coloured, "
+        "restarts and their reasons marked, goodput in the title (default: RUN/timeline.png)",
+    )
+
+    p = sub.add_parser("report", help="where a run's allocation went: starts, phases, goodput, largest losses")
+    p.add_argument("run", help=run_help + ", or a sweep directory")
+    p.add_argument("--json", action="store_true", help="one JSON object (field names in the README)")
 
 
 def _load(args: argparse.Namespace):
@@ -314,7 +324,16 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .ops.targets import resolve_target
     from .plot import plot_target
 
-    print(f"wrote {plot_target(resolve_target(args.run), args.output)}")
+    print(f"wrote {plot_target(resolve_target(args.run), args.output, timeline=args.timeline)}")
+    return 0
+
+
+def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops import view
+    from .ops.report import report
+    from .ops.targets import resolve_target
+
+    sys.stdout.write(view.report_text(report(resolve_target(args.run)), as_json=args.json))
     return 0
 
 
@@ -330,6 +349,7 @@ COMMANDS = {
     "cancel": cmd_cancel,
     "requeue": cmd_requeue,
     "plot": cmd_plot,
+    "report": cmd_report,
 }
 
 

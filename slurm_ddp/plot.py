@@ -167,17 +167,120 @@ def plot_sweep(sweep: Any, out: Union[str, os.PathLike, None] = None, *, dpi: in
     return out_path
 
 
-def plot_target(path: Path, out: Optional[str] = None) -> Path:
-    """``slurm-ddp plot``: :func:`plot_sweep` when ``path`` is a sweep directory, else :func:`plot_run`.
-    ``out`` is checked to be writable first (``UserError`` naming ``--output``)."""
+def plot_target(path: Path, out: Optional[str] = None, *, timeline: bool = False) -> Path:
+    """``slurm-ddp plot``: :func:`plot_sweep` when ``path`` is a sweep directory, else :func:`plot_run`;
+    with ``timeline``, :func:`plot_timeline` of its report (``slurm_ddp.ops.report``). ``out`` is
+    checked to be writable first (``UserError`` naming ``--output``)."""
     from .rundir import is_sweep_dir
 
     if out:
         from .paths import check_file_writable
 
         check_file_writable(out, "--output")
+    if timeline:
+        from .ops.report import report
+
+        return plot_timeline(report(path), out)
     if is_sweep_dir(path):
         from .ops.sweeps import read_sweep
 
         return plot_sweep(read_sweep(path), out)
     return plot_run(read_run(path), out)
+
+
+#: ``slurm-ddp plot RUN --timeline``'s default file name
+TIMELINE_NAME = "timeline.png"
+#: a colour per phase of ``slurm_ddp.ops.report.PHASES``
+PHASE_COLOURS = {
+    "startup": "tab:orange",
+    "train_kept": "tab:green",
+    "train_redone": "tab:red",
+    "eval": "tab:blue",
+    "checkpoint": "tab:purple",
+    "stop": "tab:brown",
+    "other": "tab:gray",
+}
+
+
+def plot_timeline(report: Any, out: Union[str, os.PathLike, None] = None, *, dpi: int = 100) -> Path:
+    """Write the timeline PNG of a report (``slurm_ddp.ops.report``: a ``RunReport``, one row per
+    start; a ``SweepReport``, one row per element with its starts in place) to ``out`` (default
+    ``RUN/timeline.png``); returns its path. The x axis is seconds since the first start; each start
+    is a bar of its phases (start-up, training kept, redone, eval, checkpoint stalls, stop, other) in
+    that order, the queue wait before it hatched, and how it ended written after it; the title holds
+    the goodput. Raises ``UserError`` when matplotlib is missing, no start is recorded, or ``out``
+    cannot be written."""
+    from .ops.report import PHASE_WORDS, PHASES, RunReport
+
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+        from matplotlib.patches import Patch
+    except ImportError:
+        raise UserError("plot needs matplotlib, which is not installed here: pip install 'slurm-ddp[plot]'") from None
+    if isinstance(report, RunReport):
+        rows = [(f"start {s.index}\njob {s.job_id}.{s.restart}", [s]) for s in report.starts]
+        name, goodput, extra = (
+            report.run,
+            report.goodput,
+            f", {report.restarts} restarts, {report.redone_steps} redone steps",
+        )
+    else:
+        rows = [(f"{i}: {label}"[:28], r.starts) for i, label, r in report.elements]
+        name, goodput, extra = f"sweep {report.name}", report.goodput, f", {len(rows)} elements"
+    starts = [s for _, ss in rows for s in ss]
+    if not starts:
+        raise UserError(f"{name}: no start recorded yet (provenance.json); plot the timeline once the job has started")
+    out_path = Path(out) if out is not None else Path(report.path) / TIMELINE_NAME
+    t0 = min(s.start - (s.queue_wait_s or 0.0) for s in starts)
+    fig = Figure(figsize=(10, 1.6 + 0.7 * len(rows)), dpi=dpi)
+    FigureCanvasAgg(fig)
+    ax = fig.subplots()
+    span = max(s.end for s in starts) - t0
+    for y, (_, ss) in enumerate(rows):
+        for s in ss:
+            if s.queue_wait_s:
+                ax.barh(
+                    y,
+                    s.queue_wait_s,
+                    left=s.start - t0 - s.queue_wait_s,
+                    height=0.5,
+                    color="white",
+                    edgecolor="lightgray",
+                    hatch="//",
+                )
+            left = s.start - t0
+            for k in PHASES:
+                w = s.phases_s[k]
+                if w > 0:
+                    ax.barh(y, w, left=left, height=0.5, color=PHASE_COLOURS[k])
+                    left += w
+            ax.plot([s.start - t0] * 2, [y - 0.35, y + 0.35], color="black", linewidth=1)
+            what = s.ended + (f", {s.redone_steps} steps redone" if s.redone_steps else "")
+            why = s.reason if len(s.reason) <= 48 else s.reason[:47] + "…"
+            ax.annotate(
+                f"{what}\n{why}",
+                xy=(s.end - t0, y),
+                xytext=(3, 0),
+                textcoords="offset points",
+                fontsize=6.5,
+                va="center",
+            )
+    ax.set_yticks(range(len(rows)), [label for label, _ in rows], fontsize=8)
+    ax.invert_yaxis()
+    ax.set_xlim(0, span * 1.3 if span > 0 else 1)
+    ax.set_xlabel("seconds since the first submission")
+    handles = [Patch(color=PHASE_COLOURS[k], label=PHASE_WORDS[k]) for k in PHASES]
+    handles.append(Patch(facecolor="white", edgecolor="lightgray", hatch="//", label="queue wait"))
+    fig.legend(handles=handles, loc="lower center", ncol=8, fontsize=7, frameon=False)
+    ax.grid(True, axis="x", alpha=0.3)
+    shown = "?" if goodput is None else f"{goodput * 100:.1f} %"
+    fig.suptitle(f"{name}: goodput {shown}{extra}", fontsize=10)
+    fig.tight_layout(rect=(0, 0.07 if len(rows) > 2 else 0.12, 1, 1))
+    if not out_path.parent.is_dir():
+        raise UserError(f"-o {str(out_path)!r}: directory {str(out_path.parent)!r} does not exist")
+    try:
+        fig.savefig(out_path, format="png")
+    except OSError as e:
+        raise UserError(f"-o {str(out_path)!r}: cannot write the PNG: {e.strerror or e}") from None
+    return out_path

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from types import FrameType
 from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Union
 
@@ -55,11 +56,13 @@ class PreemptionFlag:
     def __init__(self, signals: Iterable[SignalSpec] = ("USR2", "TERM")):
         self.signals = tuple(dict.fromkeys(to_signal(s) for s in signals))
         self._received: Optional[signal.Signals] = None
+        self._received_at: Optional[float] = None
         self._originals: Dict[signal.Signals, Union[Callable[[int, Optional[FrameType]], Any], int, None]] = {}
 
     # -- handler side: only records -----------------------------------------
     def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
         if self._received is None:
+            self._received_at = time.time()
             self._received = signal.Signals(signum)
 
     def install(self) -> PreemptionFlag:
@@ -95,6 +98,12 @@ class PreemptionFlag:
     def received(self) -> Optional[signal.Signals]:
         """The first signal received on this rank, or None."""
         return self._received
+
+    @property
+    def received_at(self) -> Optional[float]:
+        """Wall-clock time (``time.time()``, s) this rank received :attr:`received`; None when it was
+        raised by hand or by the other ranks (:meth:`sync`), or not at all."""
+        return self._received_at
 
     def set(self, sig: SignalSpec = "USR2") -> None:
         """Raise the flag by hand (e.g. a time budget ran out)."""

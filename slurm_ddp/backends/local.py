@@ -8,7 +8,7 @@ every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
 
-At the end of each start it records how the start ended (``rundir.LOCAL_END_NAME``, built by
+At the end of each start it records how the start ended (``rundir.ENDS_NAME``, built by
 ``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
 (the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C, or SIGTERM that is not the requeue
 signal, before any rank failed) or ``FAILED`` (the first failing rank, its status and log; a hang),
@@ -420,7 +420,7 @@ def schedule(
 def _record_end(
     job: LocalJob, status: int, decision: Optional[RequeueDecision], hang: Optional[Hang], command: bool
 ) -> None:
-    """Write how this start ended (``rundir.LOCAL_END_NAME``, for ``slurm-ddp status``) and say it,
+    """Write how this start ended (``rundir.ENDS_NAME``, for ``slurm-ddp status``) and say it,
     unless the launcher said it already (a failed rank, a hang) or the run simply finished."""
     run_dir = job.plan.run_dir
     marker = read_preempted(run_dir)
@@ -447,7 +447,7 @@ def _record_end(
         stopped_by=stopped_by,
     )
     try:
-        write_local_end(run_dir, end)
+        write_local_end(run_dir, end, status)  # one record of this start's end (report, status)
     except OSError as e:
         job.say(f"warning: could not record how the job ended in {run_dir}: {e}")
     said = end.state == "FAILED" and (job.failed is not None or hang is not None)

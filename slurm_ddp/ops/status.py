@@ -13,7 +13,7 @@ accounting, like the sandbox); a job that none of them knows any more has ended.
 directory says how far training got (last step, last committed checkpoint, the finished
 marker, the ``resume`` events = restarts). A run of the ``local`` backend is read from its
 run directory alone: its launcher's lock, then how its latest start ended, in Slurm's state names
-(``rundir.LOCAL_END_NAME``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
+(``rundir.ENDS_NAME``, ``by: local``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
 starts such a job again.
 """
 
@@ -152,7 +152,7 @@ class RunStatus:
 
 def _local_status(run: Run) -> RunStatus:
     """A local run's state from its run directory: the finished marker, the launcher's lock, then how
-    the latest start ended (``rundir.LOCAL_END_NAME``: ``PREEMPTED``, ``CANCELLED``, ``FAILED``, in
+    the latest start ended (``rundir.ENDS_NAME``, ``by: local``: ``PREEMPTED``, ``CANCELLED``, ``FAILED``, in
     Slurm's names); ``STOPPED`` when the launcher is gone without a record (``kill -9``)."""
     src = "run directory (local backend)"
     end = run.local_end if run.local_end is not None and run.local_end.describes(run.jobs[-1]) else None

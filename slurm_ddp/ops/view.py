@@ -1,4 +1,4 @@
-"""The text of the login-node verbs: tables and reports of ``runs`` and ``status``, and the writer
+"""The text of the login-node verbs: tables and reports of ``runs``, ``status`` and ``report``, and the writer
 ``logs`` prints through. One module, so that the CLI and the Python API (``slurm_ddp.api``) show a
 run the same way.
 
@@ -13,11 +13,13 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .accounting import reason
 from .overview import RunsReport, StatusReport
+from .report import PHASES, RunReport, SweepReport
 from .runs import read_requeue_signal
 
 if TYPE_CHECKING:
@@ -276,3 +278,107 @@ def status_json(rep: Union[StatusReport, SweepStatus]) -> str:
         json.dumps({"index": e.index, "label": e.label, "values": e.values, **rs.to_dict()}, default=str) + "\n"
         for e, rs in rep.elements
     )
+
+
+# --------------------------------------------------------------------------- slurm-ddp report
+def format_report(rep: RunReport) -> str:
+    """The human table of ``slurm-ddp report RUN``: one row per start, then the totals and losses."""
+
+    def ts(t: float) -> str:
+        return time.strftime("%H:%M:%S", time.localtime(t))
+
+    header = (
+        "#",
+        "JOB",
+        "NODES",
+        "START",
+        "WALL_S",
+        "WAIT_S",
+        "ENDED",
+        "STARTUP",
+        "KEPT",
+        "REDONE",
+        "EVAL",
+        "CKPT",
+        "STOP",
+        "OTHER",
+        "STEPS",
+    )
+    rows: List[Tuple[str, ...]] = [header]
+    for s in rep.starts:
+        ph = s.phases_s
+        steps = "?" if s.last_step is None else f"{s.resumed_from_step or 0}->{s.last_step}"
+        if s.redone_steps:
+            steps += f" ({s.redone_steps} redone)"
+        rows.append(
+            (
+                str(s.index),
+                f"{s.job_id}.{s.restart}",
+                f"{s.node_count}:{s.nodes}",
+                ts(s.start),
+                f"{s.wall_s:.1f}",
+                "?" if s.queue_wait_s is None else f"{s.queue_wait_s:.1f}",
+                s.ended,
+                *(f"{ph[k]:.1f}" for k in PHASES),
+                steps,
+            )
+        )
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    out = [f"run:        {rep.run} ({rep.path})\n"]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows]
+    for s in rep.starts:
+        out.append(f"  start {s.index}: {s.reason}\n")
+    g = rep.goodput
+    prod = "?" if rep.productive_node_s is None else f"{rep.productive_node_s:.1f}"
+    redone = "?" if rep.redone_steps is None else str(rep.redone_steps)
+    out.append(
+        f"allocated:  {rep.allocated_node_s:.1f} node-s (from {rep.allocated_source}); productive "
+        f"{prod} node-s; goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
+    )
+    out.append(
+        f"restarts:   {rep.restarts}; redone steps {redone}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
+    )
+    for i, loss in enumerate(rep.losses):
+        out.append(f"{'losses:' if i == 0 else '':<11} {loss['words']}\n")
+    notes = list(rep.unknown) + [f"start {s.index}: {u}" for s in rep.starts for u in s.unknown]
+    for n in notes:
+        out.append(f"unknown:    {n}\n")
+    return "".join(out)
+
+
+def format_sweep_report(rep: SweepReport) -> str:
+    """The human table of ``slurm-ddp report SWEEP``: one row per element, then the totals."""
+    header = ("#", "LABEL", "STARTS", "ALLOC_NODE_S", "GOODPUT", "REDONE", "WAIT_S", "LARGEST LOSS")
+    rows: List[Tuple[str, ...]] = [header]
+    for i, label, r in rep.elements:
+        g = r.goodput
+        loss = r.losses[0]["words"] if r.losses else "-"
+        rows.append(
+            (
+                str(i),
+                label,
+                str(len(r.starts)),
+                f"{r.allocated_node_s:.1f}",
+                "?" if g is None else f"{g * 100:.1f} %",
+                "?" if r.redone_steps is None else str(r.redone_steps),
+                f"{r.queue_wait_s:.1f}",
+                loss,
+            )
+        )
+    widths = [max(len(row[k]) for row in rows) for k in range(len(header))]
+    out = [f"sweep:      {rep.name} ({rep.path})\n"]
+    out += ["  " + "  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() + "\n" for row in rows]
+    g = rep.goodput
+    out.append(
+        f"allocated:  {rep.allocated_node_s:.1f} node-s; productive {rep.productive_node_s:.1f} node-s; "
+        f"goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
+    )
+    return "".join(out)
+
+
+def report_text(rep: Union[RunReport, SweepReport], *, as_json: bool = False) -> str:
+    """``slurm-ddp report``: the table (:func:`format_report`, :func:`format_sweep_report`) or, with
+    ``as_json``, one JSON object (field names: ``slurm_ddp.ops.report.RUN_FIELDS``/``START_FIELDS``)."""
+    if as_json:
+        return json.dumps(rep.to_dict(), default=str) + "\n"
+    return format_report(rep) if isinstance(rep, RunReport) else format_sweep_report(rep)

@@ -9,6 +9,12 @@ A run directory holds:
 - ``config.yaml``: the validated job config, as submitted (``CONFIG_NAME``);
 - ``job.sbatch``: the rendered batch script (``SCRIPT_NAME``);
 - ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``);
+- ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
+  survivor saw (``ENDS_NAME``: the batch shell after srun, the local launcher; :func:`record_end`),
+  read by ``slurm-ddp report`` where Slurm accounting is not there; the local launcher's records carry
+  how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
+  ``FAILED``, the first failing rank, its status and log); a launcher killed with ``kill -9`` writes
+  none, so a record of an earlier start does not describe the latest one;
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
 - ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``), and
@@ -18,10 +24,6 @@ A run directory holds:
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
-- ``local-end.json`` (``LOCAL_END_NAME``): how the latest local start ended (:class:`LocalEnd`: job id,
-  restart, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/``FAILED``, the first failing rank, its status
-  and log), written by the local launcher when its ranks are gone; a launcher killed with ``kill -9``
-  writes none, so a record of an earlier start does not describe the latest one;
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
@@ -62,12 +64,12 @@ from .files import (
     CONFIG_NAME,
     DEFAULT_RUNS_DIR,
     DIFFS_DIR,
+    ENDS_NAME,
     FINAL_MODEL_NAME,
     FINISHED_NAME,
     HANGS_DIR,
     JOBS_NAME,
     LAUNCHER_LOCK_NAME,
-    LOCAL_END_NAME,
     LOGS_DIR,
     METRICS_NAME,
     PREEMPTED_NAME,
@@ -98,6 +100,7 @@ from .files import (
     launcher_log_name,
     private_dir,
     rank_log_name,
+    read_ends,
     read_finished,
     read_jobs,
     read_jsonl,
@@ -105,6 +108,7 @@ from .files import (
     read_preempted,
     read_sweep_jobs,
     read_sweep_manifest,
+    record_end,
     record_job,
     record_sweep_job,
     requeue_target,
@@ -128,13 +132,15 @@ from .requeue import (
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here, record_rank_stop, stop_dir
 
 __all__ = [
+    "record_end",
+    "read_ends",
+    "ENDS_NAME",
     "write_local_end",
     "status_words",
     "read_local_end",
     "local_end",
     "LocalEnd",
     "LOCAL_END_STATES",
-    "LOCAL_END_NAME",
     "ARRAY_SCRIPT_NAME",
     "CHECKPOINTS_DIR",
     "CONFIG_NAME",

@@ -19,14 +19,14 @@ PathLike = Union[str, "os.PathLike[str]"]
 CONFIG_NAME = "config.yaml"
 SCRIPT_NAME = "job.sbatch"
 JOBS_NAME = "jobs.jsonl"
+#: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
+ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
 #: held (flock) by a running ``submit --backend local`` launcher; holds its pid
 LAUNCHER_LOCK_NAME = "launcher.lock"
-#: how the latest local start ended (JSON, :class:`~slurm_ddp.rundir.LocalEnd`), written by the local launcher
-LOCAL_END_NAME = "local-end.json"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 #: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``
@@ -230,6 +230,23 @@ def record_job(run_dir: PathLike, **record: Any) -> None:
 def read_jobs(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
     return read_jsonl(Path(run_dir) / JOBS_NAME)
+
+
+def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:
+    """Append the end of one start (job ``job_id`` at ``restart``, its status ``exit_code``: srun's
+    or the local launcher's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
+    now. Written by the process that outlives the ranks (the batch shell's requeue decision, the
+    local launcher), never by a rank: a start killed with its launcher has no record (the report then
+    takes its last record's time). Raises ``OSError`` when unwritable."""
+    record: Dict[str, Any] = {"job_id": str(job_id), "restart": int(restart), "exit_code": int(exit_code)}
+    record.update(extra)
+    record.setdefault("time", time.time())
+    append_jsonl(Path(run_dir) / ENDS_NAME, record)
+
+
+def read_ends(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """The start ends recorded in ``RUN_DIR/ends.jsonl`` (:func:`record_end`), oldest first."""
+    return read_jsonl(Path(run_dir) / ENDS_NAME)
 
 
 def read_metrics(run_dir: PathLike) -> List[Dict[str, Any]]:

@@ -1,19 +1,20 @@
-"""How a local start ended (``LOCAL_END_NAME``, :class:`LocalEnd`), in Slurm's state names, and the
-pure rule that names it (:func:`local_end`). Part of :mod:`slurm_ddp.rundir`.
+"""How a local start ended (:class:`LocalEnd`), in Slurm's state names, and the pure rule that names
+it (:func:`local_end`). Part of :mod:`slurm_ddp.rundir`.
 
-Side effects: :func:`write_local_end`/:func:`read_local_end` write and read the record. Imports no torch.
+The record is the local launcher's entry of the run directory's one log of start ends
+(``ENDS_NAME``, :func:`~slurm_ddp.rundir.record_end`, ``by: "local"``), the ``LocalEnd`` under its
+``local`` key: the report and ``status`` read the same line. Side effects: :func:`write_local_end`/
+:func:`read_local_end` append and read it. Imports no torch.
 """
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Mapping, Optional, Tuple
 
 from .. import PREEMPTED_EXIT_CODE
-from .files import LOCAL_END_NAME, PathLike, Preempted
+from .files import PathLike, Preempted, read_ends, record_end
 from .hangs import Hang
 from .requeue import RequeueDecision
 
@@ -24,7 +25,7 @@ LOCAL_END_STATES = ("COMPLETED", "PREEMPTED", "CANCELLED", "FAILED")
 
 @dataclass(frozen=True)
 class LocalEnd:
-    """How one start of the local launcher ended (``LOCAL_END_NAME``), in Slurm's state names.
+    """How one start of the local launcher ended (its ``ENDS_NAME`` record), in Slurm's state names.
 
     ``COMPLETED``: the run finished. ``PREEMPTED``: the ranks stopped at the requeue signal (status 75
     with a checkpoint, or a script of one's own that the signal stopped); a new submit resumes.
@@ -50,21 +51,27 @@ class LocalEnd:
         return str(job.get("job_id", "")) == self.job_id and isinstance(restart, int) and restart == self.restart
 
 
-def write_local_end(run_dir: PathLike, end: LocalEnd) -> None:
-    """Write ``end`` as the run's ``LOCAL_END_NAME`` (JSON, atomically). Raises ``OSError``."""
+def write_local_end(run_dir: PathLike, end: LocalEnd, status: Optional[int] = None) -> None:
+    """Append ``end`` to the run's start ends (``ENDS_NAME``, ``by: "local"``): ``exit_code`` is the
+    ranks' status before the requeue rule (``status``, default ``end.exit_code``), as the batch
+    shell's record has srun's; the ``LocalEnd`` under ``local``. Raises ``OSError``."""
     from dataclasses import asdict
 
-    from ..checkpoint import atomic_write_text
-
-    atomic_write_text(Path(run_dir) / LOCAL_END_NAME, json.dumps(asdict(end)) + "\n")
+    code = end.exit_code if status is None else status
+    record_end(
+        run_dir, job_id=end.job_id, restart=end.restart, exit_code=code, by="local", local=asdict(end), time=end.time
+    )
 
 
 def read_local_end(run_dir: PathLike) -> Optional[LocalEnd]:
-    """The run's ``LOCAL_END_NAME`` record; None when missing, unreadable or malformed."""
+    """The latest local start's end (the last ``by: "local"`` record of ``ENDS_NAME``); None when
+    there is none or it is malformed."""
+    recs = [r for r in read_ends(run_dir) if r.get("by") == "local"]
+    if not recs or not isinstance(recs[-1].get("local"), dict):
+        return None
     try:
-        rec = json.loads((Path(run_dir) / LOCAL_END_NAME).read_text(encoding="utf-8"))
-        end = LocalEnd(**rec)
-    except (OSError, ValueError, TypeError):
+        end = LocalEnd(**recs[-1]["local"])
+    except (ValueError, TypeError):
         return None
     if end.state not in LOCAL_END_STATES or not isinstance(end.restart, int):
         return None

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
 
 from .. import PREEMPTED_EXIT_CODE
-from .files import PathLike, Preempted, is_finished, read_preempted, write_finished
+from .files import ENDS_NAME, PathLike, Preempted, is_finished, read_preempted, record_end, write_finished
 from .hangs import Hang, find_hang
 from .stops import RankStops, read_rank_stops, read_rank_stops_here
 
@@ -389,6 +389,19 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
+        restart_text = env.get("SLURM_RESTART_COUNT") or "0"
+        if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
+            try:
+                record_end(
+                    args.run_dir,
+                    job_id=env["SLURM_JOB_ID"],
+                    restart=int(restart_text),
+                    exit_code=args.exit_code,
+                    requeue=decision.requeue,
+                    by="batch",
+                )
+            except OSError as e:
+                blog.warning("could not record this start's end in %s: %s", ENDS_NAME, e)
         exclude = f" exclude={decision.exclude}" if decision.exclude else ""
         print(f"{int(decision.requeue)} {decision.exit_code}{exclude}", flush=True)
         return 0

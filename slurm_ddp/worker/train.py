@@ -412,11 +412,13 @@ class Trainer:
         if self.eval_ds is None:
             return {}
         self.progress.mark(self.step, EVAL)
+        t0 = time.perf_counter()
         result = evaluate(self.model, self.eval_ds, self.task.eval_sums, self.denv, self.tc.batch_size, self.device)
         if self.denv.is_main:
             shown = " ".join(f"{k}={v:.4f}" for k, v in result.items() if k != "eval_samples")
             log.info("eval at step %d: %s (%d samples)", self.step, shown, result["eval_samples"])
-            self.metrics.write(event="eval", step=self.step, loss=self.last_loss, **result)
+            took = time.perf_counter() - t0
+            self.metrics.write(event="eval", step=self.step, loss=self.last_loss, duration_s=took, **result)
             if self.tb is not None:
                 for k, v in result.items():
                     self.tb.add_scalar(k, v, self.step)
@@ -469,6 +471,7 @@ class Trainer:
         # The first step (compilation, autotuning, the first batches) keeps the start-up phase.
         mark(self.step, STARTUP)
         after_save = True
+        first_step = True  # this start's first step: its time ends start-up (slurm-ddp report)
         try:
             while self.step < tc.max_steps:
                 if after_save:
@@ -493,6 +496,15 @@ class Trainer:
                     self.scheduler.step()
                 self.step += 1
                 self.batch_in_epoch += len(micro)
+                if first_step:  # one record per start, rank 0 only, no collective
+                    first_step = False
+                    self.metrics.write(
+                        event="first_step",
+                        step=self.step,
+                        job_id=str(self.denv.job_id),
+                        restart=self.denv.restart_count,
+                        nodes=self.denv.num_nodes,
+                    )
                 loss_sum += loss
                 self.loss_count += 1
                 if tc.nan_check:
@@ -544,10 +556,17 @@ class Trainer:
                     after_save = True
                 if self.stop.poll():
                     sig = self.flag.received.name if self.flag.received else "signal"
+                    agreed_at = time.time()
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)
                     self._check_finite(nonfinite)  # never checkpoint a diverged model
                     self.save_checkpoint(f"preemption ({sig})")
-                    self.metrics.write(event="preempted", step=self.step, signal=sig)
+                    self.metrics.write(
+                        event="preempted",
+                        step=self.step,
+                        signal=sig,
+                        # when this rank got it (or, signalled elsewhere, when the ranks agreed to stop)
+                        signal_time=self.flag.received_at or agreed_at,
+                    )
                     if self.denv.is_main:  # read by the batch script, even if srun's status is lost
                         write_preempted(
                             self.run_dir,

@@ -1,6 +1,6 @@
 """How a local start ended, as ``status``, ``status --json``, ``runs`` and ``status SWEEP`` show it (issue 31).
 
-The local launcher records each start's end (``rundir.LOCAL_END_NAME``) in Slurm's state names:
+The local launcher records each start's end (``rundir.ENDS_NAME``, ``by: local``) in Slurm's state names:
 a ``train.command`` script stopped by SIGUSR2 (the requeue signal) is ``PREEMPTED``, exits 75 with
 words that say what is true of a script of one's own, and the next submit resumes it; a crashing
 rank is ``FAILED`` with the first failing rank, its status and its log; Ctrl-C (SIGINT) or SIGTERM

@@ -104,3 +104,18 @@ def test_a_run_stopped_twice_shows_three_rows_and_summed_node_hours(acct_sandbox
     print(text)
     r = sb.run([sys.executable, "-m", "slurm_ddp", "runs", str(tmp_path)], capture_output=True, text=True)
     assert f"total: {acc['node_hours']:.4f} node-hours" in r.stdout, r.stdout
+    # slurm-ddp report: the same three starts, timed by accounting, each start's phases adding up to it
+    r = sb.run([sys.executable, "-m", "slurm_ddp", "report", str(run), "--json"], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    rep = json.loads(r.stdout)
+    assert [s["ended"] for s in rep["starts"]] == ["preempted", "preempted", "finished"], rep["starts"]
+    assert [s["restart"] for s in rep["starts"]] == [0, 1, 2] and rep["restarts"] == 2
+    assert rep["allocated_source"] == "sacct", rep
+    # sacct's whole seconds; a start's last record may come within its last second
+    assert rep["allocated_node_s"] == pytest.approx(sum(row["elapsed_s"] for row in acc["rows"]), abs=3)
+    for s in rep["starts"]:
+        assert sum(s["phases_s"].values()) == pytest.approx(s["wall_s"], rel=0.02), s
+        assert s["phases_s"]["startup"] > 0 and s["phases_s"]["train_kept"] > 0, s
+    assert rep["starts"][0]["phases_s"]["stop"] > 0 and rep["starts"][1]["queue_wait_s"] > 0
+    assert 0 < rep["goodput"] < 1 and rep["redone_steps"] == 0  # both stops saved the step they stopped at
+    print(sb.run([sys.executable, "-m", "slurm_ddp", "report", str(run)], capture_output=True, text=True).stdout)

@@ -47,9 +47,11 @@ def test_the_record_round_trips_and_a_damaged_one_is_none(tmp_path: Path) -> Non
     write_local_end(tmp_path, e)
     assert read_local_end(tmp_path) == e
     assert e.describes({"job_id": "77", "restart": 1}) and not e.describes({"job_id": "77", "restart": 0})
-    (tmp_path / rundir.LOCAL_END_NAME).write_text('{"job_id": "77"}')
+    # one record per start in ENDS_NAME, shared with the report: the latest local one counts
+    assert [r["exit_code"] for r in rundir.read_ends(tmp_path)] == [e.exit_code]
+    rundir.record_end(tmp_path, job_id="77", restart=2, exit_code=1, by="local", local={"job_id": "77"})
     assert read_local_end(tmp_path) is None
-    (tmp_path / rundir.LOCAL_END_NAME).write_text(json.dumps({**json.loads(json.dumps(e.__dict__)), "state": "X"}))
+    rundir.record_end(tmp_path, job_id="77", restart=2, exit_code=1, by="local", local={**e.__dict__, "state": "X"})
     assert read_local_end(tmp_path) is None
 
 

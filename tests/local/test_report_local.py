@@ -1,0 +1,185 @@
+"""``slurm-ddp report`` on a real run of 3 starts: a SIGUSR2 stop, a ``kill -9`` of every rank some
+steps after a periodic checkpoint, and a finish (2 gloo ranks, the digits example, local backend).
+
+What the report must say is checked against the run directory's raw records: 3 starts ending
+preempted / killed / finished; ``redone_steps`` equal to the steps the killed start logged after
+the checkpoint the third start resumed from (±1); each start's phases adding up to its wall time
+(within 2 %); and a goodput in (0, 1) equal to a computation by hand from ``jobs.jsonl`` (the
+launches), ``ends.jsonl`` (their ends) and ``metrics.jsonl`` (steps, evals, checkpoints, the stop).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from lib import require_module, wait_for, wait_process
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.rundir import latest_checkpoint_step, read_ends, read_jobs, read_metrics
+
+pytestmark = pytest.mark.local
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+EVERY = 20
+SETS = [
+    "train.max_steps=120",
+    "train.log_every=1",  # every step's time is in metrics.jsonl: the redone steps are exact
+    "train.eval_every=40",
+    "train.args.width=16",
+    f"checkpoint.every_steps={EVERY}",
+    "checkpoint.keep_last=2",
+]
+
+
+def submit(run_dir: Path) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "local", "--run-dir", str(run_dir)]
+    for s in SETS:
+        cmd += ["--set", s]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc.since = len(read_metrics(run_dir))  # type: ignore[attr-defined]
+    return proc
+
+
+def max_step(run_dir: Path, since: int) -> int:
+    return max((m["step"] for m in read_metrics(run_dir)[since:] if m.get("event") == "train"), default=0)
+
+
+def wait_step(proc: subprocess.Popen, run_dir: Path, step: int) -> None:
+    wait_process(proc, lambda: max_step(run_dir, proc.since) >= step, 300, f"step {step}", lambda: proc.stderr.read())
+
+
+def finish(proc: subprocess.Popen) -> int:
+    try:
+        proc.wait(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode
+
+
+def stopped(pid: int) -> bool:
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        try:
+            if (task / "stat").read_text().rsplit(")", 1)[1].split()[0] not in "tT":
+                return False
+        except OSError:
+            continue
+    return True
+
+
+def kill_every_rank_after_a_checkpoint(run_dir: Path, after: int) -> int:
+    """Start a launch and, once a periodic checkpoint newer than step ``after`` is committed and at
+    least 3 steps after it are logged, ``kill -9`` every rank (the launcher survives and records the
+    end). The ranks are frozen (SIGSTOP) while the run directory is read, so no newer checkpoint is
+    committed between the check and the kill. Returns that checkpoint's step."""
+    proc = submit(run_dir)
+    step = after + EVERY + 3
+    try:
+        while True:
+            wait_step(proc, run_dir, step)
+            out = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True).stdout
+            ranks = [int(p) for p in out.split()]
+            assert len(ranks) == 2, ranks
+            for pid in ranks:
+                os.kill(pid, signal.SIGSTOP)
+            wait_for(lambda ranks=ranks: all(stopped(p) for p in ranks), 60, "the ranks to stop", interval_s=0.01)
+            committed, logged = latest_checkpoint_step(run_dir) or 0, max_step(run_dir, proc.since)
+            if committed > after and committed % EVERY == 0 and logged >= committed + 3:
+                for pid in ranks:
+                    os.kill(pid, signal.SIGKILL)
+                break
+            for pid in ranks:
+                os.kill(pid, signal.SIGCONT)
+            step = logged + 1
+    finally:
+        status = finish(proc)
+    assert status == 128 + 9, status  # a rank killed: the launcher's status is 137
+    return committed
+
+
+def report_json(run_dir: Path) -> Dict[str, Any]:
+    r = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "report", str(run_dir), "--json"], capture_output=True, text=True
+    )
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def by_hand(run_dir: Path, resumed: List[int]) -> float:
+    """Goodput from the raw records: Σ training time whose steps survived ÷ Σ (launch → end)."""
+    launches = [j["time"] for j in read_jobs(run_dir)]
+    ends = [e["time"] for e in read_ends(run_dir)]
+    metrics = read_metrics(run_dir)
+    allocated = sum(e - s for s, e in zip(launches, ends))
+    kept = 0.0
+    for i, (s, e) in enumerate(zip(launches, ends)):
+        mine = [m for m in metrics if s <= m["time"] <= e]
+        first = next(m["time"] for m in mine if m["event"] == "first_step")
+        stop = next((m for m in mine if m["event"] == "preempted"), None)
+        train = {m["step"]: m["time"] for m in mine if m["event"] == "train"}
+        end = stop["signal_time"] if stop else max(train.values())
+        if i + 1 < len(resumed) and resumed[i + 1] < max(train):  # steps after the next start's checkpoint: lost
+            end = train[resumed[i + 1]]
+        blocked = sum(m.get("duration_s", 0) for m in mine if m["event"] == "eval" and first < m["time"] <= end)
+        blocked += sum(
+            m["blocked_s"]
+            for m in mine
+            if m["event"] == "checkpoint" and not m["reason"].startswith("preemption") and first < m["time"] <= end
+        )
+        kept += end - first - blocked
+    return kept / allocated
+
+
+def test_report_of_a_stop_a_kill_and_a_finish(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    proc = submit(run_dir)
+    try:
+        wait_step(proc, run_dir, 8)
+        os.kill(proc.pid, signal.SIGUSR2)  # the launcher passes it on to the ranks, as srun does
+    finally:
+        assert finish(proc) == PREEMPTED_EXIT_CODE
+    first_stop = int((run_dir / "PREEMPTED").read_text().split()[2])
+    committed = kill_every_rank_after_a_checkpoint(run_dir, first_stop)
+    proc = submit(run_dir)
+    assert finish(proc) == 0, proc.stderr.read()
+
+    metrics = read_metrics(run_dir)
+    resumed = [0] + [m["step"] for m in metrics if m["event"] == "resume"]
+    assert resumed[1:] == [first_stop, committed], resumed
+    # the killed start's steps: from its resume event to the next one
+    cut = [i for i, m in enumerate(metrics) if m["event"] == "resume"]
+    killed_last = max(m["step"] for m in metrics[cut[0] : cut[1]] if m["event"] == "train")
+
+    rep = report_json(run_dir)
+    starts = rep["starts"]
+    assert [s["ended"] for s in starts] == ["preempted", "killed", "finished"], [s["reason"] for s in starts]
+    assert abs(rep["redone_steps"] - (killed_last - committed)) <= 1, (rep["redone_steps"], killed_last, committed)
+    assert starts[1]["redone_steps"] == rep["redone_steps"] and starts[1]["phases_s"]["train_redone"] > 0
+    assert rep["restarts"] == 2 and rep["allocated_source"] == "run directory"
+    for s in starts:
+        total = sum(s["phases_s"].values())
+        assert abs(total - s["wall_s"]) <= 0.02 * s["wall_s"], s
+        assert s["phases_s"]["startup"] > 0 and s["phases_s"]["train_kept"] > 0, s
+    assert starts[0]["phases_s"]["stop"] > 0 and starts[2]["phases_s"]["eval"] > 0
+    assert 0 < rep["goodput"] < 1
+    assert rep["goodput"] == pytest.approx(by_hand(run_dir, resumed), rel=0.01), rep
+    assert rep["allocated_node_s"] == pytest.approx(sum(s["wall_s"] for s in starts), rel=1e-6)
+    assert 1 <= len(rep["losses"]) <= 3 and all(loss["words"] for loss in rep["losses"])
+
+    table = subprocess.run([sys.executable, "-m", "slurm_ddp", "report", str(run_dir)], capture_output=True, text=True)
+    assert table.returncode == 0 and "goodput" in table.stdout and "killed" in table.stdout, table.stdout
+    require_module("matplotlib", "slurm-ddp plot --timeline")
+    png = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "plot", str(run_dir), "--timeline"], capture_output=True, text=True
+    )
+    assert png.returncode == 0, png.stderr
+    assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,194 @@
+"""``slurm-ddp report`` on run directories written by hand: accounting's times and states win over the
+run directory's, a script of one's own that logs no timed steps gets its per-start figures and says
+what is unknown, a sweep reports per element, and bad input is one line with exit status 2. The
+report of a real run (a stop, a kill -9, a finish) is tests/local/test_report_local.py."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from lib import require_module
+
+from slurm_ddp import cli
+from slurm_ddp.ops.accounting import Accounting, parse_sacct
+from slurm_ddp.ops.report import PHASES, RUN_FIELDS, START_FIELDS, run_report
+from slurm_ddp.rundir import append_jsonl, record_end, record_job
+
+T = 1_800_000_000.0
+
+
+def sacct_time(t: float) -> str:
+    return time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t))
+
+
+def write_run(path: Path, starts: List[Dict[str, Any]], metrics: List[Dict[str, Any]], command: bool = False) -> Path:
+    path.mkdir(parents=True)
+    train = "command: python train.py" if command else "task: digits_task:DigitsTask"
+    (path / "config.yaml").write_text(f"name: r\nslurm:\n  nodes: 2\n  tasks_per_node: 1\ntrain:\n  {train}\n")
+    (path / "provenance.json").write_text(json.dumps({"submits": [], "starts": starts}))
+    for m in metrics:
+        append_jsonl(path / "metrics.jsonl", m)
+    return path
+
+
+def worker_run(tmp_path: Path) -> Path:
+    """Two starts of job 7 on 2 nodes: stopped by USR2 at step 20, then finished at step 40."""
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T + 2, "job_id": "7", "restart": 0, "nodes": "n[1-2]"},
+            {"time": T + 102, "job_id": "7", "restart": 1, "nodes": "n[1-2]"},
+        ],
+        [
+            {"event": "first_step", "step": 1, "nodes": 2, "time": T + 10},
+            {"event": "train", "step": 10, "time": T + 30},
+            {"event": "eval", "step": 10, "duration_s": 5.0, "time": T + 35},
+            {"event": "checkpoint", "step": 10, "reason": "periodic", "blocked_s": 1.0, "time": T + 36},
+            {"event": "train", "step": 20, "time": T + 56},
+            {"event": "checkpoint", "step": 20, "reason": "preemption (SIGUSR2)", "blocked_s": 2.0, "time": T + 61},
+            {"event": "preempted", "step": 20, "signal": "SIGUSR2", "signal_time": T + 58, "time": T + 61},
+            {"event": "resume", "step": 20, "time": T + 108},
+            {"event": "first_step", "step": 21, "nodes": 2, "time": T + 110},
+            {"event": "train", "step": 40, "time": T + 150},
+            {"event": "finished", "step": 40, "time": T + 152},
+        ],
+    )
+    record_job(p, backend="sbatch", job_id="7", time=T - 20)
+    return p
+
+
+def test_accounting_times_and_states_win(tmp_path: Path) -> None:
+    p = worker_run(tmp_path)
+    record_end(p, job_id="7", restart=0, exit_code=75, time=T + 62)  # sacct's End wins over this
+    text = (
+        f"7|REQUEUED|{sacct_time(T)}|{sacct_time(T + 64)}|64|0:0|n[1-2]|2|2|cpu=2,node=2\n"
+        f"7|COMPLETED|{sacct_time(T + 100)}|{sacct_time(T + 160)}|60|0:0|n[1-2]|2|2|cpu=2,node=2\n"
+    )
+    rep = run_report(p, accounting=Accounting(parse_sacct(text)))
+    a, b = rep.starts
+    assert (a.start, a.end, b.start, b.end) == (T, T + 64, T + 100, T + 160)
+    assert rep.allocated_source == "sacct" and [s.ended for s in rep.starts] == ["preempted", "finished"]
+    assert a.queue_wait_s == 20 and b.queue_wait_s == 36  # submit → start; previous end → requeued start
+    assert a.phases_s == {
+        "startup": 10.0,  # T → first step
+        "train_kept": 48 - 6.0,  # first step → signal, less the eval and the periodic save
+        "train_redone": 0.0,
+        "eval": 5.0,
+        "checkpoint": 1.0,  # the preemption save is part of the stop
+        "stop": 6.0,  # signal (T+58) → end (T+64)
+        "other": 0.0,
+    }
+    assert b.phases_s["startup"] == 10 and b.phases_s["train_kept"] == 40 and b.phases_s["other"] == 10
+    assert rep.allocated_node_s == 2 * (64 + 60) and rep.productive_node_s == 2 * (42 + 40)
+    assert rep.goodput == pytest.approx(82 / 124) and rep.redone_steps == 0 and rep.restarts == 1
+    assert rep.losses[0]["phase"] == "startup" and rep.losses[0]["words"].startswith("start-up 16 %")
+    d = rep.to_dict()
+    assert tuple(d) == RUN_FIELDS and tuple(d["starts"][0]) == START_FIELDS
+    assert set(d["starts"][0]["phases_s"]) == set(PHASES)
+
+
+@pytest.mark.parametrize(
+    ("state", "ended"), [("TIMEOUT", "timed_out"), ("NODE_FAIL", "node_lost"), ("FAILED", "failed")]
+)
+def test_how_a_start_ended_by_accounting(tmp_path: Path, state: str, ended: str) -> None:
+    p = write_run(
+        tmp_path / "run",
+        [{"time": T + 1, "job_id": "9", "restart": 0, "nodes": "n1"}],
+        [{"event": "first_step", "step": 1, "nodes": 1, "time": T + 5}, {"event": "train", "step": 9, "time": T + 9}],
+    )
+    acc = Accounting(parse_sacct(f"9|{state}|{sacct_time(T)}|{sacct_time(T + 20)}|20|1:0|n1|1|1|cpu=1\n"))
+    st = run_report(p, accounting=acc).starts[0]
+    assert st.ended == ended and st.phases_s["other"] == 11  # last step (T+9) → end (T+20)
+    assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)
+
+
+def test_a_kill_between_checkpoints_moves_the_lost_steps_to_redone(tmp_path: Path) -> None:
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T, "job_id": "1", "restart": 0, "nodes": "local0"},
+            {"time": T + 100, "job_id": "2", "restart": 1, "nodes": "local0"},
+        ],
+        [
+            {"event": "first_step", "step": 1, "nodes": 1, "time": T + 10},
+            {"event": "train", "step": 10, "time": T + 19},
+            {"event": "checkpoint", "step": 10, "reason": "periodic", "blocked_s": 1.0, "time": T + 20},
+            {"event": "train", "step": 16, "time": T + 26},
+            {"event": "resume", "step": 10, "time": T + 105},
+            {"event": "first_step", "step": 11, "nodes": 1, "time": T + 110},
+            {"event": "train", "step": 20, "time": T + 119},
+            {"event": "finished", "step": 20, "time": T + 120},
+        ],
+    )
+    record_job(p, backend="local", job_id="1", restart=0, time=T)
+    record_end(p, job_id="1", restart=0, exit_code=137, by="local", time=T + 30)  # a rank killed
+    record_job(p, backend="local", job_id="2", restart=1, time=T + 100)
+    record_end(p, job_id="2", restart=1, exit_code=0, by="local", time=T + 121)
+    rep = run_report(p)
+    a, b = rep.starts
+    assert a.ended == "killed" and a.redone_steps == 6 and rep.redone_steps == 6
+    assert a.phases_s["train_redone"] == pytest.approx(26 - 19 - 1.0)  # step 10 → 16, less the save
+    assert a.phases_s["train_kept"] == pytest.approx(19 - 10)
+    assert a.steps_kept == 10 and b.steps_kept == 10 and b.ended == "finished"
+    assert rep.allocated_source == "run directory" and a.start_source == "launcher" and a.end_source == "local"
+
+
+def test_own_script_without_timed_steps_gets_per_start_figures_and_says_what_is_unknown(tmp_path: Path) -> None:
+    p = write_run(
+        tmp_path / "run",
+        [{"time": T, "job_id": "3", "restart": 0, "nodes": "n[1-2]"}],
+        [{"event": "train", "step": 100, "loss": 0.5}],  # the convention without "time"
+        command=True,
+    )
+    record_job(p, backend="sbatch", job_id="3", time=T - 5)
+    record_end(p, job_id="3", restart=0, exit_code=0, by="batch", time=T + 50)
+    rep = run_report(p, config_nodes=2)
+    (st,) = rep.starts
+    assert (st.wall_s, st.node_count, st.ended, st.queue_wait_s) == (50, 2, "finished", 5)
+    assert rep.allocated_node_s == 100 and rep.goodput is None and rep.productive_node_s is None
+    assert rep.redone_steps is None and rep.losses == []
+    assert any("no time" in u for u in rep.unknown) and any("goodput" in u for u in rep.unknown)
+
+
+def test_cli_report_json_and_table_of_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    sweep = tmp_path / "sw"
+    for i in range(2):
+        p = worker_run(sweep / f"tmp{i}")
+        p.rename(sweep / f"00{i}")
+    (sweep / "sweep.json").write_text(
+        json.dumps(
+            {"name": "sw", "keys": ["train.lr"], "elements": [{"index": 0, "label": "a"}, {"index": 1, "label": "b"}]}
+        )
+    )
+    assert cli.main(["report", str(sweep), "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert [e["label"] for e in d["elements"]] == ["a", "b"] and len(d["elements"][0]["starts"]) == 2
+    assert d["allocated_node_s"] == pytest.approx(2 * d["elements"][0]["allocated_node_s"])
+    assert cli.main(["report", str(sweep)]) == 0
+    out = capsys.readouterr().out
+    assert "goodput" in out and out.count("\n  ") >= 3
+
+
+def test_report_of_a_directory_that_is_no_run_is_one_line_and_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a run directory" in err
+
+
+def test_timeline_png_of_a_run_and_refusal_without_starts(tmp_path: Path) -> None:
+    require_module("matplotlib", "slurm-ddp plot --timeline")
+    from slurm_ddp.errors import UserError
+    from slurm_ddp.plot import plot_timeline
+
+    rep = run_report(worker_run(tmp_path))
+    out = plot_timeline(rep, tmp_path / "t.png")
+    assert out.read_bytes()[:4] == b"\x89PNG"
+    empty = write_run(tmp_path / "empty", [], [])
+    with pytest.raises(UserError, match="no start recorded"):
+        plot_timeline(run_report(empty), tmp_path / "e.png")
