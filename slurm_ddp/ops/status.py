@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
-from .. import PREEMPTED_EXIT_CODE
+from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME
 from .runs import Run, is_run_dir, read_run
