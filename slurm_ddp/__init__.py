@@ -4,11 +4,27 @@ The package is split into a pure core that imports no torch (``config``, ``env``
 ``render``, ``binding``) and edges with side effects (``backends``, ``checkpoint``,
 ``signals``, ``worker``, ``sandbox``). ``render`` and ``submit --dry-run`` work on a
 login node where torch is not installed.
+
+The Python API (``slurm_ddp.api``) is reached from here lazily: ``import slurm_ddp`` stays
+torch-free and imports nothing else; ``slurm_ddp.submit``, ``slurm_ddp.Run`` and ``slurm_ddp.Sweep``
+load it on first use.
 """
 
-__version__ = "0.1.0"
+from typing import TYPE_CHECKING, Any
 
-#: Exit status of a rank (and of the job step) that stopped because of a preemption
-#: signal after its checkpoint was committed. 75 is EX_TEMPFAIL from sysexits.h:
-#: "a temporary failure ... the user is invited to retry".
-PREEMPTED_EXIT_CODE = 75
+if TYPE_CHECKING:
+    from .api import Final, Run, Sweep, submit
+
+from .constants import PREEMPTED_EXIT_CODE, __version__
+
+__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "Sweep", "__version__", "submit"]
+
+_API = ("submit", "Run", "Sweep", "Final")
+
+
+def __getattr__(name: str) -> Any:  # PEP 562: the API on first use
+    if name in _API:
+        from . import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'slurm_ddp' has no attribute {name!r}")

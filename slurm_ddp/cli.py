@@ -19,7 +19,7 @@ import traceback
 from pathlib import Path
 from typing import TYPE_CHECKING, List, NoReturn, Optional, Sequence
 
-from . import __version__
+from .constants import __version__
 from .errors import SlurmDDPError
 
 if TYPE_CHECKING:
@@ -84,6 +84,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--no-check-task", action="store_true", help="do not import train.task (in a child process) before submitting"
+    )
+    p.add_argument(
+        "--after",
+        action="append",
+        default=[],
+        metavar="RUN_DIR|JOBID[:afterok|afterany|afternotok]",
+        help="start only after that run (its current job) or job ended: afterok (default) when it finished, "
+        "afternotok when it failed, afterany either way (sbatch --dependency; repeatable; the local backend waits)",
+    )
+    p.add_argument(
+        "--wait",
+        action="store_true",
+        help="block until the run ends, following requeues; exit 0 when it finished, 1 when it failed or was cancelled",
     )
     p.add_argument(
         "--accept-new-code",
@@ -220,8 +233,20 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         test_only=args.test_only,
         check_task=not args.no_check_task,
         accept_new_code=args.accept_new_code,
+        after=args.after,
     )
-    return done.exit_status
+    if not args.wait or not done.started or done.backend == "local":  # a local run was waited for already
+        return done.exit_status
+    from .api import Run, Sweep
+
+    if done.sweep:
+        sst = Sweep(done.run_dir).wait()
+        failed = [e.index for e, st in sst.elements if st.run.finished is None]
+        print(f"slurm-ddp: sweep ended: {len(sst.elements) - len(failed)} of {len(sst.elements)} elements finished")
+        return 1 if failed else 0
+    st = Run(done.run_dir).wait()
+    print(f"slurm-ddp: run {st.run.name} ended: {st.describe_state()}", file=sys.stderr)
+    return 0 if st.run.finished is not None else 1
 
 
 def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:

@@ -65,3 +65,16 @@ class TrainingDiverged(SlurmDDPError):
     """The loss became NaN/inf (``train.nan_check``; the worker's exit 1)."""
 
     exit_code = 1
+
+
+class WaitTimeout(SlurmDDPError):
+    """A run did not end within the time ``Run.wait(timeout_s=...)`` was given (it goes on running)."""
+
+    exit_code = 124  # timeout(1)'s status
+
+
+class DependencyNeverSatisfied(SlurmDDPError):
+    """A run that ``--after`` / ``after=`` names ended in a way its condition excludes (``afterok`` of a
+    failed run, ``afternotok`` of a finished one): the dependent job never starts. Slurm's word for it."""
+
+    exit_code = 1

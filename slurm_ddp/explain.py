@@ -17,7 +17,6 @@ import shlex
 import shutil
 from typing import Dict, List, Mapping, Optional
 
-from . import PREEMPTED_EXIT_CODE
 from .binding import (
     APPLIED_VAR,
     LIBRARIES,
@@ -29,6 +28,7 @@ from .binding import (
     plan_for_task,
 )
 from .config import JobConfig, command_argv, command_module_index, command_script_index
+from .constants import PREEMPTED_EXIT_CODE
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError

@@ -35,7 +35,7 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional
 
-from . import PREEMPTED_EXIT_CODE
+from .constants import PREEMPTED_EXIT_CODE
 from .signals import PreemptionFlag, SignalSpec
 
 if TYPE_CHECKING:

@@ -37,7 +37,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
-from . import __version__
+from .constants import __version__
 from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir
 from .secrets import CREDENTIAL_FILES
 

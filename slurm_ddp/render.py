@@ -21,8 +21,8 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 
-from . import PREEMPTED_EXIT_CODE, __version__
 from .config import JobConfig, command_argv
+from .constants import PREEMPTED_EXIT_CODE, __version__
 from .launch import TORCHRUN_OMP_VAR
 from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
 from .secrets import redact_argv, redact_env, secret_values

@@ -338,12 +338,19 @@ def load_sweep(path: Union[str, Path], overrides: Sequence[str] = (), flags: Seq
 
     Raises ``ConfigError``/``UserError`` like :func:`expand`.
     """
-    data = read_yaml(path)
+    return sweep_from_data(read_yaml(path), overrides, flags, base_dir=Path(path).parent)
+
+
+def sweep_from_data(
+    data: Any, overrides: Sequence[str] = (), flags: Sequence[str] = (), base_dir: Union[str, Path, None] = None
+) -> Optional[Sweep]:
+    """:func:`load_sweep` of a job already read (``data``, the YAML's mapping; relative paths against
+    ``base_dir``); None for a single job."""
     if not isinstance(data, Mapping) or ("sweep" not in data and not flags and not _has_parallelism(data, overrides)):
         return None
     if overrides:
         data = apply_overrides(data, overrides)
-    return expand(data, flags, base_dir=Path(path).parent)
+    return expand(data, flags, base_dir=base_dir)
 
 
 def _has_parallelism(data: Mapping[str, Any], overrides: Sequence[str]) -> bool:

@@ -152,13 +152,16 @@ def plan_submit(
     accept_new_code: bool = False,
     sweep_snapshot: Optional[SnapshotPlan] = None,
     in_sweep: bool = False,
+    dependency: str = "",
 ) -> SubmitPlan:
     """Build the dry-run object for ``backend``. Raises ``UserError`` for a bad backend or run dir,
     for code that cannot be snapshotted, and for a run directory whose code snapshot differs from
     the code now (unless ``accept_new_code``; see ``slurm_ddp.snapshot``).
 
     ``in_sweep``: ``run_dir`` is an element of a sweep whose one snapshot is ``sweep_snapshot``
-    (None: off), taken and checked by the sweep (``backends.array``); none of its own is planned."""
+    (None: off), taken and checked by the sweep (``backends.array``); none of its own is planned.
+    ``dependency``: sbatch's ``--dependency`` value (``backends.after``), on the command line, not in
+    the script (a requeue of the job keeps it; a resubmit states its own)."""
     if backend not in BACKENDS:
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     if backend == "submitit" and cfg.slurm.min_nodes != cfg.slurm.max_nodes:
@@ -181,7 +184,14 @@ def plan_submit(
     )
     ranks_run = (*rank, "--run-dir", run_dir) if not cfg.train.command else rank
     if backend == "sbatch":
-        argv: Tuple[str, ...] = ("sbatch", "--parsable", *rendered.sbatch_args, os.path.join(run_dir, SCRIPT_NAME))
+        dep = (f"--dependency={dependency}",) if dependency else ()
+        argv: Tuple[str, ...] = (
+            "sbatch",
+            "--parsable",
+            *dep,
+            *rendered.sbatch_args,
+            os.path.join(run_dir, SCRIPT_NAME),
+        )
     elif backend == "local":
         argv = (
             "slurm-ddp",

@@ -128,6 +128,7 @@ def plan_sweep(
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
     accept_new_code: bool = False,
+    dependency: str = "",
 ) -> SweepPlan:
     """The dry-run object of a sweep for ``backend`` (``sbatch``, ``submitit`` or ``local``).
 
@@ -151,6 +152,7 @@ def plan_sweep(
         "sbatch",
         "--parsable",
         f"--array={spec}",
+        *((f"--dependency={dependency}",) if dependency else ()),
         *rendered.sbatch_args,
         os.path.join(sweep_dir, ARRAY_SCRIPT_NAME),
     )
@@ -248,7 +250,7 @@ def _run_local_element(
 def _run_local_in_turn(
     plan: SweepPlan, *, echo: IO[str], say: Callable[[str], None], command: Optional[Sequence[str]]
 ) -> List[Tuple[int, int]]:
-    from .. import PREEMPTED_EXIT_CODE
+    from ..constants import PREEMPTED_EXIT_CODE
 
     results: List[Tuple[int, int]] = []
     n = len(plan.sweep.elements)
@@ -287,7 +289,7 @@ def _run_local_concurrently(
 ) -> List[Tuple[int, int]]:
     import signal
 
-    from .. import PREEMPTED_EXIT_CODE
+    from ..constants import PREEMPTED_EXIT_CODE
     from ..signals import die_with_parent
 
     n = len(plan.sweep.elements)

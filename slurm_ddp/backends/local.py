@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
-from .. import PREEMPTED_EXIT_CODE
 from ..config import command_argv
+from ..constants import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..errors import UserError
 from ..rendezvous import choose_port

@@ -10,17 +10,27 @@ through a :class:`Reporter` (the CLI's: stdout and stderr); errors are raised (`
 
 from __future__ import annotations
 
+import os
 import shutil
-from dataclasses import dataclass
+import subprocess
+import sys
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Callable, Optional, Sequence, Union
+from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from .. import PREEMPTED_EXIT_CODE
 from ..config import JobConfig
+from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 
 if TYPE_CHECKING:
     from ..sweep import Sweep
+    from . import SubmitPlan
+    from .after import Dependencies
+    from .sweep_plan import SweepPlan
+
+#: A job: the path of its YAML file, or the mapping such a file holds (relative paths then count
+#: from the current directory)
+Job = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 
 
 @dataclass(frozen=True)
@@ -45,6 +55,8 @@ class Submitted:
     job_id: Optional[str] = None  #: the Slurm job id (a sweep: the array job id); None on the local backend
     exit_status: int = 0  #: the local run's (or first failed element's) exit status; 0 for Slurm backends
     started: bool = True  #: False for ``dry_run``, ``test_only`` and a sweep with nothing left to run
+    #: the detached local launcher (``detach=True``), whose end the caller may wait for
+    launcher: Optional[subprocess.Popen[bytes]] = field(default=None, compare=False)
 
 
 def resolve_backend(backend: str) -> str:
@@ -118,8 +130,24 @@ def _preflight(cfg: JobConfig, backend: str, warn: Callable[[str], None]) -> Non
         check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
 
 
+def load_job(job: Job, overrides: Sequence[str] = (), sweep: Sequence[str] = ()) -> Union[JobConfig, Sweep]:
+    """The job's validated config, or its sweep (``sweep`` specs or a ``sweep:`` section). ``job``: a
+    YAML path, or a mapping (relative paths from the current directory). Raises ``ConfigError``."""
+    from ..config import apply_overrides, config_from_dict, load_config
+    from ..sweep import load_sweep, sweep_from_data
+
+    if isinstance(job, Mapping):
+        loaded = sweep_from_data(dict(job), overrides, sweep, base_dir=Path.cwd())
+        if loaded is not None:
+            return loaded
+        data: Any = apply_overrides(dict(job), overrides) if overrides else dict(job)
+        return config_from_dict(data, base_dir=Path.cwd())
+    loaded = load_sweep(os.fspath(job), overrides, sweep)
+    return loaded if loaded is not None else load_config(job, overrides)
+
+
 def submit(
-    job: str,
+    job: Job,
     overrides: Sequence[str] = (),
     sweep: Sequence[str] = (),
     *,
@@ -131,20 +159,22 @@ def submit(
     test_only: bool = False,
     check_task: bool = True,
     accept_new_code: bool = False,
+    after: Sequence[str] = (),
+    detach: bool = False,
 ) -> Submitted:
-    """Submit the job YAML ``job`` (with ``--set`` ``overrides``; a sweep when ``sweep`` specs or the
-    file's ``sweep:`` section say so) on ``backend``. ``command``: the command line recorded in the
-    script header and ``provenance.json``. A local run is waited for; Slurm backends return once
-    the job is accepted.
+    """Submit the job ``job`` (a YAML path or mapping, with ``--set`` ``overrides``; a sweep when
+    ``sweep`` specs or the file's ``sweep:`` section say so) on ``backend``. ``command``: the command
+    line recorded in the script header and ``provenance.json``. ``after``: ``--after`` specs
+    (``backends.after``). A local run is waited for, unless ``detach``: then its launcher runs in a
+    process of its own session (output in the run directory's ``LAUNCHER_OUT_NAME``) and
+    ``Submitted.launcher`` is that process. Slurm backends return once the job is accepted.
 
-    Raises ``UserError`` (bad config, run directory, backend, flags) or ``ClusterError`` (sbatch or
-    submitit refused the job); nothing is submitted then.
+    Raises ``UserError`` (bad config, run directory, backend, flags, dependency) or ``ClusterError``
+    (sbatch or submitit refused the job); nothing is submitted then.
     """
-    from ..sweep import load_sweep
-
-    loaded = load_sweep(job, overrides, sweep)
+    loaded = load_job(job, overrides, sweep)
     chosen = resolve_backend(backend)
-    if loaded is not None:
+    if not isinstance(loaded, JobConfig):
         return submit_sweep(
             loaded,
             report=report,
@@ -155,15 +185,14 @@ def submit(
             test_only=test_only,
             check_task=check_task,
             accept_new_code=accept_new_code,
+            after=after,
+            detach=_detach_spec(job, overrides, sweep, command, after, accept_new_code) if detach else None,
         )
-    from ..config import load_config
-
-    cfg = load_config(job, overrides)
     if test_only:
         check_test_only(backend, chosen, dry_run)
     return submit_run(
-        cfg,
-        job=job,
+        loaded,
+        job=os.fspath(job) if not isinstance(job, Mapping) else "JOB.yaml",
         report=report,
         backend=chosen,
         run_dir=run_dir,
@@ -172,7 +201,65 @@ def submit(
         test_only=test_only,
         check_task=check_task,
         accept_new_code=accept_new_code,
+        after=after,
+        detach=_detach_spec(job, overrides, sweep, command, after, accept_new_code) if detach else None,
     )
+
+
+def _detach_spec(
+    job: Job,
+    overrides: Sequence[str],
+    sweep: Sequence[str],
+    command: Optional[Sequence[str]],
+    after: Sequence[str],
+    accept_new_code: bool,
+) -> Dict[str, Any]:
+    """What the detached launcher (:func:`run_detached`) needs to load and run the job again."""
+    return {
+        "job": None if isinstance(job, Mapping) else os.path.abspath(job),
+        "data": dict(job) if isinstance(job, Mapping) else None,
+        "cwd": os.getcwd(),
+        "overrides": list(overrides),
+        "sweep": list(sweep),
+        "command": list(command) if command is not None else None,
+        "after": list(after),
+        "accept_new_code": accept_new_code,
+    }
+
+
+def _start_detached(spec: Dict[str, Any], run_dir: str, out_dir: str) -> subprocess.Popen[bytes]:
+    """Start ``python -m slurm_ddp.backends.detached SPEC`` in a session of its own, output to
+    ``out_dir/LAUNCHER_OUT_NAME``; the spec file is owner-only (it may hold ``environment.env``
+    values) and the launcher removes it once read."""
+    import tempfile
+
+    import yaml
+
+    from ..rundir import LAUNCHER_OUT_NAME
+
+    spec = {**spec, "run_dir": run_dir}
+    fd, path = tempfile.mkstemp(prefix="slurm-ddp-launch-", suffix=".yaml")
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        yaml.safe_dump(spec, f)
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, LAUNCHER_OUT_NAME), "ab") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "slurm_ddp.backends.detached", path],
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=spec["cwd"],
+        )
+
+
+def _dependencies(after: Sequence[str], backend: str, report: Reporter) -> Dependencies:
+    from .after import resolve_after
+
+    deps = resolve_after(after, backend)
+    for n in deps.notes:
+        report.warn(n)
+    return deps
 
 
 def submit_run(
@@ -187,12 +274,16 @@ def submit_run(
     test_only: bool = False,
     check_task: bool = True,
     accept_new_code: bool = False,
+    after: Sequence[str] = (),
+    detach: Optional[Dict[str, Any]] = None,
 ) -> Submitted:
     """:func:`submit` of one loaded job on a resolved ``backend``; ``job`` is the YAML path the
-    resume hint of a preempted local run names."""
+    resume hint of a preempted local run names; ``detach``: :func:`_detach_spec` of it, to run a
+    local job in a launcher process of its own."""
     from . import plan_submit
 
-    plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code)
+    deps = _dependencies(after, backend, report)
+    plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     for w in plan.warnings:
         report.warn(w)
     if dry_run:
@@ -226,9 +317,24 @@ def submit_run(
         job_id = submitit_schedule(plan)
         report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
+    if detach is not None:
+        launcher = _start_detached(detach, plan.run_dir, plan.run_dir)
+        report.out(f"slurm-ddp: started a local launcher (process {launcher.pid}); run directory {plan.run_dir}\n")
+        return Submitted(plan.run_dir, backend, sweep=False, launcher=launcher)
+    if deps.local:
+        from .after import wait_for_runs
+
+        wait_for_runs(deps.local, report.say)
+    return run_local(plan, job=job, report=report)
+
+
+def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Submitted:
+    """Run ``plan`` (a local backend's) here, wait, and say how it ended."""
     from ..rundir import FINAL_MODEL_NAME, LOGS_DIR, read_finished, read_local_end
     from .local import schedule as local_schedule
 
+    cfg = plan.cfg
+    backend = plan.backend
     report.out(
         f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
         + (" (resuming)" if plan.resuming else "")
@@ -266,15 +372,18 @@ def submit_sweep(
     test_only: bool = False,
     check_task: bool = True,
     accept_new_code: bool = False,
+    after: Sequence[str] = (),
+    detach: Optional[Dict[str, Any]] = None,
 ) -> Submitted:
     """:func:`submit` of a sweep: one sweep directory, one ``sbatch --array`` (or the local backend,
     element by element) of the elements that have not finished."""
     from ..sweep import check_array_size
-    from .array import plan_sweep, schedule_local, schedule_sbatch
+    from .array import plan_sweep, schedule_sbatch
 
     if test_only:
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
-    plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code)
+    deps = _dependencies(after, backend, report)
+    plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     if backend in ("sbatch", "submitit"):
         check_array_size(sweep)
     if dry_run:
@@ -321,12 +430,23 @@ def submit_sweep(
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
         )
         return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)
-    echo = report.echo
-    if echo is None:
-        import sys
+    if detach is not None:
+        launcher = _start_detached(detach, plan.sweep_dir, plan.sweep_dir)
+        report.out(f"slurm-ddp: started a local launcher (process {launcher.pid}); sweep directory {plan.sweep_dir}\n")
+        return Submitted(plan.sweep_dir, backend, sweep=True, launcher=launcher)
+    if deps.local:
+        from .after import wait_for_runs
 
-        echo = sys.stdout
-    results = schedule_local(plan, echo=echo, say=report.say, command=command)
+        wait_for_runs(deps.local, report.say)
+    return run_local_sweep(plan, report=report, command=command)
+
+
+def run_local_sweep(plan: SweepPlan, *, report: Reporter, command: Optional[Sequence[str]] = None) -> Submitted:
+    """Run the unfinished elements of ``plan`` (a local backend's) here, wait, and say how they ended."""
+    from .array import schedule_local
+
+    sweep, backend = plan.sweep, plan.backend
+    results = schedule_local(plan, echo=report.echo or sys.stdout, say=report.say, command=command)
     failed = [(i, rc) for i, rc in results if rc != 0]
     done = len(results) - len(failed)
     report.out(

@@ -8,6 +8,8 @@ done and raises a one-line error otherwise (printing is the CLI's). Imports no t
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 from typing import List
 
@@ -15,6 +17,7 @@ from ..errors import ClusterError, UserError
 from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME
 from .runs import Run
 from .slurm import REQUEUED_STATES, Runner, call, last_line, query_jobs
+from .status import local_launcher_alive
 
 
 def _slurm_job_of(run: Run, verb: str) -> str:
@@ -42,8 +45,12 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     """``scancel`` the run's latest job; returns what was done. The ranks get SIGTERM: they
     checkpoint at the next step boundary and the batch script does not requeue.
 
-    Raises ``UserError`` (local run, no job id, job already ended) or ``ClusterError``.
+    A local run's launcher (its job id is the launcher's pid) gets SIGTERM, which it passes to the
+    ranks as srun would. Raises ``UserError`` (no job id, job or local launcher already ended) or
+    ``ClusterError``.
     """
+    if run.is_local and run.jobs:
+        return _cancel_local(run)
     jid = _slurm_job_of(run, "cancel")
     ans = query_jobs([jid], run_cmd, detail=True)
     job = ans.jobs.get(jid)
@@ -55,6 +62,23 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     return (
         f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
         f"continue later with: slurm-ddp requeue {run.path}"
+    )
+
+
+def _cancel_local(run: Run) -> str:
+    pid = run.latest_job_id or ""
+    if not pid.isdigit() or not local_launcher_alive(run.jobs[-1], run.path):
+        raise UserError(f"the local launcher of run {run.name!r} (process {pid}) already ended; nothing to cancel")
+    try:
+        os.kill(int(pid), signal.SIGTERM)
+    except ProcessLookupError:
+        raise UserError(
+            f"the local launcher of run {run.name!r} (process {pid}) already ended; nothing to cancel"
+        ) from None
+    return (
+        f"sent SIGTERM to the local launcher of run {run.name!r} (process {pid}): its ranks checkpoint at the next "
+        f"step boundary and stop; continue later with: slurm-ddp submit {run.path / CONFIG_NAME} --backend local "
+        f"--run-dir {run.path}"
     )
 
 

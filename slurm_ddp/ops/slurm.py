@@ -56,6 +56,7 @@ class SlurmJob:
     exit_code: str = ""  #: "STATUS:SIGNAL"
     nodes: str = ""
     source: str = ""  #: the command that answered
+    dependency: str = ""  #: what it waits for, e.g. ``afterok:12(unfulfilled)`` (scontrol only; sbatch(1) --dependency)
 
     @property
     def final(self) -> bool:
@@ -114,6 +115,7 @@ def scontrol_job(job_id: str, run: Runner = subprocess.run) -> Tuple[Optional[Sl
             exit_code=fields.get("ExitCode", ""),
             nodes=_clean(fields.get("NodeList", "")),
             source="scontrol",
+            dependency=_clean(fields.get("Dependency", "")),
         ), ""
     return None, ""
 

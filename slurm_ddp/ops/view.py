@@ -67,6 +67,8 @@ def format_status(st: RunStatus) -> str:
         ids = r.job_ids
         lines.append(("job", f"{r.latest_job_id}" + (f"  (all submissions: {', '.join(ids)})" if len(ids) > 1 else "")))
     lines.append(("state", f"{st.describe_state()}  [{st.source}]"))
+    if st.slurm is not None and st.slurm.dependency:
+        lines.append(("dependency", st.slurm.dependency))
     step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
     lines.append(("step", step))
     lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))

@@ -23,7 +23,8 @@ A run directory holds:
 - the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
-- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid;
+- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid; ``launcher.out``: the
+  output of a local launcher the Python API started in the background;
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
@@ -70,6 +71,7 @@ from .files import (
     HANGS_DIR,
     JOBS_NAME,
     LAUNCHER_LOCK_NAME,
+    LAUNCHER_OUT_NAME,
     LOGS_DIR,
     METRICS_NAME,
     PREEMPTED_NAME,
@@ -153,6 +155,7 @@ __all__ = [
     "HangReport",
     "JOBS_NAME",
     "LAUNCHER_LOCK_NAME",
+    "LAUNCHER_OUT_NAME",
     "LOGS_DIR",
     "METRICS_NAME",
     "PREEMPTED_NAME",

@@ -27,6 +27,8 @@ PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
 #: held (flock) by a running ``submit --backend local`` launcher; holds its pid
 LAUNCHER_LOCK_NAME = "launcher.lock"
+#: Output of a local launcher started in the background (the Python API): in the run or sweep directory
+LAUNCHER_OUT_NAME = "launcher.out"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 #: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``

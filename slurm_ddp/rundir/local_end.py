@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Tuple
 
-from .. import PREEMPTED_EXIT_CODE
+from ..constants import PREEMPTED_EXIT_CODE
 from .files import PathLike, Preempted, read_ends, record_end
 from .hangs import Hang
 from .requeue import RequeueDecision

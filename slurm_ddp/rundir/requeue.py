@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
 
-from .. import PREEMPTED_EXIT_CODE
+from ..constants import PREEMPTED_EXIT_CODE
 from .files import ENDS_NAME, PathLike, Preempted, is_finished, read_preempted, record_end, write_finished
 from .hangs import Hang, find_hang
 from .stops import RankStops, read_rank_stops, read_rank_stops_here

@@ -29,9 +29,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader
 
-from .. import PREEMPTED_EXIT_CODE
 from ..checkpoint import AsyncCheckpointer, CheckpointInfo, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
+from ..constants import PREEMPTED_EXIT_CODE
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
 from ..progress import CHECKPOINT, DATA, EVAL, STARTUP, STEP

@@ -84,10 +84,11 @@ class FakeSlurm:
         reason: str = "None",
         exit_code: str = "0:0",
         nodes: str = "n[1-2]",
+        dependency: str = "(null)",
     ) -> None:
         line = (
             f"JobId={job_id} JobName=digits UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
-            f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency=(null) Requeue=1 "
+            f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency={dependency} Requeue=1 "
             f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode={exit_code} RunTime=00:01:03 "
             f"TimeLimit=00:10:00 NodeList={nodes} BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
             "WorkDir=/tmp/run dir StdOut=/tmp/run dir/logs/batch-%j.out Power=\n"
@@ -674,9 +675,12 @@ def test_requeue_of_a_job_that_ended_but_is_remembered(tmp_path, slurm, capsys):
 def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
     local = make_run(tmp_path, "local", jobs=[("local", "4321")])
     never = make_run(tmp_path, "never", jobs=[])
+    rc, out, err = cli(["requeue", str(local)], capsys)
+    one_error(rc, err, "local backend", "no Slurm job to requeue", "process 4321")
+    (local / rundir.LAUNCHER_LOCK_NAME).write_text("4321\n")  # its lock, held by no one: the launcher is gone
+    rc, out, err = cli(["cancel", str(local)], capsys)  # nothing to signal
+    one_error(rc, err, "local launcher of run 'local' (process 4321) already ended", "nothing to cancel")
     for verb in ("cancel", "requeue"):
-        rc, out, err = cli([verb, str(local)], capsys)
-        one_error(rc, err, "local backend", f"no Slurm job to {verb}", "process 4321")
         rc, out, err = cli([verb, str(never)], capsys)
         one_error(rc, err, "no job id recorded", f"nothing to {verb}")
 
@@ -940,3 +944,49 @@ def test_the_view_and_the_verbs_import_no_torch_and_the_cli_holds_no_verb_logic(
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.splitlines() == ["[]", "[]"]
+
+
+def test_after_gives_sbatch_the_runs_current_job_as_dependency_and_status_shows_it(
+    tmp_path, slurm, capsys, monkeypatch
+):
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    train = make_run(tmp_path, "train", jobs=[("sbatch", "101"), ("sbatch", "105")])
+    done = make_run(tmp_path, "done", jobs=[("sbatch", "99")], finished={"step": 600})
+    local = make_run(tmp_path, "local", jobs=[("local", "4321")])
+    slurm.set("sbatch", stdout="106\n", when=["--parsable"])
+    ev = tmp_path / "eval"
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(ev), "--no-check-task"]
+    rc, out, err = cli([*argv, "--after", str(train), "--after", "77:afterany", "--after", str(done)], capsys)
+    assert rc == 0, err
+    (call,) = slurm.calls("sbatch")
+    assert call["args"][:2] == ["--parsable", "--dependency=afterok:105,afterany:77"]  # the run's current job
+    assert f"--after {done}: finished already; no dependency needed" in err
+
+    for after, words in (
+        (f"{done}:afternotok", ("that run finished", "never start")),
+        (str(local), ("ran on the local backend", "cannot wait for it")),
+        ("101:afterwards", ("unknown condition 'afterwards'", "afterok, afterany, afternotok")),
+        (str(tmp_path / "nope"), ("--after", "no such directory")),
+    ):
+        rc, out, err = cli(
+            [
+                "submit",
+                str(job),
+                "--backend",
+                "sbatch",
+                "--run-dir",
+                str(tmp_path / "other"),
+                "--no-check-task",
+                "--after",
+                after,
+            ],
+            capsys,
+        )
+        one_error(rc, err, *words)
+    assert len(slurm.calls("sbatch")) == 1 and not (tmp_path / "other").exists()
+
+    slurm.job("106", "PENDING", reason="Dependency", dependency="afterok:105(unfulfilled)", nodes="(null)")
+    rc, out, err = cli(["status", str(ev)], capsys)
+    assert rc == 0, err
+    assert "state:      PENDING (reason Dependency)" in out and "dependency: afterok:105(unfulfilled)" in out

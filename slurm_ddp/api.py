@@ -1,0 +1,307 @@
+"""The Python API: submit a job, reattach to a run, wait for it and read its results.
+
+The same functions as the ``slurm-ddp`` verbs (``backends.submit``, ``slurm_ddp.ops``), with errors
+raised as the project's exceptions (``slurm_ddp.errors``: ``UserError`` for bad input,
+``ClusterError`` when Slurm refuses or cannot be asked, ``WaitTimeout``,
+``DependencyNeverSatisfied``) instead of exit codes; nothing here calls ``sys.exit``. Imports no
+torch. Reached lazily from the package's top level (``slurm_ddp.submit``, ``slurm_ddp.Run``,
+``slurm_ddp.Sweep``)::
+
+    import slurm_ddp
+
+    run = slurm_ddp.submit("examples/digits/job.yaml", overrides=["train.max_steps=100"], backend="local")
+    status = run.wait(timeout_s=600)          # RunStatus; .state "COMPLETED"
+    print(run.final().metrics["eval_accuracy"], run.final().weights)
+    rows = run.metrics()                      # metrics.jsonl, one dict per line
+
+Side effects: those of the verbs: writes run directories, runs ``sbatch``/``scontrol``/``squeue``/
+``scancel``, starts a local launcher in the background (``backend="local"``).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
+
+from .errors import SlurmDDPError, UserError, WaitTimeout
+from .ops.runs import read_run, resolve_run
+from .ops.slurm import REQUEUED_STATES
+from .ops.status import RunStatus, run_status
+from .ops.sweeps import SweepStatus, best_value, default_metric, read_sweep, sweep_status
+from .rundir import FINAL_MODEL_NAME, LAUNCHER_OUT_NAME, is_sweep_dir, read_finished, read_jobs, read_metrics
+
+#: seconds between two questions to Slurm (or to the run directory) in :meth:`Run.wait`
+DEFAULT_POLL_S = 5.0
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _ended(st: RunStatus) -> bool:
+    """True when the run will not go on by itself: its state is final and not a requeue
+    (``REQUEUED_STATES``: Slurm starts it again, with the same job id)."""
+    return st.final and st.state not in REQUEUED_STATES
+
+
+@dataclass(frozen=True)
+class Final:
+    """What a finished run left: rank 0's final record (``FINISHED``) and the weights."""
+
+    metrics: Dict[str, Any]  #: the finished marker's record: ``step``, ``eval_accuracy``, ``eval_loss``, ...
+    weights: Optional[
+        Path
+    ]  #: ``final_model.pt`` (``model.module.state_dict()`` of rank 0); None for ``train.command`` runs
+
+
+class Run:
+    """One run directory, reattached by path (or by a name under ``./runs``).
+
+    Every method reads the directory (and asks Slurm) anew: a ``Run`` holds no state that can go
+    stale, and several may exist for one directory. Raises ``UserError`` when ``run_dir`` is not a
+    run directory.
+    """
+
+    def __init__(self, run_dir: PathLike, *, _launcher: Optional[subprocess.Popen[bytes]] = None) -> None:
+        # the background local launcher this process started (``submit``): it writes the directory itself
+        self._launcher = _launcher
+        self.path: Path = Path(run_dir).resolve() if _launcher is not None else resolve_run(os.fspath(run_dir))
+        self._jobs_before = len(read_jobs(self.path)) if _launcher is not None else 0
+
+    def __repr__(self) -> str:
+        return f"Run({str(self.path)!r})"
+
+    @property
+    def name(self) -> str:
+        """The job's ``name`` (from its config)."""
+        return read_run(self.path).name
+
+    @property
+    def job_ids(self) -> List[str]:
+        """Job ids of its submissions, oldest first (a requeue keeps its id; a local run's id is its
+        launcher's pid)."""
+        return read_run(self.path).job_ids
+
+    def status(self) -> RunStatus:
+        """Its state now (``ops.run_status``: Slurm's word joined with the run directory's). While a
+        background local launcher started by this process has not started the ranks yet (it waits
+        for ``after=`` runs), the state is ``PENDING``."""
+        self._reap()
+        run = read_run(self.path)
+        if self._launcher is not None and self._launcher.poll() is None and not _has_live_job(run):
+            return RunStatus(run, "PENDING", False, "local launcher", notes=["waiting for the runs it comes after"])
+        return run_status(run)
+
+    def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> RunStatus:
+        """Block until the run ends (finished, failed, cancelled, stopped for preemption and not
+        requeued) and return its last status; a requeue is followed (Slurm keeps the job id). ``timeout_s``:
+        seconds to wait at most (None: no limit); ``poll_s``: seconds between two questions.
+
+        Raises ``WaitTimeout`` when the time runs out (the run goes on), and ``SlurmDDPError`` when a
+        background local launcher of this process failed before it started the ranks."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        while True:
+            if self._launcher is not None and self._launcher.poll() is not None:
+                self._check_launcher()
+                return run_status(read_run(self.path))
+            st = self.status()
+            if _ended(st) and self._launcher is None:
+                return st
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"run {str(self.path)!r} did not end within {timeout_s:g} s (it is {st.state})")
+            if self._launcher is not None:
+                try:
+                    self._launcher.wait(
+                        timeout=poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
+                    )
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+
+    def metrics(self) -> List[Dict[str, Any]]:
+        """The rows of ``metrics.jsonl`` (rank 0's events: ``train``, ``eval``, ``checkpoint``,
+        ``preempted``, ``resume``, ``finished``), one dict each, in order."""
+        return read_metrics(self.path)
+
+    def final(self) -> Final:
+        """The final eval metrics and the weights' path. Raises ``UserError`` when the run has not
+        finished (no ``FINISHED`` marker)."""
+        rec = read_finished(self.path)
+        if rec is None:
+            raise UserError(f"run {str(self.path)!r} has not finished (no FINISHED marker); wait() for it first")
+        weights = self.path / FINAL_MODEL_NAME
+        return Final(metrics=dict(rec), weights=weights if weights.exists() else None)
+
+    def logs(self, rank: Optional[int] = None) -> str:
+        """Its logs as text: rank ``rank``'s, or every rank's interleaved with a ``[rank N]`` prefix
+        (``slurm-ddp logs``). Raises ``UserError`` for a rank the run does not have."""
+        from .ops.targets import show_target_logs
+
+        buf = io.StringIO()
+        show_target_logs(str(self.path), rank, buf.write)
+        return buf.getvalue()
+
+    def cancel(self) -> str:
+        """Stop it: ``scancel`` its Slurm job, or SIGTERM to its local launcher; the ranks checkpoint
+        first. Returns what was done. Raises ``UserError`` when it already ended."""
+        from .ops.targets import cancel_target
+
+        self._reap()
+        return cancel_target(self.path)
+
+    def requeue(self) -> str:
+        """``scontrol requeue`` its Slurm job: it stops (checkpoint) and starts again, resuming.
+        Raises ``UserError`` (local run, pending or finished run) or ``ClusterError``."""
+        from .ops.targets import requeue_target
+
+        return requeue_target(self.path)
+
+    def _reap(self) -> None:
+        if self._launcher is not None:
+            self._launcher.poll()
+
+    def _check_launcher(self) -> None:
+        """Raise when the background launcher ended with an error before it started the ranks (a
+        dependency never satisfied, a run directory taken in between); once the ranks ran, the run's
+        own status says how they ended."""
+        assert self._launcher is not None
+        rc = self._launcher.returncode
+        if rc in (0, None) or len(read_jobs(self.path)) > self._jobs_before:
+            return
+        tail = _tail(self.path / LAUNCHER_OUT_NAME)
+        raise SlurmDDPError(f"the local launcher of {str(self.path)!r} exited with status {rc}: {tail}")
+
+
+def _has_live_job(run: Any) -> bool:
+    """A job recorded after the launcher of this session started (the last record is local and live)."""
+    from .ops.status import local_launcher_alive
+
+    return bool(run.jobs) and run.is_local and local_launcher_alive(run.jobs[-1], run.path)
+
+
+def _tail(path: Path) -> str:
+    try:
+        lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()]
+    except OSError:
+        return "no output"
+    return lines[-1] if lines else "no output"
+
+
+class Sweep:
+    """A sweep directory: its elements as :class:`Run` objects and a table of values → metrics.
+    Raises ``UserError`` when ``sweep_dir`` is not a sweep directory."""
+
+    def __init__(self, sweep_dir: PathLike, *, _launcher: Optional[subprocess.Popen[bytes]] = None) -> None:
+        p = Path(sweep_dir)
+        if _launcher is None and not is_sweep_dir(p):
+            raise UserError(f"{str(p)!r} is not a sweep directory (no sweep.json); give the --run-dir of a sweep")
+        self.path: Path = p.resolve()
+        self._launcher = _launcher
+
+    def __repr__(self) -> str:
+        return f"Sweep({str(self.path)!r})"
+
+    @property
+    def runs(self) -> List[Run]:
+        """One :class:`Run` per element, by index (an element not yet written is left out)."""
+        return [Run(e.run.path) for e in read_sweep(self.path).elements if (e.run.path / "config.yaml").exists()]
+
+    def status(self) -> SweepStatus:
+        """Every element's state, from one Slurm question (``ops.sweeps.sweep_status``)."""
+        return sweep_status(read_sweep(self.path))
+
+    def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> SweepStatus:
+        """Block until no element is pending or running (``Run.wait``'s rules); raises ``WaitTimeout``."""
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+
+        def left() -> float:
+            return poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+
+        while True:
+            if self._launcher is not None and self._launcher.poll() is None:
+                try:  # the background local launcher runs the elements: its end is the sweep's
+                    self._launcher.wait(timeout=left())
+                except subprocess.TimeoutExpired:
+                    pass
+            else:
+                st = self.status()
+                if all(_ended(s) for _, s in st.elements):
+                    return st
+                time.sleep(left())
+            if deadline is not None and time.monotonic() >= deadline:
+                raise WaitTimeout(f"sweep {str(self.path)!r} did not end within {timeout_s:g} s")
+
+    def table(self, metric: Optional[str] = None) -> List[Dict[str, Any]]:
+        """One row per element: ``index``, the swept values (by key), ``state``, and ``metric``'s
+        best value (default: ``eval_accuracy`` when reported, else the first eval metric); best first
+        is the caller's sort (``lower_is_better`` for losses)."""
+        st = self.status()
+        m = metric or default_metric(st.sweep)
+        rows = []
+        for e, s in st.elements:
+            row: Dict[str, Any] = {"index": e.index, **e.values, "state": s.state}
+            if m:
+                row[m] = best_value(e.run, m)
+            rows.append(row)
+        return rows
+
+
+def submit(
+    job: Union[PathLike, Mapping[str, Any]],
+    *,
+    overrides: Sequence[str] = (),
+    run_dir: Optional[PathLike] = None,
+    backend: str = "auto",
+    sweep: Sequence[str] = (),
+    after: Sequence[Union[str, Run]] = (),
+    check_task: bool = True,
+    accept_new_code: bool = False,
+    say: Optional[Callable[[str], None]] = None,
+) -> Union[Run, Sweep]:
+    """Submit a job, as ``slurm-ddp submit`` does, and return its :class:`Run` (a sweep: its :class:`Sweep`).
+
+    ``job``: a YAML path, or the mapping such a file holds (relative paths from the current
+    directory). ``overrides``: ``SECTION.KEY=VALUE`` strings (``--set``). ``run_dir``: default
+    ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH, else local), ``sbatch``,
+    ``submitit`` or ``local`` — a local run starts in the background (its launcher's output in the
+    run directory's ``launcher.out``) and this returns at once. ``sweep``: ``KEY=V1,V2`` strings
+    (``--sweep``). ``after``: runs (``Run``, a run directory) or job ids, each optionally
+    ``:afterok`` (default), ``:afterany`` or ``:afternotok`` (``--after``, sbatch's ``--dependency``).
+    ``check_task``: import ``train.task`` in a child process first. ``say``: where the submit's
+    lines go (default: nowhere; warnings are in them too).
+
+    Raises ``UserError`` (config, run directory, arguments, dependencies), ``ClusterError``
+    (Slurm refused the job); never ``SystemExit``.
+    """
+    from .backends.submit import Reporter
+    from .backends.submit import submit as submit_job
+
+    lines: Callable[[str], None] = say or (lambda _line: None)
+
+    def out(text: str) -> None:
+        for line in text.splitlines():
+            if line.strip():
+                lines(line)
+
+    report = Reporter(out=out, warn=lambda line: lines(f"warning: {line}"), say=lines)
+    afters = [f"{a.path}" if isinstance(a, Run) else str(a) for a in after]
+    done = submit_job(
+        job if isinstance(job, Mapping) else os.fspath(job),
+        overrides,
+        sweep,
+        report=report,
+        backend=backend,
+        run_dir=os.fspath(run_dir) if run_dir is not None else None,
+        command=None,
+        check_task=check_task,
+        accept_new_code=accept_new_code,
+        after=afters,
+        detach=True,
+    )
+    if done.sweep:
+        return Sweep(done.run_dir, _launcher=done.launcher)
+    return Run(done.run_dir, _launcher=done.launcher)

@@ -1,0 +1,11 @@
+"""The numbers every part of slurm_ddp agrees on: the package version and the exit status of a
+stopped-for-preemption rank. A leaf module (imports nothing), so that any module may use them
+without importing the package's top level (which reaches the Python API, ``slurm_ddp.api``).
+"""
+
+__version__ = "0.1.0"
+
+#: Exit status of a rank (and of the job step) that stopped because of a preemption
+#: signal after its checkpoint was committed. 75 is EX_TEMPFAIL from sysexits.h:
+#: "a temporary failure ... the user is invited to retry".
+PREEMPTED_EXIT_CODE = 75

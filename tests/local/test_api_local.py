@@ -1,0 +1,116 @@
+"""The Python API (``slurm_ddp.submit``, ``Run``) on the local backend, with real gloo ranks.
+
+submit → wait → metrics/final; reattach by path; cancel of a running run (its ranks checkpoint and
+stop); a chain (``after=``) whose second run starts only after the first ended; errors raised as the
+project's exception types, never ``SystemExit``.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import slurm_ddp
+from slurm_ddp.errors import ConfigError, DependencyNeverSatisfied, SlurmDDPError, UserError
+from slurm_ddp.rundir import read_jobs, read_metrics
+from slurm_ddp.testing import wait_for
+
+pytestmark = pytest.mark.local
+
+REPO = Path(__file__).resolve().parents[2]
+JOB = REPO / "examples" / "digits" / "job.yaml"
+FAST = ["slurm.tasks_per_node=2", "train.max_steps=40", "train.eval_every=20", "train.log_every=10"]
+SLOW = ["slurm.tasks_per_node=2", "train.max_steps=100000", "train.eval_every=0", "checkpoint.every_steps=20"]
+
+
+def test_submit_wait_metrics_final_and_reattach(tmp_path: Path) -> None:
+    run = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "run", backend="local")
+    assert isinstance(run, slurm_ddp.Run)
+    st = run.wait(timeout_s=300, poll_s=0.5)
+    assert st.state == "COMPLETED" and st.final, (st.state, (tmp_path / "run" / "launcher.out").read_text())
+    final = run.final()
+    assert final.metrics["step"] == 40 and 0.0 <= final.metrics["eval_accuracy"] <= 1.0
+    assert final.weights == tmp_path / "run" / "final_model.pt" and final.weights.is_file()
+    rows = run.metrics()
+    assert [m["step"] for m in rows if m.get("event") == "eval"] == [20, 40]
+    assert rows == read_metrics(tmp_path / "run")
+
+    again = slurm_ddp.Run(tmp_path / "run")  # reattach by path, in a fresh object
+    assert again.job_ids == run.job_ids and len(again.job_ids) == 1
+    assert again.status().state == "COMPLETED" and again.wait(timeout_s=5).state == "COMPLETED"
+    assert "[rank 1]" in again.logs() and again.logs(rank=0)
+
+
+def test_cancel_a_running_local_run(tmp_path: Path) -> None:
+    run = slurm_ddp.submit(JOB, overrides=SLOW, run_dir=tmp_path / "run", backend="local", check_task=False)
+    assert isinstance(run, slurm_ddp.Run)
+    wait_for(lambda: any(m.get("event") == "checkpoint" for m in run.metrics()), 120, "the first checkpoint")
+    assert run.status().state == "RUNNING"
+    said = run.cancel()
+    assert "sent SIGTERM to the local launcher" in said
+    st = run.wait(timeout_s=120, poll_s=0.5)
+    assert st.final and st.state != "COMPLETED" and st.run.finished is None, st
+    assert any(m.get("event") == "preempted" for m in run.metrics())  # the ranks checkpointed and stopped
+    with pytest.raises(UserError, match="already ended; nothing to cancel"):
+        run.cancel()
+    with pytest.raises(UserError, match="has not finished"):
+        run.final()
+
+
+def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -> None:
+    first = slurm_ddp.submit(JOB, overrides=SLOW, run_dir=tmp_path / "first", backend="local", check_task=False)
+    assert isinstance(first, slurm_ddp.Run)
+    wait_for(lambda: read_jobs(tmp_path / "first"), 60, "the first run's launcher")
+    second = slurm_ddp.submit(
+        JOB, overrides=FAST, run_dir=tmp_path / "second", backend="local", after=[f"{first.path}:afterany"]
+    )
+    assert isinstance(second, slurm_ddp.Run)
+    wait_for(lambda: "waiting for" in _out(tmp_path / "second"), 60, "the second launcher to wait")
+    assert second.status().state == "PENDING" and read_jobs(tmp_path / "second") == []
+    first.cancel()
+    st = second.wait(timeout_s=300, poll_s=0.5)
+    assert st.state == "COMPLETED", _out(tmp_path / "second")
+    started = read_jobs(tmp_path / "second")[0]["time"]
+    assert started >= max(m["time"] for m in first.metrics() if "time" in m)
+
+    # afterok of a run that did not finish: the dependent run never starts
+    third = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "third", backend="local", after=[first])
+    assert isinstance(third, slurm_ddp.Run)
+    with pytest.raises(SlurmDDPError, match="DependencyNeverSatisfied"):
+        third.wait(timeout_s=120, poll_s=0.5)
+    assert read_jobs(tmp_path / "third") == []
+
+
+def _out(run_dir: Path) -> str:
+    p = run_dir / "launcher.out"
+    return p.read_text(errors="replace") if p.exists() else ""
+
+
+def test_errors_are_the_projects_exceptions_never_system_exit(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError):
+        slurm_ddp.submit(JOB, overrides=["train.no_such_key=1"], run_dir=tmp_path / "a", backend="local")
+    with pytest.raises(UserError, match="expected one of"):
+        slurm_ddp.submit(JOB, run_dir=tmp_path / "a", backend="nope")
+    with pytest.raises(UserError, match="unknown condition"):
+        slurm_ddp.submit(JOB, run_dir=tmp_path / "a", backend="local", after=["123:afterbad"])
+    with pytest.raises(UserError, match="not Slurm job ids"):
+        slurm_ddp.submit(JOB, run_dir=tmp_path / "a", backend="local", after=["123"])
+    with pytest.raises(UserError, match="not a run directory|no such directory"):
+        slurm_ddp.Run(tmp_path / "missing")
+    assert not (tmp_path / "a").exists()
+    assert issubclass(DependencyNeverSatisfied, SlurmDDPError)
+
+
+def test_import_slurm_ddp_is_torch_free_and_loads_the_api_lazily() -> None:
+    code = (
+        "import sys, slurm_ddp\n"
+        "print(sorted(m for m in ('torch', 'slurm_ddp.api', 'slurm_ddp.backends') if m in sys.modules))\n"
+        "slurm_ddp.Run\n"
+        "print(sorted(m for m in ('torch', 'slurm_ddp.api') if m in sys.modules))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["[]", "['slurm_ddp.api']"]
