@@ -161,6 +161,10 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p.add_argument("run", help=run_help + "; a sweep: every element's curves in one PNG")
     p.add_argument("-o", "--output", metavar="PNG", help="where to write it (default: RUN/metrics.png)")
 
+    p = sub.add_parser("sync", help="upload a run's (a sweep's) offline W&B runs with wandb sync, one W&B run each")
+    p.add_argument("run", help=run_help + ", or a sweep directory")
+    p.add_argument("--dry-run", action="store_true", help="say what would be synced; upload nothing")
+
 
 def _load(args: argparse.Namespace):
     from .config import load_config
@@ -561,7 +565,7 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
     sweep_stats = [sweeps.sweep_status(sweeps.read_sweep(p)) for p in sweeps.find_sweeps(Path(args.dir))]
     if args.json:
         for st in statuses:
-            print(json.dumps(st.to_dict(), default=str))
+            print(json.dumps({**st.to_dict(), "tracking": tracking_lines(st.run.path)}, default=str))
         for sw in sweep_stats:
             print(json.dumps({"sweep_dir": str(sw.sweep.path), "name": sw.sweep.name, **sw.progress()}))
         return 0
@@ -570,6 +574,8 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
         return 0
     if statuses:
         sys.stdout.write(format_runs(statuses))
+        tracked = [(st.run.path.name, line) for st in statuses for line in tracking_lines(st.run.path)]
+        sys.stdout.write("".join(f"tracking: {name}: {line}\n" for name, line in tracked))
     if sweep_stats:
         sys.stdout.write(format_sweeps(sweep_stats))
     from .ops.accounting import history
@@ -585,6 +591,13 @@ def cmd_runs(args: argparse.Namespace, argv: Sequence[str]) -> int:
                 f"{acc.gpu_hours:.4f} GPU-hours over {acc.starts} starts of {len(set(ids))} jobs (sacct)"
             )
     return 0
+
+
+def tracking_lines(run_dir: Path) -> List[str]:
+    """The run's tracker runs, one line each (``slurm_ddp.tracking.describe``): empty when it tracks nothing."""
+    from .tracking import describe
+
+    return describe(run_dir)
 
 
 def format_sweeps(stats: Sequence[Any], cwd: Optional[Path] = None) -> str:
@@ -695,10 +708,12 @@ def cmd_status(args: argparse.Namespace, argv: Sequence[str]) -> int:
         d = st.to_dict()
         d["accounting"] = acc.to_dict() if acc is not None else None
         d["changed_between_starts"] = changed
+        d["tracking"] = tracking_lines(st.run.path)
         print(json.dumps(d, default=str))
     else:
         sys.stdout.write(format_status(st))
         sys.stdout.write(format_history(st, acc, changed))
+        sys.stdout.write("".join(f"tracking:   {line}\n" for line in tracking_lines(st.run.path)))
     return 0
 
 
@@ -834,8 +849,15 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_sync(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .tracking import sync
+
+    return sync(_resolve(args.run), dry_run=args.dry_run)
+
+
 COMMANDS.update(
     {
+        "sync": cmd_sync,
         "runs": cmd_runs,
         "status": cmd_status,
         "logs": cmd_logs,

@@ -502,10 +502,61 @@ class WatchdogConfig:
     )
 
 
+_TRACKING_URI = re.compile(r"^[^\s'\"`\\]*\Z")
+
+
+def _check_uri(v: Any) -> Optional[str]:
+    return None if _TRACKING_URI.match(str(v)) else "one token without whitespace, quotes or backslashes"
+
+
+def _check_label(v: Any) -> Optional[str]:
+    return None if re.match(r"^[A-Za-z0-9_.+/@ -]*\Z", str(v)) else "letters, digits, space and _.+/@- only"
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    """MLflow tracking (``slurm_ddp.tracking``): one MLflow run per run directory, resumed on every start."""
+
+    enabled: bool = field(default=False, metadata=_meta("log to MLflow (pip install 'slurm-ddp[mlflow]')"))
+    tracking_uri: str = field(
+        default="",
+        metadata=_meta(
+            "MLflow tracking URI; '' = sqlite:///RUN_DIR/mlflow.db (a sweep: the sweep directory's)", check=_check_uri
+        ),
+    )
+    experiment: str = field(
+        default="", metadata=_meta("MLflow experiment name; '' = the job's (sweep's) name", check=_check_label)
+    )
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases tracking (``slurm_ddp.tracking``): one W&B run per run directory, resumed on every start."""
+
+    enabled: bool = field(default=False, metadata=_meta("log to W&B (pip install 'slurm-ddp[wandb]')"))
+    project: str = field(default="", metadata=_meta("W&B project; '' = the job's (sweep's) name", check=_check_label))
+    entity: str = field(default="", metadata=_meta("W&B entity (user or team); '' = W&B's default", check=_check_label))
+    mode: str = field(
+        default="offline",
+        metadata=_meta(
+            "online | offline (files in RUN_DIR/wandb, uploaded by `slurm-ddp sync`)", choices=("online", "offline")
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Experiment trackers, off by default; the worker logs metrics.jsonl's rows to them from rank 0 and a
+    ``train.command`` script gets their variables (MLFLOW_RUN_ID, WANDB_RUN_ID …)."""
+
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``,
-    ``watchdog``."""
+    ``watchdog``, ``tracking``."""
 
     name: str = field(default="", metadata=_meta("job name", check=_check_name))
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -514,6 +565,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""
@@ -554,19 +606,29 @@ def _to_plain(obj: Any) -> Any:
 
 def describe_keys() -> str:
     """A reference of every config key with its default and meaning (for the README/--help)."""
-    lines = []
+    lines: list = []
+    hints = get_type_hints(JobConfig)
     for sect in fields(JobConfig):
-        hints = get_type_hints(JobConfig)
         tp = hints[sect.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
-            for f in fields(tp):
-                # a field has a default or a default_factory (dataclasses forbid both)
-                if f.default_factory is not dataclasses.MISSING:
-                    default = _to_plain(f.default_factory())
-                else:
-                    default = f.default
-                lines.append(f"  {f.name}: {default!r}  # {f.metadata.get('doc', '')}")
+            _describe_section(tp, "  ", lines)
         else:
             lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")
     return "\n".join(lines)
+
+
+def _describe_section(cls: type, indent: str, lines: list) -> None:
+    hints = get_type_hints(cls)
+    for f in fields(cls):  # type: ignore[arg-type]
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a sub-section (tracking.mlflow)
+            lines.append(f"{indent}{f.name}:")
+            _describe_section(tp, indent + "  ", lines)
+            continue
+        # a field has a default or a default_factory (dataclasses forbid both)
+        if f.default_factory is not dataclasses.MISSING:
+            default = _to_plain(f.default_factory())
+        else:
+            default = f.default
+        lines.append(f"{indent}{f.name}: {default!r}  # {f.metadata.get('doc', '')}")
