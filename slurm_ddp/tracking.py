@@ -352,7 +352,8 @@ class _WandbSink:
             done = {}
         self.done: Dict[str, int] = {str(k): int(v) for k, v in done.items()} if isinstance(done, dict) else {}
         self.logged = dict(self.done)
-        self.run = wandb.init(
+        init: Any = wandb.init  # mode: a str checked by the config (online | offline)
+        self.run = init(
             id=str(spec["run_id"]),
             resume="allow",
             project=str(spec["project"]),

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, get_type_hints
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
@@ -606,7 +606,7 @@ def _to_plain(obj: Any) -> Any:
 
 def describe_keys() -> str:
     """A reference of every config key with its default and meaning (for the README/--help)."""
-    lines: list = []
+    lines: List[str] = []
     hints = get_type_hints(JobConfig)
     for sect in fields(JobConfig):
         tp = hints[sect.name]
@@ -618,9 +618,9 @@ def describe_keys() -> str:
     return "\n".join(lines)
 
 
-def _describe_section(cls: type, indent: str, lines: list) -> None:
+def _describe_section(cls: type, indent: str, lines: List[str]) -> None:
     hints = get_type_hints(cls)
-    for f in fields(cls):  # type: ignore[arg-type]
+    for f in fields(cls):
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a sub-section (tracking.mlflow)
             lines.append(f"{indent}{f.name}:")

@@ -1,7 +1,7 @@
 """A plain own script for tests/local/test_tracking_local.py: rank 0 calls ``mlflow.start_run()`` and
 ``wandb.init()`` with no arguments (the run ids come from the launch environment), logs the start's number
 as metric ``start`` at step = that number, and records what the libraries saw in ``RUN_DIR/seen.jsonl``.
-Exits 75 (stopped, as a preempted script would) until its third start, then 0."""
+Exits 75 (stopped, as a preempted script would) until its start number ``argv[1]`` (default 2), then 0."""
 
 import json
 import os
@@ -14,7 +14,10 @@ if rank == 0:
     import mlflow
     import wandb
 
-    start = sum(1 for _ in open(seen_path)) if os.path.exists(seen_path) else 0
+    start = 0
+    if os.path.exists(seen_path):
+        with open(seen_path) as f:
+            start = len(f.readlines())
     with mlflow.start_run() as active:
         mlflow.log_metric("start", start, step=start)
         mlflow_id = active.info.run_id
@@ -24,4 +27,4 @@ if rank == 0:
     run.finish()
     with open(seen_path, "a") as f:
         f.write(json.dumps(seen) + "\n")
-    sys.exit(0 if start >= 2 else 75)
+    sys.exit(0 if start >= int(sys.argv[1] if len(sys.argv) > 1 else 2) else 75)
