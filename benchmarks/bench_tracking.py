@@ -27,11 +27,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
-from slurm_ddp.config import config_from_dict  # noqa: E402
-from slurm_ddp.rundir import append_jsonl  # noqa: E402
-from slurm_ddp.tracking import Tracker, prepare_run  # noqa: E402
+from slurm_ddp.config import config_from_dict
+from slurm_ddp.rundir import append_jsonl
+from slurm_ddp.tracking import Tracker, prepare_run
 
 
 def main() -> int:
@@ -113,7 +113,9 @@ def main() -> int:
     print(f"step time (untracked): {m_off / args.log_every * 1e3:.3f} ms median over blocks")
     print(f"block of {args.log_every} steps: untracked {m_off * 1e3:.2f} ms, tracked {m_on * 1e3:.2f} ms (medians)")
     print(f"Tracker.log on the training thread: {statistics.median(held) * 1e6:.0f} us median per logged step")
-    print(f"tracking adds {overhead * 100:+.2f} % of step time per logged step (goal < 2 %): ratio {overhead / 0.02:.2f}")
+    print(
+        f"tracking adds {overhead * 100:+.2f} % of step time per logged step (goal < 2 %): ratio {overhead / 0.02:.2f}"
+    )
     print(f"one-off: create at submit {t_create:.2f} s, open at a start {t_open:.2f} s, close {t_close:.2f} s")
     return 0
 

@@ -46,6 +46,11 @@ PACKAGES = (("mlflow", "mlflow", "mlflow"), ("wandb", "wandb", "wandb"))
 #: is logged as ``checkpoint_blocked_s``.
 _TRAIN_FIELDS = ("loss", "lr", "steps_per_s", "epoch")
 _NOT_METRICS = ("event", "step", "time", "loss", "restart", "signal", "reason", "background")
+#: MLflow: metrics are buffered and handed to MLflow's queue at most this often (seconds), and at every
+#: checkpoint, stop and end: one SQLite transaction per batch instead of one per logged step.
+MLFLOW_FLUSH_S = 10.0
+#: Rows after which the trackers must hold everything logged so far: a later start resumes from this step.
+_DURABLE_EVENTS = ("checkpoint", "preempted", "finished")
 
 
 def enabled(cfg: JobConfig) -> Tuple[str, ...]:
@@ -326,17 +331,30 @@ class _MlflowSink:
         for k, v in tags.items():
             self.client.set_tag(self.run_id, k, v)
         self.pending: List[Any] = []
+        self.buffer: List[Any] = []  # metrics not yet handed to MLflow (sync())
+        self.sent_at = time.monotonic()
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
         now = int(time.time() * 1000)
-        items = [self._metric(k, v, now, step) for k, v in metrics.items() if step > self.done.get(k, -1)]
-        if items:  # queued; MLflow's own thread writes it (in order)
-            self.pending.append(self.client.log_batch(self.run_id, metrics=items, synchronous=False))
+        self.buffer += [self._metric(k, v, now, step) for k, v in metrics.items() if step > self.done.get(k, -1)]
+        if len(self.buffer) >= 900 or time.monotonic() - self.sent_at >= MLFLOW_FLUSH_S:
+            self.sync(wait=False)
+
+    def sync(self, wait: bool = True) -> None:
+        """Hand the buffered metrics to MLflow's queue (one ``log_batch``: at most 1000 metrics); with
+        ``wait``, return once the store holds them (at a checkpoint: a resume from it finds every row
+        up to its step in the store, so none is lost and none logged twice)."""
+        if self.buffer:
+            self.pending.append(self.client.log_batch(self.run_id, metrics=self.buffer, synchronous=False))
+            self.buffer = []
+        self.sent_at = time.monotonic()
+        if wait:
+            for op in self.pending:
+                op.wait()
+            self.pending.clear()
 
     def close(self, status: Optional[str]) -> None:
-        for op in self.pending:
-            op.wait()
-        self.pending.clear()
+        self.sync()
         if status is not None:
             self.client.set_terminated(self.run_id, status)
 
@@ -374,6 +392,9 @@ class _WandbSink:
         self.run.log(new, step=step)
         self.logged.update(dict.fromkeys(new, step))
         _write_json(self.steps_path, self.logged)
+
+    def sync(self) -> None:
+        pass  # each row is in W&B's hands once log() returns; the steps file is written per row
 
     def close(self, status: Optional[str]) -> None:
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
@@ -416,11 +437,15 @@ class Tracker:
             self.finished = True
         metrics = _metrics_of(record)
         step = record.get("step")
-        if not metrics or not isinstance(step, int):
+        durable = record.get("event") in _DURABLE_EVENTS
+        if not (metrics and isinstance(step, int)) and not durable:
             return
         for name, sink in list(self.sinks.items()):
             try:
-                sink.log(step, metrics)
+                if metrics and isinstance(step, int):
+                    sink.log(step, metrics)
+                if durable:
+                    sink.sync()
             except Exception as e:
                 log.warning("tracking.%s: logging failed (%s): not logging to it any more", name, e)
                 del self.sinks[name]

@@ -573,14 +573,20 @@ class JobConfig:
         return plain
 
     def config_hash(self) -> str:
-        """sha256 (hex, 16 chars) of the config's canonical JSON; identifies a run directory's config."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """sha256 (hex, 16 chars) of the config's canonical JSON without ``UNHASHED_SECTIONS``; identifies a
+        run directory's config."""
+        plain = self.to_dict()
+        for section in UNHASHED_SECTIONS:
+            plain.pop(section, None)
+        text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def training_hash(self) -> str:
         """``config_hash`` without the ``RESIZABLE_KEYS``: equal for two configs that train the same run
         on different world sizes (a run directory resumed with other ``slurm.nodes``/``tasks_per_node``)."""
         plain = self.to_dict()
+        for section in UNHASHED_SECTIONS:
+            plain.pop(section, None)
         for dotted in RESIZABLE_KEYS:
             section, key = dotted.split(".")
             plain[section].pop(key, None)
@@ -592,6 +598,9 @@ class JobConfig:
 #: ``--run-dir``): the world size. The worker resumes such a run sample-exactly (README, "Resume on a
 #: different world size"); any other change is another run and is refused.
 RESIZABLE_KEYS = ("slurm.nodes", "slurm.tasks_per_node")
+#: Sections that do not change what a run trains, left out of both hashes: turning a tracker on for an
+#: existing run directory resumes it (and creates its tracker run) instead of being refused as another run.
+UNHASHED_SECTIONS = ("tracking",)
 
 
 def _to_plain(obj: Any) -> Any:

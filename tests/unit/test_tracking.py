@@ -100,3 +100,10 @@ def test_a_resume_from_an_older_checkpoint_logs_no_step_twice(tmp_path: Path) ->
     run = client.get_run(record["mlflow"]["run_id"])
     assert run.info.status == "FINISHED" and run.data.tags["slurm_ddp.restarts"] == "1"
     assert len(client.search_runs([record["mlflow"]["experiment_id"]])) == 1
+
+
+def test_turning_a_tracker_on_keeps_the_run_directorys_hashes() -> None:
+    """A run directory resubmitted with tracking on resumes (same hashes) instead of being refused."""
+    off = config_from_dict(JOB)
+    on = config_from_dict({**JOB, "tracking": {"wandb": {"enabled": True, "project": "p"}}})
+    assert on.config_hash() == off.config_hash() and on.training_hash() == off.training_hash()
