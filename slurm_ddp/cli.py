@@ -177,6 +177,10 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
         "restarts and their reasons marked, goodput in the title (default: RUN/timeline.png)",
     )
 
+    p = sub.add_parser("sync", help="upload a run's (a sweep's) offline W&B runs with wandb sync, one W&B run each")
+    p.add_argument("run", help=run_help + ", or a sweep directory")
+    p.add_argument("--dry-run", action="store_true", help="say what would be synced; upload nothing")
+
     p = sub.add_parser("report", help="where a run's allocation went: starts, phases, goodput, largest losses")
     p.add_argument("run", help=run_help + ", or a sweep directory")
     p.add_argument("--json", action="store_true", help="one JSON object (field names in the README)")
@@ -353,6 +357,13 @@ def cmd_plot(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_sync(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .ops.targets import resolve_target
+    from .tracking import sync
+
+    return sync(resolve_target(args.run), dry_run=args.dry_run)
+
+
 def cmd_report(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .ops import view
     from .ops.report import report
@@ -375,6 +386,7 @@ COMMANDS = {
     "requeue": cmd_requeue,
     "plot": cmd_plot,
     "report": cmd_report,
+    "sync": cmd_sync,
 }
 
 

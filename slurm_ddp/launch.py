@@ -205,6 +205,10 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     env.update(denv.torch_env())
     env[RUN_DIR_VAR] = str(Path(run_dir).resolve())
     env[SIGNAL_VAR] = cfg.requeue.signal_name
+    if cfg.tracking.mlflow.enabled or cfg.tracking.wandb.enabled:  # MLFLOW_RUN_ID, WANDB_RUN_ID … (slurm_ddp.tracking)
+        from .tracking import rank_env
+
+        env.update(rank_env(run_dir))
     if cfg.train.command:
         cmd = expand_command(cmd, env)
     full = plan.command(cmd)

@@ -33,6 +33,7 @@ from ..rundir import (
 )
 from ..secrets import check_pass_env, literal_warning, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
+from ..tracking import check_installed, prepare_run
 
 BACKENDS = ("sbatch", "submitit", "local")
 
@@ -170,6 +171,7 @@ def plan_submit(
             "from one node count); give one count for submitit"
         )
     check_pass_env(cfg.environment.pass_env, os.environ)
+    check_installed(cfg)  # tracking's packages, at submit rather than on the nodes
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))
     resuming = check_run_dir(cfg, run_dir)
     snap, rendered = plan_script(
@@ -257,4 +259,5 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
         git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
     )
+    prepare_run(plan.cfg, rd)  # the tracker runs (tracking: on), once; a sweep's element has them already
     return rd

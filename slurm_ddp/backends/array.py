@@ -36,6 +36,7 @@ from ..rundir import (
 from ..secrets import check_pass_env
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
 from ..sweep import Sweep, array_spec
+from ..tracking import check_installed
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
 from .submitit_sweep import SubmititSweepPlan
 from .sweep_plan import SweepPlan, prepare_sweep_dir
@@ -141,6 +142,7 @@ def plan_sweep(
         raise UserError(f"--backend {backend!r}: expected one of {', '.join(BACKENDS)}")
     for e in sweep.elements:  # pass_env and env may be swept
         check_pass_env(e.cfg.environment.pass_env, os.environ)
+    check_installed(sweep.base_cfg)  # tracking's packages (one tracking section for all elements)
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
     snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python)

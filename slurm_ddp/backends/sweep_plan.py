@@ -32,6 +32,7 @@ from ..rundir import (
 from ..secrets import redact_argv
 from ..snapshot import SnapshotPlan, take, write_record
 from ..sweep import Sweep, SweepElement
+from ..tracking import prepare_sweep
 
 
 @dataclass(frozen=True)
@@ -106,6 +107,8 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
         git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
     )
+    # one tracker run per element, grouped by the sweep (tracking: on)
+    prepare_sweep(sd, plan.sweep.name, [(e.cfg, plan.element_dir(e.index)) for e in plan.sweep.elements])
     return sd
 
 

@@ -13,7 +13,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Optional, Tuple, Union, get_type_hints
+from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, get_type_hints
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
@@ -502,10 +502,61 @@ class WatchdogConfig:
     )
 
 
+_TRACKING_URI = re.compile(r"^[^\s'\"`\\]*\Z")
+
+
+def _check_uri(v: Any) -> Optional[str]:
+    return None if _TRACKING_URI.match(str(v)) else "one token without whitespace, quotes or backslashes"
+
+
+def _check_label(v: Any) -> Optional[str]:
+    return None if re.match(r"^[A-Za-z0-9_.+/@ -]*\Z", str(v)) else "letters, digits, space and _.+/@- only"
+
+
+@dataclass(frozen=True)
+class MlflowConfig:
+    """MLflow tracking (``slurm_ddp.tracking``): one MLflow run per run directory, resumed on every start."""
+
+    enabled: bool = field(default=False, metadata=_meta("log to MLflow (pip install 'slurm-ddp[mlflow]')"))
+    tracking_uri: str = field(
+        default="",
+        metadata=_meta(
+            "MLflow tracking URI; '' = sqlite:///RUN_DIR/mlflow.db (a sweep: the sweep directory's)", check=_check_uri
+        ),
+    )
+    experiment: str = field(
+        default="", metadata=_meta("MLflow experiment name; '' = the job's (sweep's) name", check=_check_label)
+    )
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    """Weights & Biases tracking (``slurm_ddp.tracking``): one W&B run per run directory, resumed on every start."""
+
+    enabled: bool = field(default=False, metadata=_meta("log to W&B (pip install 'slurm-ddp[wandb]')"))
+    project: str = field(default="", metadata=_meta("W&B project; '' = the job's (sweep's) name", check=_check_label))
+    entity: str = field(default="", metadata=_meta("W&B entity (user or team); '' = W&B's default", check=_check_label))
+    mode: str = field(
+        default="offline",
+        metadata=_meta(
+            "online | offline (files in RUN_DIR/wandb, uploaded by `slurm-ddp sync`)", choices=("online", "offline")
+        ),
+    )
+
+
+@dataclass(frozen=True)
+class TrackingConfig:
+    """Experiment trackers, off by default; the worker logs metrics.jsonl's rows to them from rank 0 and a
+    ``train.command`` script gets their variables (MLFLOW_RUN_ID, WANDB_RUN_ID …)."""
+
+    mlflow: MlflowConfig = field(default_factory=MlflowConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
 @dataclass(frozen=True)
 class JobConfig:
     """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``,
-    ``watchdog``."""
+    ``watchdog``, ``tracking``."""
 
     name: str = field(default="", metadata=_meta("job name", check=_check_name))
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
@@ -514,6 +565,7 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    tracking: TrackingConfig = field(default_factory=TrackingConfig)
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""
@@ -521,14 +573,20 @@ class JobConfig:
         return plain
 
     def config_hash(self) -> str:
-        """sha256 (hex, 16 chars) of the config's canonical JSON; identifies a run directory's config."""
-        text = json.dumps(self.to_dict(), sort_keys=True, separators=(",", ":"))
+        """sha256 (hex, 16 chars) of the config's canonical JSON without ``UNHASHED_SECTIONS``; identifies a
+        run directory's config."""
+        plain = self.to_dict()
+        for section in UNHASHED_SECTIONS:
+            plain.pop(section, None)
+        text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def training_hash(self) -> str:
         """``config_hash`` without the ``RESIZABLE_KEYS``: equal for two configs that train the same run
         on different world sizes (a run directory resumed with other ``slurm.nodes``/``tasks_per_node``)."""
         plain = self.to_dict()
+        for section in UNHASHED_SECTIONS:
+            plain.pop(section, None)
         for dotted in RESIZABLE_KEYS:
             section, key = dotted.split(".")
             plain[section].pop(key, None)
@@ -540,6 +598,9 @@ class JobConfig:
 #: ``--run-dir``): the world size. The worker resumes such a run sample-exactly (README, "Resume on a
 #: different world size"); any other change is another run and is refused.
 RESIZABLE_KEYS = ("slurm.nodes", "slurm.tasks_per_node")
+#: Sections that do not change what a run trains, left out of both hashes: turning a tracker on for an
+#: existing run directory resumes it (and creates its tracker run) instead of being refused as another run.
+UNHASHED_SECTIONS = ("tracking",)
 
 
 def _to_plain(obj: Any) -> Any:
@@ -554,19 +615,29 @@ def _to_plain(obj: Any) -> Any:
 
 def describe_keys() -> str:
     """A reference of every config key with its default and meaning (for the README/--help)."""
-    lines = []
+    lines: List[str] = []
+    hints = get_type_hints(JobConfig)
     for sect in fields(JobConfig):
-        hints = get_type_hints(JobConfig)
         tp = hints[sect.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
-            for f in fields(tp):
-                # a field has a default or a default_factory (dataclasses forbid both)
-                if f.default_factory is not dataclasses.MISSING:
-                    default = _to_plain(f.default_factory())
-                else:
-                    default = f.default
-                lines.append(f"  {f.name}: {default!r}  # {f.metadata.get('doc', '')}")
+            _describe_section(tp, "  ", lines)
         else:
             lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")
     return "\n".join(lines)
+
+
+def _describe_section(cls: type, indent: str, lines: List[str]) -> None:
+    hints = get_type_hints(cls)
+    for f in fields(cls):
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a sub-section (tracking.mlflow)
+            lines.append(f"{indent}{f.name}:")
+            _describe_section(tp, indent + "  ", lines)
+            continue
+        # a field has a default or a default_factory (dataclasses forbid both)
+        if f.default_factory is not dataclasses.MISSING:
+            default = _to_plain(f.default_factory())
+        else:
+            default = f.default
+        lines.append(f"{indent}{f.name}: {default!r}  # {f.metadata.get('doc', '')}")

@@ -30,6 +30,8 @@ class RunsReport:
     sweeps: List[SweepStatus]
     accounting: Optional[Accounting] = None  #: None: not asked, or no run ran under Slurm
     job_ids: List[str] = field(default_factory=list)  #: the Slurm job ids ``accounting`` covers
+    #: each run's tracker runs, one line each (``slurm_ddp.tracking.describe``), by run directory
+    tracking: Dict[str, List[str]] = field(default_factory=dict)
 
 
 def list_runs(base: str, *, accounting: bool = True, run_cmd: Runner = subprocess.run) -> RunsReport:
@@ -37,7 +39,10 @@ def list_runs(base: str, *, accounting: bool = True, run_cmd: Runner = subproces
     also ``sacct``'s history of every Slurm job of those runs (:func:`.accounting.history`)."""
     statuses = runs_status(find_runs(base), run_cmd)
     sweeps = [sweep_status(read_sweep(p), run_cmd) for p in find_sweeps(Path(base))]
+    from ..tracking import describe
+
     rep = RunsReport(base=base, runs=statuses, sweeps=sweeps)
+    rep.tracking = {str(st.run.path): describe(st.run.path) for st in statuses}
     ids = [j for st in statuses if not st.run.is_local for j in st.run.job_ids]
     if accounting and ids:
         rep.accounting = history(ids, run_cmd)
@@ -52,11 +57,13 @@ class StatusReport:
     status: RunStatus
     accounting: Optional[Accounting]  #: None for a local run (no Slurm accounting)
     changed: List[str]  #: one sentence per start that differs from the one before (``provenance.changes``)
+    tracking: List[str] = field(default_factory=list)  #: its tracker runs (``slurm_ddp.tracking.describe``)
 
     def to_dict(self) -> Dict[str, Any]:
         d = self.status.to_dict()
         d["accounting"] = self.accounting.to_dict() if self.accounting is not None else None
         d["changed_between_starts"] = self.changed
+        d["tracking"] = self.tracking
         return d
 
 
@@ -71,4 +78,6 @@ def status_report(path: Path, run_cmd: Runner = subprocess.run) -> Union[StatusR
 
     acc = None if st.run.is_local else history(st.run.job_ids, run_cmd)
     changed = changes(read_provenance(str(st.run.path)))
-    return StatusReport(status=st, accounting=acc, changed=changed)
+    from ..tracking import describe
+
+    return StatusReport(status=st, accounting=acc, changed=changed, tracking=describe(st.run.path))

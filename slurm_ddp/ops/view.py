@@ -238,6 +238,11 @@ def format_runs_report(rep: RunsReport) -> str:
     out = ""
     if rep.runs:
         out += format_runs(rep.runs)
+        out += "".join(
+            f"tracking: {st.run.path.name}: {line}\n"
+            for st in rep.runs
+            for line in rep.tracking.get(str(st.run.path), [])
+        )
     if rep.sweeps:
         out += format_sweeps(rep.sweeps)
     acc, ids = rep.accounting, rep.job_ids
@@ -254,7 +259,9 @@ def format_runs_report(rep: RunsReport) -> str:
 
 def runs_json(rep: RunsReport) -> str:
     """``slurm-ddp runs --json``: one JSON object per line, the runs first, then the sweeps."""
-    lines = [json.dumps(st.to_dict(), default=str) for st in rep.runs]
+    lines = [
+        json.dumps({**st.to_dict(), "tracking": rep.tracking.get(str(st.run.path), [])}, default=str) for st in rep.runs
+    ]
     lines += [
         json.dumps({"sweep_dir": str(sw.sweep.path), "name": sw.sweep.name, **sw.progress()}) for sw in rep.sweeps
     ]
@@ -265,7 +272,8 @@ def format_status_report(rep: Union[StatusReport, SweepStatus], sort: Optional[s
     """``slurm-ddp status``: a run's record and history (:func:`format_status`, :func:`format_history`),
     or a sweep's table (:func:`format_sweep_status`) by ``sort`` or the sweep's default metric."""
     if isinstance(rep, StatusReport):
-        return format_status(rep.status) + format_history(rep.status, rep.accounting, rep.changed)
+        tracked = "".join(f"tracking:   {line}\n" for line in rep.tracking)
+        return format_status(rep.status) + format_history(rep.status, rep.accounting, rep.changed) + tracked
     from .sweeps import default_metric
 
     metric = sort or default_metric(rep.sweep)

@@ -74,6 +74,7 @@ from .files import (
     LAUNCHER_OUT_NAME,
     LOGS_DIR,
     METRICS_NAME,
+    MLFLOW_DB_NAME,
     PREEMPTED_NAME,
     PRIVATE_DIRS,
     PRIVATE_FILES,
@@ -85,6 +86,9 @@ from .files import (
     SUBMITIT_DIR,
     SWEEP_JOBS_NAME,
     SWEEP_NAME,
+    TRACKING_NAME,
+    WANDB_DIR_NAME,
+    WANDB_STEPS_NAME,
     PathLike,
     Preempted,
     append_jsonl,
@@ -134,6 +138,10 @@ from .requeue import (
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here, record_rank_stop, stop_dir
 
 __all__ = [
+    "WANDB_STEPS_NAME",
+    "WANDB_DIR_NAME",
+    "MLFLOW_DB_NAME",
+    "TRACKING_NAME",
     "record_end",
     "read_ends",
     "ENDS_NAME",

@@ -54,6 +54,15 @@ def diff_name(sha: str) -> str:
     return f"{DIFFS_DIR}/{sha[:16]}.patch"
 
 
+#: The experiment trackers' record (``slurm_ddp.tracking``): the MLflow and W&B run ids of a run directory
+#: (a sweep directory: the MLflow parent run), written once at submit and read on every start.
+TRACKING_NAME = "tracking.json"
+#: The default MLflow store (SQLite) of a run directory, or of a sweep directory for its elements.
+MLFLOW_DB_NAME = "mlflow.db"
+#: W&B's own folder under ``WANDB_DIR`` (= the run directory); offline runs are its ``offline-run-*`` dirs.
+WANDB_DIR_NAME = "wandb"
+#: The last step of each metric the worker handed to W&B: nothing is logged twice after a resume.
+WANDB_STEPS_NAME = "wandb-steps.json"
 #: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
 HANGS_DIR = "hangs"
 #: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``

@@ -92,6 +92,7 @@ class MetricsWriter:
     def __init__(self, path: Path, enabled: bool):
         self.path = path
         self.enabled = enabled
+        self.tracker: Optional[Any] = None  # slurm_ddp.tracking.Tracker: each row also goes to MLflow/W&B
         if enabled:  # a run killed mid-line left no newline: end that line
             end_partial_line(path)
 
@@ -100,6 +101,8 @@ class MetricsWriter:
             return
         record.setdefault("time", time.time())
         append_jsonl(self.path, record)
+        if self.tracker is not None:
+            self.tracker.log(record)
 
 
 class Trainer:
@@ -631,6 +634,13 @@ class Trainer:
                     dist.get_backend(),
                     denv.world_size,
                 )
+            if denv.is_main and (self.cfg.tracking.mlflow.enabled or self.cfg.tracking.wandb.enabled):
+                from ..tracking import Tracker
+
+                host = denv.hostname or socket.gethostname()
+                self.metrics.tracker = Tracker.open(
+                    self.run_dir, self.cfg, job_id=str(denv.job_id), restart=denv.restart_count, host=host
+                )
             self.build()
             self.resume()
             status = self.train()
@@ -658,6 +668,8 @@ class Trainer:
                     log.error("%s", e)
             if self.tb is not None:
                 self.tb.close()
+            if self.metrics.tracker is not None:  # flushes MLflow's queue; FINISHED after a finished event
+                self.metrics.tracker.close()
             # The DDP wrapper holds the process group (and its backend threads): release both now,
             # while the interpreter is fully alive, rather than at interpreter teardown, where a gloo
             # thread that still drops a finished collective aborts the process ("terminate called

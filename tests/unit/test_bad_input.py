@@ -358,6 +358,13 @@ CASES: Dict[str, Case] = {
     "extra flag slurm_ddp sets itself": Case(["slurm.extra.nodes", "slurm.nodes"], {"slurm": {"extra": {"nodes": 4}}}),
     "name with a newline": Case(["'name'", "control characters"], {"name": "bad\ntouch /tmp/x"}),
     "name missing": Case(["'name' is missing"], data=without("name", "")),
+    "tracking.wandb.mode": Case(
+        ["tracking.wandb.mode", "'cloud'", "online, offline"], patch={"tracking": {"wandb": {"mode": "cloud"}}}
+    ),
+    "tracking uri with a space": Case(
+        ["tracking.mlflow.tracking_uri", "without whitespace"],
+        patch={"tracking": {"mlflow": {"enabled": True, "tracking_uri": "http://a b"}}},
+    ),
 }
 
 
