@@ -297,7 +297,7 @@ def _submit_sweep(args: argparse.Namespace, argv: Sequence[str], sweep: Any, bac
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
     plan = plan_sweep(sweep, backend, args.run_dir, command=_command_line(argv), accept_new_code=args.accept_new_code)
     if backend in ("sbatch", "submitit"):
-        check_array_size(sweep)
+        check_array_size(plan.array_task_ids(), len(sweep.elements))
     if args.dry_run:
         _warn(plan.warnings)
         sys.stdout.write(plan.describe())
