@@ -95,7 +95,8 @@ def exit_preempted(step: Optional[int] = None) -> NoReturn:
     Call it on every rank after :func:`should_stop` said so and rank 0 saved its snapshot: the
     barrier keeps a rank from exiting while rank 0 still writes (srun's ``--kill-on-bad-exit``
     would kill it). Rank 0 writes the run directory's ``PREEMPTED`` marker (job, restart,
-    ``step`` or 0, signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
+    ``step`` or 0, and the signal the ranks agreed on in :func:`should_stop`: SIGTERM when any rank
+    got it, which the requeue rule does not requeue, else the requeue signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
     script knows the stop even if a launcher reports another status. The process group is
     destroyed and the process exits with ``os._exit`` after flushing stdio and logging: no
     interpreter teardown, where a group still held by a DDP model can abort the process.
