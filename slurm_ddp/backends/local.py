@@ -30,7 +30,7 @@ from .. import PREEMPTED_EXIT_CODE
 from ..config import command_argv
 from ..env import synthetic_slurm_env
 from ..errors import UserError
-from ..rendezvous import choose_port
+from ..rendezvous import PortReservation, reserve_port
 from ..rundir import (
     FINISHED_NAME,
     LAUNCHER_LOCK_NAME,
@@ -190,6 +190,8 @@ class LocalJob:
         #: signals received and not yet acted on (appended by the handler, drained by wait())
         self._pending: Deque[int] = collections.deque()
         self._lock_fd: Optional[int] = None
+        #: MASTER_PORT, held while the ranks run (``rendezvous.reserve_port``)
+        self._port: Optional[PortReservation] = None
         self.restart = 0  #: how many local launches of this run directory came before this one
         #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
         self.told: Set[int] = set()
@@ -217,7 +219,10 @@ class LocalJob:
         self._lock_fd = fd
 
     def release(self) -> None:
-        """Drop the run directory's launcher lock (also dropped when this process exits)."""
+        """Drop the run directory's launcher lock and the port's (also dropped when this process exits)."""
+        if self._port is not None:
+            self._port.release()
+            self._port = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
@@ -227,7 +232,9 @@ class LocalJob:
         rd = prepare_run_dir(self.plan)
         restart = self.restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
         record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
-        port = choose_port(self.job_id)
+        # reserved, not only free now: a concurrent launch here (a sweep's other element) cannot take it
+        self._port = reserve_port(self.job_id)
+        port = self._port.port
         for rank in range(self.plan.cfg.slurm.world_size):
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
