@@ -36,7 +36,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional
 
 from . import PREEMPTED_EXIT_CODE
-from .signals import PreemptionFlag, SignalSpec
+from .signals import PreemptionFlag, SignalSpec, worker_signals
 
 if TYPE_CHECKING:
     from .worker.runtime import StepAgreement
@@ -54,7 +54,7 @@ def install(signals: Optional[Iterable[SignalSpec]] = None) -> PreemptionFlag:
     global _flag, _agreement
     if _flag is not None:
         _flag.restore()
-    chosen = tuple(signals) if signals is not None else (os.environ.get(SIGNAL_VAR) or "USR2", "TERM")
+    chosen = tuple(signals) if signals is not None else worker_signals(os.environ.get(SIGNAL_VAR) or "USR2")
     _flag = PreemptionFlag(chosen).install()
     _agreement = None
     return _flag

@@ -151,6 +151,21 @@ def signal_code(sig: SignalSpec) -> int:
     return stop_precedence(s.name) * _CODE_BASE + int(s)
 
 
+def worker_signals(requeue_signal: SignalSpec) -> tuple[signal.Signals, ...]:
+    """The signals a rank's preemption flag handles: the job's ``requeue.signal`` and SIGTERM (the shared
+    worker's flag, and ``slurm_ddp.preemption.install()``'s default). The launch wrapper execs the worker
+    with these blocked; ``PreemptionFlag.install`` unblocks them, so one sent earlier is not lost."""
+    return tuple(dict.fromkeys((to_signal(requeue_signal), signal.SIGTERM)))
+
+
+def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:
+    """The signals the local launcher and a local sweep catch and pass on to their ranks or elements
+    (as srun passes them on): SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP and the job's ``requeue.signal``.
+    They are blocked from before a rank or element is started until its handlers are in place."""
+    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    return frozenset({*sigs, to_signal(requeue_signal)})
+
+
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have Linux send ``sig`` to this process when its parent dies (prctl(2) PR_SET_PDEATHSIG);
     a no-op where prctl is missing. Used by the local launcher's ranks and sweep elements and by

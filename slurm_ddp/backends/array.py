@@ -288,7 +288,7 @@ def _run_local_concurrently(
     import signal
 
     from .. import PREEMPTED_EXIT_CODE
-    from ..signals import die_with_parent
+    from ..signals import die_with_parent, forwarded_signals
 
     n = len(plan.sweep.elements)
     width = len(element_dir_name(n - 1, n))
@@ -297,8 +297,7 @@ def _run_local_concurrently(
     results: List[Tuple[int, int]] = []
     parent = os.getpid()
     stopping: List[int] = []  # the signals received (no new element starts once one came)
-    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    sigs.add(signal.Signals["SIG" + plan.sweep.base_cfg.requeue.signal_name])
+    sigs = set(forwarded_signals(plan.sweep.base_cfg.requeue.signal_name))
 
     def on_signal(signum: int, frame: object) -> None:
         """Pass the signal on to every running element, here: the loop may be blocked in waitpid,
@@ -329,7 +328,9 @@ def _run_local_concurrently(
                     try:
                         for sig, handler in originals.items():
                             signal.signal(sig, handler)
-                        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+                        # still blocked: one passed on before the element's launcher catches them
+                        # (backends.local.LocalJob.start, which unblocks them) waits for it, pending,
+                        # and is not taken by the default action
                         os.setsid()
                         die_with_parent(signal.SIGTERM)
                         tag = f"[{i:0{width}d}] "
