@@ -263,12 +263,19 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
-    # The shared worker handles the requeue signal only once its PreemptionFlag is installed; until
-    # then the default action would kill the rank (a preemption notice in the first seconds of a
-    # start, or one Slurm re-delivers to a requeued job, ends the run unrequeued). Blocked here, the
-    # signal stays pending across exec and reaches the flag when install() unblocks it.
-    # A train.command script keeps the default action (torchrun's behaviour; see _supervise).
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.Signals[f"SIG{cfg.requeue.signal_name}"]})
+    # The shared worker handles the requeue signal and SIGTERM only once its PreemptionFlag is
+    # installed; until then the default action would kill the rank (a preemption notice in the first
+    # seconds of a start, one Slurm re-delivers to a requeued job, or the local launcher's Ctrl-C
+    # while the rank starts, end it without a checkpoint). Blocked here, they stay pending across
+    # exec and reach the flag when install() unblocks them. The local launcher starts this wrapper
+    # with every signal it passes on blocked (signals.forwarded_signals): the others get their
+    # default action back. A train.command script keeps the default actions (torchrun's
+    # behaviour; see _supervise, which resets the mask of the command it forks).
+    from .signals import forwarded_signals, worker_signals
+
+    flag_signals = set(worker_signals(cfg.requeue.signal_name))
+    signal.pthread_sigmask(signal.SIG_BLOCK, flag_signals)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, forwarded_signals(cfg.requeue.signal_name) - flag_signals)
     try:
         os.execvpe(full[0], full, env)
     except OSError as err:

@@ -36,7 +36,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional
 
 from .constants import PREEMPTED_EXIT_CODE
-from .signals import PreemptionFlag, SignalSpec
+from .signals import PreemptionFlag, SignalSpec, worker_signals
 
 if TYPE_CHECKING:
     from .worker.runtime import StepAgreement
@@ -54,7 +54,7 @@ def install(signals: Optional[Iterable[SignalSpec]] = None) -> PreemptionFlag:
     global _flag, _agreement
     if _flag is not None:
         _flag.restore()
-    chosen = tuple(signals) if signals is not None else (os.environ.get(SIGNAL_VAR) or "USR2", "TERM")
+    chosen = tuple(signals) if signals is not None else worker_signals(os.environ.get(SIGNAL_VAR) or "USR2")
     _flag = PreemptionFlag(chosen).install()
     _agreement = None
     return _flag
@@ -95,7 +95,8 @@ def exit_preempted(step: Optional[int] = None) -> NoReturn:
     Call it on every rank after :func:`should_stop` said so and rank 0 saved its snapshot: the
     barrier keeps a rank from exiting while rank 0 still writes (srun's ``--kill-on-bad-exit``
     would kill it). Rank 0 writes the run directory's ``PREEMPTED`` marker (job, restart,
-    ``step`` or 0, signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
+    ``step`` or 0, and the signal the ranks agreed on in :func:`should_stop`: SIGTERM when any rank
+    got it, which the requeue rule does not requeue, else the requeue signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
     script knows the stop even if a launcher reports another status. The process group is
     destroyed and the process exits with ``os._exit`` after flushing stdio and logging: no
     interpreter teardown, where a group still held by a DDP model can abort the process.

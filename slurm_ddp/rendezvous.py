@@ -5,6 +5,12 @@ first node of the allocation, where rank 0 (the c10d TCPStore server) lives, so 
 probed free here is free where it is needed. The port derived from the job id (``slurm_ddp.env.fallback_port``) comes first, so a
 requeued run tends to get its port back; a busy one gives way to a kernel-chosen ephemeral port.
 Imports no torch.
+
+Several launches on one machine (the local backend: concurrent sweep elements, two ``submit
+--backend local``) reserve their port instead (:func:`reserve_port`): "free now" is no promise
+for the seconds until rank 0's TCPStore binds it, so each launcher holds an ``flock`` on
+``PORTS_DIR/PORT`` while its ranks run, and a port another launcher holds is never chosen.
+Side effect of that one: the lock file.
 """
 
 from __future__ import annotations
@@ -12,7 +18,9 @@ from __future__ import annotations
 import os
 import socket
 import sys
-from typing import Mapping, Tuple
+import tempfile
+from pathlib import Path
+from typing import Iterator, Mapping, Optional, Tuple
 
 from .entrypoint import run_main
 from .env import expand_nodelist, fallback_port
@@ -43,6 +51,75 @@ def choose_port(job_id: str) -> int:
         s.bind(("", 0))
         ephemeral: int = s.getsockname()[1]  # (host, port) for AF_INET
         return ephemeral
+
+
+#: Where local launchers hold their ports' locks (one file per port; shared by every user, sticky).
+PORTS_DIR = Path(tempfile.gettempdir()) / "slurm_ddp-ports"
+#: How many ports :func:`reserve_port` tries before it gives up on reserving one.
+RESERVE_TRIES = 64
+
+
+class PortReservation:
+    """A port held for one launch: the flock on ``PORTS_DIR/PORT`` (dropped by :meth:`release`, or by
+    the kernel when the holding process dies; not inherited by children: ``O_CLOEXEC``)."""
+
+    def __init__(self, port: int, fd: Optional[int]):
+        self.port = port  #: the TCP port (MASTER_PORT)
+        self._fd = fd  #: the locked file; None when no lock could be taken (a plain free-port check)
+
+    def release(self) -> None:
+        """Drop the lock: the port may go to the next launch."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _candidates(job_id: str) -> Iterator[int]:
+    yield fallback_port(job_id)
+    for _ in range(RESERVE_TRIES - 1):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("", 0))
+            ephemeral: int = s.getsockname()[1]
+        yield ephemeral
+
+
+def _lock_port(port: int) -> Optional[int]:
+    """The fd of ``PORTS_DIR/PORT`` locked (flock, exclusive, not waiting); None when another launcher
+    holds it. Raises ``OSError`` when the directory or file cannot be used."""
+    import fcntl
+
+    if not PORTS_DIR.is_dir():
+        PORTS_DIR.mkdir(mode=0o1777, exist_ok=True)
+        os.chmod(PORTS_DIR, 0o1777)  # every user's launchers share it (the umask took bits off)
+    flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
+    fd = os.open(PORTS_DIR / str(port), flags, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    except OSError:
+        os.close(fd)
+        raise
+    return fd
+
+
+def reserve_port(job_id: str) -> PortReservation:
+    """A port for a launch on this machine that no other slurm_ddp launcher here holds: the first of
+    ``fallback_port(job_id)`` and kernel-chosen ephemeral ports whose lock (``PORTS_DIR/PORT``) this
+    process takes and which is free to bind; held until ``release()`` or this process ends. Where
+    the lock directory cannot be used (read-only /tmp), :func:`choose_port`'s unreserved choice."""
+    for port in _candidates(job_id):
+        try:
+            fd = _lock_port(port)
+        except OSError:
+            return PortReservation(choose_port(job_id), None)
+        if fd is None:
+            continue  # another launcher's, though perhaps not bound yet
+        if port_is_free(port):
+            return PortReservation(port, fd)
+        os.close(fd)  # bound by a process that is no slurm_ddp launcher
+    return PortReservation(choose_port(job_id), None)
 
 
 def choose(environ: Mapping[str, str]) -> Tuple[str, int]:

@@ -5,7 +5,9 @@ Checkpoint I/O or ``scontrol`` inside a handler can deadlock (it interrupts arbi
 e.g. a collective or a lock held by the allocator; cf. Lightning issue #21406), so the
 handler records the signal and returns. The ranks then agree on the flag with an
 all-reduce (MAX), so every rank stops after the same step even when only some of them
-received the signal. The worker does this with ``slurm_ddp.worker.runtime.StepAgreement``,
+received the signal, and for the same signal: the reduced value encodes the signal with its weight
+(``rundir.stop_precedence``: SIGTERM over the requeue signal), so a SIGTERM to one rank is every
+rank's stop for SIGTERM, which rank 0 records in the ``PREEMPTED`` marker. The worker does this with ``slurm_ddp.worker.runtime.StepAgreement``,
 which calls that all-reduce only every ~0.5 s of steps (its ``poll()`` is called once per
 step on every rank); :meth:`PreemptionFlag.sync` is the same agreement at every step, for a
 training script of one's own where a collective per step costs nothing that matters.
@@ -61,9 +63,11 @@ class PreemptionFlag:
 
     # -- handler side: only records -----------------------------------------
     def _handler(self, signum: int, frame: Optional[FrameType]) -> None:
-        if self._received is None:
-            self._received_at = time.time()
-            self._received = signal.Signals(signum)
+        got = signal.Signals(signum)
+        if self._received is None or signal_code(got) > signal_code(self._received):
+            if self._received is None:
+                self._received_at = time.time()
+            self._received = got  # a SIGTERM after the requeue signal: the stop is SIGTERM's
 
     def install(self) -> PreemptionFlag:
         """Install the handlers, remembering the previous ones. Main thread only (Python's rule).
@@ -96,7 +100,9 @@ class PreemptionFlag:
     # -- loop side ------------------------------------------------------------
     @property
     def received(self) -> Optional[signal.Signals]:
-        """The first signal received on this rank, or None."""
+        """The signal this rank stops for, or None: the heaviest one it received (``rundir.stop_precedence``;
+        SIGTERM over the requeue signal), or after an agreement (:meth:`sync`, ``StepAgreement``) the one
+        the ranks agreed on."""
         return self._received
 
     @property
@@ -104,6 +110,23 @@ class PreemptionFlag:
         """Wall-clock time (``time.time()``, s) this rank received :attr:`received`; None when it was
         raised by hand or by the other ranks (:meth:`sync`), or not at all."""
         return self._received_at
+
+    def code(self) -> int:
+        """This rank's flag as the integer the ranks all-reduce with MAX (0: no signal); see :func:`signal_code`."""
+        return signal_code(self._received) if self._received is not None else 0
+
+    def agree(self, code: int) -> bool:
+        """Take the all-reduced (MAX) :meth:`code` of every rank; True when any rank got a signal.
+        The flag then names the agreed signal (a flag raised without one: its first signal)."""
+        if code <= 0:
+            return False
+        try:
+            agreed = signal.Signals(code % _CODE_BASE)
+        except ValueError:
+            agreed = self.signals[0] if self.signals else signal.SIGUSR2
+        if self._received is None or code > self.code():
+            self._received = agreed
+        return True
 
     def set(self, sig: SignalSpec = "USR2") -> None:
         """Raise the flag by hand (e.g. a time budget ran out)."""
@@ -118,15 +141,39 @@ class PreemptionFlag:
         import torch
         import torch.distributed as dist
 
-        local = self._received is not None
         if not (dist.is_available() and dist.is_initialized()):
-            return local
-        t = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+            return self._received is not None
+        t = torch.tensor([self.code()], dtype=torch.int32, device=device)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=group)
-        agreed = bool(t.item())
-        if agreed and self._received is None:
-            self._received = self.signals[0] if self.signals else signal.SIGUSR2
-        return agreed
+        return self.agree(int(t.item()))
+
+
+#: signal numbers are below this (Linux: 1..64); the weight is the code's higher part
+_CODE_BASE = 256
+
+
+def signal_code(sig: SignalSpec) -> int:
+    """``sig`` as a positive integer ordered by ``rundir.stop_precedence`` (weight × 256 + signal
+    number): the MAX of the ranks' codes is the signal they agree to stop for."""
+    from .rundir import stop_precedence
+
+    s = to_signal(sig)
+    return stop_precedence(s.name) * _CODE_BASE + int(s)
+
+
+def worker_signals(requeue_signal: SignalSpec) -> tuple[signal.Signals, ...]:
+    """The signals a rank's preemption flag handles: the job's ``requeue.signal`` and SIGTERM (the shared
+    worker's flag, and ``slurm_ddp.preemption.install()``'s default). The launch wrapper execs the worker
+    with these blocked; ``PreemptionFlag.install`` unblocks them, so one sent earlier is not lost."""
+    return tuple(dict.fromkeys((to_signal(requeue_signal), signal.SIGTERM)))
+
+
+def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:
+    """The signals the local launcher and a local sweep catch and pass on to their ranks or elements
+    (as srun passes them on): SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP and the job's ``requeue.signal``.
+    They are blocked from before a rank or element is started until its handlers are in place."""
+    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
+    return frozenset({*sigs, to_signal(requeue_signal)})
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:

@@ -373,12 +373,18 @@ def max_array_size(run: Optional[Runner] = None, timeout_s: float = 10) -> Optio
     return int(m.group(1)) if m else None
 
 
-def check_array_size(sweep: Sweep, run: Optional[Runner] = None) -> None:
-    """Raise ``UserError`` when the sweep has more elements than the cluster's ``MaxArraySize``
-    allows (task ids run from 0 to MaxArraySize-1); nothing when it cannot be asked."""
+def check_array_size(task_ids: Sequence[int], elements: int, run: Optional[Runner] = None) -> None:
+    """Raise ``UserError`` when a task id of the job array this submit sends (``task_ids``: the
+    plan's ``array_task_ids()``, of ``elements`` in the sweep) is not below the cluster's
+    ``MaxArraySize`` (Slurm: "the maximum job array task index value will be one less than
+    MaxArraySize"); nothing when it cannot be asked or there is nothing to submit."""
+    if not task_ids:
+        return
     limit = max_array_size(run)
-    if limit is not None and len(sweep.elements) > limit:
+    top = max(task_ids)
+    if limit is not None and top >= limit:
         raise UserError(
-            f"the sweep has {len(sweep.elements)} elements but this cluster's MaxArraySize is {limit} "
-            f"(array task ids 0..{limit - 1}); sweep fewer values or split it into several sweeps"
+            f"this submit's job array has {len(task_ids)} task(s) of the sweep's {elements} elements, task ids up "
+            f"to {top}, but this cluster's MaxArraySize is {limit} (array task ids 0..{limit - 1}); "
+            "sweep fewer values or split it into several sweeps"
         )

@@ -212,8 +212,8 @@ def schedule_local(
     element run, in the order they ended.
 
     One element at a time runs in this process. Several run each in a forked process of its own
-    session, with its own launcher (``backends.local``: its own ``MASTER_PORT``, chosen from its
-    pid) and its lines prefixed ``[NNN]``; a signal to this process (Ctrl-C, SIGTERM, the requeue
+    session, with its own launcher (``backends.local``: its own ``MASTER_PORT``, reserved while its
+    ranks run: ``rendezvous.reserve_port``, so no two elements share one) and its lines prefixed ``[NNN]``; a signal to this process (Ctrl-C, SIGTERM, the requeue
     signal) is passed to every running element, whose ranks checkpoint and stop, and an element
     whose parent dies gets SIGTERM (prctl PR_SET_PDEATHSIG). After an element stopped for
     preemption no further element starts: submitting the sweep again resumes the unfinished ones.
@@ -292,7 +292,7 @@ def _run_local_concurrently(
     import signal
 
     from ..constants import PREEMPTED_EXIT_CODE
-    from ..signals import die_with_parent
+    from ..signals import die_with_parent, forwarded_signals
 
     n = len(plan.sweep.elements)
     width = len(element_dir_name(n - 1, n))
@@ -301,8 +301,7 @@ def _run_local_concurrently(
     results: List[Tuple[int, int]] = []
     parent = os.getpid()
     stopping: List[int] = []  # the signals received (no new element starts once one came)
-    sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-    sigs.add(signal.Signals["SIG" + plan.sweep.base_cfg.requeue.signal_name])
+    sigs = set(forwarded_signals(plan.sweep.base_cfg.requeue.signal_name))
 
     def on_signal(signum: int, frame: object) -> None:
         """Pass the signal on to every running element, here: the loop may be blocked in waitpid,
@@ -333,7 +332,9 @@ def _run_local_concurrently(
                     try:
                         for sig, handler in originals.items():
                             signal.signal(sig, handler)
-                        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+                        # still blocked: one passed on before the element's launcher catches them
+                        # (backends.local.LocalJob.start, which unblocks them) waits for it, pending,
+                        # and is not taken by the default action
                         os.setsid()
                         die_with_parent(signal.SIGTERM)
                         tag = f"[{i:0{width}d}] "

@@ -36,7 +36,7 @@ from ..config import command_argv
 from ..constants import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..errors import UserError
-from ..rendezvous import choose_port
+from ..rendezvous import PortReservation, reserve_port
 from ..rundir import (
     FINISHED_NAME,
     LAUNCHER_LOCK_NAME,
@@ -55,7 +55,7 @@ from ..rundir import (
     record_job,
     write_local_end,
 )
-from ..signals import die_with_parent
+from ..signals import die_with_parent, forwarded_signals
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
@@ -202,6 +202,8 @@ class LocalJob:
         #: signals received and not yet acted on (appended by the handler, drained by wait())
         self._pending: Deque[int] = collections.deque()
         self._lock_fd: Optional[int] = None
+        #: MASTER_PORT, held while the ranks run (``rendezvous.reserve_port``)
+        self._port: Optional[PortReservation] = None
         self.restart = 0  #: how many local launches of this run directory came before this one
         #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
         self.told: Set[int] = set()
@@ -211,6 +213,28 @@ class LocalJob:
         self.cancelled: Optional[str] = None
         #: whether that came before the first failure (then the job was cancelled, not failed)
         self.cancelled_first = False
+        #: the handlers this launcher replaced (``_install``), put back by ``_restore``
+        self._originals: Dict[int, object] = {}
+
+    def _signals(self) -> Set[int]:
+        return set(forwarded_signals(self.plan.cfg.requeue.signal_name))
+
+    def _install(self) -> None:
+        """Catch the signals it passes on (``_on_signal``), then unblock them: a local sweep starts its
+        element with them blocked (``array._run_local_concurrently``), so one sent before this point
+        is pending and is recorded now, not taken by its default action. Main thread only (Python's
+        rule); installing twice keeps the first originals."""
+        if self._originals or threading.current_thread() is not threading.main_thread():
+            return
+        sigs = self._signals()
+        self._originals = {s: signal.signal(s, self._on_signal) for s in sigs}
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
+
+    def _restore(self) -> None:
+        """Put back the handlers ``_install`` replaced."""
+        for s, h in self._originals.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        self._originals = {}
 
     def _lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
@@ -233,33 +257,51 @@ class LocalJob:
         self._lock_fd = fd
 
     def release(self) -> None:
-        """Drop the run directory's launcher lock (also dropped when this process exits)."""
+        """Drop the run directory's launcher lock and the port's (also dropped when this process exits),
+        and put back the signal handlers (a ``start()`` that failed half-way)."""
+        self._restore()
+        if self._port is not None:
+            self._port.release()
+            self._port = None
         if self._lock_fd is not None:
             os.close(self._lock_fd)
             self._lock_fd = None
 
     def start(self) -> LocalJob:
+        """Start every rank (through the launch wrapper) and return at once; ``wait()`` then waits.
+        From here on the launcher catches the signals it passes on: one that comes while the ranks
+        start is passed on by ``wait()``, not the launcher's death (which would SIGKILL the ranks).
+        Each rank starts with them blocked (the mask is inherited across exec): the launch wrapper
+        unblocks all but its preemption flag's, which the rank unblocks once its handlers are in
+        (``signals.PreemptionFlag.install``), or the ``train.command`` supervisor once its are."""
         self._lock()
+        self._install()
         rd = prepare_run_dir(self.plan)
         restart = self.restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
         record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
-        port = choose_port(self.job_id)
+        # reserved, not only free now: a concurrent launch here (a sweep's other element) cannot take it
+        self._port = reserve_port(self.job_id)
+        port = self._port.port
         for rank in range(self.plan.cfg.slurm.world_size):
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
             cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *self.rank_command(str(rd))]
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
-            p = subprocess.Popen(
-                cmd,
-                env=env,
-                cwd=self.plan.ranks_cfg.train.workdir or None,  # the user's directory; code: the snapshot
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
+            old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals())
+            try:
+                p = subprocess.Popen(
+                    cmd,
+                    env=env,
+                    cwd=self.plan.ranks_cfg.train.workdir or None,  # the user's directory; code: the snapshot
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    start_new_session=True,
+                    preexec_fn=_die_with_parent,
+                )
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None), daemon=True)
             t.start()
             self.procs.append(p)
@@ -317,11 +359,7 @@ class LocalJob:
 
     def wait(self) -> int:
         """Wait for all ranks; kill the rest when one fails. Returns 0, 75 (preempted) or the failure's status."""
-        sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
-        sigs.add(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
-        originals = {}
-        if threading.current_thread() is threading.main_thread():
-            originals = {s: signal.signal(s, self._on_signal) for s in sigs}
+        self._install()  # done by start(); a test may wait() for ranks of its own
         failed: Optional[Tuple[int, int]] = None
         kill_at: Optional[float] = None
         try:
@@ -351,8 +389,7 @@ class LocalJob:
                     kill_at = None
                 time.sleep(0.1)
         finally:
-            for s, h in originals.items():
-                signal.signal(s, h)
+            self._restore()
         for t in self.threads:
             t.join(timeout=5)
         # the loop above ends only when every rank has exited: every returncode is set

@@ -385,7 +385,7 @@ def submit_sweep(
     deps = _dependencies(after, backend, report)
     plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     if backend in ("sbatch", "submitit"):
-        check_array_size(sweep)
+        check_array_size(plan.array_task_ids(), len(sweep.elements))
     if dry_run:
         for w in plan.warnings:
             report.warn(w)

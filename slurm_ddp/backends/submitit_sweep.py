@@ -133,6 +133,10 @@ class SubmititSweepPlan(SweepPlan):
     def describe(self) -> str:
         return describe(self)
 
+    def array_task_ids(self) -> Tuple[int, ...]:
+        """submitit numbers the tasks of its array 0..K-1 (task ``k`` runs element ``todo[k]``)."""
+        return tuple(k for k, _ in task_elements(self))
+
 
 def describe(plan: SweepPlan) -> str:
     """``submit --dry-run``'s text for a submitit sweep: the array, the task → element map, the script."""

@@ -56,6 +56,12 @@ class SweepPlan:
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
 
+    def array_task_ids(self) -> Tuple[int, ...]:
+        """The ``SLURM_ARRAY_TASK_ID`` values this submit's job array has: ``sbatch --array`` numbers
+        the tasks by element (task id = element index, of the unfinished elements ``todo``); a
+        submitit sweep's plan numbers them 0..K-1. What ``sweep.check_array_size`` checks."""
+        return self.todo
+
     @property
     def script_path(self) -> str:
         return os.path.join(self.sweep_dir, ARRAY_SCRIPT_NAME)

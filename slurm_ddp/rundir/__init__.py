@@ -135,9 +135,18 @@ from .requeue import (
     marker_is_not_this,
     requeue_job,
 )
-from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here, record_rank_stop, stop_dir
+from .stops import (
+    STOP_SIGNALS,
+    RankStops,
+    read_rank_stops,
+    read_rank_stops_here,
+    record_rank_stop,
+    stop_dir,
+    stop_precedence,
+)
 
 __all__ = [
+    "stop_precedence",
     "WANDB_STEPS_NAME",
     "WANDB_DIR_NAME",
     "MLFLOW_DB_NAME",

@@ -20,7 +20,7 @@ from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
 from ..constants import PREEMPTED_EXIT_CODE
 from .files import ENDS_NAME, PathLike, Preempted, is_finished, read_preempted, record_end, write_finished
 from .hangs import Hang, find_hang
-from .stops import RankStops, read_rank_stops, read_rank_stops_here
+from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
 
 # --------------------------------------------------------------------------- the requeue decision
@@ -108,7 +108,7 @@ def decide_requeue(
     if marker is not None and marker.job_id == job_id and marker.restart == restart_count:
         preempted = True
         notes.append(f"rank 0 committed the checkpoint of step {marker.step} before stopping ({marker.signal})")
-        got_term = got_term or marker.signal == "SIGTERM"
+        got_term = got_term or marker.signal in STOP_SIGNALS
     saved = "checkpoint saved" if preempted else "stopped at the time-limit signal"
     if not preempted and got_signal and command and not finished:
         preempted = True

@@ -20,6 +20,15 @@ from .files import STOPS_DIR, PathLike
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
+def stop_precedence(signal_name: str) -> int:
+    """How much a rank's stop signal weighs when the ranks agree on one (``signals.PreemptionFlag``):
+    2 for ``STOP_SIGNALS`` (stop: :func:`decide_requeue` does not requeue after them, and a SIGTERM to
+    one rank, ``scancel`` of a node, is a stop of the whole job), 1 for any other signal (the
+    job's ``requeue.signal``: stop, then requeue). The signal the ranks agree on, which rank 0
+    writes into the ``PREEMPTED`` marker, is one of the highest weight any rank received."""
+    return 2 if signal_name in STOP_SIGNALS else 1
+
+
 @dataclass(frozen=True)
 class RankStops:
     """What the ranks of one job and restart were told (:func:`read_rank_stops`); empty when nothing."""

@@ -292,7 +292,8 @@ class StepAgreement:
     trip for the slowest peer (~1 ms between two processes on a busy 2-core machine, ~0.2 ms
     of CPU; with NCCL also a host-device synchronisation) — several percent of a short step.
     ``poll()``, called once per step on every rank, all-reduces only on *check steps*: the
-    flag (MAX) together with each rank's proposal for the distance to the next check —
+    flag (MAX of ``PreemptionFlag.code()``: the ranks also agree on the signal, SIGTERM over the
+    requeue signal, which ``flag.received`` then names on every rank) together with each rank's proposal for the distance to the next check —
     ``interval_s`` divided by its mean step time since the last check, at least 1, at most
     ``max_every`` — of which the smallest wins. All ranks therefore check at the same steps
     and stop after the same step, at most about ``interval_s`` plus one step after the signal
@@ -314,9 +315,8 @@ class StepAgreement:
 
     def poll(self) -> bool:
         """Call once per step on every rank (a collective on check steps); True on every rank to stop."""
-        local = self.flag.received is not None
         if not (dist.is_available() and dist.is_initialized()):
-            return local
+            return self.flag.received is not None
         self._steps += 1
         self._countdown -= 1
         if self._countdown > 0:
@@ -326,13 +326,13 @@ class StepAgreement:
         propose = self.max_every if step_s <= 0 else int(min(max(self.interval_s / step_s, 1), self.max_every))
         if not self._measured:
             propose, self._measured = 1, True
-        t = torch.tensor([1 if local else 0, -propose], dtype=torch.int64)
+        # the flag as its signal's code (signals.signal_code: SIGTERM outweighs the requeue signal), so
+        # the ranks agree on whether to stop and on the signal they stop for (rank 0's PREEMPTED marker)
+        t = torch.tensor([self.flag.code(), -propose], dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        agreed, self.every = bool(t[0]), int(-t[1])
+        self.every = int(-t[1])
         self._countdown, self._steps, self._t = self.every, 0, now
-        if agreed and self.flag.received is None:
-            self.flag.set(self.flag.signals[0] if self.flag.signals else "USR2")
-        return agreed
+        return bool(self.flag.agree(int(t[0])))
 
 
 def optimizer_step(

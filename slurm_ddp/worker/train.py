@@ -50,7 +50,7 @@ from ..rundir import (
     write_finished,
     write_preempted,
 )
-from ..signals import PreemptionFlag
+from ..signals import PreemptionFlag, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
 from .runtime import (
@@ -111,7 +111,7 @@ class Trainer:
     def __init__(self, cfg: JobConfig, run_dir: Path, denv: DistEnv):
         self.cfg, self.run_dir, self.denv = cfg, run_dir, denv
         self.tc = cfg.train
-        self.flag = PreemptionFlag([cfg.requeue.signal_name, "TERM"])
+        self.flag = PreemptionFlag(worker_signals(cfg.requeue.signal_name))
         self.stop = StepAgreement(self.flag)  # all-reduces the flag every ~0.5 s, not every step
         self.ckpt = CheckpointManager(checkpoint_dir(run_dir), cfg.checkpoint.keep_last, cfg.config_hash())
         self.writer = AsyncCheckpointer(self.ckpt) if denv.is_main and cfg.checkpoint.async_save else None

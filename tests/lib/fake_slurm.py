@@ -61,6 +61,27 @@ def make_stubs(tmp_path: Path, srun_body: str = "exit 0", *, scontrol: bool = Tr
     return stubs
 
 
+def fake_scontrol_config(bindir: Path, max_array_size: int) -> Path:
+    """Write ``bindir/scontrol``: ``scontrol show config`` prints a cluster's config with
+    ``MaxArraySize = max_array_size``; every call's argv is appended (NUL-separated) to
+    ``bindir/scontrol.argv``. Returns its path."""
+    path = bindir / "scontrol"
+    argv = shlex.quote(str(bindir / "scontrol.argv"))
+    path.write_text(
+        "#!/bin/bash\n"
+        f"printf '%s\\0' \"$@\" >> {argv}\n"
+        'if [ "$1 $2" = "show config" ]; then\n'
+        "  echo 'Configuration data as of 2024-01-01T00:00:00'\n"
+        "  echo 'MaxArraySize            = "
+        f"{max_array_size}'\n"
+        "  echo 'MaxJobCount             = 10000'\n"
+        "fi\n"
+        "exit 0\n"
+    )
+    path.chmod(0o755)
+    return path
+
+
 def requeued(stubs: Path, job_id: str = JOB_ID) -> bool:
     """True when the fake ``scontrol`` was called as ``scontrol requeue JOB_ID``, once, first (a hang's
     node exclusion, ``show job`` and ``update``, may follow; see :func:`scontrol_after_requeue`)."""

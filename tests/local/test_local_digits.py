@@ -159,3 +159,36 @@ def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
     assert "rank 1 exited with status" in res.stderr
     assert "stopping the other ranks" in res.stderr
     assert "rank 1 cannot read its data" in (tmp_path / "run" / "logs" / "rank-1.log").read_text()
+
+
+#: ``slurm-ddp submit`` that gets SIGUSR2 (the requeue signal) itself right after it started rank 0,
+#: before rank 1 exists and while rank 0 is still in its launch wrapper: every handler is still to come.
+_SIGNAL_AT_SPAWN_SUBMIT = """
+import os, signal, subprocess, sys
+real_popen, spawned = subprocess.Popen, []
+class Popen(real_popen):
+    def __init__(self, args, *a, **kw):
+        super().__init__(args, *a, **kw)
+        if "slurm_ddp.launch" in list(args) and not spawned:
+            spawned.append(self.pid)
+            os.kill(os.getpid(), signal.SIGUSR2)
+subprocess.Popen = Popen
+from slurm_ddp import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_while_the_ranks_start_is_passed_on_and_handled(tmp_path: Path) -> None:
+    """The launcher catches the signal from before it starts the ranks (not its default action, which
+    would end it and SIGKILL the ranks), and the ranks, started with it blocked, take it when their
+    preemption flag is in: both stop with a checkpoint, exit 75, PREEMPTED names SIGUSR2."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-c", _SIGNAL_AT_SPAWN_SUBMIT, *submit_cmd(run_dir)[3:]]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    log_paths = [run_dir / "logs" / f"rank-{k}.log" for k in (0, 1)]
+    logs = "".join(p.read_text()[-1500:] for p in log_paths if p.exists())
+    assert r.returncode == PREEMPTED_EXIT_CODE, r.stderr[-3000:] + logs
+    marker = (run_dir / "PREEMPTED").read_text().split()
+    assert marker[3] == "SIGUSR2", marker
+    for p in log_paths:
+        assert "stopping for preemption (SIGUSR2)" in p.read_text(), logs

@@ -3,11 +3,14 @@
 Covers: the plain script finishes every epoch on both ranks (FINISHED written by the launcher,
 ``runs``/``status`` report it); the preemption-API variant, given SIGUSR2 at the ``submit``
 process, stops every rank after the same step with status 75 and a second ``submit`` resumes
-mid-epoch and finishes; a crashing script ends with its status and no FINISHED.
+mid-epoch and finishes; a crashing script ends with its status and no FINISHED; the stop signal
+the ranks agree on (SIGTERM to one rank only outweighs the requeue signal) is the one rank 0's
+``PREEMPTED`` marker names and the requeue rule reads.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import signal
 import subprocess
@@ -110,3 +113,88 @@ def test_a_crashing_script_fails_without_finishing(tmp_path: Path) -> None:
     assert r.returncode == 3, r.stdout + r.stderr
     assert "job failed with status 3" in r.stderr
     assert read_finished(run_dir) is None
+
+
+# --------------------------------------------------------------------------- the agreed stop signal
+#: Two gloo ranks using the preemption API; each touches ``ready-RANK`` once it has polled (handlers in).
+_API_RANK = """
+import os, sys, time
+from pathlib import Path
+import torch.distributed as dist
+from slurm_ddp import preemption
+preemption.install()
+dist.init_process_group("gloo")
+rank, step = dist.get_rank(), 0
+while True:
+    step += 1
+    time.sleep(0.005)
+    stop = preemption.should_stop()
+    if step == 1:
+        Path(sys.argv[1], f"ready-{rank}").touch()
+    if stop:
+        preemption.exit_preempted(step)
+"""
+
+
+@pytest.mark.parametrize(
+    "sent, agreed, requeue",
+    [
+        ({1: signal.SIGTERM}, "SIGTERM", False),  # scancel of rank 1's node: a stop, not the requeue signal
+        ({1: signal.SIGUSR2}, "SIGUSR2", True),  # the time-limit signal, to one rank only
+        ({0: signal.SIGUSR2, 1: signal.SIGTERM}, "SIGTERM", False),  # SIGTERM outweighs the requeue signal
+    ],
+    ids=["term-to-rank-1", "usr2-to-rank-1", "usr2-to-0-term-to-1"],
+)
+def test_the_marker_names_the_signal_any_rank_got(tmp_path: Path, sent: dict, agreed: str, requeue: bool) -> None:
+    """Real gloo ranks of the preemption API; the signal reaches only the ranks in ``sent``: every rank
+    stops with 75, rank 0's PREEMPTED marker names the agreed signal (SIGTERM over SIGUSR2), and the
+    requeue rule decides from it (a SIGTERM stop is not requeued)."""
+    import socket
+
+    from slurm_ddp.rundir import decide_requeue, read_preempted
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in (0, 1):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE="2",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            SLURM_DDP_RUN_DIR=str(run_dir),
+            SLURM_DDP_REQUEUE_SIGNAL="USR2",
+            SLURM_JOB_ID="4711",
+            SLURM_RESTART_COUNT="0",
+        )
+        cmd = [sys.executable, "-c", _API_RANK, str(tmp_path)]
+        ranks.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        for rank, proc in enumerate(ranks):
+            wait_process(proc, (tmp_path / f"ready-{rank}").exists, 120, f"rank {rank} to poll")
+        for rank, sig in sent.items():
+            ranks[rank].send_signal(sig)
+        outs = [p.communicate(timeout=120)[0] for p in ranks]
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [p.returncode for p in ranks] == [PREEMPTED_EXIT_CODE] * 2, outs
+    marker = read_preempted(run_dir)
+    assert marker is not None and marker.signal == agreed, (marker, outs)
+    decision = decide_requeue(
+        exit_code=PREEMPTED_EXIT_CODE,
+        marker=marker,
+        job_id="4711",
+        restart_count=0,
+        max_requeues=3,
+        got_term=False,  # the batch shell got nothing: only ranks were signalled
+        can_requeue=True,
+        command=True,
+    )
+    assert decision.preempted and decision.requeue is requeue, decision

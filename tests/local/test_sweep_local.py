@@ -103,3 +103,80 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     )
     assert png.returncode == 0, png.stderr
     assert (sweep_dir / "metrics.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+#: ``slurm-ddp submit`` with every job id's derived port made one (``PORT``), so that the two elements
+#: started at once try the same MASTER_PORT first; each element's port is appended to ``PORTS_FILE``.
+_SAME_PORT_SUBMIT = """
+import os, sys
+import slurm_ddp.rendezvous as rendezvous
+import slurm_ddp.backends.local as local
+rendezvous.fallback_port = lambda job_id: int(os.environ["PORT"])
+real_environ = local.rank_environ
+def rank_environ(plan, rank, job_id, port, *args, **kw):
+    if rank == 0:
+        with open(os.environ["PORTS_FILE"], "a") as f:
+            f.write(f"{plan.run_dir} {port}\\n")
+    return real_environ(plan, rank, job_id, port, *args, **kw)
+local.rank_environ = rank_environ
+from slurm_ddp import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_concurrent_elements_deriving_one_port_get_distinct_ports_and_both_train(tmp_path: Path) -> None:
+    """Two elements started at once whose job ids derive the same port (forced here): with a
+    check-then-bind choice both take it (rank 0 binds it seconds later) and one element's ranks fail
+    or join the other's store; reserved (rendezvous.reserve_port), each gets its own and both finish."""
+    import os
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    sweep_dir = tmp_path / "sweep"
+    ports_file = tmp_path / "ports"
+    cmd = [sys.executable, "-c", _SAME_PORT_SUBMIT, "submit", str(SWEEP), "--backend", "local"]
+    cmd += ["--run-dir", str(sweep_dir), "--sweep", "train.lr=0.003", "--set", "train.max_steps=20"]
+    cmd += ["--set", "train.eval_every=0", "--set", "checkpoint.every_steps=0", "--set", "train.pg_timeout_s=60"]
+    env = dict(os.environ, PORT=str(port), PORTS_FILE=str(ports_file))
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    used = dict(line.split() for line in ports_file.read_text().splitlines())
+    assert sorted(Path(d).name for d in used) == ["000", "001"], used
+    assert len(set(used.values())) == 2 and str(port) in used.values(), used  # one got the derived port
+    for i in (0, 1):
+        assert json.loads((sweep_dir / f"{i:03d}" / "FINISHED").read_text())["step"] == 20
+
+
+#: ``slurm-ddp submit`` whose first forked sweep element gets SIGUSR2 (the requeue signal) the moment
+#: ``os.fork`` returns in the parent: before the element's launcher could install any handler.
+_SIGNAL_AT_FORK_SUBMIT = """
+import os, signal, sys
+real_fork, forks = os.fork, []
+def fork():
+    pid = real_fork()
+    if pid > 0 and not forks:
+        forks.append(pid)
+        os.kill(pid, signal.SIGUSR2)
+    return pid
+os.fork = fork
+from slurm_ddp import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+def test_a_signal_to_an_element_before_its_handlers_is_a_preemption_not_its_death(tmp_path: Path) -> None:
+    """The requeue signal reaches element 0 right after it forked: it stays pending until the element's
+    launcher catches it, which passes it on to the ranks, which checkpoint and stop (75, PREEMPTED
+    marker naming SIGUSR2) — not the default action's death (status 140, nothing saved)."""
+    sweep_dir = tmp_path / "sweep"
+    cmd = [sys.executable, "-c", _SIGNAL_AT_FORK_SUBMIT, "submit", str(SWEEP), "--backend", "local"]
+    cmd += ["--run-dir", str(sweep_dir), "--sweep", "train.lr=0.003", "--set", "train.max_steps=20"]
+    cmd += ["--set", "train.eval_every=0", "--set", "checkpoint.every_steps=0"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
+    said = r.stderr
+    assert re.search(rf"sweep element 1/2 \([^)]*\) ended with status {PREEMPTED_EXIT_CODE}\b", said), said[-3000:]
+    marker = read_preempted(sweep_dir / "000")
+    assert marker is not None and marker.signal == "SIGUSR2", (marker, said[-3000:])
+    assert re.search(r"sweep element 2/2 \([^)]*\) ended with status 0\b", said), said[-3000:]  # not signalled

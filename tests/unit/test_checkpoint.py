@@ -445,14 +445,17 @@ def test_signal_sets_the_flag(usr2_original):
         flag.restore()
 
 
-def test_only_the_first_signal_is_recorded(usr2_original):
+def test_the_heaviest_signal_is_recorded(usr2_original):
+    """SIGTERM after the requeue signal makes the stop SIGTERM's (rundir.stop_precedence); not the reverse."""
     before_term = signal.getsignal(signal.SIGTERM)
     with PreemptionFlag(["USR2", "SIGTERM"]) as flag:
         # raise_signal: delivered to this (the main) thread, its Python handler has run when it returns
         signal.raise_signal(signal.SIGUSR2)
         assert flag.received == signal.SIGUSR2
         signal.raise_signal(signal.SIGTERM)  # handled by the flag: the process lives on
-        assert flag.received == signal.SIGUSR2
+        assert flag.received == signal.SIGTERM
+        signal.raise_signal(signal.SIGUSR2)
+        assert flag.received == signal.SIGTERM
     assert signal.getsignal(signal.SIGTERM) == before_term
 
 

@@ -561,3 +561,23 @@ def test_synthetic_env_refuses_too_few_node_names_and_ranks_outside_the_job():
         synthetic_slurm_env(rank=2, nodes=2, tasks_per_node=2, nodelist="a1")
     with pytest.raises(ValueError, match="rank 4 is outside"):
         synthetic_slurm_env(rank=4, nodes=2, tasks_per_node=2)
+
+
+def test_a_reserved_port_is_not_handed_out_again_until_released(tmp_path, monkeypatch):
+    """Two launches whose job ids derive one port: the second gets another while the first holds it
+    (rendezvous.reserve_port's lock), and the derived one again once it is released."""
+    with socket.socket() as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setattr(rendezvous, "PORTS_DIR", tmp_path / "ports")
+    monkeypatch.setattr(rendezvous, "fallback_port", lambda job_id: port)
+    first = rendezvous.reserve_port("1")
+    second = rendezvous.reserve_port("2")
+    try:
+        assert first.port == port and second.port != port
+    finally:
+        first.release()
+        second.release()
+    third = rendezvous.reserve_port("3")
+    third.release()
+    assert third.port == port

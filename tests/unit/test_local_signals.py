@@ -3,6 +3,8 @@ it to the ranks and reports through ``say`` (no print of its own)."""
 
 from __future__ import annotations
 
+import os
+import re
 import signal
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import pytest
 
 from slurm_ddp.backends import plan_submit
 from slurm_ddp.backends.local import LocalJob
+from slurm_ddp.signals import forwarded_signals
 
 
 @pytest.fixture
@@ -78,3 +81,34 @@ def test_a_signal_blocked_before_exec_reaches_the_flag_when_it_is_installed() ->
     out = subprocess.run([sys.executable, "-c", child], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "SIGUSR2", out.stdout + out.stderr
+
+
+def _blocked(pid_status: str) -> set:
+    mask = int(re.search(r"^SigBlk:\s*([0-9a-f]+)$", pid_status, re.M).group(1), 16)
+    return {signal.Signals(n).name for n in range(1, 65) if mask >> (n - 1) & 1 and n in signal.valid_signals()}
+
+
+@pytest.mark.parametrize("command", [False, True], ids=["worker", "train.command"])
+def test_a_rank_started_with_the_forwarded_signals_blocked_keeps_only_its_flags_blocked(tmp_path, make_config, command):
+    """The local launcher starts the wrapper with every signal it passes on blocked: the rank it execs
+    keeps the preemption flag's (requeue signal, SIGTERM; the flag unblocks them once installed), the
+    others get their default action back; a train.command script gets none blocked."""
+    from slurm_ddp.config import dump_config
+
+    rd = tmp_path / "run"
+    (rd / "logs").mkdir(parents=True)
+    show = "print(open('/proc/self/status').read())"
+    patch = {"name": "unit", "watchdog": {"enabled": False}}
+    patch["train"] = {"command": [sys.executable, "-c", show]} if command else {"task": "mypkg.tasks:Task"}
+    (rd / "config.yaml").write_text(dump_config(make_config(patch, base={})))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "KMP_"))}
+    env.update(SLURM_PROCID="0", SLURM_LOCALID="0", SLURM_NTASKS="1", SLURM_JOB_ID="5", SLURM_NODEID="0")
+    cmd = [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", sys.executable, "-c", show]
+    forwarded = forwarded_signals("USR2")
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, forwarded)
+    try:
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
+    assert r.returncode == 0, r.stderr
+    assert _blocked(r.stdout) & {s.name for s in forwarded} == (set() if command else {"SIGUSR2", "SIGTERM"})

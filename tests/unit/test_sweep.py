@@ -129,12 +129,14 @@ def fake_scontrol(max_array: int):
     return run
 
 
-def test_more_elements_than_max_array_size_is_refused():
+def test_a_task_id_beyond_max_array_size_is_refused():
     sw = load_sweep(SWEEP_YAML)
     assert sw is not None
-    check_array_size(sw, run=fake_scontrol(4))
-    with pytest.raises(UserError, match="4 elements but this cluster's MaxArraySize is 3"):
-        check_array_size(sw, run=fake_scontrol(3))
+    check_array_size(range(4), 4, run=fake_scontrol(4))
+    with pytest.raises(UserError, match="task ids up to 3, but this cluster's MaxArraySize is 3"):
+        check_array_size(range(4), 4, run=fake_scontrol(3))
+    check_array_size([0, 2], 4, run=fake_scontrol(3))  # a resubmit: only the ids sent count
+    check_array_size([], 4, run=fake_scontrol(1))  # nothing to submit
 
 
 def test_render_prints_the_array_script_and_lists_the_elements(capsys):

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from lib import require_module
+from lib.fake_slurm import fake_scontrol_config
 
 from slurm_ddp import cli, provenance
 from slurm_ddp.backends.array import plan_sweep
@@ -159,3 +160,35 @@ def test_submitit_sweep_dry_run_describes_the_array_and_writes_nothing(fake_sbat
     assert "# backend: submitit" in out and "#SBATCH --array=0-3%2" in out
     assert "# submitit task -> element: 0->0, 1->1, 2->2, 3->3" in out
     assert not sweep_dir.exists() and not list(fake_sbatch.iterdir())
+
+
+def test_max_array_size_counts_the_task_ids_this_submit_sends(fake_sbatch, tmp_path, capsys):
+    """N=4 elements; after 0 and 2 finished a resubmit sends K=2: submitit numbers its tasks 0..1, so a
+    cluster with MaxArraySize=3 takes it; sbatch --array numbers them by element (1,3): refused there."""
+    bindir = Path(os.environ["PATH"].split(os.pathsep)[0])
+    sweep_dir = tmp_path / "sweep"
+    submit = ["submit", str(SWEEP_YAML), "--run-dir", str(sweep_dir), "--no-check-task"]
+    fake_scontrol_config(bindir, 3)
+    assert cli.main([*submit, "--backend", "submitit"]) == 2  # all 4 elements: task ids 0..3
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1, err
+    assert "this cluster's MaxArraySize is 3" in err, err
+    assert list(fake_sbatch.iterdir()) == []
+    fake_scontrol_config(bindir, 4)
+    assert cli.main([*submit, "--backend", "submitit"]) == 0, capsys.readouterr()
+    for i in (0, 2):
+        write_finished(sweep_dir / element_dir_name(i, 4), {"step": 300})
+    capsys.readouterr()
+    fake_scontrol_config(bindir, 3)
+    assert cli.main([*submit, "--backend", "sbatch", "--dry-run"]) == 2  # --array=1,3: task id 3
+    err = capsys.readouterr().err
+    assert "this cluster's MaxArraySize is 3" in err and len(err.strip().splitlines()) == 1
+    assert cli.main([*submit, "--backend", "submitit"]) == 0, capsys.readouterr()
+    second = sorted(fake_sbatch.iterdir())[-1].read_text()
+    assert "#SBATCH --array=0-1%2\n" in second
+    fake_scontrol_config(bindir, 1)
+    capsys.readouterr()
+    assert cli.main([*submit, "--backend", "submitit"]) == 2  # K=2 > MaxArraySize=1
+    err = capsys.readouterr().err
+    assert "task ids up to 1, but this cluster's MaxArraySize is 1" in err and len(err.strip().splitlines()) == 1
+    assert len(list(fake_sbatch.iterdir())) == 2
