@@ -52,7 +52,7 @@ def _add_sweep_arg(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=V1,V2,...",
         help="sweep a config key over values (repeatable: a grid), e.g. --sweep train.lr=0.001,0.003; "
-        "one job array (see the sweep: section in the README)",
+        "one job array (docs: guides/sweeps.md)",
     )
 
 
@@ -122,7 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
     sub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the job YAML, for editors")
-    p = sub.add_parser("completion", help="print the shell completion script: eval \"$(slurm-ddp completion bash)\"")
+    p = sub.add_parser("completion", help='print the shell completion script: eval "$(slurm-ddp completion bash)"')
     p.add_argument("shell", choices=["bash", "zsh", "fish"])
     p = sub.add_parser("init", help="write a commented job YAML (command mode for a script, else the task template)")
     p.add_argument("script", nargs="?", help="your training script (train.command); none: the train.task template")
@@ -189,7 +189,7 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("report", help="where a run's allocation went: starts, phases, goodput, largest losses")
     p.add_argument("run", help=run_help + ", or a sweep directory")
-    p.add_argument("--json", action="store_true", help="one JSON object (field names in the README)")
+    p.add_argument("--json", action="store_true", help="one JSON object (field names: docs/guides/operating.md)")
 
 
 def _load(args: argparse.Namespace):

@@ -109,7 +109,7 @@ def shell_script(shell: str) -> str:
     """The completion script for ``shell`` (bash, zsh, fish). Raises ``UserError`` for another shell."""
     if shell not in SHELLS:
         raise UserError(f"no completion for shell {shell!r}; choose one of {', '.join(SHELLS)}")
-    import argcomplete
+    from argcomplete.shell_integration import shellcode
 
-    text: str = argcomplete.shellcode([PROG], shell=shell)
+    text: str = shellcode([PROG], shell=shell)
     return text if text.endswith("\n") else text + "\n"

@@ -64,7 +64,7 @@ def _type_schema(tp: Any) -> Dict[str, Any]:
     return {"type": list(_SCALARS[tp])}
 
 
-def _field_schema(f: dataclasses.Field, tp: Any) -> Dict[str, Any]:
+def _field_schema(f: dataclasses.Field[Any], tp: Any) -> Dict[str, Any]:
     meta = f.metadata
     out: Dict[str, Any] = {"description": meta.get("doc", "")}
     out.update(_type_schema(tp))

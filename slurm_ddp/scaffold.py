@@ -84,7 +84,9 @@ def _partition_lines(parts: Sequence[Partition]) -> List[str]:
         return ["  # partition: gpu          # (no Slurm answered here: `sinfo` lists your cluster's partitions)"]
     lines = ["  # partition: uncomment one of this cluster's partitions (from sinfo):"]
     for p in parts:
-        gpus = f", {p.gpus_per_node} GPUs per node" + (f" ({p.gpu_type})" if p.gpu_type else "") if p.gpus_per_node else ""
+        gpus = (
+            f", {p.gpus_per_node} GPUs per node" + (f" ({p.gpu_type})" if p.gpu_type else "") if p.gpus_per_node else ""
+        )
         star = "   (the default)" if p.default else ""
         lines.append(
             f"  # partition: {p.name}    # time limit {p.time_limit}, {p.nodes} nodes, "

@@ -206,7 +206,9 @@ def bash_complete(script: Path, line: str, cwd: Path) -> list:
 
 def test_bash_completion_loads_and_completes_verbs_keys_and_runs(tmp_path, slurm_ddp_on_path):
     script = tmp_path / "slurm-ddp.bash"
-    script.write_text(subprocess.run([slurm_ddp_on_path, "completion", "bash"], capture_output=True, text=True, check=True).stdout)
+    script.write_text(
+        subprocess.run([slurm_ddp_on_path, "completion", "bash"], capture_output=True, text=True, check=True).stdout
+    )
     subprocess.run(["bash", "-n", str(script)], check=True)
     assert bash_complete(script, "slurm-ddp sub", tmp_path) == ["submit"]
     assert bash_complete(script, "slurm-ddp render job.yaml --set slurm.nod", tmp_path) == ["slurm.nodes="]
