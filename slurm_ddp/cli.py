@@ -52,7 +52,7 @@ def _add_sweep_arg(p: argparse.ArgumentParser) -> None:
         default=[],
         metavar="KEY=V1,V2,...",
         help="sweep a config key over values (repeatable: a grid), e.g. --sweep train.lr=0.001,0.003; "
-        "one job array (see the sweep: section in the README)",
+        "one job array (docs: guides/sweeps.md)",
     )
 
 
@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     _add_ops_parsers(sub)
     sub.add_parser("config-keys", help="print every config key with its default and meaning")
+    sub.add_parser("schema", help="print the JSON Schema (draft 2020-12) of the job YAML, for editors")
+    p = sub.add_parser("completion", help='print the shell completion script: eval "$(slurm-ddp completion bash)"')
+    p.add_argument("shell", choices=["bash", "zsh", "fish"])
+    p = sub.add_parser("init", help="write a commented job YAML (command mode for a script, else the task template)")
+    p.add_argument("script", nargs="?", help="your training script (train.command); none: the train.task template")
+    p.add_argument("-o", "--output", default="job.yaml", metavar="YAML", help="file to write (default: job.yaml)")
 
     p = sub.add_parser(
         "env", help="what each rank gets: rank, node, rendezvous, CPUs, NUMA, OMP/KMP, LD_PRELOAD, signals"
@@ -183,7 +189,7 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("report", help="where a run's allocation went: starts, phases, goodput, largest losses")
     p.add_argument("run", help=run_help + ", or a sweep directory")
-    p.add_argument("--json", action="store_true", help="one JSON object (field names in the README)")
+    p.add_argument("--json", action="store_true", help="one JSON object (field names: docs/guides/operating.md)")
 
 
 def _load(args: argparse.Namespace):
@@ -289,6 +295,27 @@ def cmd_config_keys(args: argparse.Namespace, argv: Sequence[str]) -> int:
     return 0
 
 
+def cmd_schema(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .jobschema import schema_text
+
+    sys.stdout.write(schema_text())
+    return 0
+
+
+def cmd_completion(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .completion import shell_script
+
+    sys.stdout.write(shell_script(args.shell))
+    return 0
+
+
+def cmd_init(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    from .scaffold import init_job
+
+    print(f"wrote {init_job(args.script, args.output)}; try: slurm-ddp render {args.output}")
+    return 0
+
+
 def cmd_env(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from . import explain
 
@@ -378,6 +405,9 @@ COMMANDS = {
     "submit": cmd_submit,
     "sandbox": cmd_sandbox,
     "config-keys": cmd_config_keys,
+    "schema": cmd_schema,
+    "completion": cmd_completion,
+    "init": cmd_init,
     "env": cmd_env,
     "runs": cmd_runs,
     "status": cmd_status,
@@ -393,6 +423,9 @@ COMMANDS = {
 def main(argv: Optional[Sequence[str]] = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
+    from .completion import autocomplete
+
+    autocomplete(parser)  # a shell's TAB (_ARGCOMPLETE set): prints the completions and exits
     args = parser.parse_args(argv)
     try:
         return COMMANDS[args.verb](args, argv)

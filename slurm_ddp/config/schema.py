@@ -119,6 +119,16 @@ def _meta(doc: str, **kw: Any) -> Dict[str, Any]:
     return {"doc": doc, **kw}
 
 
+# "json_schema" in a field's metadata: what its "check" says that a JSON Schema can say (ECMA-262 regular
+# expressions), for ``slurm_ddp.jobschema``; never stricter than the check. "required": the loader refuses
+# a file without the key.
+def _any_case(word: str) -> str:
+    return "".join(f"[{c.upper()}{c.lower()}]" if c.isalpha() else c for c in word)
+
+
+_TOKEN_SCHEMA = {"pattern": r"^[^\s'\"`\\]+$"}
+
+
 _NODE_RANGE = re.compile(r"^(\d+)-(\d+)\Z")
 _NODES_VALID = "an integer >= 1, or a range MIN-MAX with 1 <= MIN <= MAX (sbatch --nodes=2-4)"
 
@@ -244,15 +254,22 @@ def _check_gres(v: Any) -> Optional[str]:
 class SlurmConfig:
     """The allocation, as sbatch options (sbatch(1); field ``x_y`` is flag ``--x-y``)."""
 
-    partition: Optional[str] = field(default=None, metadata=_meta("--partition", check=_check_sbatch_token))
-    account: Optional[str] = field(default=None, metadata=_meta("--account", check=_check_sbatch_token))
-    qos: Optional[str] = field(default=None, metadata=_meta("--qos", check=_check_sbatch_token))
+    partition: Optional[str] = field(
+        default=None, metadata=_meta("--partition", check=_check_sbatch_token, json_schema=_TOKEN_SCHEMA)
+    )
+    account: Optional[str] = field(
+        default=None, metadata=_meta("--account", check=_check_sbatch_token, json_schema=_TOKEN_SCHEMA)
+    )
+    qos: Optional[str] = field(
+        default=None, metadata=_meta("--qos", check=_check_sbatch_token, json_schema=_TOKEN_SCHEMA)
+    )
     nodes: Union[int, str] = field(
         default=1,
         metadata=_meta(
             "--nodes: number of nodes, or a range MIN-MAX ('2-4': Slurm may start or requeue the job on any "
             "count in it; the worker resumes sample-exactly on whichever it gets)",
             check=_check_nodes,
+            json_schema={"minimum": 1, "pattern": r"^[0-9]+(-[0-9]+)?$"},
         ),
     )
     tasks_per_node: int = field(
@@ -271,7 +288,11 @@ class SlurmConfig:
     )
     gpu_type: Optional[str] = field(
         default=None,
-        metadata=_meta("GPU type prefixed to the GPU count (--gpus-per-node=a100:4)", check=_check_gpu_type),
+        metadata=_meta(
+            "GPU type prefixed to the GPU count (--gpus-per-node=a100:4)",
+            check=_check_gpu_type,
+            json_schema={"pattern": "^[A-Za-z0-9_.-]+$"},
+        ),
     )
     gpu_bind: Optional[str] = field(
         default=None,
@@ -290,8 +311,17 @@ class SlurmConfig:
     )
     cpus_per_task: int = field(default=1, metadata=_meta("--cpus-per-task: CPUs per rank", min=1))
     mem_gb: Optional[float] = field(default=None, metadata=_meta("--mem in GB per node", min=0.001))
-    time: str = field(default="01:00:00", metadata=_meta("--time: wall-clock limit", check=_check_time))
-    constraint: Optional[str] = field(default=None, metadata=_meta("--constraint", check=_check_sbatch_token))
+    time: str = field(
+        default="01:00:00",
+        metadata=_meta(
+            "--time: wall-clock limit (" + TIME_FORMATS + ")",
+            check=_check_time,
+            json_schema={"minimum": 1, "pattern": r"^[0-9]+(:[0-9]+){0,2}$|^[0-9]+-[0-9]+(:[0-9]+){0,2}$"},
+        ),
+    )
+    constraint: Optional[str] = field(
+        default=None, metadata=_meta("--constraint", check=_check_sbatch_token, json_schema=_TOKEN_SCHEMA)
+    )
     exclusive: bool = field(default=False, metadata=_meta("--exclusive"))
     launcher: str = field(
         default="srun",
@@ -389,7 +419,14 @@ class EnvironmentConfig:
 class TrainConfig:
     """What the shared DDP worker trains and how."""
 
-    task: str = field(default="", metadata=_meta("import path of the task: 'module:Class'", check=_check_task))
+    task: str = field(
+        default="",
+        metadata=_meta(
+            "import path of the task: 'module:Class'",
+            check=_check_task,
+            json_schema={"pattern": r"^$|^[A-Za-z_][\w.]*:[A-Za-z_][\w.]*$"},
+        ),
+    )
     command: Tuple[str, ...] = field(
         default=(),
         metadata=_meta(
@@ -470,7 +507,16 @@ class CheckpointConfig:
 class RequeueConfig:
     """The signal plan: which signal arrives how long before the time limit, and requeue cap."""
 
-    signal: str = field(default="USR2", metadata=_meta("signal sent before the time limit", check=_check_signal))
+    signal: str = field(
+        default="USR2",
+        metadata=_meta(
+            "signal sent before the time limit: " + ", ".join(VALID_SIGNALS) + " (SIG prefix and any case allowed)",
+            check=_check_signal,
+            json_schema={
+                "pattern": "^(" + _any_case("SIG") + ")?(" + "|".join(_any_case(s) for s in VALID_SIGNALS) + ")$"
+            },
+        ),
+    )
     signal_delay_s: int = field(default=120, metadata=_meta("seconds before the time limit", min=1, max=65535))
     max_requeues: int = field(default=3, metadata=_meta("times the job requeues itself", min=0))
 
@@ -558,7 +604,15 @@ class JobConfig:
     """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``,
     ``watchdog``, ``tracking``."""
 
-    name: str = field(default="", metadata=_meta("job name", check=_check_name))
+    name: str = field(
+        default="",
+        metadata=_meta(
+            "job name (sbatch --job-name; the run directory's default name: ./runs/<name>)",
+            check=_check_name,
+            required=True,
+            json_schema={"pattern": "^[^\\x00-\\x1f\\x7f]*[^\\s\\x00-\\x1f\\x7f][^\\x00-\\x1f\\x7f]*$"},
+        ),
+    )
     slurm: SlurmConfig = field(default_factory=SlurmConfig)
     environment: EnvironmentConfig = field(default_factory=EnvironmentConfig)
     train: TrainConfig = field(default_factory=TrainConfig)

@@ -39,7 +39,7 @@ nodes), ``goodput`` = productive ÷ allocated, ``redone_steps``, ``restarts`` (s
 ``queue_wait_s`` (Σ, not part of the allocation), and the three largest losses in words. A figure
 the records cannot give (a script that logs no steps, events without times) is ``None`` and named in
 ``unknown``. The JSON field names are listed in :data:`RUN_FIELDS`, :data:`START_FIELDS` and
-documented in the README ("Where the allocation went").
+documented in docs/guides/operating.md ("Where the allocation went").
 """
 
 from __future__ import annotations
