@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, List, NoReturn, Optional, Sequence
 
 from .constants import __version__
-from .errors import SlurmDDPError
+from .errors import SlurmDDPError, UserError
 
 if TYPE_CHECKING:
     from .backends.submit import Reporter
@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     p = sub.add_parser("sandbox", help="a private Slurm cluster on this machine (root; for rehearsals and CI)")
-    p.add_argument("action", choices=["up", "down", "status"])
+    p.add_argument("action", choices=["up", "down", "status", "oci-bundle"])
+    p.add_argument("bundle", nargs="?", help="oci-bundle: the directory of the OCI bundle to write")
     p.add_argument("--root", default="/tmp/slurm-ddp-sandbox", help="directory of the sandbox's state")
     p.add_argument("--nodes", type=int, default=2, help="slurmd nodes to start (up)")
     p.add_argument("--cpus-per-node", type=int, default=2, help="CPUs each node advertises (up)")
@@ -117,6 +118,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--accounting",
         action="store_true",
         help="also slurmdbd with a private MariaDB, so sacct answers (packages slurmdbd, mariadb-server; up)",
+    )
+    p.add_argument(
+        "--oci",
+        action="store_true",
+        help="also Slurm's OCI container support (oci.conf with runc, package runc): srun --container=BUNDLE (up)",
     )
 
     _add_ops_parsers(sub)
@@ -262,6 +268,19 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
 def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .sandbox import SlurmSandbox
 
+    if args.action == "oci-bundle":
+        from .sandbox.oci import make_host_bundle
+
+        if not args.bundle:
+            raise UserError("sandbox oci-bundle needs a directory: slurm-ddp sandbox oci-bundle DIR")
+        out = make_host_bundle(args.bundle)
+        print(
+            f"OCI bundle in {out}: this machine's file system, read-only (/tmp writable); use it with\n"
+            f"  environment: {{container: {{runtime: oci, image: {out}}}}}"
+        )
+        return 0
+    if args.bundle:
+        raise UserError(f"sandbox {args.action} takes no directory (given {args.bundle!r})")
     if args.action == "up":
         from .paths import check_dir_writable
 
@@ -272,6 +291,7 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
             cpus_per_node=args.cpus_per_node,
             gpus_per_node=args.gpus_per_node,
             accounting=args.accounting,
+            oci=args.oci,
         ).up()
         gpus = f" x {args.gpus_per_node} emulated GPUs" if args.gpus_per_node else ""
         print(f"sandbox up: {args.nodes} nodes{gpus}; use it with:\n  export SLURM_CONF={sb.env['SLURM_CONF']}")

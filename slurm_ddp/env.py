@@ -129,6 +129,39 @@ def expand_tasks_per_node(spec: str) -> List[int]:
     return counts
 
 
+def container_step_env(environ: Mapping[str, str], hostname: str) -> Dict[str, str]:
+    """The task variables Slurm's OCI support leaves out, for a task inside an ``srun --container`` step.
+
+    Slurm 22.05 runs such a step's command as PID 1 of the container with the job's environment and
+    ``SLURM_CONTAINER`` but without ``SLURM_PROCID``, ``SLURM_LOCALID``, ``SLURM_NODEID`` and
+    ``SLURMD_NODENAME``, and only one task per node (seen with runc; the project's SLURM-FACTS notes).
+    With one task per node the task's rank is its node's place in ``SLURM_STEP_NODELIST`` (srun(1):
+    nodes are numbered in the list's order), found by ``hostname`` (the container shares the node's
+    UTS namespace). Returns the missing variables (empty outside such a step, or when Slurm set
+    them). Raises ``UserError`` when the step has more than one task on a node or ``hostname`` is
+    not in its node list (the bundle has a UTS namespace of its own).
+    """
+    if not environ.get("SLURM_CONTAINER") or environ.get("SLURM_PROCID") not in (None, ""):
+        return {}
+    per_node = environ.get("SLURM_STEP_TASKS_PER_NODE") or environ.get("SLURM_TASKS_PER_NODE") or "1"
+    if any(n != 1 for n in expand_tasks_per_node(per_node)):
+        raise UserError(
+            f"this srun --container step runs {per_node} tasks per node (SLURM_STEP_TASKS_PER_NODE), but inside "
+            "Slurm's OCI containers a task cannot tell its rank (no SLURM_PROCID); run one task per node "
+            "(slurm.launcher: torchrun)"
+        )
+    nodes = expand_nodelist(environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or "")
+    short = hostname.split(".")[0]
+    if short not in nodes:
+        raise UserError(
+            f"inside the srun --container step the host name is {hostname!r}, which is not one of the step's nodes "
+            f"({','.join(nodes) or 'none'}): the task cannot tell its rank; remove the uts namespace (and "
+            "'hostname') from the OCI bundle's config.json"
+        )
+    i = str(nodes.index(short))
+    return {"SLURM_PROCID": i, "SLURM_LOCALID": "0", "SLURM_NODEID": i, "SLURMD_NODENAME": short}
+
+
 def fallback_port(job_id: str) -> int:
     """Deterministic port from the job id: ``PORT_BASE + int(job_id) % PORT_SPAN``.
 

@@ -29,6 +29,7 @@ from .binding import (
 )
 from .config import JobConfig, command_argv, command_module_index, command_script_index
 from .constants import PREEMPTED_EXIT_CODE
+from .container import describe as container_lines
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
@@ -294,6 +295,8 @@ def explain_job(
         "rendezvous: " + rendezvous_rule(names[0], job_id),
         "signals: " + signal_plan(cfg),
         "launcher: " + launcher_line(cfg),
+        # where each rank runs: on the node, or inside environment.container (slurm_ddp.container)
+        *("container: " + line for line in container_lines(cfg, "RUN_DIR")),
         code_line(cfg),
         *environment_lines(cfg, environ),
     ]

@@ -36,6 +36,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
@@ -181,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 def _bind_and_exec(argv: Sequence[str]) -> int:
     from .binding import APPLIED_VAR, format_cpulist
     from .config import load_config
-    from .env import DistEnv
+    from .env import DistEnv, container_step_env
     from .rundir import CONFIG_NAME, LOGS_DIR, rank_log_name
 
     run_dir, dry, rank_log, no_watchdog, cmd = parse_options(argv)
@@ -190,6 +191,8 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
     cfg = load_config(path)
     environ = dict(os.environ)
+    # inside Slurm's OCI container support the task's rank variables are missing (env.container_step_env)
+    environ.update(container_step_env(environ, socket.gethostname()))
     denv = DistEnv.from_environ(environ)
     if environ.pop(TORCHRUN_OMP_VAR, "") == "1" and denv.launcher == "torchrun":
         environ.pop("OMP_NUM_THREADS", None)  # torchrun's default of 1, not the user's

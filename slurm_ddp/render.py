@@ -21,8 +21,10 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 
 import jinja2
 
+from . import container as _container
 from .config import JobConfig, command_argv
 from .constants import PREEMPTED_EXIT_CODE, __version__
+from .errors import UserError
 from .launch import TORCHRUN_OMP_VAR
 from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
 from .secrets import redact_argv, redact_env, secret_values
@@ -229,14 +231,25 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
     ]
 
 
-def rank_command(cfg: JobConfig, python: str) -> List[str]:
+def rank_command(cfg: JobConfig, python: str, python_var: str = '"$PYTHON"') -> List[str]:
     """What every rank runs after the launch wrapper, as shell words (``"$PYTHON"`` and
     ``"$RUN_DIR"`` are the batch script's variables; everything else is quoted): the shared worker,
-    or ``train.command`` (``config.command_argv``: ``python``/``*.py`` run by the ranks' interpreter)."""
+    or ``train.command`` (``config.command_argv``: ``python``/``*.py`` run by the ranks' interpreter).
+    ``python_var``: the word for the ranks' interpreter (``"$CONTAINER_PYTHON"`` in a container)."""
     if not cfg.train.command:
-        return ['"$PYTHON"', "-u", "-m", "slurm_ddp.worker", "--run-dir", '"$RUN_DIR"']
+        return [python_var, "-u", "-m", "slurm_ddp.worker", "--run-dir", '"$RUN_DIR"']
     argv = command_argv(cfg.train.command, python)
-    return ['"$PYTHON"' if i == 0 and a == python else shlex.quote(a) for i, a in enumerate(argv)]
+    return [python_var if i == 0 and a == python else shlex.quote(a) for i, a in enumerate(argv)]
+
+
+def _container_env(box: Optional[_container.ContainerPlan]) -> str:
+    """Assignments before the ranks' ``srun`` in a container: the copy of slurm_ddp first on PYTHONPATH;
+    for ``oci`` also the batch step's own task variables emptied, since Slurm's OCI support passes the
+    environment into the container without setting the step's (``env.container_step_env`` fills them)."""
+    if box is None:
+        return ""
+    clear = "SLURM_PROCID= SLURM_LOCALID= SLURM_NODEID= SLURMD_NODENAME= " if box.runtime == "oci" else ""
+    return f'{clear}PYTHONPATH={shlex.quote(box.python_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}" '
 
 
 @dataclass(frozen=True)
@@ -298,6 +311,12 @@ def render(
     # the header's command line never holds a credential value (--set environment.env.X=...): it is a comment
     made_by = redact_argv(command if command is not None else ["slurm-ddp", *sys.argv[1:]], env)
     template = _env().get_template(TEMPLATE)
+    if array is not None and cfg.environment.container.runtime != "none":
+        raise UserError(
+            "environment.container is not supported for a sweep (job array) yet; submit each element with its own "
+            "--run-dir, or leave environment.container out"
+        )
+    box = _container.plan(cfg, run_dir)
 
     def text(values: Mapping[str, str]) -> str:
         out: str = template.render(
@@ -323,7 +342,11 @@ def render(
             launcher=cfg.slurm.launcher,
             torchrun_flags=torchrun_flags(cfg),
             torchrun_omp_var=TORCHRUN_OMP_VAR,
-            rank_command=rank_command(cfg, py),
+            rank_command=rank_command(cfg, py, '"$CONTAINER_PYTHON"' if box is not None else '"$PYTHON"'),
+            container=box,
+            # the ranks import the copy of slurm_ddp submit put in the run directory (slurm_ddp.container)
+            container_env=_container_env(box),
+            rank_python='"$CONTAINER_PYTHON"' if box is not None else '"$PYTHON"',
             command_mode=bool(cfg.train.command),
             workdir=cfg.train.workdir,  # the ranks' working directory, worker and command alike
             node_log=launcher_log_name("%n"),

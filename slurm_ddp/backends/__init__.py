@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
+from .. import container
 from ..checkpoint import atomic_write_text
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
@@ -178,6 +179,13 @@ def plan_submit(
         cfg, run_dir, command=command, python=python, in_sweep=in_sweep, sweep_snapshot=sweep_snapshot
     )
     warnings = secret_warnings(cfg.environment.env, snap)
+    if cfg.environment.container.runtime != "none":
+        if backend != "sbatch":
+            raise UserError(
+                f"environment.container runs the ranks in a container with --backend sbatch only (the {backend} "
+                "backend does not wrap them yet); use --backend sbatch, or leave environment.container out"
+            )
+        warnings += tuple(container.check(remap_config(cfg, snap), run_dir))
     warning = check_resubmit(snap, run_dir, accept_new_code) if resuming and not in_sweep else None
     ranks_cfg = remap_config(cfg, snap)
     py = python or cfg.environment.python or sys.executable
@@ -249,6 +257,7 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         os.chmod(existing, 0o600)  # also one an older slurm_ddp wrote (rundir.PRIVATE_FILES)
         atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script, private=True)
         os.chmod(rd / SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+        container.prepare(plan.ranks_cfg, plan.run_dir)  # environment.container: slurm_ddp's copy, the OCI bundle
     except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between
         raise UserError(f"cannot write the run directory {str(rd)!r}: {e}; choose another --run-dir") from None
     record_submit(

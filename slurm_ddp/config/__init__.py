@@ -16,12 +16,14 @@ from .command import command_argv, command_module_index, command_script_index
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .loading import apply_overrides, dump_config, load_config, read_yaml
 from .schema import (
+    CONTAINER_RUNTIMES,
     GPU_BIND_FORMS,
     LAUNCHERS,
     RESIZABLE_KEYS,
     TIME_FORMATS,
     VALID_SIGNALS,
     CheckpointConfig,
+    ContainerConfig,
     EnvironmentConfig,
     JobConfig,
     MlflowConfig,
@@ -36,9 +38,11 @@ from .schema import (
     node_range,
     parse_time_s,
 )
-from .validate import config_from_dict
+from .validate import config_from_dict, image_is_path
 
 __all__ = [
+    "CONTAINER_RUNTIMES",
+    "ContainerConfig",
     "GPU_BIND_FORMS",
     "LAUNCHERS",
     "RESIZABLE_KEYS",
@@ -55,6 +59,7 @@ __all__ = [
     "MlflowConfig",
     "WandbConfig",
     "apply_overrides",
+    "image_is_path",
     "check_gpu_bind",
     "command_argv",
     "command_module_index",

@@ -378,6 +378,62 @@ class SlurmConfig:
         return self.node_gpus > 0
 
 
+#: ``environment.container.runtime`` values: none, Apptainer/Singularity (``apptainer exec``), Pyxis/Enroot
+#: (``srun --container-image``) and Slurm's own OCI support (``srun --container``, oci.conf(5)).
+CONTAINER_RUNTIMES = ("none", "apptainer", "pyxis", "oci")
+
+
+def _check_mount(v: Any) -> Optional[str]:
+    text = str(v)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(parts[:2]) or (len(parts) == 3 and parts[2] not in ("ro", "rw")):
+        return "SRC, SRC:DST, SRC:DST:ro or SRC:DST:rw (absolute paths)"
+    if not all(p.startswith("/") for p in parts[:2]):
+        return "absolute paths (SRC[:DST[:ro]], e.g. /data:/data:ro)"
+    if any(c in text for c in ",\n\t\"'\\"):
+        return "paths without commas, quotes, backslashes or control characters (runtimes split mount lists on ',')"
+    return None
+
+
+@dataclass(frozen=True)
+class ContainerConfig:
+    """The container every rank runs in (``slurm_ddp.container``); the batch shell, the rendezvous and the
+    requeue decision stay on the host."""
+
+    runtime: str = field(
+        default="none",
+        metadata=_meta(
+            "none | apptainer (apptainer exec IMAGE) | pyxis (srun --container-image) | oci (srun --container, "
+            "Slurm's oci.conf)",
+            choices=CONTAINER_RUNTIMES,
+        ),
+    )
+    image: str = field(
+        default="",
+        metadata=_meta(
+            "apptainer: a .sif file (or docker://, oras://); pyxis: an image reference or a .sqsh file; "
+            "oci: an OCI bundle directory (config.json + rootfs); a relative path is relative to the YAML's directory"
+        ),
+    )
+    mounts: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "more host paths to mount, SRC[:DST[:ro]] (the run directory, the working directory and "
+            "train.pythonpath are mounted at the same paths without asking)"
+        ),
+    )
+    options: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "extra runtime flags, one word each: after 'apptainer exec' (apptainer), on the srun line (pyxis, oci)"
+        ),
+    )
+    python: str = field(
+        default="python3",
+        metadata=_meta("the interpreter inside the image that runs the ranks (it needs torch and PyYAML)"),
+    )
+
+
 @dataclass(frozen=True)
 class EnvironmentConfig:
     """What runs before the ranks start, and the variables they get."""
@@ -406,6 +462,7 @@ class EnvironmentConfig:
         ),
     )
     override_env: bool = field(default=False, metadata=_meta("overwrite OMP_*/KMP_* variables the user already set"))
+    container: ContainerConfig = field(default_factory=ContainerConfig)
     pass_env: Tuple[str, ...] = field(
         default=(),
         metadata=_meta(
@@ -626,21 +683,27 @@ class JobConfig:
         plain: Dict[str, Any] = _to_plain(self)
         return plain
 
-    def config_hash(self) -> str:
-        """sha256 (hex, 16 chars) of the config's canonical JSON without ``UNHASHED_SECTIONS``; identifies a
-        run directory's config."""
+    def _hashed(self) -> Dict[str, Any]:
+        """``to_dict`` without ``UNHASHED_SECTIONS``, and without ``environment.container`` when it is the
+        default (no container): the hashes of configs written before that key existed stay the same."""
         plain = self.to_dict()
         for section in UNHASHED_SECTIONS:
             plain.pop(section, None)
+        if self.environment.container == ContainerConfig():
+            plain["environment"].pop("container", None)
+        return plain
+
+    def config_hash(self) -> str:
+        """sha256 (hex, 16 chars) of the config's canonical JSON without ``UNHASHED_SECTIONS``; identifies a
+        run directory's config."""
+        plain = self._hashed()
         text = json.dumps(plain, sort_keys=True, separators=(",", ":"))
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
     def training_hash(self) -> str:
         """``config_hash`` without the ``RESIZABLE_KEYS``: equal for two configs that train the same run
         on different world sizes (a run directory resumed with other ``slurm.nodes``/``tasks_per_node``)."""
-        plain = self.to_dict()
-        for section in UNHASHED_SECTIONS:
-            plain.pop(section, None)
+        plain = self._hashed()
         for dotted in RESIZABLE_KEYS:
             section, key = dotted.split(".")
             plain[section].pop(key, None)

@@ -22,7 +22,7 @@ from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_ori
 
 from ..errors import ConfigError
 from .command import command_script_index
-from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_sbatch_token
+from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
 def _printable(text: object) -> str:
@@ -292,6 +292,61 @@ def _cross_checks(cfg: JobConfig) -> None:
         if not isinstance(v, str):
             raise _bad(f"environment.env.{k}", v, "a string")
     _check_pass_env(cfg)
+    _check_container(cfg)
+
+
+def _check_container(cfg: JobConfig) -> None:
+    """``environment.container``: an image for a runtime (none without one), mounts as SRC[:DST[:ro]],
+    options and the interpreter as single printable words, and OCI's one task per node per step."""
+    c = cfg.environment.container
+    key = "environment.container"
+    if c.runtime == "none":
+        for name in ("image", "mounts", "options"):
+            if getattr(c, name):
+                raise _bad(
+                    f"{key}.{name}",
+                    getattr(c, name),
+                    "no value without a runtime",
+                    f"set {key}.runtime (apptainer, pyxis or oci)",
+                )
+        return
+    if not c.image.strip():
+        raise _bad(f"{key}.image", c.image, f"the image {c.runtime} runs the ranks in", _IMAGE_HINTS[c.runtime])
+    for i, m in enumerate(c.mounts):
+        problem = _check_mount(m)
+        if problem:
+            raise _bad(f"{key}.mounts[{i}]", m, problem)
+    for name, words in (("options", c.options), ("python", (c.python,)), ("image", (c.image,))):
+        for i, w in enumerate(words):
+            where = f"{key}.{name}" + (f"[{i}]" if name == "options" else "")
+            if not w or not w.isprintable() or (name != "options" and any(ch.isspace() for ch in w)):
+                raise _bad(where, w, "one printable word")
+    if c.runtime == "oci" and cfg.slurm.launcher == "srun" and cfg.slurm.tasks_per_node > 1:
+        raise _bad(
+            "slurm.tasks_per_node",
+            cfg.slurm.tasks_per_node,
+            "1 with environment.container.runtime=oci and slurm.launcher=srun (Slurm's OCI support runs one "
+            "task per node per step)",
+            "use slurm.launcher: torchrun (one task per node starts the node's ranks inside the container)",
+        )
+
+
+_IMAGE_HINTS = {
+    "apptainer": "e.g. image: /images/train.sif",
+    "pyxis": "e.g. image: nvcr.io#nvidia/pytorch:24.05-py3 or /images/train.sqsh",
+    "oci": "an OCI bundle directory holding config.json and rootfs (slurm-ddp sandbox oci-bundle DIR makes one)",
+}
+
+
+def image_is_path(runtime: str, image: str) -> bool:
+    """Whether ``environment.container.image`` names a file or directory (resolved against the YAML's
+    directory), not a registry reference: an OCI bundle always; Apptainer unless it has a scheme
+    (``docker://``); Pyxis only a squashfs file or an explicit path."""
+    if runtime == "oci":
+        return True
+    if runtime == "apptainer":
+        return "://" not in image
+    return image.startswith(("/", "./", "../")) or image.endswith((".sqsh", ".squashfs", ".sqfs"))
 
 
 def _check_pass_env(cfg: JobConfig) -> None:
@@ -354,6 +409,11 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
                 argv[i] = str(base / argv[i])
             train = dataclasses.replace(train, command=tuple(argv))
         cfg = dataclasses.replace(cfg, train=train)
+        c = cfg.environment.container
+        if c.runtime != "none" and image_is_path(c.runtime, c.image) and not os.path.isabs(c.image):
+            image = str((base / c.image).resolve())
+            env = dataclasses.replace(cfg.environment, container=dataclasses.replace(c, image=image))
+            cfg = dataclasses.replace(cfg, environment=env)
     return cfg
 
 

@@ -25,6 +25,7 @@ A run directory holds:
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid; ``launcher.out``: the
   output of a local launcher the Python API started in the background;
+- ``container/``: ``environment.container``'s copy of slurm_ddp and OCI bundle (``CONTAINER_DIR``).
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
@@ -63,6 +64,9 @@ from .files import (
     ARRAY_SCRIPT_NAME,
     CHECKPOINTS_DIR,
     CONFIG_NAME,
+    CONTAINER_BUNDLE_DIR,
+    CONTAINER_DIR,
+    CONTAINER_PYTHON_DIR,
     DEFAULT_RUNS_DIR,
     DIFFS_DIR,
     ENDS_NAME,
@@ -185,6 +189,9 @@ __all__ = [
     "RequeueDecision",
     "SCRIPT_NAME",
     "SNAPSHOTS_DIR",
+    "CONTAINER_BUNDLE_DIR",
+    "CONTAINER_DIR",
+    "CONTAINER_PYTHON_DIR",
     "SNAPSHOT_NAME",
     "STOPS_DIR",
     "STOP_SIGNALS",

@@ -40,6 +40,12 @@ SNAPSHOTS_DIR = "code"
 SNAPSHOT_NAME = "snapshot.json"
 #: what ran, where: submits and starts (JSON, see ``slurm_ddp.provenance``)
 PROVENANCE_NAME = "provenance.json"
+#: ``environment.container`` (``slurm_ddp.container``): what submit prepares for the ranks' container,
+#: ``RUN_DIR/container/python/slurm_ddp`` (a copy of the package, first on the ranks' PYTHONPATH) and
+#: ``RUN_DIR/container/bundle`` (the OCI runtime's bundle: config.json + an empty rootfs)
+CONTAINER_DIR = "container"
+CONTAINER_PYTHON_DIR = f"{CONTAINER_DIR}/python"
+CONTAINER_BUNDLE_DIR = f"{CONTAINER_DIR}/bundle"
 #: ``git diff HEAD`` of a dirty checkout at submit, ``RUN_DIR/diffs/<sha>.patch``
 DIFFS_DIR = "diffs"
 

@@ -42,7 +42,9 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
     private MariaDB (``mariadbd --no-defaults``, datadir ``ROOT/mysql``, on 127.0.0.1) and Debian's
     ``slurmdbd`` in front of it (``AccountingStorageType=accounting_storage/slurmdbd``), started
     before slurmctld and stopped by PID with the rest, so ``sacct`` answers (packages ``slurmdbd``
-    and ``mariadb-server``; the database is created at the first ``up``, a few seconds).
+    and ``mariadb-server``; the database is created at the first ``up``, a few seconds). ``oci``: also
+    an ``oci.conf`` for Slurm's own container support (``srun --container=BUNDLE``) with ``runc``
+    (Debian package ``runc``; ``slurm_ddp.sandbox.oci``).
 
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
@@ -69,6 +71,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
             message_timeout_s=state.get("message_timeout_s", 10),
             kill_wait_s=state.get("kill_wait_s", 5),
             accounting=state.get("accounting", False),
+            oci=state.get("oci", False),
         )
         sb._state = state
         return sb
@@ -131,7 +134,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
         packages missing, no network namespaces) or if it did not come up within
         ``timeout_s`` (whatever did start is stopped first).
         """
-        problems = check_prerequisites()
+        problems = check_prerequisites(oci=self.oci)
         if problems:
             raise SandboxUnavailable("; ".join(problems))
         deadline = time.monotonic() + timeout_s

@@ -1,5 +1,5 @@
 """The sandbox's configuration files: ``slurm.conf``, ``slurmdbd.conf``, ``gres.conf`` with the
-placeholder GPU devices, ``cgroup.conf``, the ``/etc/hosts`` the daemons see, and the munge key.
+placeholder GPU devices, ``oci.conf`` (``oci=True``), ``cgroup.conf``, the ``/etc/hosts`` the daemons see, and the munge key.
 
 Side effects: writes under the sandbox root (``etc/``, ``munge/``, ``dev/``) and makes the
 sockets' directory under ``/tmp``. The keys are slurm.conf(5)'s, slurmdbd.conf(5)'s and gres.conf(5)'s.
@@ -16,6 +16,8 @@ from pathlib import Path
 from slurm_ddp.errors import SandboxUnavailable
 
 from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
+from .oci import oci_conf_text
+from .procs import _executable
 
 
 class SandboxConf(SandboxLayout):
@@ -54,6 +56,11 @@ class SandboxConf(SandboxLayout):
         (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
         (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
         self._make_gpu_devices()
+        oci_conf = self.slurm_conf.parent / "oci.conf"  # oci.conf(5): beside slurm.conf, read at slurmd's start
+        if self.oci:
+            oci_conf.write_text(oci_conf_text(_executable("runc")))
+        else:
+            oci_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())
         if self.accounting:
             dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF

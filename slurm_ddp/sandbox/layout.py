@@ -38,6 +38,7 @@ class SandboxLayout:
         message_timeout_s: int = 10,
         kill_wait_s: int = 5,
         accounting: bool = False,
+        oci: bool = False,
     ) -> None:
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
@@ -60,6 +61,7 @@ class SandboxLayout:
         self.cpus_per_node = int(cpus_per_node)
         self.gpus_per_node = int(gpus_per_node)
         self.accounting = bool(accounting)
+        self.oci = bool(oci)
         self.id = self._make_id(name)
         self.real_memory_mb = 1000
         self._state: Dict[str, Any] = {}
@@ -159,6 +161,7 @@ class SandboxLayout:
             message_timeout_s=self.message_timeout_s,
             kill_wait_s=self.kill_wait_s,
             accounting=self.accounting,
+            oci=self.oci,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )

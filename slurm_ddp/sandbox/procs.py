@@ -55,8 +55,10 @@ def _executable(name: str) -> str:
     return found
 
 
-def check_prerequisites() -> List[str]:
-    """Return human-readable problems that stop a sandbox from starting; empty = OK."""
+def check_prerequisites(oci: bool = False) -> List[str]:
+    """Return human-readable problems that stop a sandbox from starting; empty = OK.
+
+    ``oci``: the sandbox runs containers with Slurm's OCI support, which needs ``runc``."""
     problems: List[str] = []
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         uid = os.geteuid() if hasattr(os, "geteuid") else "?"
@@ -65,7 +67,7 @@ def check_prerequisites() -> List[str]:
             "and starts slurmd as root; run it as root (e.g. in a disposable VM or container)"
         )
     missing: Dict[str, List[str]] = {}
-    for binary, package in _REQUIRED.items():
+    for binary, package in [*_REQUIRED.items(), *([("runc", "runc")] if oci else [])]:
         if _which(binary) is None:
             missing.setdefault(package, []).append(binary)
     for package, binaries in missing.items():

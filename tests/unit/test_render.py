@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import difflib
 import os
+import re
 import shlex
 import signal
 import subprocess
@@ -157,6 +158,51 @@ GOLDEN_CASES = {
 }
 
 
+#: environment.container (slurm_ddp.container): each runtime wraps the ranks' srun line.
+CONTAINERS = {
+    "apptainer": {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data:/data:ro"]},
+    "pyxis": {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data"]},
+    "oci": {"runtime": "oci", "image": "/images/bundle", "python": "/opt/venv/bin/python"},
+}
+
+
+def container_config(runtime, mode, device, launcher="srun"):
+    """The digits job (task worker) or examples/own_script (train.command) in ``runtime``'s container,
+    on CPUs (2 nodes × 1 task) or GPUs (2 nodes × 2 GPUs)."""
+    slurm = {"nodes": 2, "launcher": launcher}
+    slurm |= {"gpus_per_node": 2} if device == "gpu" else {"tasks_per_node": 1}
+    if mode == "task":
+        data = read_yaml(EXAMPLE)
+        data["slurm"] = {k: v for k, v in data["slurm"].items() if k != "tasks_per_node"} | slurm
+        data["train"]["workdir"] = "/scratch/digits"
+    else:
+        data = read_yaml(OWN_SCRIPT)
+        data["slurm"] = {**data["slurm"], **slurm}
+        data["slurm"].pop("tasks_per_node") if device == "gpu" else None
+        data["train"] = {"command": "python /scratch/own/train.py --epochs 5", "workdir": "/scratch/own"}
+    data["environment"] = {"container": CONTAINERS[runtime]}
+    return config_from_dict(data)
+
+
+CONTAINER_CASES = {
+    **{
+        f"{runtime}_{mode}_{device}.sbatch": (
+            lambda r=runtime, m=mode, d=device: container_config(r, m, d),
+            "/scratch/runs/in-container",
+        )
+        for runtime in ("apptainer", "pyxis")
+        for mode in ("task", "command")
+        for device in ("cpu", "gpu")
+    },
+    "oci_task_cpu.sbatch": (lambda: container_config("oci", "task", "cpu"), "/scratch/runs/in-container"),
+    "oci_command_gpu_torchrun.sbatch": (
+        lambda: container_config("oci", "command", "gpu", launcher="torchrun"),
+        "/scratch/runs/in-container",
+    ),
+}
+GOLDEN_CASES.update({f"containers/{name}": case for name, case in CONTAINER_CASES.items()})
+
+
 @pytest.mark.parametrize("golden", list(GPU_LAYOUTS))
 def test_gpu_layout_lines(golden):
     """Each GPU layout's #SBATCH lines; --gpu-bind is also on the srun line (the step's binding)."""
@@ -274,8 +320,9 @@ def test_sbatch_lines_sorted_and_complete(golden):
     assert f"#SBATCH --time={cfg.slurm.time}" in lines
     assert f"#SBATCH --output={run_dir}/logs/batch-%j.out" in lines
     assert_sbatch_header_first(script)
-    srun = [line for line in script.splitlines() if line.startswith("srun ")]
-    assert len(srun) == 1 and srun[0].startswith("srun --kill-on-bad-exit=1 ")
+    # the ranks' srun, after the variables a container sets for it (PYTHONPATH=… srun …)
+    srun = [line for line in script.splitlines() if re.match(r"^([A-Z_]+=\S* )*srun ", line)]
+    assert len(srun) == 1 and re.search(r"(^| )srun --kill-on-bad-exit=1 ", srun[0])
     assert f"trap 'forward {cfg.requeue.signal_name}' {cfg.requeue.signal_name}" in script
 
 

@@ -1,0 +1,299 @@
+"""``environment.container`` (slurm_ddp.container): its keys' checks, the OCI task variables the launch
+wrapper fills in, the run's OCI bundle, the checks at submit, ``submit --dry-run`` and ``env --explain``.
+The golden scripts of every runtime are in test_render.py (``tests/golden/containers``)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+
+from slurm_ddp import container
+from slurm_ddp.cli import main
+from slurm_ddp.config import config_from_dict
+from slurm_ddp.env import container_step_env
+from slurm_ddp.errors import ConfigError, UserError
+from slurm_ddp.sandbox.oci import host_bundle_config, make_host_bundle, oci_conf_text
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "examples" / "digits" / "job.yaml"
+
+
+def cfg_with(box: Dict[str, Any], **slurm: Any) -> Any:
+    return config_from_dict(
+        {
+            "name": "c",
+            "slurm": {"nodes": 2, "tasks_per_node": 1, **slurm},
+            "train": {"task": "m:T", "workdir": "/scratch/w"},
+            "environment": {"container": box},
+        }
+    )
+
+
+@pytest.mark.parametrize(
+    "box, slurm, needle",
+    [
+        ({"runtime": "docker", "image": "x"}, {}, "expected one of none, apptainer, pyxis, oci"),
+        ({"runtime": "apptainer"}, {}, "environment.container.image"),
+        ({"image": "/x.sif"}, {}, "no value without a runtime"),
+        ({"runtime": "pyxis", "image": "i", "mounts": ["data"]}, {}, "absolute paths"),
+        ({"runtime": "pyxis", "image": "i", "mounts": ["/a,b:/c"]}, {}, "without commas"),
+        ({"runtime": "pyxis", "image": "i", "mounts": ["/a:/b:rx"]}, {}, "SRC:DST:ro"),
+        ({"runtime": "apptainer", "image": "/x.sif", "python": "python 3"}, {}, "one printable word"),
+        ({"runtime": "oci", "image": "/b"}, {"tasks_per_node": 2}, "one task per node per step"),
+        ({"runtime": "oci", "image": "/b", "bogus": 1}, {}, "unknown config key 'environment.container.bogus'"),
+    ],
+)
+def test_bad_container_keys_are_one_line_errors(box: Dict[str, Any], slurm: Dict[str, Any], needle: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        cfg_with(box, **slurm)
+    assert needle in str(e.value) and "\n" not in str(e.value)
+
+
+def test_bad_container_key_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    rc = main(["render", str(DIGITS), "--set", "environment.container.runtime=apptainer"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "environment.container.image" in err, err
+
+
+def test_oci_with_torchrun_may_run_several_ranks_per_node() -> None:
+    cfg = cfg_with({"runtime": "oci", "image": "/b"}, tasks_per_node=2, launcher="torchrun")
+    assert cfg.slurm.tasks_per_node == 2
+
+
+def test_relative_image_path_is_resolved_against_the_yaml_directory(tmp_path: Path) -> None:
+    data = {"name": "c", "train": {"task": "m:T"}, "environment": {"container": {"runtime": "oci", "image": "b"}}}
+    cfg = config_from_dict(data, base_dir=tmp_path)
+    assert cfg.environment.container.image == str(tmp_path / "b")
+    data["environment"]["container"] = {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3"}
+    assert config_from_dict(data, base_dir=tmp_path).environment.container.image.startswith("nvcr.io#")
+
+
+def test_no_container_keeps_the_config_hash_of_configs_written_before_the_key() -> None:
+    plain = cfg_with({}).to_dict()
+    del plain["environment"]["container"]
+    assert config_from_dict(plain).config_hash() == cfg_with({}).config_hash()
+    assert cfg_with({"runtime": "oci", "image": "/b"}).config_hash() != cfg_with({}).config_hash()
+
+
+# ----------------------------------------------------------------- the task variables inside an OCI step
+
+OCI_STEP = {
+    "SLURM_CONTAINER": "/run/c/bundle",
+    "SLURM_STEP_NODELIST": "n[1-3]",
+    "SLURM_STEP_TASKS_PER_NODE": "1(x3)",
+    "SLURM_NTASKS": "3",
+}
+
+
+def test_oci_step_rank_comes_from_the_hosts_place_in_the_step_nodelist() -> None:
+    got = container_step_env(OCI_STEP, "n2.cluster")
+    assert got == {"SLURM_PROCID": "1", "SLURM_LOCALID": "0", "SLURM_NODEID": "1", "SLURMD_NODENAME": "n2"}
+    # the batch shell's own values, emptied by the script for the step, count as missing
+    assert container_step_env({**OCI_STEP, "SLURM_PROCID": ""}, "n3")["SLURM_PROCID"] == "2"
+
+
+def test_outside_an_oci_step_nothing_is_filled() -> None:
+    assert container_step_env({k: v for k, v in OCI_STEP.items() if k != "SLURM_CONTAINER"}, "n2") == {}
+    assert container_step_env({**OCI_STEP, "SLURM_PROCID": "4"}, "n2") == {}
+
+
+@pytest.mark.parametrize(
+    "change, host, needle",
+    [
+        ({"SLURM_STEP_TASKS_PER_NODE": "2(x3)"}, "n1", "tasks per node"),
+        ({}, "runc", "not one of the step's nodes"),
+    ],
+)
+def test_oci_step_that_cannot_tell_its_rank_says_why(change: Dict[str, str], host: str, needle: str) -> None:
+    with pytest.raises(UserError, match=needle):
+        container_step_env({**OCI_STEP, **change}, host)
+
+
+def test_launch_wrapper_fills_the_rank_in_an_oci_step(tmp_path: Path) -> None:
+    """A real ``python -m slurm_ddp.launch --dry-run`` in an OCI step's environment (no SLURM_PROCID)."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.yaml").write_text("name: c\nslurm: {nodes: 2}\ntrain: {task: 'm:T'}\n")
+    import socket
+
+    host = socket.gethostname().split(".")[0]
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "PYTHONPATH": str(REPO),
+        "SLURM_CONTAINER": "/b",
+        "SLURM_JOB_ID": "5",
+        "SLURM_NTASKS": "2",
+        "SLURM_NNODES": "2",
+        "SLURM_JOB_NODELIST": f"other,{host}",
+        "SLURM_STEP_NODELIST": f"other,{host}",
+        "SLURM_STEP_TASKS_PER_NODE": "1(x2)",
+        "SLURM_TASKS_PER_NODE": "1(x2)",
+    }
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(run_dir), "--dry-run", "--", "true"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert out.returncode == 0, out.stderr
+    assert '"RANK": "1"' in out.stdout or "RANK=1" in out.stdout, out.stdout
+
+
+# ----------------------------------------------------------------- the run's OCI bundle and the checks at submit
+
+
+def fake_bundle(tmp_path: Path, mounts: List[Dict[str, Any]]) -> Path:
+    b = tmp_path / "image"
+    (b / "rootfs" / "usr").mkdir(parents=True)
+    spec = {"root": {"path": "rootfs", "readonly": True}, "process": {"args": ["sh"], "cwd": "/"}, "mounts": mounts}
+    (b / "config.json").write_text(json.dumps(spec))
+    return b
+
+
+def test_run_bundle_binds_the_image_root_then_its_mounts_then_ours(tmp_path: Path) -> None:
+    host = tmp_path / "host"
+    (host / "w").mkdir(parents=True)
+    image = fake_bundle(tmp_path, [{"destination": str(host), "type": "bind", "source": str(host)}])
+    w = str(host / "w")
+    cfg = config_from_dict(
+        {
+            "name": "c",
+            "train": {"task": "m:T", "workdir": w},
+            "environment": {"container": {"runtime": "oci", "image": str(image), "mounts": [f"{w}:{w}:ro"]}},
+        }
+    )
+    run_dir = str(host / "run")
+    assert container.check(cfg, run_dir) and not Path(run_dir).exists()  # checks write nothing
+    container.prepare(cfg, run_dir)
+    spec = json.loads((Path(run_dir) / "container" / "bundle" / "config.json").read_text())
+    assert spec["root"] == {"path": "rootfs", "readonly": True}
+    assert spec["mounts"][0] == {
+        "destination": "/",
+        "type": "bind",
+        "source": str((image / "rootfs").resolve()),
+        "options": ["rbind", "ro"],
+    }
+    assert [m["destination"] for m in spec["mounts"][1:]] == [str(host), run_dir, w, w]
+    assert spec["mounts"][-1]["options"] == ["rbind", "ro"]
+    assert spec["process"]["cwd"] == w and spec["process"]["terminal"] is False
+    assert (Path(run_dir) / "container" / "bundle" / "rootfs").is_dir()
+    assert (Path(run_dir) / "container" / "python" / "slurm_ddp" / "launch.py").is_file()
+
+
+def test_oci_mount_point_missing_in_a_read_only_root_is_refused(tmp_path: Path) -> None:
+    image = fake_bundle(tmp_path, [])
+    cfg = cfg_with({"runtime": "oci", "image": str(image)})
+    with pytest.raises(UserError, match="does not exist in the OCI bundle"):
+        container.check(cfg, str(tmp_path / "run"))
+
+
+def test_oci_image_without_config_json_is_refused(tmp_path: Path) -> None:
+    cfg = cfg_with({"runtime": "oci", "image": str(tmp_path)})
+    with pytest.raises(UserError, match="no config.json"):
+        container.check(cfg, str(tmp_path / "run"))
+
+
+def test_apptainer_image_that_cannot_import_the_ranks_modules_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sif = tmp_path / "x.sif"
+    sif.write_text("")
+    cfg = cfg_with({"runtime": "apptainer", "image": str(sif)})
+    monkeypatch.setattr(container.shutil, "which", lambda name: "/usr/bin/apptainer")
+    calls: List[List[str]] = []
+
+    def fake_run(argv: List[str], **kw: Any) -> Any:
+        calls.append(argv)
+        return subprocess.CompletedProcess(argv, 1, "", "ModuleNotFoundError: No module named 'torch'\n")
+
+    with pytest.raises(UserError, match="No module named 'torch'"):
+        container.check(cfg, str(tmp_path / "run"), run=fake_run)
+    assert calls[0][:2] == ["apptainer", "exec"] and calls[0][-3:-1] == ["python3", "-c"]
+
+
+def test_without_the_runtime_here_the_image_is_not_checked_and_submit_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(container.shutil, "which", lambda name: None)
+    notes = container.check(cfg_with({"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3"}), "/r")
+    assert len(notes) == 1 and "was not checked here" in notes[0]
+
+
+def test_missing_image_file_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(UserError, match="does not exist on this machine"):
+        container.check(cfg_with({"runtime": "apptainer", "image": str(tmp_path / "no.sif")}), "/r")
+
+
+# ----------------------------------------------------------------- the CLI: dry run, backends, explain
+
+
+def test_submit_dry_run_shows_the_wrapped_srun_line_and_writes_nothing(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sif = tmp_path / "x.sif"
+    sif.write_text("")
+    run_dir = tmp_path / "run"
+    args = ["submit", str(DIGITS), "--dry-run", "--run-dir", str(run_dir)]
+    args += ["--set", "environment.container.runtime=apptainer", "--set", f"environment.container.image={sif}"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert f"apptainer exec --bind {run_dir}:{run_dir}," in out
+    assert '"$CONTAINER_PYTHON" -m slurm_ddp.launch' in out
+    assert not run_dir.exists()
+
+
+def test_backends_that_do_not_wrap_the_ranks_refuse_a_container(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ["submit", str(DIGITS), "--dry-run", "--backend", "local", "--run-dir", str(tmp_path / "run")]
+    args += ["--set", "environment.container.runtime=pyxis", "--set", "environment.container.image=img"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "--backend sbatch only" in err and err.count("\n") == 1
+
+
+def test_env_explain_says_where_each_rank_runs(capsys: pytest.CaptureFixture[str]) -> None:
+    args = ["env", str(DIGITS), "--explain", "--set", "environment.container.runtime=pyxis"]
+    assert main([*args, "--set", "environment.container.image=img", "--set", "slurm.gpus_per_node=2"]) == 0
+    out = capsys.readouterr().out
+    assert "container: each rank runs inside the pyxis container img" in out
+    assert "container: GPUs: enroot's hooks" in out
+    assert main(["env", str(DIGITS), "--explain"]) == 0
+    assert "container: each rank runs on the node itself" in capsys.readouterr().out
+
+
+# ----------------------------------------------------------------- the sandbox's OCI pieces
+
+
+def test_sandbox_oci_conf_uses_runc_for_every_operation() -> None:
+    text = oci_conf_text("/usr/sbin/runc")
+    for key, verb in (("RunTimeQuery", "state"), ("RunTimeKill", "kill -a"), ("RunTimeDelete", "delete --force")):
+        assert f'{key}="/usr/sbin/runc --root=/run/slurm-oci {verb} %n.%u.%j.%s.%t"' in text
+    assert 'RunTimeRun="/usr/sbin/runc --root=/run/slurm-oci run --bundle %b %n.%u.%j.%s.%t"' in text
+
+
+def test_host_bundle_shares_the_nodes_network_and_hostname(tmp_path: Path) -> None:
+    (tmp_path / "usr").mkdir()
+    (tmp_path / "tmp").mkdir()
+    (tmp_path / "proc").mkdir()
+    (tmp_path / "bin").symlink_to("usr/bin")
+    spec = host_bundle_config(tmp_path)
+    assert [n["type"] for n in spec["linux"]["namespaces"]] == ["pid", "ipc", "mount"]
+    assert "hostname" not in spec
+    binds = {m["destination"]: m["options"] for m in spec["mounts"] if m["type"] == "bind"}
+    assert binds["/usr"][-1] == "ro" and binds["/tmp"][-1] == "rw" and "/proc" not in binds and "/bin" not in binds
+    out = make_host_bundle(tmp_path / "b", host_root=tmp_path)
+    assert (out / "rootfs" / "bin").is_symlink() and (out / "rootfs" / "usr").is_dir()
+
+
+def test_oci_bundle_refuses_a_directory_with_other_files(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notes.txt").write_text("mine")
+    assert main(["sandbox", "oci-bundle", str(tmp_path)]) != 0
+    assert "is not an OCI bundle made by slurm-ddp" in capsys.readouterr().err
+    assert (tmp_path / "notes.txt").read_text() == "mine"
