@@ -153,6 +153,17 @@ GOLDEN_CASES = {
         "/scratch/runs/own-script",
     ),
     "two_node_full.sbatch": (lambda: config_from_dict(FULL), "/scratch/runs/resnet-2node"),
+    # in-job recovery from a lost node: --no-kill, one spare, the training step in a loop
+    "digits_recovery.sbatch": (
+        lambda: config_from_dict(
+            {
+                **read_yaml(EXAMPLE),
+                "slurm": {**read_yaml(EXAMPLE)["slurm"], "nodes": 2},
+                "recovery": {"spare_nodes": 1, "min_nodes": 1},
+            }
+        ),
+        "/scratch/runs/digits",
+    ),
     **{name: (lambda s=slurm: gpu_config(s), "/scratch/runs/digits") for name, (slurm, _) in GPU_LAYOUTS.items()},
 }
 
