@@ -39,7 +39,7 @@ TEMPLATE = "sbatch.sh.j2"
 #: In-job recovery: seconds the batch script lets srun end a step after a rank saw a peer vanish, before
 #: it ends srun itself (srun waits for the lost node's tasks until Slurm marks the node DOWN,
 #: ``SlurmdTimeout``: 300 s by default).
-PEER_LOST_GRACE_S = 10
+PEER_LOST_GRACE_S = 5
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
 
 
@@ -97,7 +97,7 @@ def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, O
     spares = cfg.recovery.spare_nodes if cfg.in_job_recovery else 0
     opts: Dict[str, Optional[str]] = {
         "job_name": sbatch_job_name(cfg.name),
-        "nodes": str(s.nodes + spares) if spares else str(s.nodes),
+        "nodes": str(s.min_nodes + spares) if spares else str(s.nodes),  # spares: one node count (validated)
         "ntasks_per_node": str(s.tasks_per_node),
         "cpus_per_task": str(s.cpus_per_task),
         "time": s.time,
@@ -358,7 +358,9 @@ def render(
             finished_name=FINISHED_NAME,
             recovery=cfg.in_job_recovery,
             # the nodes a step wants: slurm.nodes (spares aside), or with a range the count the job got
-            recovery_nodes=str(cfg.slurm.nodes) if cfg.slurm.min_nodes == cfg.slurm.max_nodes else '"$SLURM_JOB_NUM_NODES"',
+            recovery_nodes=str(cfg.slurm.nodes)
+            if cfg.slurm.min_nodes == cfg.slurm.max_nodes
+            else '"$SLURM_JOB_NUM_NODES"',
             recovery_min_nodes=cfg.recovery_min_nodes,
             recovery_max_restarts=cfg.recovery.max_restarts,
             recovery_dir=RECOVERY_DIR,

@@ -27,15 +27,15 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
-from .files import PathLike, append_jsonl, is_finished, read_preempted
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
+from .files import PathLike, append_jsonl, is_finished, read_preempted
 from .hangs import Hang, read_hang_reports, summarize_hang
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
 
 #: Seconds a probe step (``srun -w NODE true``) may take before its node counts as bad.
-PROBE_TIMEOUT_S = 20.0
+PROBE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -151,9 +151,7 @@ def decide_recovery(
         healthy.remove(batch_host)
     nodes = [batch_host, *healthy, *spares][:nodes_wanted]
     if len(nodes) < min_nodes:
-        return requeue(
-            f"{len(nodes)} healthy node(s) left, fewer than recovery.min_nodes={min_nodes} (no spare left)"
-        )
+        return requeue(f"{len(nodes)} healthy node(s) left, fewer than recovery.min_nodes={min_nodes} (no spare left)")
     with_spare = [n for n in nodes if n in spares]
     how = f"with spare {', '.join(with_spare)}" if with_spare else f"on the {len(nodes)} survivor(s)"
     return RecoveryDecision(
@@ -184,15 +182,27 @@ def job_nodes(job_id: str, run: Runner = subprocess.run) -> List[str]:
     return str(getattr(names, "stdout", "") or "").split()
 
 
-def probe_nodes(nodes: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, popen: Callable[..., Any] = subprocess.Popen) -> List[str]:
+def probe_nodes(
+    nodes: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, popen: Callable[..., Any] = subprocess.Popen
+) -> List[str]:
     """The nodes of ``nodes`` that cannot run a task now: a one-task step ``srun -w NODE true`` (inside
     this job; ``--overlap``: a step that still holds the node's CPUs does not delay it) that fails or
     does not finish within ``timeout_s`` seconds. All probes run at once."""
     procs = {}
     for n in nodes:
         procs[n] = popen(
-            ["srun", "--overlap", "--quiet", "-N1", "-n1", "--cpus-per-task=1", f"--nodelist={n}", "--time=1",
-             "--kill-on-bad-exit=1", "true"],
+            [
+                "srun",
+                "--overlap",
+                "--quiet",
+                "-N1",
+                "-n1",
+                "--cpus-per-task=1",
+                f"--nodelist={n}",
+                "--time=1",
+                "--kill-on-bad-exit=1",
+                "true",
+            ],
             stdin=subprocess.DEVNULL,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
@@ -249,8 +259,13 @@ def record_recovery(run_dir: PathLike, **record: Any) -> None:
 def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> bool:
     """Shrink job ``job_id`` to the nodes ``keep`` (``scontrol update JobId= NodeList=``), giving the others
     back to the cluster; True when Slurm took it. ``SLURM_JOB_NODELIST`` is stale afterwards."""
-    r = run(["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"], capture_output=True,
-            text=True, timeout=30, check=False)
+    r = run(
+        ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
     return getattr(r, "returncode", 1) == 0
 
 
@@ -351,7 +366,7 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
         can_requeue=bool(args.can_requeue),
     )
     if evidence.notes:
-        log("in-job recovery evidence (%.1f s): %s" % (time.time() - t0, "; ".join(evidence.notes)))
+        log(f"in-job recovery evidence ({time.time() - t0:.1f} s): {'; '.join(evidence.notes)}")
     log(decision.reason)
     gave_back = False
     if decision.action == RESTART and args.give_back and job_id:

@@ -32,7 +32,8 @@ class RequeueDecision:
     requeue: bool  #: run ``scontrol requeue JOB_ID`` now
     reason: str  #: one log line saying why
     exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
-    exclude: Optional[str] = None  #: node(s) to leave out of the requeued job (a hang on it; lost nodes, comma-separated)
+    #: node(s) to leave out of the requeued job: a hang's node, or the nodes in-job recovery found lost (a, b)
+    exclude: Optional[str] = None
 
 
 def decide_requeue(

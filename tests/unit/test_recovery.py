@@ -93,8 +93,17 @@ def test_start_nodes_put_the_batch_host_first() -> None:
 def test_the_hang_of_one_step_is_not_an_earlier_steps(tmp_path: Path) -> None:
     def report(rank: int, host: str, step: int, t: float) -> HangReport:
         return HangReport(
-            job_id="7", restart=0, rank=rank, world_size=2, host=host, step=step, phase="step",
-            idle_s=50.0, limit_s=45.0, cause="self" if rank == 1 else "peer", time=t,
+            job_id="7",
+            restart=0,
+            rank=rank,
+            world_size=2,
+            host=host,
+            step=step,
+            phase="step",
+            idle_s=50.0,
+            limit_s=45.0,
+            cause="self" if rank == 1 else "peer",
+            time=t,
         )
 
     write_hang_report(tmp_path, report(0, "n1", 10, 100.0))
@@ -127,9 +136,33 @@ def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: py
     real = rec.gather_evidence
     monkeypatch.setattr(rec, "gather_evidence", lambda *a, **k: real(*a, prober=rec.probe_nodes, **k))
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "n1"}
-    argv = ["recovery-decision", "--run-dir", str(tmp_path), "--exit-code", "137", "--step-nodes", "n1,n2",
-            "--since", "0", "--restarts-done", "0", "--nodes", "2", "--min-nodes", "2", "--max-restarts", "2",
-            "--max-requeues", "3", "--can-requeue", "1", "--stopped", "0", "--give-back", "1"]
+    argv = [
+        "recovery-decision",
+        "--run-dir",
+        str(tmp_path),
+        "--exit-code",
+        "137",
+        "--step-nodes",
+        "n1,n2",
+        "--since",
+        "0",
+        "--restarts-done",
+        "0",
+        "--nodes",
+        "2",
+        "--min-nodes",
+        "2",
+        "--max-restarts",
+        "2",
+        "--max-requeues",
+        "3",
+        "--can-requeue",
+        "1",
+        "--stopped",
+        "0",
+        "--give-back",
+        "1",
+    ]
     assert rec.main(argv, env) == 0
     out = capsys.readouterr()
     assert out.out.strip() == "restart n1,n3 n2"
@@ -139,22 +172,56 @@ def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: py
 
 
 def test_decision_entry_point_rejects_a_bad_node_name(tmp_path: Path, capsys) -> None:
-    argv = ["recovery-decision", "--run-dir", str(tmp_path), "--exit-code", "1", "--step-nodes", "n1,$(x)",
-            "--since", "0", "--restarts-done", "0", "--nodes", "2", "--min-nodes", "2", "--max-restarts", "2",
-            "--max-requeues", "3", "--can-requeue", "1", "--stopped", "0"]
+    argv = [
+        "recovery-decision",
+        "--run-dir",
+        str(tmp_path),
+        "--exit-code",
+        "1",
+        "--step-nodes",
+        "n1,$(x)",
+        "--since",
+        "0",
+        "--restarts-done",
+        "0",
+        "--nodes",
+        "2",
+        "--min-nodes",
+        "2",
+        "--max-restarts",
+        "2",
+        "--max-requeues",
+        "3",
+        "--can-requeue",
+        "1",
+        "--stopped",
+        "0",
+    ]
     assert rec.main(argv, {"SLURM_JOB_ID": "7"}) == 2
     assert capsys.readouterr().out == ""
 
 
 def test_requeue_rule_requeues_lost_nodes_away() -> None:
     d = decide_requeue(
-        exit_code=137, marker=None, job_id="7", restart_count=0, max_requeues=3, got_term=False,
-        can_requeue=True, lost_nodes=["n2", "n3"],
+        exit_code=137,
+        marker=None,
+        job_id="7",
+        restart_count=0,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+        lost_nodes=["n2", "n3"],
     )
     assert d.requeue and d.exclude == "n2,n3" and d.exit_code == 137
     d = decide_requeue(
-        exit_code=137, marker=None, job_id="7", restart_count=3, max_requeues=3, got_term=False,
-        can_requeue=True, lost_nodes=["n2"],
+        exit_code=137,
+        marker=None,
+        job_id="7",
+        restart_count=3,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+        lost_nodes=["n2"],
     )
     assert not d.requeue and d.exclude is None
 

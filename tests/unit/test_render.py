@@ -280,7 +280,10 @@ def test_sbatch_lines_sorted_and_complete(golden):
     assert names == sorted(names) and len(names) == len(set(names))
     assert f"#SBATCH --signal=B:{cfg.requeue.signal_name}@{cfg.requeue.signal_delay_s}" in lines
     assert "#SBATCH --requeue" in lines
-    assert f"#SBATCH --nodes={cfg.slurm.nodes}" in lines
+    spares = cfg.recovery.spare_nodes if cfg.in_job_recovery else 0  # hot spares come with the allocation
+    nodes = cfg.slurm.min_nodes + spares if spares else cfg.slurm.nodes
+    assert f"#SBATCH --nodes={nodes}" in lines
+    assert ("#SBATCH --no-kill" in lines) == cfg.in_job_recovery
     assert f"#SBATCH --ntasks-per-node={cfg.slurm.tasks_per_node}" in lines
     assert f"#SBATCH --time={cfg.slurm.time}" in lines
     assert f"#SBATCH --output={run_dir}/logs/batch-%j.out" in lines
