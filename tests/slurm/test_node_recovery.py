@@ -118,7 +118,7 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
 
         finished = job.wait_finished(timeout_s=300)
         assert finished["step"] == MAX_STEPS and finished["eval_accuracy"] >= 0.9, finished
-        assert job.restarts() == 0, job.show()
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
         recoveries = read_recoveries(job.run_dir)
         assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [
             ("restart", [victim], [step_nodes[0], spare[0]])
