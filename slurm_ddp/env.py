@@ -325,12 +325,14 @@ class DistEnv:
         }
 
     def validate_against(self, cfg: JobConfig) -> None:
-        """Check the allocation against the config's ``slurm.nodes`` and ``slurm.tasks_per_node``.
+        """Check the allocation against the config's ``slurm.nodes`` (down to ``recovery.min_nodes`` when
+        in-job recovery is on) and ``slurm.tasks_per_node``.
 
         Raises ``EnvironmentMismatch`` that gives both values and a hint.
         """
         s = cfg.slurm
-        if not s.min_nodes <= self.num_nodes <= s.max_nodes:
+        # in-job recovery (recovery.min_nodes) may continue a run on fewer nodes than slurm.nodes
+        if not cfg.recovery_min_nodes <= self.num_nodes <= s.max_nodes:
             raise EnvironmentMismatch(
                 f"SLURM_NNODES={self.num_nodes} does not match slurm.nodes={s.nodes}. HINT: the job was "
                 "started with a different --nodes than the config; submit with `slurm-ddp submit` or "

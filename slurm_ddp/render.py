@@ -26,10 +26,22 @@ from .config import JobConfig, command_argv
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
 from .launch import TORCHRUN_OMP_VAR
-from .rundir import FINISHED_NAME, LOGS_DIR, batch_log_name, launcher_log_name, rank_log_name
+from .rundir import (
+    FINISHED_NAME,
+    LOGS_DIR,
+    PEER_LOST_VAR,
+    RECOVERY_DIR,
+    batch_log_name,
+    launcher_log_name,
+    rank_log_name,
+)
 from .secrets import redact_argv, redact_env, secret_values
 
 TEMPLATE = "sbatch.sh.j2"
+#: In-job recovery: seconds the batch script lets srun end a step after a rank saw a peer vanish, before
+#: it ends srun itself (srun waits for the lost node's tasks until Slurm marks the node DOWN,
+#: ``SlurmdTimeout``: 300 s by default).
+PEER_LOST_GRACE_S = 5
 _SAFE_TOKEN = re.compile(r"^[A-Za-z0-9_./+:@%,=-]+\Z")  # \Z: "$" would let a trailing newline through
 
 
@@ -77,14 +89,17 @@ def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, O
 
     The one mapping from config to sbatch options: the ``#SBATCH`` lines (``sbatch_flags``) and
     the submitit backend's parameters are both built from it, so they cannot disagree.
-    ``signal`` (``B:SIG@delay``) and ``requeue`` are always present; ``output`` only when
+    ``signal`` (``B:SIG@delay``) and ``requeue`` are always present; with in-job recovery (``recovery``)
+    ``no_kill`` too, and ``nodes`` counts ``recovery.spare_nodes`` in; ``output`` only when
     ``run_dir`` is a safe single token. ``slurm.extra`` comes last: a key there replaces the
     option (``-`` and ``_`` alike), ``true`` makes it a bare flag and ``false`` removes it.
     """
     s, r = cfg.slurm, cfg.requeue
+    # in-job recovery: the spares come with the allocation, and a lost node must not end it (--no-kill)
+    spares = cfg.recovery.spare_nodes if cfg.in_job_recovery else 0
     opts: Dict[str, Optional[str]] = {
         "job_name": sbatch_job_name(cfg.name),
-        "nodes": str(s.nodes),
+        "nodes": str(s.min_nodes + spares) if spares else str(s.nodes),  # spares: one node count (validated)
         "ntasks_per_node": str(s.tasks_per_node),
         "cpus_per_task": str(s.cpus_per_task),
         "time": s.time,
@@ -92,6 +107,8 @@ def sbatch_options(cfg: JobConfig, run_dir: Optional[str] = None) -> Dict[str, O
         "requeue": None,
         "open_mode": "append",
     }
+    if cfg.in_job_recovery:
+        opts["no_kill"] = None
     opts.update(gpu_options(cfg))
     if s.mem_gb is not None:
         opts["mem"] = f"{int(round(s.mem_gb * 1024))}M"
@@ -173,8 +190,11 @@ def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
 
 def job_nodes(cfg: JobConfig) -> str:
     """The node count of the job's steps: ``slurm.nodes``, or with a range (``2-4``) the count the job
-    got, ``"$SLURM_JOB_NUM_NODES"`` (expanded by the batch shell)."""
+    got, ``"$SLURM_JOB_NUM_NODES"`` (expanded by the batch shell); with in-job recovery the batch
+    script's ``"$STEP_NNODES"`` (each step's nodes are chosen by ``rundir.recovery``)."""
     s = cfg.slurm
+    if cfg.in_job_recovery:
+        return '"$STEP_NNODES"'
     return str(s.nodes) if s.min_nodes == s.max_nodes else '"$SLURM_JOB_NUM_NODES"'
 
 
@@ -184,11 +204,17 @@ def srun_flags(cfg: JobConfig) -> List[str]:
     s = cfg.slurm
     torchrun = s.launcher == "torchrun"
     nodes = job_nodes(cfg)
+    recovery = cfg.in_job_recovery
     return [
         "--kill-on-bad-exit=1",
         f"--nodes={nodes}",
-        # under torchrun also --ntasks: srun would take the allocation's SLURM_NTASKS otherwise
+        # in-job recovery: the step's own nodes (not the spares, not a lost node), and --overlap: a step on
+        # a lost node lives on in Slurm until the node is DOWN, holding its CPUs on the survivors too
+        *(['--nodelist="$STEP_NODES"', "--overlap"] if recovery else []),
+        # under torchrun also --ntasks: srun would take the allocation's SLURM_NTASKS otherwise (so with
+        # recovery, whose allocation holds spares)
         *([f"--ntasks={nodes}"] if torchrun else []),
+        *([f'--ntasks="$((STEP_NNODES * {s.tasks_per_node}))"'] if recovery and not torchrun else []),
         f"--ntasks-per-node={1 if torchrun else s.tasks_per_node}",
         f"--cpus-per-task={s.tasks_per_node * s.cpus_per_task if torchrun else s.cpus_per_task}",
         # also in #SBATCH; here explicit for the step (torchrun's one task per node needs every GPU)
@@ -353,6 +379,16 @@ def render(
             logs_dir=LOGS_DIR,
             rank_log=rank_log_name("%t"),
             finished_name=FINISHED_NAME,
+            recovery=cfg.in_job_recovery,
+            # the nodes a step wants: slurm.nodes (spares aside), or with a range the count the job got
+            recovery_nodes=str(cfg.slurm.nodes)
+            if cfg.slurm.min_nodes == cfg.slurm.max_nodes
+            else '"$SLURM_JOB_NUM_NODES"',
+            recovery_min_nodes=cfg.recovery_min_nodes,
+            recovery_max_restarts=cfg.recovery.max_restarts,
+            recovery_dir=RECOVERY_DIR,
+            peer_lost_var=PEER_LOST_VAR,
+            peer_lost_grace_s=PEER_LOST_GRACE_S,
         )
         return out
 

@@ -171,6 +171,11 @@ def plan_submit(
             f"slurm.nodes={cfg.slurm.nodes}: a node range needs --backend sbatch (submitit counts its tasks "
             "from one node count); give one count for submitit"
         )
+    if backend == "submitit" and cfg.in_job_recovery:
+        raise UserError(
+            "recovery (spare_nodes/min_nodes): in-job recovery needs --backend sbatch (its batch script starts "
+            "the next training step); leave recovery.spare_nodes at 0 and recovery.min_nodes unset for submitit"
+        )
     check_pass_env(cfg.environment.pass_env, os.environ)
     check_installed(cfg)  # tracking's packages, at submit rather than on the nodes
     run_dir = os.path.abspath(run_dir or default_run_dir(cfg))

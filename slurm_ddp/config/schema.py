@@ -76,6 +76,7 @@ _MANAGED_FLAGS = {
     "open-mode": "slurm_ddp (append, so logs survive requeues)",
     "output": "slurm_ddp (RUN_DIR/logs)",
     "error": "slurm_ddp (RUN_DIR/logs)",
+    "no-kill": "recovery (in-job recovery submits --no-kill)",
     "array": "one submission per run directory (submit each config with its own --run-dir)",
 }
 
@@ -605,6 +606,30 @@ class WatchdogConfig:
     )
 
 
+@dataclass(frozen=True)
+class RecoveryConfig:
+    """In-job recovery from a lost or hung node (``slurm_ddp.rundir.recovery``): the job is submitted
+    ``--no-kill`` and, when a training step ends because a node died or hung, the batch script starts the
+    next step inside the same allocation without that node (no requeue, no queue wait). On when
+    ``spare_nodes`` > 0 or ``min_nodes`` is below ``slurm.nodes``, and ``max_restarts`` > 0."""
+
+    spare_nodes: int = field(
+        default=0,
+        metadata=_meta("hot spare nodes asked in addition to slurm.nodes (sbatch --nodes), idle until needed", min=0),
+    )
+    min_nodes: Optional[int] = field(
+        default=None,
+        metadata=_meta(
+            "with no spare left, continue on the survivors down to this many nodes (resumed sample-exactly); "
+            "unset = slurm.nodes (never shrink)",
+            min=1,
+        ),
+    )
+    max_restarts: int = field(
+        default=2, metadata=_meta("in-job restarts before falling back to a requeue (requeue.max_requeues)", min=0)
+    )
+
+
 _TRACKING_URI = re.compile(r"^[^\s'\"`\\]*\Z")
 
 
@@ -659,7 +684,7 @@ class TrackingConfig:
 @dataclass(frozen=True)
 class JobConfig:
     """One training job. Sections: ``slurm``, ``environment``, ``train``, ``checkpoint``, ``requeue``,
-    ``watchdog``, ``tracking``."""
+    ``watchdog``, ``recovery``, ``tracking``."""
 
     name: str = field(
         default="",
@@ -676,7 +701,25 @@ class JobConfig:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     requeue: RequeueConfig = field(default_factory=RequeueConfig)
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
+    recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+
+    @property
+    def in_job_recovery(self) -> bool:
+        """True when a lost or hung node is recovered inside the allocation (``recovery``): a spare or a
+        smaller world is allowed, and at least one in-job restart."""
+        r = self.recovery
+        shrink = r.min_nodes is not None and r.min_nodes < self.slurm.min_nodes
+        return r.max_restarts > 0 and (r.spare_nodes > 0 or shrink)
+
+    @property
+    def recovery_min_nodes(self) -> int:
+        """The fewest nodes a training step may run on: ``recovery.min_nodes`` when in-job recovery is
+        on, else the smallest count ``slurm.nodes`` allows."""
+        r = self.recovery
+        if self.in_job_recovery and r.min_nodes is not None:
+            return min(r.min_nodes, self.slurm.min_nodes)
+        return self.slurm.min_nodes
 
     def to_dict(self) -> Dict[str, Any]:
         """Plain dict (YAML/JSON-safe) that ``config_from_dict`` turns back into an equal config."""
@@ -715,9 +758,9 @@ class JobConfig:
 #: ``--run-dir``): the world size. The worker resumes such a run sample-exactly (README, "Resume on a
 #: different world size"); any other change is another run and is refused.
 RESIZABLE_KEYS = ("slurm.nodes", "slurm.tasks_per_node")
-#: Sections that do not change what a run trains, left out of both hashes: turning a tracker on for an
-#: existing run directory resumes it (and creates its tracker run) instead of being refused as another run.
-UNHASHED_SECTIONS = ("tracking",)
+#: Sections that do not change what a run trains, left out of both hashes: turning a tracker (or in-job
+#: recovery) on for an existing run directory resumes it instead of being refused as another run.
+UNHASHED_SECTIONS = ("tracking", "recovery")
 
 
 def _to_plain(obj: Any) -> Any:

@@ -269,6 +269,7 @@ def _cross_checks(cfg: JobConfig) -> None:
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
         )
     _check_gpus(s)
+    _check_recovery(cfg)
     if cfg.train.backend == "nccl" and not s.gpu_job:
         raise _bad("train.backend", "nccl", "gloo or auto for a CPU job", "set slurm.gpus_per_node to use nccl")
     for k, v in s.extra.items():
@@ -347,6 +348,25 @@ def image_is_path(runtime: str, image: str) -> bool:
     if runtime == "apptainer":
         return "://" not in image
     return image.startswith(("/", "./", "../")) or image.endswith((".sqsh", ".squashfs", ".sqfs"))
+
+
+def _check_recovery(cfg: JobConfig) -> None:
+    """``recovery``: ``min_nodes`` no larger than ``slurm.nodes``; spares only with one node count."""
+    r, s = cfg.recovery, cfg.slurm
+    if r.min_nodes is not None and r.min_nodes > s.min_nodes:
+        raise _bad(
+            "recovery.min_nodes",
+            r.min_nodes,
+            f"at most slurm.nodes ({s.nodes})",
+            "it is the fewest nodes the survivors may continue on; leave it unset to never shrink",
+        )
+    if r.spare_nodes and s.min_nodes != s.max_nodes:
+        raise _bad(
+            "recovery.spare_nodes",
+            r.spare_nodes,
+            f"0 with a node range (slurm.nodes={s.nodes})",
+            "give slurm.nodes one count to ask for spares, or use recovery.min_nodes to continue on fewer nodes",
+        )
 
 
 def _check_pass_env(cfg: JobConfig) -> None:

@@ -36,7 +36,10 @@ A run directory holds:
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
 - ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
   (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
-  ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`).
+  ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
+- ``recoveries.jsonl``: one record per in-job recovery decision after a node was lost or hung
+  (``recovery``); ``recovery/peer-lost.JOBID.RESTART.ATTEMPT``: the marker a rank leaves when a peer
+  of its step vanished (``PEER_LOST_VAR``, :func:`write_peer_lost`).
 
 A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
 ``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
@@ -54,8 +57,9 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
-``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended) and ``requeue`` (the requeue and finished
-rules, and the batch shell's entry point; ``__main__`` runs it).
+``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
+rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
+after a lost or hung node, with its evidence and entry points).
 """
 
 from __future__ import annotations
@@ -79,10 +83,13 @@ from .files import (
     LOGS_DIR,
     METRICS_NAME,
     MLFLOW_DB_NAME,
+    PEER_LOST_VAR,
     PREEMPTED_NAME,
     PRIVATE_DIRS,
     PRIVATE_FILES,
     PROVENANCE_NAME,
+    RECOVERIES_NAME,
+    RECOVERY_DIR,
     SCRIPT_NAME,
     SNAPSHOT_NAME,
     SNAPSHOTS_DIR,
@@ -116,6 +123,7 @@ from .files import (
     read_jsonl,
     read_metrics,
     read_preempted,
+    read_recoveries,
     read_sweep_jobs,
     read_sweep_manifest,
     record_end,
@@ -125,11 +133,13 @@ from .files import (
     snapshot_dir_name,
     was_accepted,
     write_finished,
+    write_peer_lost,
     write_preempted,
     write_sweep_manifest,
 )
 from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
+from .recovery import RecoveryDecision, decide_recovery
 from .requeue import (
     RequeueDecision,
     decide_requeue,
@@ -151,6 +161,13 @@ from .stops import (
 
 __all__ = [
     "stop_precedence",
+    "PEER_LOST_VAR",
+    "RECOVERIES_NAME",
+    "RECOVERY_DIR",
+    "RecoveryDecision",
+    "decide_recovery",
+    "read_recoveries",
+    "write_peer_lost",
     "WANDB_STEPS_NAME",
     "WANDB_DIR_NAME",
     "MLFLOW_DB_NAME",

@@ -22,6 +22,13 @@ JOBS_NAME = "jobs.jsonl"
 #: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
+#: one record per in-job recovery decision after a node was lost or hung (``rundir.recovery``)
+RECOVERIES_NAME = "recoveries.jsonl"
+#: where the batch script asks a step's ranks to leave their peer-lost marker (``PEER_LOST_VAR``)
+RECOVERY_DIR = "recovery"
+#: the variable naming a step's peer-lost marker: a rank that saw a peer vanish creates that file, so the
+#: batch script stops waiting for a step Slurm keeps alive until it marks the node DOWN
+PEER_LOST_VAR = "SLURM_DDP_PEER_LOST"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
@@ -259,6 +266,26 @@ def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, 
     record.update(extra)
     record.setdefault("time", time.time())
     append_jsonl(Path(run_dir) / ENDS_NAME, record)
+
+
+def read_recoveries(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """The in-job recovery decisions recorded in ``RUN_DIR/recoveries.jsonl``, oldest first."""
+    return read_jsonl(Path(run_dir) / RECOVERIES_NAME)
+
+
+def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
+    """Create the step's peer-lost marker named by ``PEER_LOST_VAR`` in ``environ`` (JSON ``record``);
+    False when the variable is unset (no in-job recovery) or the file cannot be written."""
+    path = environ.get(PEER_LOST_VAR)
+    if not path:
+        return False
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record) + "\n")
+    except OSError:
+        return False
+    return True
 
 
 def read_ends(run_dir: PathLike) -> List[Dict[str, Any]]:

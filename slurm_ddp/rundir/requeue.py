@@ -32,7 +32,8 @@ class RequeueDecision:
     requeue: bool  #: run ``scontrol requeue JOB_ID`` now
     reason: str  #: one log line saying why
     exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
-    exclude: Optional[str] = None  #: a node to leave out of the requeued job (a hang on it)
+    #: node(s) to leave out of the requeued job: a hang's node, or the nodes in-job recovery found lost (a, b)
+    exclude: Optional[str] = None
 
 
 def decide_requeue(
@@ -50,6 +51,7 @@ def decide_requeue(
     hang: Optional[Hang] = None,
     previous_hang: Optional[Hang] = None,
     stops: Optional[RankStops] = None,
+    lost_nodes: Sequence[str] = (),
 ) -> RequeueDecision:
     """THE requeue rule, for the batch script, the submitit backend and the local launcher alike. Pure.
 
@@ -88,7 +90,21 @@ def decide_requeue(
     stop like a preemption, exit ``PREEMPTED_EXIT_CODE``, not requeued; the next start decides
     (a script with nothing left to do exits 0 at once, and then the run is finished). A run that
     had written ``FINISHED`` before a stop signal ended its ranks (status 75 or 128+N) reports 0.
+
+    ``lost_nodes``: the nodes in-job recovery found lost or hung and could not replace inside the job
+    (:func:`slurm_ddp.rundir.recovery.decide_recovery` answered ``requeue``): a node's fault, so the job
+    requeues under the same conditions as for a hang, without them (``exclude``, comma-separated).
     """
+    if lost_nodes and not finished and marker_is_not_this(marker, job_id, restart_count):
+        return _decide_lost(
+            exit_code=exit_code,
+            job_id=job_id,
+            restart_count=restart_count,
+            max_requeues=max_requeues,
+            got_term=got_term,
+            can_requeue=can_requeue,
+            lost_nodes=lost_nodes,
+        )
     if stops is not None:
         got_signal = got_signal or stops.requeue
         got_term = got_term or stops.stop
@@ -201,6 +217,39 @@ def _decide_hang(
     )
 
 
+def _decide_lost(
+    *,
+    exit_code: int,
+    job_id: str,
+    restart_count: int,
+    max_requeues: int,
+    got_term: bool,
+    can_requeue: bool,
+    lost_nodes: Sequence[str],
+) -> RequeueDecision:
+    status = exit_code if exit_code not in (0, PREEMPTED_EXIT_CODE) else 1
+    lost = ",".join(dict.fromkeys(lost_nodes))
+    notes = [f"node {lost} lost or hung and not replaceable inside the job"]
+    requeue = False
+    if got_term:
+        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing")
+    elif not can_requeue:
+        notes.append("scontrol is missing: cannot requeue")
+    elif not job_id:
+        notes.append("SLURM_JOB_ID is not set: cannot requeue")
+    elif restart_count >= max_requeues:
+        notes.append(f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    else:
+        requeue = True
+        notes.append(
+            f"requeueing without node {lost} (restart {restart_count + 1} of at most {max_requeues}), resuming "
+            "from the last checkpoint"
+        )
+    return RequeueDecision(
+        preempted=False, requeue=requeue, reason="; ".join(notes), exit_code=status, exclude=lost if requeue else None
+    )
+
+
 def decide_requeue_here(
     run_dir: PathLike,
     *,
@@ -211,6 +260,7 @@ def decide_requeue_here(
     environ: Optional[Mapping[str, str]] = None,
     got_signal: bool = False,
     command: bool = False,
+    lost_nodes: Sequence[str] = (),
 ) -> RequeueDecision:
     """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s
     markers (``PREEMPTED``, ``FINISHED``, the hang reports, the ranks' stop records).
@@ -236,6 +286,7 @@ def decide_requeue_here(
         got_signal=got_signal,
         command=command,
         stops=read_rank_stops(run_dir, job_id, restart) if job_id else None,
+        lost_nodes=lost_nodes,
     )
 
 
@@ -326,6 +377,17 @@ def _int_arg(low: int, high: Optional[int] = None) -> Any:
     return parse
 
 
+def _node_list(text: str) -> List[str]:
+    """``--lost-nodes``: node names, comma-separated; ``-`` or empty for none."""
+    from ..errors import UserError
+
+    names = [n for n in text.split(",") if n and n != "-"]
+    for n in names:
+        if not all(c.isalnum() or c in "._-" for c in n):
+            raise UserError(f"--lost-nodes: {n!r} is not a node name")
+    return names
+
+
 def _parser() -> _Parser:
     p = _Parser(prog="python -m slurm_ddp.rundir", add_help=False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -337,12 +399,13 @@ def _parser() -> _Parser:
     d.add_argument("--max-requeues", required=True, type=_int_arg(0))
     d.add_argument("--got-signal", default=0, type=_int_arg(0, 1))
     d.add_argument("--command-mode", default=0, type=_int_arg(0, 1))
+    d.add_argument("--lost-nodes", default="-")
     return p
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
     """``python -m slurm_ddp.rundir requeue-decision --run-dir D --exit-code N --got-term 0|1
-    --can-requeue 0|1 --max-requeues M [--got-signal 0|1] [--command-mode 0|1]``: the batch
+    --can-requeue 0|1 --max-requeues M [--got-signal 0|1] [--command-mode 0|1] [--lost-nodes A,B]``: the batch
     script's requeue decision (``--got-signal``: it forwarded the time-limit signal to the ranks;
     ``--command-mode``: a ``train.command`` run, whose status 0 writes ``FINISHED`` first, see
     :func:`mark_command_finished`).
@@ -375,6 +438,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                 environ=env,
                 got_signal=bool(args.got_signal),
                 command=bool(args.command_mode),
+                lost_nodes=_node_list(args.lost_nodes),
             )
         except ValueError as e:
             raise UserError(str(e)) from None

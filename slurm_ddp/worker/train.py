@@ -48,6 +48,7 @@ from ..rundir import (
     end_partial_line,
     is_finished,
     write_finished,
+    write_peer_lost,
     write_preempted,
 )
 from ..signals import PreemptionFlag, worker_signals
@@ -649,10 +650,10 @@ class Trainer:
             ok = True
             return status
         except dist.DistBackendError as e:
-            raise PeerFailure(self._peer_message(e)) from e
+            raise self._peer_failure(e) from e
         except RuntimeError as e:
             if _is_peer_failure(e):
-                raise PeerFailure(self._peer_message(e)) from e
+                raise self._peer_failure(e) from e
             raise
         finally:
             self.flag.restore()
@@ -682,6 +683,22 @@ class Trainer:
                 shutdown_distributed()
             elif dist.is_initialized():
                 dist.destroy_process_group()
+
+    def _peer_failure(self, e: BaseException) -> PeerFailure:
+        """The ``PeerFailure`` for ``e``, after leaving the step's peer-lost marker (in-job recovery:
+        the batch script stops waiting for a step whose lost node Slurm has not yet marked DOWN)."""
+        message = self._peer_message(e)
+        write_peer_lost(
+            os.environ,
+            {
+                "rank": self.denv.rank,
+                "host": self.denv.hostname or socket.gethostname(),
+                "step": self.step,
+                "time": time.time(),
+                "error": message[-300:],
+            },
+        )
+        return PeerFailure(message)
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -154,6 +154,17 @@ GOLDEN_CASES = {
         "/scratch/runs/own-script",
     ),
     "two_node_full.sbatch": (lambda: config_from_dict(FULL), "/scratch/runs/resnet-2node"),
+    # in-job recovery from a lost node: --no-kill, one spare, the training step in a loop
+    "digits_recovery.sbatch": (
+        lambda: config_from_dict(
+            {
+                **read_yaml(EXAMPLE),
+                "slurm": {**read_yaml(EXAMPLE)["slurm"], "nodes": 2},
+                "recovery": {"spare_nodes": 1, "min_nodes": 1},
+            }
+        ),
+        "/scratch/runs/digits",
+    ),
     **{name: (lambda s=slurm: gpu_config(s), "/scratch/runs/digits") for name, (slurm, _) in GPU_LAYOUTS.items()},
 }
 
@@ -315,7 +326,10 @@ def test_sbatch_lines_sorted_and_complete(golden):
     assert names == sorted(names) and len(names) == len(set(names))
     assert f"#SBATCH --signal=B:{cfg.requeue.signal_name}@{cfg.requeue.signal_delay_s}" in lines
     assert "#SBATCH --requeue" in lines
-    assert f"#SBATCH --nodes={cfg.slurm.nodes}" in lines
+    spares = cfg.recovery.spare_nodes if cfg.in_job_recovery else 0  # hot spares come with the allocation
+    nodes = cfg.slurm.min_nodes + spares if spares else cfg.slurm.nodes
+    assert f"#SBATCH --nodes={nodes}" in lines
+    assert ("#SBATCH --no-kill" in lines) == cfg.in_job_recovery
     assert f"#SBATCH --ntasks-per-node={cfg.slurm.tasks_per_node}" in lines
     assert f"#SBATCH --time={cfg.slurm.time}" in lines
     assert f"#SBATCH --output={run_dir}/logs/batch-%j.out" in lines

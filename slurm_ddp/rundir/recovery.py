@@ -1,0 +1,423 @@
+"""In-job recovery from a lost or hung node (config section ``recovery``): THE rule that decides, after
+a training step of a ``--no-kill`` job ended badly, whether the batch script starts the next step inside
+the same allocation, on which nodes, or falls back to a requeue (:func:`decide_recovery`, pure); the
+evidence it reads (:func:`gather_evidence`: the step's hang reports, the peer-lost marker the worker
+writes, a short probe step per node); and the batch shell's entry points (``python -m slurm_ddp.rundir
+recovery-start`` / ``recovery-decision``, :func:`main_start` / :func:`main_decision`). Part of
+:mod:`slurm_ddp.rundir`.
+
+Why our own evidence: Slurm marks a silent node DOWN only after ``SlurmdTimeout`` (300 s by default),
+and a step whose node vanished runs on until then (SLURM-FACTS.md, "A node lost inside a --no-kill
+job"). The ranks notice at once (a collective fails when a peer's socket closes, or times out after
+``train.pg_timeout_s``), the watchdog names a hung rank's node, and a probe step ``srun -w NODE true``
+that fails or does not finish within seconds names a node that cannot run tasks.
+
+Side effects: :func:`gather_evidence` runs ``srun``/``scontrol`` (through an injected runner) and reads
+the run directory; :func:`main_decision` appends to ``recoveries.jsonl`` and may shrink the job
+(``scontrol update JobId= NodeList=``). Imports no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+
+from .files import RECOVERIES_NAME as RECOVERIES_NAME
+from .files import PathLike, append_jsonl, is_finished, read_preempted
+from .hangs import Hang, read_hang_reports, summarize_hang
+
+#: The actions of a :class:`RecoveryDecision`.
+RESTART, REQUEUE, NONE = "restart", "requeue", "none"
+
+#: Seconds a probe step (``srun -w NODE true``) may take before its node counts as bad.
+PROBE_TIMEOUT_S = 10.0
+
+
+@dataclass(frozen=True)
+class RecoveryDecision:
+    """What the batch script does after a training step ended badly."""
+
+    action: str  #: ``restart``: next step on ``nodes``; ``requeue``: requeue without ``bad``; ``none``: the requeue rule decides
+    nodes: Tuple[str, ...]  #: the next step's nodes, batch host first (``restart`` only)
+    bad: Tuple[str, ...]  #: the nodes taken for lost or hung
+    reason: str  #: one log line saying why
+
+    def line(self) -> str:
+        """``ACTION NODES BAD`` for the batch shell: comma lists, ``-`` for none (checked, never eval'ed)."""
+        return f"{self.action} {','.join(self.nodes) or '-'} {','.join(self.bad) or '-'}"
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """What is known about the nodes after a step ended (:func:`gather_evidence`)."""
+
+    probe_failed: Tuple[str, ...] = ()  #: nodes whose probe step failed or timed out
+    hang: Optional[Hang] = None  #: the step's hang, from its watchdogs' reports
+    peer_lost: bool = False  #: a rank saw a peer vanish (the worker's peer-lost marker)
+    notes: Tuple[str, ...] = field(default=())  #: what was looked at, for the log line
+
+    @property
+    def bad(self) -> Tuple[str, ...]:
+        """The nodes the evidence points at: failed probes, then a hang's one node."""
+        out = list(self.probe_failed)
+        if self.hang is not None and self.hang.exclude and self.hang.exclude not in out:
+            out.append(self.hang.exclude)
+        return tuple(out)
+
+
+def decide_recovery(
+    *,
+    exit_code: int,
+    finished: bool,
+    stopped: bool,
+    batch_host: str,
+    step_nodes: Sequence[str],
+    job_nodes: Sequence[str],
+    bad: Sequence[str],
+    nodes_wanted: int,
+    min_nodes: int,
+    restarts_done: int,
+    max_restarts: int,
+    restart_count: int,
+    max_requeues: int,
+    can_requeue: bool,
+) -> RecoveryDecision:
+    """THE in-job recovery rule. Pure.
+
+    ``exit_code``: srun's status for the step that ended; ``finished``: the run wrote ``FINISHED``;
+    ``stopped``: the step was told to stop (SIGTERM, the time-limit signal, a preemption marker of this
+    job): then the requeue rule (:func:`slurm_ddp.rundir.decide_requeue`) decides, not this one.
+    ``step_nodes``: the nodes the step ran on; ``job_nodes``: the nodes the allocation holds now (the
+    step's plus idle spares); ``bad``: the nodes the evidence names (:class:`Evidence`);
+    ``nodes_wanted``: ``slurm.nodes``; ``min_nodes``: the fewest nodes a step may run on
+    (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: in-job restarts so far in this job
+    start and ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
+    requeue rule.
+
+    - a step that ended with status 0, a finished run or a stop → ``none``;
+    - no node named bad → ``none``: a crash on healthy nodes, which the requeue rule does not requeue;
+    - the batch host is bad (its ranks hung; the shell lives on) → ``requeue`` without it;
+    - ``max_restarts`` reached → ``requeue`` without the bad nodes;
+    - else the healthy nodes of the step, then spares, up to ``nodes_wanted``: ``restart`` when at least
+      ``min_nodes`` are left, else ``requeue``.
+
+    ``requeue`` becomes ``none`` (the job ends with the step's status) when it cannot requeue: no
+    ``scontrol`` or ``max_requeues`` reached.
+    """
+    bad_t = tuple(dict.fromkeys(bad))
+    if exit_code == 0 or finished or stopped:
+        why = "the run finished" if finished else ("the step was told to stop" if stopped else "status 0")
+        return RecoveryDecision(NONE, (), (), f"in-job recovery: nothing to recover ({why})")
+    if not bad_t:
+        return RecoveryDecision(
+            NONE,
+            (),
+            (),
+            f"in-job recovery: the step failed (status {exit_code}) but no node was found lost or hung "
+            "(every probe passed, no hang report): a crash, not a node",
+        )
+    lost = ", ".join(bad_t)
+
+    def requeue(why: str) -> RecoveryDecision:
+        if not can_requeue:
+            return RecoveryDecision(NONE, (), bad_t, f"in-job recovery: node {lost} bad; {why}; scontrol is missing")
+        if restart_count >= max_requeues:
+            return RecoveryDecision(
+                NONE,
+                (),
+                bad_t,
+                f"in-job recovery: node {lost} bad; {why}; max_requeues={max_requeues} reached: not requeueing",
+            )
+        return RecoveryDecision(
+            REQUEUE,
+            (),
+            bad_t,
+            f"in-job recovery: node {lost} bad; {why}; requeueing without it "
+            f"(restart {restart_count + 1} of at most {max_requeues})",
+        )
+
+    if batch_host in bad_t:
+        return requeue(f"it is the batch host ({batch_host}), where this script and rank 0 run")
+    if restarts_done >= max_restarts:
+        return requeue(f"recovery.max_restarts={max_restarts} in-job restarts done")
+    healthy = [n for n in step_nodes if n not in bad_t]
+    spares = [n for n in job_nodes if n not in bad_t and n not in step_nodes]
+    if batch_host in healthy:  # rank 0 and MASTER_ADDR stay on the batch host
+        healthy.remove(batch_host)
+    nodes = [batch_host, *healthy, *spares][:nodes_wanted]
+    if len(nodes) < min_nodes:
+        return requeue(f"{len(nodes)} healthy node(s) left, fewer than recovery.min_nodes={min_nodes} (no spare left)")
+    with_spare = [n for n in nodes if n in spares]
+    how = f"with spare {', '.join(with_spare)}" if with_spare else f"on the {len(nodes)} survivor(s)"
+    return RecoveryDecision(
+        RESTART,
+        tuple(nodes),
+        bad_t,
+        f"in-job recovery: node {lost} lost or hung (step status {exit_code}); restart {restarts_done + 1} of at "
+        f"most {max_restarts} in this job, {how}: {','.join(nodes)}",
+    )
+
+
+# --------------------------------------------------------------------------- evidence (edge)
+Runner = Callable[..., Any]
+
+
+def job_nodes(job_id: str, run: Runner = subprocess.run) -> List[str]:
+    """The nodes job ``job_id`` holds now (``scontrol show job``'s ``NodeList``, expanded by ``scontrol
+    show hostnames``); ``SLURM_JOB_NODELIST`` is stale once a node is lost or given back. Empty when
+    ``scontrol`` fails."""
+    out = run(["scontrol", "show", "job", "-o", job_id], capture_output=True, text=True, timeout=30, check=False)
+    nodelist = ""
+    for word in str(getattr(out, "stdout", "") or "").split():
+        if word.startswith("NodeList="):
+            nodelist = word.split("=", 1)[1]
+    if not nodelist or nodelist == "(null)":
+        return []
+    names = run(["scontrol", "show", "hostnames", nodelist], capture_output=True, text=True, timeout=30, check=False)
+    return str(getattr(names, "stdout", "") or "").split()
+
+
+def probe_nodes(
+    nodes: Sequence[str], timeout_s: float = PROBE_TIMEOUT_S, popen: Callable[..., Any] = subprocess.Popen
+) -> List[str]:
+    """The nodes of ``nodes`` that cannot run a task now: a one-task step ``srun -w NODE true`` (inside
+    this job; ``--overlap``: a step that still holds the node's CPUs does not delay it) that fails or
+    does not finish within ``timeout_s`` seconds. All probes run at once."""
+    procs = {}
+    for n in nodes:
+        procs[n] = popen(
+            [
+                "srun",
+                "--overlap",
+                "--quiet",
+                "-N1",
+                "-n1",
+                "--cpus-per-task=1",
+                f"--nodelist={n}",
+                "--time=1",
+                "--kill-on-bad-exit=1",
+                "true",
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+    deadline = time.monotonic() + timeout_s
+    bad = []
+    for n, p in procs.items():
+        try:
+            rc = p.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+            rc = None
+        if rc != 0:
+            bad.append(n)
+    return bad
+
+
+def find_step_hang(run_dir: PathLike, job_id: str, restart: int, since: float) -> Optional[Hang]:
+    """The hang of the step that started at ``since`` (``time.time()``), from the hang reports of job
+    ``job_id`` at ``restart`` written since then (an earlier step of the same job start wrote its own)."""
+    return summarize_hang([r for r in read_hang_reports(run_dir, job_id, restart) if r.time >= since])
+
+
+def gather_evidence(
+    run_dir: PathLike,
+    *,
+    job_id: str,
+    restart: int,
+    since: float,
+    probe: Sequence[str],
+    peer_lost_marker: str = "",
+    prober: Callable[[Sequence[str]], List[str]] = probe_nodes,
+) -> Evidence:
+    """The evidence after a step: the hang reports since ``since``, the worker's peer-lost marker
+    (``peer_lost_marker``, a path; the rank writes it when a peer vanished) and a probe of each node of
+    ``probe``."""
+    hang = find_step_hang(run_dir, job_id, restart, since)
+    peer_lost = bool(peer_lost_marker) and os.path.exists(peer_lost_marker)
+    failed = tuple(prober(probe)) if probe else ()
+    notes = [f"probed {','.join(probe) or 'no node'}: " + (f"{','.join(failed)} failed" if failed else "all ran")]
+    if hang is not None:
+        notes.append(hang.line())
+    if peer_lost:
+        notes.append("a rank saw a peer vanish")
+    return Evidence(probe_failed=failed, hang=hang, peer_lost=peer_lost, notes=tuple(notes))
+
+
+def record_recovery(run_dir: PathLike, **record: Any) -> None:
+    """Append one in-job recovery (a :class:`RecoveryDecision` with its context) to ``recoveries.jsonl``."""
+    append_jsonl(os.path.join(os.fspath(run_dir), RECOVERIES_NAME), record)
+
+
+def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> bool:
+    """Shrink job ``job_id`` to the nodes ``keep`` (``scontrol update JobId= NodeList=``), giving the others
+    back to the cluster; True when Slurm took it. ``SLURM_JOB_NODELIST`` is stale afterwards."""
+    r = run(
+        ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    return getattr(r, "returncode", 1) == 0
+
+
+# --------------------------------------------------------------------------- batch-shell entry points
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        from ..errors import UserError
+
+        raise UserError(message)
+
+
+def _nodes_arg(text: str) -> List[str]:
+    names = [n for n in text.split(",") if n and n != "-"]
+    for n in names:
+        if not all(c.isalnum() or c in "._-" for c in n):
+            raise argparse.ArgumentTypeError(f"{n!r} is not a node name")
+    return names
+
+
+def start_nodes(job_nodes_now: Sequence[str], batch_host: str, nodes_wanted: int) -> List[str]:
+    """The first step's nodes: the batch host (rank 0, MASTER_ADDR), then the allocation's other nodes in
+    order, ``nodes_wanted`` in all; the rest are the spares. Pure."""
+    rest = [n for n in job_nodes_now if n != batch_host]
+    return [batch_host, *rest][:nodes_wanted]
+
+
+def main_start(argv: Sequence[str], environ: Mapping[str, str]) -> int:
+    """``recovery-start --nodes N``: print ``NODES COUNT``, the first step's nodes (comma list, batch host
+    first) and their count, from ``SLURM_JOB_NODELIST`` and ``SLURMD_NODENAME`` (or the host name)."""
+    import socket
+
+    from ..env import expand_nodelist
+
+    p = _Parser(prog="python -m slurm_ddp.rundir recovery-start", add_help=False)
+    p.add_argument("--nodes", required=True, type=int)
+    args = p.parse_args(argv)
+    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+    host = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    nodes = start_nodes(expand_nodelist(nodelist) if nodelist else [host], host, args.nodes)
+    print(f"{','.join(nodes)} {len(nodes)}", flush=True)
+    return 0
+
+
+def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable[[str], None]) -> int:
+    """``recovery-decision --run-dir D --exit-code N --step-nodes A,B --since T --restarts-done K --nodes W
+    --min-nodes M --max-restarts R --max-requeues Q --can-requeue 0|1 --stopped 0|1 [--peer-lost PATH]
+    [--give-back 0|1]``: gather the evidence, decide (:func:`decide_recovery`), record it in
+    ``recoveries.jsonl``, give lost nodes back when restarting (``--give-back 1``), log the reason and print
+    :meth:`RecoveryDecision.line`."""
+    p = _Parser(prog="python -m slurm_ddp.rundir recovery-decision", add_help=False)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--exit-code", required=True, type=int)
+    p.add_argument("--step-nodes", required=True, type=_nodes_arg)
+    p.add_argument("--since", required=True, type=float)
+    p.add_argument("--restarts-done", required=True, type=int)
+    p.add_argument("--nodes", required=True, type=int)
+    p.add_argument("--min-nodes", required=True, type=int)
+    p.add_argument("--max-restarts", required=True, type=int)
+    p.add_argument("--max-requeues", required=True, type=int)
+    p.add_argument("--can-requeue", required=True, type=int, choices=(0, 1))
+    p.add_argument("--stopped", required=True, type=int, choices=(0, 1))
+    p.add_argument("--peer-lost", default="")
+    p.add_argument("--give-back", default=0, type=int, choices=(0, 1))
+    args = p.parse_args(argv)
+    import socket
+
+    job_id = environ.get("SLURM_JOB_ID", "")
+    restart_text = environ.get("SLURM_RESTART_COUNT") or "0"
+    restart = int(restart_text) if restart_text.isdigit() else 0
+    host = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    marker = read_preempted(args.run_dir)
+    stopped = bool(args.stopped) or (marker is not None and marker.job_id == job_id and marker.restart == restart)
+    finished = is_finished(args.run_dir)
+    t0 = time.time()
+    if args.exit_code == 0 or finished or stopped or not job_id:
+        evidence = Evidence()
+        nodes_now = list(args.step_nodes)
+    else:
+        nodes_now = job_nodes(job_id) or list(args.step_nodes)
+        probe = [n for n in dict.fromkeys([*args.step_nodes, *nodes_now]) if n != host]
+        evidence = gather_evidence(
+            args.run_dir, job_id=job_id, restart=restart, since=args.since, probe=probe, peer_lost_marker=args.peer_lost
+        )
+    decision = decide_recovery(
+        exit_code=args.exit_code,
+        finished=finished,
+        stopped=stopped,
+        batch_host=host,
+        step_nodes=args.step_nodes,
+        job_nodes=nodes_now,
+        bad=evidence.bad,
+        nodes_wanted=args.nodes,
+        min_nodes=args.min_nodes,
+        restarts_done=args.restarts_done,
+        max_restarts=args.max_restarts,
+        restart_count=restart,
+        max_requeues=args.max_requeues,
+        can_requeue=bool(args.can_requeue),
+    )
+    if evidence.notes:
+        log(f"in-job recovery evidence ({time.time() - t0:.1f} s): {'; '.join(evidence.notes)}")
+    log(decision.reason)
+    gave_back = False
+    if decision.action == RESTART and args.give_back and job_id:
+        keep = [n for n in nodes_now if n not in decision.bad]
+        gave_back = give_back(job_id, keep)
+        log(
+            f"gave node {','.join(decision.bad)} back to the cluster (job NodeList={','.join(keep)})"
+            if gave_back
+            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList); keeping it excluded"
+        )
+    if decision.action != NONE or decision.bad:
+        record: Dict[str, Any] = {
+            "job_id": job_id,
+            "restart": restart,
+            "attempt": args.restarts_done,
+            "time": time.time(),
+            "step_started": args.since,
+            "action": decision.action,
+            "exit_code": args.exit_code,
+            "step_nodes": list(args.step_nodes),
+            "nodes": list(decision.nodes),
+            "bad": list(decision.bad),
+            "peer_lost": evidence.peer_lost,
+            "hang": evidence.hang.line() if evidence.hang is not None else None,
+            "gave_back": gave_back,
+            "reason": decision.reason,
+        }
+        try:
+            record_recovery(args.run_dir, **record)
+        except OSError as e:
+            log(f"could not record the recovery in {RECOVERIES_NAME}: {e}")
+    print(decision.line(), flush=True)
+    return 0
+
+
+def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
+    """Entry of ``python -m slurm_ddp.rundir recovery-start|recovery-decision ...`` (see :func:`main_start`,
+    :func:`main_decision`). A malformed argument is one stderr line and exit status 2; the batch script
+    then ends the loop and lets the requeue rule decide."""
+    from ..entrypoint import run_main
+
+    env = os.environ if environ is None else environ
+    args = list(sys.argv[1:] if argv is None else argv)
+
+    def log(text: str) -> None:
+        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
+        print(f"{stamp} slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: {text}", file=sys.stderr, flush=True)
+
+    def run() -> int:
+        if args[:1] == ["recovery-start"]:
+            return main_start(args[1:], env)
+        return main_decision(args[1:], env, log)
+
+    return run_main("slurm_ddp rundir", run)

@@ -1,0 +1,262 @@
+"""In-job recovery from a lost or hung node: the rule (``rundir.recovery.decide_recovery``, pure), its
+evidence (hang reports of one step, probes through a fake ``srun``), the batch shell's entry points, the
+requeue rule's ``lost_nodes`` and the config keys."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+from typing import Any, Dict
+
+import pytest
+
+from slurm_ddp.config import config_from_dict
+from slurm_ddp.errors import ConfigError
+from slurm_ddp.render import sbatch_options, srun_flags
+from slurm_ddp.rundir import HangReport, decide_recovery, decide_requeue, read_recoveries, write_hang_report
+from slurm_ddp.rundir import recovery as rec
+
+
+def decide(**over: Any) -> rec.RecoveryDecision:
+    args: Dict[str, Any] = dict(
+        exit_code=1,
+        finished=False,
+        stopped=False,
+        batch_host="n1",
+        step_nodes=["n1", "n2"],
+        job_nodes=["n1", "n2", "n3"],
+        bad=["n2"],
+        nodes_wanted=2,
+        min_nodes=2,
+        restarts_done=0,
+        max_restarts=2,
+        restart_count=0,
+        max_requeues=3,
+        can_requeue=True,
+    )
+    args.update(over)
+    return decide_recovery(**args)
+
+
+def test_a_lost_node_is_replaced_by_a_spare() -> None:
+    d = decide()
+    assert (d.action, d.nodes, d.bad) == ("restart", ("n1", "n3"), ("n2",))
+    assert d.line() == "restart n1,n3 n2"
+    assert "with spare n3" in d.reason
+
+
+def test_without_a_spare_the_survivors_go_on_down_to_min_nodes() -> None:
+    d = decide(job_nodes=["n1", "n2"], min_nodes=1)
+    assert (d.action, d.nodes) == ("restart", ("n1",))
+    assert "survivor" in d.reason
+
+
+def test_without_a_spare_and_no_smaller_world_allowed_it_requeues_without_the_node() -> None:
+    d = decide(job_nodes=["n1", "n2"], min_nodes=2)
+    assert (d.action, d.bad) == ("requeue", ("n2",))
+    assert d.line() == "requeue - n2"
+
+
+def test_the_batch_host_bad_requeues() -> None:
+    d = decide(bad=["n1"])
+    assert d.action == "requeue" and "batch host" in d.reason
+
+
+def test_max_restarts_reached_requeues_and_max_requeues_ends_the_job() -> None:
+    assert decide(restarts_done=2).action == "requeue"
+    d = decide(restarts_done=2, restart_count=3)
+    assert d.action == "none" and "max_requeues=3 reached" in d.reason
+    assert decide(restarts_done=2, can_requeue=False).action == "none"
+
+
+@pytest.mark.parametrize(
+    "over",
+    [{"exit_code": 0}, {"finished": True}, {"stopped": True}, {"bad": []}],
+    ids=["status-0", "finished", "stopped", "no-bad-node"],
+)
+def test_nothing_to_recover(over: Dict[str, Any]) -> None:
+    d = decide(**over)
+    assert d.action == "none" and d.nodes == ()
+
+
+def test_a_second_loss_uses_the_remaining_nodes() -> None:
+    """After n2 was replaced by n3, n3 is lost too: only n1 is left; min_nodes 1 → alone."""
+    d = decide(step_nodes=["n1", "n3"], job_nodes=["n1", "n3"], bad=["n3"], restarts_done=1, min_nodes=1)
+    assert (d.action, d.nodes) == ("restart", ("n1",))
+
+
+def test_start_nodes_put_the_batch_host_first() -> None:
+    assert rec.start_nodes(["n1", "n2", "n3"], "n2", 2) == ["n2", "n1"]
+
+
+def test_the_hang_of_one_step_is_not_an_earlier_steps(tmp_path: Path) -> None:
+    def report(rank: int, host: str, step: int, t: float) -> HangReport:
+        return HangReport(
+            job_id="7",
+            restart=0,
+            rank=rank,
+            world_size=2,
+            host=host,
+            step=step,
+            phase="step",
+            idle_s=50.0,
+            limit_s=45.0,
+            cause="self" if rank == 1 else "peer",
+            time=t,
+        )
+
+    write_hang_report(tmp_path, report(0, "n1", 10, 100.0))
+    write_hang_report(tmp_path, report(1, "n2", 9, 100.0))
+    assert rec.find_step_hang(tmp_path, "7", 0, since=50.0) is not None
+    assert rec.find_step_hang(tmp_path, "7", 0, since=200.0) is None  # the next step's view
+
+
+def test_probe_names_a_node_whose_step_fails_or_hangs() -> None:
+    class Fake:
+        def __init__(self, argv: Any, **_: Any) -> None:
+            self.node = [a for a in argv if a.startswith("--nodelist=")][0].split("=")[1]
+
+        def wait(self, timeout: float = 0.0) -> int:
+            if self.node == "n3" and timeout:
+                raise subprocess.TimeoutExpired("srun", timeout)
+            return 0 if self.node == "n1" else 1
+
+        def kill(self) -> None:
+            pass
+
+    assert rec.probe_nodes(["n1", "n2", "n3"], timeout_s=0.1, popen=Fake) == ["n2", "n3"]
+
+
+def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setattr(rec, "job_nodes", lambda job_id, run=None: ["n1", "n2", "n3"])
+    monkeypatch.setattr(rec, "probe_nodes", lambda nodes, **_: ["n2"])
+    monkeypatch.setattr(rec, "give_back", lambda job_id, keep, run=None: True)
+    # gather_evidence's default prober is bound at definition: pass through the module's
+    real = rec.gather_evidence
+    monkeypatch.setattr(rec, "gather_evidence", lambda *a, **k: real(*a, prober=rec.probe_nodes, **k))
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "n1"}
+    argv = [
+        "recovery-decision",
+        "--run-dir",
+        str(tmp_path),
+        "--exit-code",
+        "137",
+        "--step-nodes",
+        "n1,n2",
+        "--since",
+        "0",
+        "--restarts-done",
+        "0",
+        "--nodes",
+        "2",
+        "--min-nodes",
+        "2",
+        "--max-restarts",
+        "2",
+        "--max-requeues",
+        "3",
+        "--can-requeue",
+        "1",
+        "--stopped",
+        "0",
+        "--give-back",
+        "1",
+    ]
+    assert rec.main(argv, env) == 0
+    out = capsys.readouterr()
+    assert out.out.strip() == "restart n1,n3 n2"
+    assert "probed n2,n3: n2 failed" in out.err and "gave node n2 back" in out.err
+    (r,) = read_recoveries(tmp_path)
+    assert (r["action"], r["bad"], r["nodes"], r["gave_back"]) == ("restart", ["n2"], ["n1", "n3"], True)
+
+
+def test_decision_entry_point_rejects_a_bad_node_name(tmp_path: Path, capsys) -> None:
+    argv = [
+        "recovery-decision",
+        "--run-dir",
+        str(tmp_path),
+        "--exit-code",
+        "1",
+        "--step-nodes",
+        "n1,$(x)",
+        "--since",
+        "0",
+        "--restarts-done",
+        "0",
+        "--nodes",
+        "2",
+        "--min-nodes",
+        "2",
+        "--max-restarts",
+        "2",
+        "--max-requeues",
+        "3",
+        "--can-requeue",
+        "1",
+        "--stopped",
+        "0",
+    ]
+    assert rec.main(argv, {"SLURM_JOB_ID": "7"}) == 2
+    assert capsys.readouterr().out == ""
+
+
+def test_requeue_rule_requeues_lost_nodes_away() -> None:
+    d = decide_requeue(
+        exit_code=137,
+        marker=None,
+        job_id="7",
+        restart_count=0,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+        lost_nodes=["n2", "n3"],
+    )
+    assert d.requeue and d.exclude == "n2,n3" and d.exit_code == 137
+    d = decide_requeue(
+        exit_code=137,
+        marker=None,
+        job_id="7",
+        restart_count=3,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+        lost_nodes=["n2"],
+    )
+    assert not d.requeue and d.exclude is None
+
+
+BASE = {"name": "r", "train": {"task": "m:T"}, "slurm": {"nodes": 2}}
+
+
+def test_recovery_config_renders_no_kill_and_spares() -> None:
+    cfg = config_from_dict({**BASE, "recovery": {"spare_nodes": 1}})
+    assert cfg.in_job_recovery and cfg.recovery_min_nodes == 2
+    opts = sbatch_options(cfg)
+    assert opts["nodes"] == "3" and "no_kill" in opts
+    assert '--nodelist="$STEP_NODES"' in srun_flags(cfg) and '--nodes="$STEP_NNODES"' in srun_flags(cfg)
+    off = config_from_dict(BASE)
+    assert not off.in_job_recovery and "no_kill" not in sbatch_options(off) and sbatch_options(off)["nodes"] == "2"
+    assert config_from_dict(BASE).config_hash() == cfg.config_hash()  # turning it on resumes the same run
+    shrink = config_from_dict({**BASE, "recovery": {"min_nodes": 1}})
+    assert shrink.in_job_recovery and shrink.recovery_min_nodes == 1 and sbatch_options(shrink)["nodes"] == "2"
+
+
+@pytest.mark.parametrize(
+    "data, words",
+    [
+        ({"recovery": {"min_nodes": 3}}, "recovery.min_nodes': got 3, expected at most slurm.nodes (2)"),
+        ({"slurm": {"nodes": "2-4"}, "recovery": {"spare_nodes": 1}}, "recovery.spare_nodes"),
+        ({"recovery": {"spare_nodes": -1}}, "recovery.spare_nodes"),
+        ({"recovery": {"spares": 1}}, "spare_nodes"),
+    ],
+)
+def test_bad_recovery_keys_are_one_line_errors(data: Dict[str, Any], words: str) -> None:
+    with pytest.raises(ConfigError) as e:
+        config_from_dict({**BASE, **data})
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_the_recovery_record_is_json_lines(tmp_path: Path) -> None:
+    rec.record_recovery(tmp_path, action="restart", bad=["n2"])
+    assert json.loads((tmp_path / "recoveries.jsonl").read_text())["bad"] == ["n2"]
