@@ -65,7 +65,9 @@ def record_rank_stop(run_dir: PathLike, *, job_id: str, restart: int, rank: int,
 
 
 def read_rank_stops(run_dir: PathLike, job_id: str, restart: int) -> RankStops:
-    """The stop signals the ranks of job ``job_id`` at ``restart`` recorded (malformed lines skipped)."""
+    """The stop signals the ranks of job ``job_id`` at ``restart`` recorded (malformed lines skipped).
+    A rank's stop signal recorded after its requeue signal does not count: once the ranks stop at the
+    requeue signal, srun ends the step's remaining tasks with SIGTERM (``--kill-on-bad-exit``, srun(1))."""
     signals, ranks, requeue = set(), set(), False
     try:
         paths = sorted(stop_dir(run_dir, job_id, restart).glob("rank-*"))
@@ -77,11 +79,18 @@ def read_rank_stops(run_dir: PathLike, job_id: str, restart: int) -> RankStops:
             lines = p.read_text(encoding="utf-8", errors="replace").splitlines()
         except (OSError, ValueError):
             continue
+        told_requeue = False
         for line in lines:
             parts = line.split()
             if len(parts) == 2 and parts[0].startswith("SIG") and parts[1] in ("requeue", "stop"):
+                if told_requeue and parts[1] == "stop":
+                    # a stop signal after this rank's requeue signal is the step's teardown (srun's
+                    # --kill-on-bad-exit once a peer exited at the requeue signal, or KillWait), not a
+                    # stop of its own: a scancel or preemption reaches the batch shell too (got_term)
+                    continue
                 signals.add(parts[0])
                 ranks.add(rank)
+                told_requeue = told_requeue or parts[1] == "requeue"
                 requeue = requeue or parts[1] == "requeue"
     return RankStops(signals=tuple(sorted(signals)), requeue=requeue, ranks=tuple(sorted(ranks)))
 

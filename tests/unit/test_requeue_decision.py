@@ -326,3 +326,32 @@ def test_a_hung_array_task_is_requeued_alone_by_its_watchdog(monkeypatch, tmp_pa
     assert requeued(stubs, f"{JOB_ID}_0")
     exclude = TABLE["hang-on-one-node"].exclude
     assert scontrol_after_requeue(stubs).endswith(f"update\0JobId={JOB_ID}_0\0ExcNodeList={exclude}\0".encode())
+
+
+def test_srun_teardown_after_the_requeue_signal_is_not_a_stop(tmp_path: Path) -> None:
+    """Seen on the sandbox under load: USR2 forwarded to both ranks of a plain script, rank 1 dies of
+    it, srun's --kill-on-bad-exit then sends SIGTERM to rank 0's wrapper, which records it after its
+    USR2. That SIGTERM is the step's teardown: the job is preempted and requeues. A rank whose first
+    stop is SIGTERM still stops the job."""
+    from slurm_ddp.rundir import decide_requeue, read_rank_stops
+
+    for rank in (0, 1):
+        record_rank_stop(tmp_path, job_id=JOB_ID, restart=0, rank=rank, signal="SIGUSR2", requeue=True)
+    record_rank_stop(tmp_path, job_id=JOB_ID, restart=0, rank=0, signal="SIGTERM", requeue=False)
+    stops = read_rank_stops(tmp_path, JOB_ID, 0)
+    assert stops.requeue and not stops.stop and stops.signals == ("SIGUSR2",)
+    d = decide_requeue(
+        exit_code=140,
+        marker=None,
+        job_id=JOB_ID,
+        restart_count=0,
+        max_requeues=3,
+        got_term=False,
+        can_requeue=True,
+        got_signal=True,
+        command=True,
+        stops=stops,
+    )
+    assert d.requeue and d.preempted, d.reason
+    record_rank_stop(tmp_path, job_id=JOB_ID, restart=0, rank=2, signal="SIGTERM", requeue=False)
+    assert read_rank_stops(tmp_path, JOB_ID, 0).stop
