@@ -186,19 +186,21 @@ class StepSampler:
         offset = time.time() - time.monotonic()
         if first is not None and not self.first_done:
             self.first_done = True
-            self._put(first[1] + offset, first[0], PHASES.index("step"), now, first=True)
+            self._put(first[1] + offset, first[0], PHASES.index("step"), None, first=True)
         if (step, phase) == self.last:
             return
         if self.last is None or phase != self.last[1] or final or now - self.last_write >= self.min_interval_s:
             self._put(t + offset, step, phase, now)
 
-    def _put(self, t: float, step: int, phase: int, now: float, **more: Any) -> None:
+    def _put(self, t: float, step: int, phase: int, now: Optional[float], **more: Any) -> None:
+        """Write one line; ``now`` None: it does not count for the rate (the first step's line)."""
         name = PHASES[phase] if 0 <= phase < len(PHASES) else "step"
         try:
             self.write(time=round(t, 3), step=step, phase=name, **self.extra, **more)
         except OSError:
             return
-        self.last, self.last_write = (step, phase), now
+        if now is not None:
+            self.last, self.last_write = (step, phase), now
         self.lines += 1
 
 
