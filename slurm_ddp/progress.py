@@ -71,10 +71,10 @@ _HEAD = struct.Struct("<II")
 #: After the record: the pid of the process that installed the dump handler (``int32``; 0: none).
 DUMP_PID = struct.Struct("<i")
 DUMP_PID_OFFSET = RECORD.size
-#: At offset 32: the first step reported through :func:`step` and its monotonic time (``int64``,
-#: ``float64``); zeros until then.
+#: After the dump pid, 8-aligned (offset 40): the first step reported through :func:`step` and its
+#: monotonic time (``int64``, ``float64``); zeros until then.
 FIRST_STEP = struct.Struct("<qd")
-FIRST_STEP_OFFSET = 32
+FIRST_STEP_OFFSET = DUMP_PID_OFFSET + 8
 _BODY = struct.Struct("<qqd")
 SIZE = 64
 

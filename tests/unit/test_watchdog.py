@@ -321,6 +321,9 @@ def test_the_first_step_is_in_the_record_once(monkeypatch: pytest.MonkeyPatch) -
         first = progress.read_first_step(mm[:])
         progress.step(42)
         assert first is not None and first[0] == 41 and progress.read_first_step(mm[:]) == first
+        # beside the dump pid, not over it: the watchdog still finds the process to dump
+        assert progress.DUMP_PID.unpack_from(mm, progress.DUMP_PID_OFFSET) == (os.getpid(),)
+        assert progress.FIRST_STEP_OFFSET + progress.FIRST_STEP.size <= progress.SIZE
     finally:
         import faulthandler
 
