@@ -217,6 +217,15 @@ class Sweep:
         """One :class:`Run` per element, by index (an element not yet written is left out)."""
         return [Run(e.run.path) for e in read_sweep(self.path).elements if (e.run.path / "config.yaml").exists()]
 
+    def element(self, index: int) -> Run:
+        """The :class:`Run` of element ``index`` (the ``index`` of :meth:`table`'s rows). Raises
+        ``UserError`` for an index the sweep does not have."""
+        elements = read_sweep(self.path).elements
+        for e in elements:
+            if e.index == index:
+                return Run(e.run.path)
+        raise UserError(f"sweep {str(self.path)!r} has no element {index}; it has 0..{len(elements) - 1}")
+
     def status(self) -> SweepStatus:
         """Every element's state, from one Slurm question (``ops.sweeps.sweep_status``)."""
         return sweep_status(read_sweep(self.path))

@@ -48,6 +48,9 @@ def test_submit_wait_of_a_sweep_that_finished_exits_0_and_its_table(tmp_path: Pa
     losses = sw.table(metric="eval_loss")
     assert all("eval_accuracy" not in r and isinstance(r["eval_loss"], float) for r in losses), losses
     assert sw.wait(timeout_s=5).sweep.path == sweep_dir.resolve()  # ended already: returns at once
+    assert [sw.element(i).path for i in (0, 1)] == [r.path for r in sw.runs]
+    with pytest.raises(UserError, match="has no element 2; it has 0..1"):
+        sw.element(2)
 
 
 def test_submit_wait_of_a_sweep_with_a_failed_element_exits_non_zero(tmp_path: Path) -> None:
