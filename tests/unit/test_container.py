@@ -239,7 +239,8 @@ def test_submit_dry_run_shows_the_wrapped_srun_line_and_writes_nothing(
     sif = tmp_path / "x.sif"
     sif.write_text("")
     run_dir = tmp_path / "run"
-    args = ["submit", str(DIGITS), "--dry-run", "--run-dir", str(run_dir)]
+    # --backend sbatch: "auto" is the local backend on a machine without sbatch (a laptop, .ci/run's check)
+    args = ["submit", str(DIGITS), "--dry-run", "--backend", "sbatch", "--run-dir", str(run_dir)]
     args += ["--set", "environment.container.runtime=apptainer", "--set", f"environment.container.image={sif}"]
     assert main(args) == 0
     out = capsys.readouterr().out
