@@ -1,9 +1,13 @@
 """Where a run's allocation went: its starts, each start's time split into phases, and goodput.
 
-``slurm-ddp report RUN|SWEEP`` (:func:`run_report`, :func:`sweep_report`, :func:`format_report`)
+``slurm-ddp report RUN|SWEEP`` (:func:`run_report`, :func:`report`)
 and the timeline of ``slurm-ddp plot RUN --timeline`` read this. Side effects: reads the run
 directory (never writes); asks nothing of Slurm itself (the caller passes accounting rows,
-``slurm_ddp.ops.accounting.history``). Imports no torch.
+``slurm_ddp.ops.accounting.history``). Imports no torch. Its text is ``slurm_ddp.ops.view``'s.
+
+Why over 600 lines: one computation, the time split of each start, whose parts (start and end
+times, how a start ended, phases, redone steps, losses in words) read the same records and must
+agree to the second; the definitions below are the documentation of the ``--json`` fields.
 
 **Starts.** One per start of the ranks, requeues included: the ``starts`` of ``provenance.json``
 (rank 0's launch wrapper writes one before it execs the rank, on every backend and mode). A start
