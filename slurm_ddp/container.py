@@ -30,6 +30,11 @@ the image from the run directory: ``submit`` copies the package that renders the
 ranks' ``PYTHONPATH``, so the ranks run the same version as the batch script's requeue logic (which
 stays on the host); the image needs torch and PyYAML.
 
+The local backend (``submit --backend local``, a rehearsal) runs each rank in the same container:
+``apptainer`` with the batch script's words (``ContainerPlan.exec_argv``), ``oci`` as PID 1 of one
+``runc run`` per rank (``local_rank_argv``, ``oci_rank_config``); ``check_local`` refuses pyxis and a
+runtime that is not on PATH.
+
 ``plan`` and ``describe`` are pure; ``check`` (submit, ``--dry-run`` too) may run the runtime
 (``apptainer exec``) to check the image; ``prepare`` (submit) writes the run directory's ``container/``.
 """

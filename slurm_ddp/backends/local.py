@@ -7,6 +7,8 @@ cluster. Like srun, the launcher forwards SIGUSR2/SIGTERM (and the configured si
 every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
+With ``environment.container`` (apptainer, oci) each rank runs inside it (``slurm_ddp.container``):
+the signals go to ``apptainer``/``runc run``, which forward them to the rank.
 
 At the end of each start it records how the start ended (``rundir.ENDS_NAME``, built by
 ``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
