@@ -49,10 +49,12 @@ SNAPSHOT_NAME = "snapshot.json"
 PROVENANCE_NAME = "provenance.json"
 #: ``environment.container`` (``slurm_ddp.container``): what submit prepares for the ranks' container,
 #: ``RUN_DIR/container/python/slurm_ddp`` (a copy of the package, first on the ranks' PYTHONPATH) and
-#: ``RUN_DIR/container/bundle`` (the OCI runtime's bundle: config.json + an empty rootfs)
+#: ``RUN_DIR/container/bundle`` (the OCI runtime's bundle: config.json + an empty rootfs); the local
+#: backend's per-rank OCI bundles in ``RUN_DIR/container/ranks/<rank>`` (owner-only: the ranks' environment)
 CONTAINER_DIR = "container"
 CONTAINER_PYTHON_DIR = f"{CONTAINER_DIR}/python"
 CONTAINER_BUNDLE_DIR = f"{CONTAINER_DIR}/bundle"
+CONTAINER_RANKS_DIR = f"{CONTAINER_DIR}/ranks"
 #: ``git diff HEAD`` of a dirty checkout at submit, ``RUN_DIR/diffs/<sha>.patch``
 DIFFS_DIR = "diffs"
 
