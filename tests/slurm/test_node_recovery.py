@@ -16,13 +16,14 @@ and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from pathlib import Path
 from typing import Iterator
 
 import pytest
-from lib.slurm_jobs import committed_steps, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import cli, committed_steps, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -67,9 +68,7 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
     )
     victim = ""
     try:
-        wait_for(
-            lambda: max(train_steps(job.run_dir), default=0) >= LOSS_AFTER, 180, f"step {LOSS_AFTER}", job.diag
-        )
+        wait_for(lambda: max(train_steps(job.run_dir), default=0) >= LOSS_AFTER, 180, f"step {LOSS_AFTER}", job.diag)
         info = job.show()
         assert info["JobState"] == "RUNNING" and info["NumNodes"] == "3", info
         m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 0\)", job.batch_log())
@@ -125,6 +124,12 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
         hosts = {h for h in re.findall(r"host (\S+) \(\S+\) rank \d/2 .* restart 0 pid", job.rank_log(1))}
         assert spare[0] in hosts, (hosts, job.rank_log(1)[-2000:])
         assert "in-job restart 1" in job.batch_log(), job.batch_log()
+        # status and report show the in-job restart: the lost node, the step, the new nodes, the time
+        shown_line = f"lost node {victim} at step {resume['step']}, back at step {resume['step']} on "
+        status = cli(cluster, "status", str(job.run_dir)).stdout
+        assert re.search(r"^in-job restarts: +1$", status, re.M) and shown_line in status, status
+        report = json.loads(cli(cluster, "report", str(job.run_dir), "--json").stdout)
+        assert report["in_job_restarts"] == 1 and report["restarts"] == 1, report
     finally:
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
             job.scancel()
