@@ -61,7 +61,9 @@ from ..rundir import (
     read_jobs,
     read_metrics,
     read_rank_stops,
+    read_recoveries,
 )
+from ..rundir import in_job_restarts as join_in_job_restarts
 from .accounting import Accounting, AccountingRow, Runner
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
@@ -89,6 +91,7 @@ RUN_FIELDS = (
     "goodput",
     "redone_steps",
     "restarts",
+    "in_job_restarts",
     "queue_wait_s",
     "phases_node_s",
     "losses",
@@ -117,6 +120,7 @@ START_FIELDS = (
     "steps_kept",
     "redone_steps",
     "signal_time",
+    "in_job_restarts",
     "unknown",
 )
 
@@ -146,6 +150,8 @@ class StartReport:
     steps_kept: Optional[int] = None
     redone_steps: Optional[int] = None
     signal_time: Optional[float] = None
+    #: restarts inside this start after a lost node (``rundir.InJobRestart.to_dict``), oldest first
+    in_job_restarts: List[Dict[str, Any]] = field(default_factory=list)
     unknown: List[str] = field(default_factory=list)
 
     @property
@@ -201,6 +207,11 @@ class RunReport:
     @property
     def restarts(self) -> int:
         return max(len(self.starts) - 1, 0)
+
+    @property
+    def in_job_restarts(self) -> int:
+        """Restarts inside a job after a lost node (each also a start: part of ``restarts``)."""
+        return sum(len(s.in_job_restarts) for s in self.starts)
 
     @property
     def queue_wait_s(self) -> float:
@@ -316,6 +327,7 @@ def run_report(
     # an array task: accounting names it ARRAYJOBID_TASKID, its ranks' records SLURM_JOB_ID
     by_restart = {r: row for (_, r), row in rows.items()} if len({j for j, _ in rows}) == 1 else {}
     finished = read_finished(path)
+    in_job = join_in_job_restarts(read_recoveries(path), metrics)
     unknown: List[str] = []
     if metrics and not timed:
         unknown.append("step-level figures: metrics.jsonl events carry no time")
@@ -400,6 +412,9 @@ def run_report(
             st.unknown.append("evaluation time: eval events without duration_s")
         if preempted is not None:
             st.signal_time = _num(preempted.get("signal_time")) or _num(preempted.get("time"))
+        st.in_job_restarts = [
+            x.to_dict() for x in in_job if x.job_id == job_id and x.restart == restart and t_prov <= x.lost_at < t_next
+        ]
         trained.append((steps, _split(st, window, steps, preempted)))
         starts.append(st)
 

@@ -143,6 +143,7 @@ class RunStatus:
             "last_checkpoint_step": r.last_checkpoint,
             "finished": r.finished is not None,
             "restarts": r.restarts,
+            "in_job_restarts": [x.to_dict() for x in r.in_job_restarts],
             "slurm_restarts": None if self.slurm is None else self.slurm.restarts,
             "last_eval": r.last_eval,
             "notes": self.notes,

@@ -140,7 +140,7 @@ from .files import (
 )
 from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
-from .recovery import RecoveryDecision, decide_recovery
+from .recovery import InJobRestart, RecoveryDecision, decide_recovery, in_job_restarts, read_in_job_restarts
 from .requeue import (
     RequeueDecision,
     decide_requeue,
@@ -167,6 +167,9 @@ __all__ = [
     "RECOVERY_DIR",
     "RecoveryDecision",
     "decide_recovery",
+    "InJobRestart",
+    "in_job_restarts",
+    "read_in_job_restarts",
     "read_recoveries",
     "write_peer_lost",
     "WANDB_STEPS_NAME",
