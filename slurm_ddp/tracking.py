@@ -411,7 +411,7 @@ def wandb_history(run_dir: os.PathLike[str] | str, run_id: str) -> List[Dict[str
         if not path.is_file():
             continue
         for raw in _wandb_records(path):
-            rec = pb.Record()
+            rec: Any = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module, no stubs
             try:
                 rec.ParseFromString(raw)
             except Exception:  # a torn record of a killed writer
