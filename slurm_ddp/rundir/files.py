@@ -76,8 +76,6 @@ TRACKING_NAME = "tracking.json"
 MLFLOW_DB_NAME = "mlflow.db"
 #: W&B's own folder under ``WANDB_DIR`` (= the run directory); offline runs are its ``offline-run-*`` dirs.
 WANDB_DIR_NAME = "wandb"
-#: The last step of each metric the worker handed to W&B: nothing is logged twice after a resume.
-WANDB_STEPS_NAME = "wandb-steps.json"
 #: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
 HANGS_DIR = "hangs"
 #: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``
