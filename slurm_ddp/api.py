@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from .errors import SlurmDDPError, UserError, WaitTimeout
+from .errors import DependencyNeverSatisfied, SlurmDDPError, UserError, WaitTimeout
 from .ops.runs import read_run, resolve_run
 from .ops.slurm import REQUEUED_STATES
-from .ops.status import RunStatus, run_status
+from .ops.status import RunStatus, never_starts_note, run_status
 from .ops.sweeps import SweepStatus, best_value, default_metric, read_sweep, sweep_status
 from .rundir import FINAL_MODEL_NAME, LAUNCHER_OUT_NAME, is_sweep_dir, read_finished, read_jobs, read_metrics
 
@@ -100,14 +100,19 @@ class Run:
         requeued) and return its last status; a requeue is followed (Slurm keeps the job id). ``timeout_s``:
         seconds to wait at most (None: no limit); ``poll_s``: seconds between two questions.
 
-        Raises ``WaitTimeout`` when the time runs out (the run goes on), and ``SlurmDDPError`` when a
-        background local launcher of this process failed before it started the ranks."""
+        Raises ``WaitTimeout`` when the time runs out (the run goes on), ``DependencyNeverSatisfied``
+        when its job will never start (Slurm: PENDING with Reason=DependencyNeverSatisfied, e.g.
+        ``after=`` a run that failed, with ``afterok``; the local backend: its launcher found the same),
+        and ``SlurmDDPError`` when a background local launcher of this process failed otherwise
+        before it started the ranks."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
             if self._launcher is not None and self._launcher.poll() is not None:
                 self._check_launcher()
                 return run_status(read_run(self.path))
             st = self.status()
+            if st.slurm is not None and st.slurm.never_starts:
+                raise DependencyNeverSatisfied(never_starts_note(self.path, st.slurm))
             if _ended(st) and self._launcher is None:
                 return st
             if deadline is not None and time.monotonic() >= deadline:
@@ -173,6 +178,8 @@ class Run:
         if rc in (0, None) or len(read_jobs(self.path)) > self._jobs_before:
             return
         tail = _tail(self.path / LAUNCHER_OUT_NAME)
+        if rc == DependencyNeverSatisfied.exit_code:
+            raise DependencyNeverSatisfied(tail.split(": error: ", 1)[-1])
         raise SlurmDDPError(f"the local launcher of {str(self.path)!r} exited with status {rc}: {tail}")
 
 
@@ -210,12 +217,22 @@ class Sweep:
         """One :class:`Run` per element, by index (an element not yet written is left out)."""
         return [Run(e.run.path) for e in read_sweep(self.path).elements if (e.run.path / "config.yaml").exists()]
 
+    def element(self, index: int) -> Run:
+        """The :class:`Run` of element ``index`` (the ``index`` of :meth:`table`'s rows). Raises
+        ``UserError`` for an index the sweep does not have."""
+        elements = read_sweep(self.path).elements
+        for e in elements:
+            if e.index == index:
+                return Run(e.run.path)
+        raise UserError(f"sweep {str(self.path)!r} has no element {index}; it has 0..{len(elements) - 1}")
+
     def status(self) -> SweepStatus:
         """Every element's state, from one Slurm question (``ops.sweeps.sweep_status``)."""
         return sweep_status(read_sweep(self.path))
 
     def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> SweepStatus:
-        """Block until no element is pending or running (``Run.wait``'s rules); raises ``WaitTimeout``."""
+        """Block until no element is pending or running (``Run.wait``'s rules). Raises ``WaitTimeout``,
+        and ``DependencyNeverSatisfied`` when an element's job will never start (its ``after=``)."""
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
 
         def left() -> float:
@@ -229,6 +246,9 @@ class Sweep:
                     pass
             else:
                 st = self.status()
+                for e, s in st.elements:
+                    if s.slurm is not None and s.slurm.never_starts:
+                        raise DependencyNeverSatisfied(never_starts_note(e.run.path, s.slurm))
                 if all(_ended(s) for _, s in st.elements):
                     return st
                 time.sleep(left())

@@ -96,7 +96,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--wait",
         action="store_true",
-        help="block until the run ends, following requeues; exit 0 when it finished, 1 when it failed or was cancelled",
+        help="block until the run (a sweep: every element) ends, following requeues; exit 0 when it finished, "
+        "non-zero when it failed or was cancelled (6: its --after dependency can never be satisfied)",
     )
     p.add_argument(
         "--accept-new-code",

@@ -30,6 +30,11 @@ the image from the run directory: ``submit`` copies the package that renders the
 ranks' ``PYTHONPATH``, so the ranks run the same version as the batch script's requeue logic (which
 stays on the host); the image needs torch and PyYAML.
 
+The local backend (``submit --backend local``, a rehearsal) runs each rank in the same container:
+``apptainer`` with the batch script's words (``ContainerPlan.exec_argv``), ``oci`` as PID 1 of one
+``runc run`` per rank (``local_rank_argv``, ``oci_rank_config``); ``check_local`` refuses pyxis and a
+runtime that is not on PATH.
+
 ``plan`` and ``describe`` are pure; ``check`` (submit, ``--dry-run`` too) may run the runtime
 (``apptainer exec``) to check the image; ``prepare`` (submit) writes the run directory's ``container/``.
 """
@@ -44,11 +49,11 @@ import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .config import JobConfig, image_is_path
 from .errors import UserError
-from .rundir import CONTAINER_BUNDLE_DIR, CONTAINER_PYTHON_DIR
+from .rundir import CONTAINER_BUNDLE_DIR, CONTAINER_PYTHON_DIR, CONTAINER_RANKS_DIR
 
 #: The package directory copied into the run directory (``prepare``).
 _PACKAGE_DIR = Path(__file__).resolve().parent
@@ -79,7 +84,12 @@ class ContainerPlan:
     gpus: bool  #: the job asks for GPUs
     python_dir: str  #: the copy of slurm_ddp, first on the ranks' PYTHONPATH
     srun_flags: Tuple[str, ...]  #: more srun options (pyxis, oci)
-    prefix: Tuple[str, ...]  #: words before the rank's interpreter (apptainer exec …)
+    exec_argv: Tuple[str, ...]  #: the runtime's words before the rank's interpreter, unquoted (apptainer exec …)
+
+    @property
+    def prefix(self) -> Tuple[str, ...]:
+        """``exec_argv`` shell-quoted, for the batch script."""
+        return tuple(shlex.quote(w) for w in self.exec_argv)
 
 
 def _mounts(cfg: JobConfig, run_dir: str) -> Tuple[Mount, ...]:
@@ -116,11 +126,11 @@ def plan(cfg: JobConfig, run_dir: str) -> Optional[ContainerPlan]:
     q = shlex.quote
     opts = tuple(q(o) for o in c.options)
     srun: Tuple[str, ...] = ()
-    prefix: Tuple[str, ...] = ()
-    if c.runtime == "apptainer":
+    exec_argv: Tuple[str, ...] = ()
+    if c.runtime == "apptainer":  # the batch script and the local backend both wrap the rank in these words
         binds = ",".join(m.spec() for m in mounts)
-        prefix = ("apptainer", "exec", *(("--nv",) if cfg.slurm.gpu_job else ()), "--bind", q(binds))
-        prefix += ("--pwd", q(workdir), *opts, q(c.image))
+        exec_argv = ("apptainer", "exec", *(("--nv",) if cfg.slurm.gpu_job else ()), "--bind", binds)
+        exec_argv += ("--pwd", workdir, *c.options, c.image)
     elif c.runtime == "pyxis":
         srun = (
             f"--container-image={q(c.image)}",
@@ -139,7 +149,7 @@ def plan(cfg: JobConfig, run_dir: str) -> Optional[ContainerPlan]:
         gpus=cfg.slurm.gpu_job,
         python_dir=os.path.join(run_dir, CONTAINER_PYTHON_DIR),
         srun_flags=srun,
-        prefix=prefix,
+        exec_argv=exec_argv,
     )
 
 
@@ -318,3 +328,90 @@ def prepare(cfg: JobConfig, run_dir: str) -> None:
         tmp = bundle / "config.json.tmp"
         tmp.write_text(json.dumps(oci_bundle_config(spec, rootfs, p), indent=1) + "\n")
         os.replace(tmp, bundle / "config.json")
+
+
+# --------------------------------------------------------------------------- the local backend (a rehearsal)
+
+#: The program that runs each runtime's containers on this machine (``submit --backend local``).
+LOCAL_TOOLS = {"apptainer": "apptainer", "oci": "runc"}
+
+
+def check_local(p: ContainerPlan, which: Callable[[str], Optional[str]] = shutil.which) -> str:
+    """The path of the program that runs ``p``'s containers here for ``submit --backend local``
+    (``LOCAL_TOOLS``). Raises ``UserError`` for ``pyxis`` (its containers are srun's), when that
+    program is not on PATH, and for ``oci`` when not root with a bundle that has no user namespace
+    (runc cannot run it rootless)."""
+    if p.runtime not in LOCAL_TOOLS:
+        raise UserError(
+            f"environment.container.runtime={p.runtime}: its containers are started by srun (Pyxis), which the local "
+            "backend does not use; submit with --backend sbatch, or rehearse with runtime apptainer or oci"
+        )
+    tool = LOCAL_TOOLS[p.runtime]
+    path = which(tool)
+    if path is None:
+        raise UserError(
+            f"environment.container.runtime={p.runtime}: the local backend runs each rank with {tool}, which is not "
+            f"on PATH here; install {tool}, or submit with --backend sbatch"
+        )
+    if p.runtime == "oci" and os.geteuid() != 0:
+        spec, _ = _load_bundle(p.image)
+        if not any(n.get("type") == "user" for n in spec.get("linux", {}).get("namespaces", [])):
+            raise UserError(
+                f"environment.container: runc runs the bundle {p.image} only as root (its config.json has no user "
+                "namespace); run the local backend as root, or give a rootless bundle (`runc spec --rootless`)"
+            )
+    return path
+
+
+def rank_environ(p: ContainerPlan, env: Mapping[str, str]) -> Dict[str, str]:
+    """``env`` with the run directory's copy of slurm_ddp first on ``PYTHONPATH``, as the batch script
+    gives the ranks (``render._container_env``)."""
+    old = env.get("PYTHONPATH", "")
+    return {**env, "PYTHONPATH": p.python_dir + (":" + old if old else "")}
+
+
+def oci_rank_config(
+    run_spec: Mapping[str, Any], rootfs: str, argv: Sequence[str], env: Mapping[str, str]
+) -> Dict[str, Any]:
+    """The ``config.json`` of one local rank's OCI bundle: the run's (``oci_bundle_config``, read from
+    ``RUN_DIR/container/bundle``) with its root ``rootfs`` (that bundle's, absolute), ``argv`` and
+    ``env`` as the container's process (PID 1), and no network namespace: the ranks meet at
+    MASTER_ADDR=127.0.0.1 on this machine's network, as a node's ranks do on the node's."""
+    out = copy.deepcopy(dict(run_spec))
+    out["root"] = {**out.get("root", {}), "path": rootfs}
+    process = dict(out.get("process") or {})
+    process["args"] = list(argv)
+    process["env"] = [f"{k}={v}" for k, v in env.items()]
+    process["terminal"] = False
+    out["process"] = process
+    linux = dict(out.get("linux") or {})
+    linux["namespaces"] = [n for n in linux.get("namespaces", []) if n.get("type") != "network"]
+    out["linux"] = linux
+    return out
+
+
+def local_rank_argv(
+    p: ContainerPlan, run_dir: str, rank: int, argv: Sequence[str], env: Mapping[str, str], runtime: str, name: str
+) -> List[str]:
+    """What the local launcher runs to start ``argv`` (a rank's, its interpreter ``p.python``) inside
+    ``p``'s container, ``runtime`` being ``check_local``'s program: for ``apptainer`` the batch
+    script's words (``exec_argv``) then ``argv``; for ``oci`` ``runtime run --bundle DIR name``
+    after writing DIR = ``RUN_DIR/container/ranks/<rank>`` (``oci_rank_config``; owner-only, since
+    ``env`` may hold ``environment.env``'s values). ``runc run`` forwards the signals it gets to
+    the container's PID 1 (the rank). Raises ``OSError`` when the run directory cannot be written."""
+    if p.runtime == "apptainer":
+        return [runtime, *p.exec_argv[1:], *argv]
+    run_bundle = Path(run_dir) / CONTAINER_BUNDLE_DIR
+    spec = json.loads((run_bundle / "config.json").read_text())
+    ranks = Path(run_dir) / CONTAINER_RANKS_DIR
+    ranks.mkdir(mode=0o700, parents=True, exist_ok=True)
+    os.chmod(ranks, 0o700)
+    bundle = ranks / str(rank)
+    bundle.mkdir(mode=0o700, exist_ok=True)
+    text = json.dumps(oci_rank_config(spec, str(run_bundle / "rootfs"), argv, env), indent=1) + "\n"
+    tmp = bundle / "config.json.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, bundle / "config.json")
+    return [runtime, "run", "--bundle", str(bundle), name]

@@ -191,6 +191,12 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
     cfg = load_config(path)
     environ = dict(os.environ)
+    if os.getpid() == 1 and environ.get("SLURM_DDP_BACKEND") == "local":
+        # PID 1 of the local backend's OCI container (container.local_rank_argv): like every local rank it must
+        # not outlive the launcher, whose death SIGKILLs `runc run`; runc does not take its container with it
+        from .signals import die_with_parent
+
+        die_with_parent()
     # inside Slurm's OCI container support the task's rank variables are missing (env.container_step_env)
     environ.update(container_step_env(environ, socket.gethostname()))
     denv = DistEnv.from_environ(environ)

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .errors import UserError
-from .rundir import MLFLOW_DB_NAME, TRACKING_NAME, WANDB_DIR_NAME, WANDB_STEPS_NAME, read_sweep_manifest
+from .rundir import MLFLOW_DB_NAME, TRACKING_NAME, WANDB_DIR_NAME, read_metrics, read_sweep_manifest
 
 if TYPE_CHECKING:
     from .config import JobConfig
@@ -359,20 +359,102 @@ class _MlflowSink:
             self.client.set_terminated(self.run_id, status)
 
 
+#: W&B's transaction log (``RUN_DIR/wandb/*run-*-ID/run-ID.wandb``): LevelDB's log format (32 KiB
+#: blocks; per record a 7-byte header ``crc32c u32, length u16, type u8``; type 1 = a whole record,
+#: 2/3/4 = first/middle/last piece) after a 7-byte file header ``:W&B``, ``0xBEE1``, version. Each record
+#: is a ``wandb.proto.wandb_internal_pb2.Record``. Source: wandb-core's ``transactionlog`` package.
+_WANDB_BLOCK = 32768
+_WANDB_HEADER = 7
+
+
+def _wandb_records(path: Path) -> List[bytes]:
+    """The records of one ``.wandb`` file, in order; stops at the first torn one (a killed writer)."""
+    data = path.read_bytes()
+    if data[:4] != b":W&B":
+        return []
+    out: List[bytes] = []
+    pos, piece = _WANDB_HEADER, b""
+    while pos + _WANDB_HEADER <= len(data):
+        left = _WANDB_BLOCK - pos % _WANDB_BLOCK
+        if left < _WANDB_HEADER:  # a block's tail too short for a header is zero padding
+            pos += left
+            continue
+        length, kind = int.from_bytes(data[pos + 4 : pos + 6], "little"), data[pos + 6]
+        chunk = data[pos + _WANDB_HEADER : pos + _WANDB_HEADER + length]
+        if kind == 0 or len(chunk) < length:  # not yet written (or torn): the end of what is durable
+            break
+        pos += _WANDB_HEADER + length
+        if kind == 1:
+            out.append(chunk)
+        elif kind == 2:
+            piece = chunk
+        elif kind == 3:
+            piece += chunk
+        elif kind == 4:
+            out.append(piece + chunk)
+            piece = b""
+    return out
+
+
+def wandb_history(run_dir: os.PathLike[str] | str, run_id: str) -> List[Dict[str, Any]]:
+    """The history rows W&B holds on disk for ``run_id`` in ``run_dir``: every ``.wandb`` file of that
+    run (one per start, online and offline), oldest start first, each row ``{"_step": int, name: value}``
+    as logged (values decoded from W&B's JSON; its own ``_runtime``/``_timestamp`` included). Rows still
+    in W&B's buffers (``x_transaction_log_flush_interval``, 15 s by default) when a start was killed are
+    not on disk and not returned. Needs ``wandb`` (its protobuf ``Record``)."""
+    from wandb.proto import wandb_internal_pb2 as pb
+
+    rows: List[Dict[str, Any]] = []
+    base = Path(run_dir) / WANDB_DIR_NAME
+    for seg in sorted(base.glob(f"*run-*-{run_id}")):  # run-DATE_TIME-ID / offline-run-DATE_TIME-ID
+        path = seg / f"run-{run_id}.wandb"
+        if not path.is_file():
+            continue
+        for raw in _wandb_records(path):
+            rec: Any = pb.Record()  # type: ignore[attr-defined]  # generated protobuf module, no stubs
+            try:
+                rec.ParseFromString(raw)
+            except Exception:  # a torn record of a killed writer
+                break
+            if rec.WhichOneof("record_type") != "history":
+                continue
+            row: Dict[str, Any] = {}
+            for item in rec.history.item:
+                key = item.key or ".".join(item.nested_key)
+                try:
+                    row[key] = json.loads(item.value_json)
+                except ValueError:
+                    continue
+            if rec.history.HasField("step"):
+                row["_step"] = int(rec.history.step.num)
+            if isinstance(row.get("_step"), int):
+                rows.append(row)
+    return rows
+
+
 class _WandbSink:
+    """W&B: ``run.log`` (~1 ms of Python on this machine) runs on a background thread; the training thread
+    only queues the row. What W&B holds is read back at every start from its own ``.wandb`` files
+    (``wandb_history``); the rows of ``metrics.jsonl`` it does not hold (those in its buffers or this
+    queue when a start was killed) are logged again first, in step order. So every logged step is in W&B
+    once, with no marker file that a ``kill -9`` could leave out of step with W&B's own."""
+
     def __init__(self, spec: Mapping[str, Any], run_dir: Path, config: Mapping[str, Any], tags: Mapping[str, str]):
+        import queue
+        import threading
+
         import wandb
 
-        self.steps_path = run_dir / WANDB_STEPS_NAME
-        try:
-            done = json.loads(self.steps_path.read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            done = {}
-        self.done: Dict[str, int] = {str(k): int(v) for k, v in done.items()} if isinstance(done, dict) else {}
-        self.logged = dict(self.done)
+        run_id = str(spec["run_id"])
+        #: per metric, the last step W&B holds
+        self.done: Dict[str, int] = {}
+        for row in wandb_history(run_dir, run_id):
+            for k in row:
+                if not k.startswith("_"):
+                    self.done[k] = max(self.done.get(k, -1), row["_step"])
         init: Any = wandb.init  # mode: a str checked by the config (online | offline)
         self.run = init(
-            id=str(spec["run_id"]),
+            id=run_id,
             resume="allow",
             project=str(spec["project"]),
             entity=str(spec.get("entity") or "") or None,
@@ -384,28 +466,58 @@ class _WandbSink:
             settings=wandb.Settings(console="off", silent=True),
         )
         self.run.summary.update(dict(tags))
+        self.replayed = 0
+        missing: Dict[int, Dict[str, float]] = {}
+        for record in read_metrics(run_dir):  # what a killed start logged but W&B did not keep
+            step = record.get("step")
+            if isinstance(step, int):
+                for k, v in _metrics_of(record).items():
+                    if step > self.done.get(k, -1):
+                        missing.setdefault(step, {})[k] = v  # a redone step: the last value (the same, exact resume)
+        for step in sorted(missing):
+            self.run.log(missing[step], step=step)
+            self.replayed += 1
+            for k in missing[step]:
+                self.done[k] = max(self.done.get(k, -1), step)
+        self.queue: queue.Queue[Optional[Tuple[int, Dict[str, float]]]] = queue.Queue()
+        self.error: Optional[BaseException] = None
+        self.thread = threading.Thread(target=self._drain, name="slurm_ddp-wandb", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            item = self.queue.get()
+            if item is None:
+                return
+            if self.error is None:
+                try:
+                    self.run.log(item[1], step=item[0])
+                except BaseException as e:  # reported by the next log(): the Tracker drops this sink
+                    self.error = e
 
     def log(self, step: int, metrics: Mapping[str, float]) -> None:
+        if self.error is not None:
+            raise RuntimeError(f"wandb run.log failed: {self.error}")
         new = {k: v for k, v in metrics.items() if step > self.done.get(k, -1)}
-        if not new:
-            return
-        self.run.log(new, step=step)
-        self.logged.update(dict.fromkeys(new, step))
-        _write_json(self.steps_path, self.logged)
+        if new:
+            self.done.update(dict.fromkeys(new, step))
+            self.queue.put((step, new))
 
     def sync(self) -> None:
-        pass  # each row is in W&B's hands once log() returns; the steps file is written per row
+        """Nothing to wait for: ``metrics.jsonl`` holds every row, and the next start logs what W&B lost."""
 
     def close(self, status: Optional[str]) -> None:
+        self.queue.put(None)
+        self.thread.join()
         self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
 
 class Tracker:
     """Rank 0's tracker logger: ``log(row)`` takes each metrics.jsonl row (``MetricsWriter``) and hands its
     metrics to every tracker of the run directory, skipping each ``(metric, step)`` the tracker already
-    holds (MLflow: read from its store at start; W&B: ``rundir.WANDB_STEPS_NAME``), so a resume from an
-    older checkpoint logs no step twice. A tracker that fails is logged once and dropped: tracking never
-    stops training. ``close(finished)`` flushes MLflow's queue and ends the runs (MLflow status FINISHED
+    holds (MLflow: read from its store at start; W&B: read from its ``.wandb`` files, ``wandb_history``), so
+    a resume from an older checkpoint logs no step twice. A tracker that fails is logged once and dropped:
+    tracking never stops training. ``close(finished)`` flushes MLflow's queue and ends the runs (MLflow status FINISHED
     when ``finished``, else the run stays RUNNING for the next start)."""
 
     def __init__(self, sinks: Dict[str, Any]):

@@ -185,11 +185,14 @@ def plan_submit(
     )
     warnings = secret_warnings(cfg.environment.env, snap)
     if cfg.environment.container.runtime != "none":
-        if backend != "sbatch":
+        if backend == "submitit":
             raise UserError(
-                f"environment.container runs the ranks in a container with --backend sbatch only (the {backend} "
-                "backend does not wrap them yet); use --backend sbatch, or leave environment.container out"
+                "environment.container runs the ranks in a container with --backend sbatch or local only (submitit "
+                "does not wrap them yet); use --backend sbatch, or leave environment.container out"
             )
+        box = container.plan(remap_config(cfg, snap), run_dir)
+        if backend == "local" and box is not None:
+            container.check_local(box)  # the runtime on PATH here (apptainer, runc); never pyxis
         warnings += tuple(container.check(remap_config(cfg, snap), run_dir))
     warning = check_resubmit(snap, run_dir, accept_new_code) if resuming and not in_sweep else None
     ranks_cfg = remap_config(cfg, snap)

@@ -7,6 +7,8 @@ cluster. Like srun, the launcher forwards SIGUSR2/SIGTERM (and the configured si
 every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
+With ``environment.container`` (apptainer, oci) each rank runs inside it (``slurm_ddp.container``):
+the signals go to ``apptainer``/``runc run``, which forward them to the rank.
 
 At the end of each start it records how the start ended (``rundir.ENDS_NAME``, built by
 ``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
@@ -32,6 +34,7 @@ import time
 from pathlib import Path
 from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
+from .. import container
 from ..config import command_argv
 from ..constants import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
@@ -215,6 +218,11 @@ class LocalJob:
         self.cancelled_first = False
         #: the handlers this launcher replaced (``_install``), put back by ``_restore``
         self._originals: Dict[int, object] = {}
+        #: ``environment.container``: each rank runs inside it (``slurm_ddp.container``), None without one
+        self.box = container.plan(plan.ranks_cfg, plan.run_dir)
+        #: the OCI containers' names (``runc run … NAME``), deleted by ``wait()`` once the ranks ended
+        self._containers: List[str] = []
+        self._tool = ""  #: the program that runs the containers (``container.check_local``)
 
     def _signals(self) -> Set[int]:
         return set(forwarded_signals(self.plan.cfg.requeue.signal_name))
@@ -282,11 +290,21 @@ class LocalJob:
         # reserved, not only free now: a concurrent launch here (a sweep's other element) cannot take it
         self._port = reserve_port(self.job_id)
         port = self._port.port
+        tool = self._tool = container.check_local(self.box) if self.box is not None else ""
         for rank in range(self.plan.cfg.slurm.world_size):
             env = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
-            cmd = [self.python, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *self.rank_command(str(rd))]
+            py = self.rank_python()
+            cmd = [py, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *self.rank_command(str(rd))]
+            if self.box is not None:  # inside the container, as the batch script wraps each rank
+                env = container.rank_environ(self.box, env)
+                name = f"slurm-ddp-{self.job_id}-{restart}-{rank}"
+                cmd = container.local_rank_argv(self.box, str(rd), rank, cmd, env, tool, name)
+                if self.box.runtime == "oci":
+                    # a name left by a launcher killed with kill -9 (its container died with runc: launch.py)
+                    subprocess.run([tool, "delete", "--force", name], capture_output=True, check=False)
+                    self._containers.append(name)
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals())
             try:
@@ -308,13 +326,18 @@ class LocalJob:
             self.threads.append(t)
         return self
 
+    def rank_python(self) -> str:
+        """The ranks' interpreter: ``environment.container.python`` inside a container, else this launcher's."""
+        return self.box.python if self.box is not None else self.python
+
     def rank_command(self, run_dir: str) -> List[str]:
         """What each rank execs after the launch wrapper: the shared worker, or ``train.command``
         (``config.command_argv``, run in ``train.workdir``), paths in the code snapshot."""
         tc = self.plan.ranks_cfg.train
+        py = self.rank_python()
         if tc.command:
-            return command_argv(tc.command, self.python)
-        return [self.python, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
+            return command_argv(tc.command, py)
+        return [py, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
 
     def send(self, sig: int) -> None:
         """Send ``sig`` to every rank still running: to its process group (each rank leads its own
@@ -329,6 +352,14 @@ class LocalJob:
                         p.send_signal(sig)
                 except ProcessLookupError:
                     pass
+
+    def _stopped(self, code: int) -> bool:
+        """Whether a rank's exit status ``code`` (``Popen.returncode``) is its death by a stop signal this
+        launcher passed on: ``-SIG``, or ``128 + SIG`` from a container runtime (``runc run`` exits so
+        when the container's process was killed by a signal)."""
+        if code < 0:
+            return -code in self.told
+        return self.box is not None and code > 128 and code - 128 in self.told
 
     def _requeue_signal(self) -> int:
         return int(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
@@ -370,7 +401,7 @@ class LocalJob:
                 if failed is None:
                     for rank, c in enumerate(codes):
                         # a rank that died of a stop signal passed on to it stopped, it did not fail
-                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and -c not in self.told:
+                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and not self._stopped(c):
                             failed = (rank, c)
                             self.cancelled_first = self.cancelled is not None
                             self.say(
@@ -380,7 +411,7 @@ class LocalJob:
                             self.send(signal.SIGTERM)
                             kill_at = time.monotonic() + KILL_GRACE_S
                             break
-                if kill_at is None and any(c is not None and c < 0 and -c in self.told for c in codes):
+                if kill_at is None and any(c is not None and c != 0 and self._stopped(c) for c in codes):
                     kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
                 if all(c is not None for c in codes):
                     break
@@ -390,6 +421,8 @@ class LocalJob:
                 time.sleep(0.1)
         finally:
             self._restore()
+            for name in self._containers:  # ended with their ranks; a rank runc left behind is killed here
+                subprocess.run([self._tool, "delete", "--force", name], capture_output=True, check=False)
         for t in self.threads:
             t.join(timeout=5)
         # the loop above ends only when every rank has exited: every returncode is set

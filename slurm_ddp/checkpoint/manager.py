@@ -27,6 +27,12 @@ The commit protocol (what makes a crash at any instant leave a valid latest chec
 3. ``fsync`` the directory so both renames survive a power loss (rename(2) is atomic,
    but durable only once the directory entry is flushed; see fsync(2) NOTES).
 
+An *emergency* checkpoint is one rank's alone, when its peers are gone and no collective can run
+(a lost node): every DDP rank holds the whole model and optimizer state of the last completed step,
+so the first survivor to ``claim`` the step (an exclusive file create) commits it with no per-rank
+states and an ``emergency`` record in the manifest; a resume takes it as a checkpoint of another
+world size (sample-exact, fresh per-rank random streams).
+
 ``latest()`` is the newest checkpoint whose manifest parses and whose data file has the
 recorded size and sha256; a truncated or corrupted one is reported and skipped.
 ``keep_last`` retention never deletes the newest valid checkpoint. Loading uses
@@ -37,6 +43,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -51,6 +58,8 @@ log = logging.getLogger("slurm_ddp.checkpoint")
 _NAME = re.compile(r"^step-(\d{8,})\.json$")
 #: a per-rank state file's name: the step and the rank
 _RANK_NAME = re.compile(r"^step-(\d{8,})\.rank-(\d{5,})\.pt$")
+#: a claim on writing the checkpoint of a step (``claim``): the step
+_CLAIM_NAME = re.compile(r"^step-(\d{8,})\.claim$")
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,9 @@ class CheckpointInfo:
     rank_states: int = 0  #: per-rank state files committed with it (ranks 0..N-1); 0: none
     #: each rank file's ``(size_bytes, sha256)``, by rank; empty: not recorded (an older manifest)
     rank_digests: Tuple[Tuple[int, str], ...] = ()
+    #: the manifest's ``emergency`` record (who wrote it, why) when one rank alone committed it
+    #: (a survivor of a lost peer: ``claim``); None for a checkpoint the ranks committed together
+    emergency: Optional[Dict[str, Any]] = None
 
 
 class CheckpointManager:
@@ -134,13 +146,16 @@ class CheckpointManager:
         world_size: int = 1,
         rank_states: int = 0,
         rank_digests: Optional[Sequence[Tuple[int, str]]] = None,
+        emergency: Optional[Dict[str, Any]] = None,
     ) -> CheckpointInfo:
         """Commit ``state`` (a dict of tensors/containers/primitives) as the checkpoint of ``step``.
 
         ``rank_states``: how many per-rank state files (``save_rank_state``, ranks 0..N-1, already
         written) this commit includes; ``rank_digests``: their ``(size_bytes, sha256_hex)`` by rank, as
-        ``save_rank_state`` returned them (None: not recorded; else one per rank). Durable and atomic (see the module docstring); prunes to
-        ``keep_last`` afterwards. Raises ``CheckpointError`` when the data cannot be written.
+        ``save_rank_state`` returned them (None: not recorded; else one per rank). ``emergency``: a
+        JSON-able record for a checkpoint one rank wrote alone (no per-rank states: a resume takes it as
+        a checkpoint of another world size), kept in the manifest. Durable and atomic (see the module
+        docstring); prunes to ``keep_last`` afterwards. Raises ``CheckpointError`` when the data cannot be written.
         """
         import torch
 
@@ -171,6 +186,7 @@ class CheckpointManager:
                 created=time.time(),
                 rank_states=rank_states,
                 rank_digests=digests,
+                emergency=emergency,
             )
             manifest: Dict[str, Any] = {
                 "step": step,
@@ -187,6 +203,8 @@ class CheckpointManager:
             if digests:
                 manifest["rank_states_size_bytes"] = [n for n, _ in digests]
                 manifest["rank_states_sha256"] = [h for _, h in digests]
+            if emergency is not None:
+                manifest["emergency"] = emergency
             atomic_write_text(manifest_path, json.dumps(manifest, indent=1) + "\n")
         except OSError as e:
             raise CheckpointError(f"could not write checkpoint of step {step} to {self.directory}: {e}") from e
@@ -223,6 +241,7 @@ class CheckpointManager:
                 created=float(m.get("created", 0.0)),
                 rank_states=rank_states,
                 rank_digests=tuple((int(n), str(h)) for n, h in zip(sizes, hashes)),
+                emergency=m["emergency"] if isinstance(m.get("emergency"), dict) else None,
             )
         except (OSError, ValueError, KeyError, TypeError) as e:
             if not quiet:
@@ -298,6 +317,48 @@ class CheckpointManager:
             raise CheckpointError(f"could not load checkpoint {info.path}: {e}") from e
         return state
 
+    def claim_path(self, step: int) -> Path:
+        """The claim file of the checkpoint of ``step`` (``claim``)."""
+        return self.directory / f"step-{step:08d}.claim"
+
+    def claim(self, step: int) -> bool:
+        """Claim the right to write the checkpoint of ``step`` alone: True for the first process (of
+        every node sharing the directory) that asks, False for every later one or when the claim cannot
+        be made. ``O_CREAT|O_EXCL`` on the claim file, which NFS v3+ and POSIX file systems keep atomic.
+        The claimant ends its claim with ``end_claim``; ``wait_claim`` waits for that. Used when ranks
+        cannot agree through a collective (a peer is lost) but any one of them holds the whole state.
+        """
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.claim_path(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        except OSError:
+            return False
+        os.close(fd)
+        return True
+
+    def end_claim(self, step: int, outcome: str) -> None:
+        """Record ``outcome`` (one line: ``committed`` or what failed) in the claim of ``step``; best effort."""
+        try:
+            with open(self.claim_path(step), "a", encoding="utf-8") as f:
+                f.write(outcome.replace("\n", " ") + "\n")
+        except OSError:
+            pass
+
+    def wait_claim(self, step: int, timeout_s: float, poll_s: float = 0.1) -> Optional[str]:
+        """The outcome the claimant of ``step`` recorded (``end_claim``), waiting up to ``timeout_s``
+        seconds for it; None when it recorded none by then (or there is no claim)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                text = self.claim_path(step).read_text(encoding="utf-8")
+            except OSError:
+                return None
+            if text.endswith("\n"):
+                return text.strip()
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(poll_s)
+
     def prune(self, newest_valid: Optional[CheckpointInfo] = None) -> None:
         """Delete all but the newest ``keep_last`` committed checkpoints; never the newest valid one.
 
@@ -320,6 +381,10 @@ class CheckpointManager:
         oldest = kept[0].step if kept else None
         for p in self.directory.glob("step-*.rank-*.pt"):  # of saves that never committed
             m = _RANK_NAME.match(p.name)
+            if m and oldest is not None and int(m.group(1)) < oldest:
+                p.unlink(missing_ok=True)
+        for p in self.directory.glob("step-*.claim"):  # claims of checkpoints no longer kept
+            m = _CLAIM_NAME.match(p.name)
             if m and oldest is not None and int(m.group(1)) < oldest:
                 p.unlink(missing_ok=True)
         for p in self.directory.glob(".step-*.tmp"):  # leftovers of a crash mid-write

@@ -3,6 +3,11 @@ key's type, default, unit and check of its own value, and the reference of every
 
 Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there): a mapping becomes a
 ``JobConfig`` in ``validate``, YAML is read in ``loading``.
+
+Why over 600 lines: it is the one source of every key's metadata (type, default, unit, range,
+description), which ``config-keys``, ``slurm-ddp schema``, the docs' config reference and the loader all
+read; split by section it would need a registry to put the sections back in order, and each section's
+dataclass is short. Cross-key checks live in ``validate``, not here.
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Where a run's allocation went: its starts, each start's time split into phases, and goodput.
 
-``slurm-ddp report RUN|SWEEP`` (:func:`run_report`, :func:`sweep_report`, :func:`format_report`)
+``slurm-ddp report RUN|SWEEP`` (:func:`run_report`, :func:`report`)
 and the timeline of ``slurm-ddp plot RUN --timeline`` read this. Side effects: reads the run
 directory (never writes); asks nothing of Slurm itself (the caller passes accounting rows,
-``slurm_ddp.ops.accounting.history``). Imports no torch.
+``slurm_ddp.ops.accounting.history``). Imports no torch. Its text is ``slurm_ddp.ops.view``'s.
+
+Why over 600 lines: one computation, the time split of each start, whose parts (start and end
+times, how a start ended, phases, redone steps, losses in words) read the same records and must
+agree to the second; the definitions below are the documentation of the ``--json`` fields.
 
 **Starts.** One per start of the ranks, requeues included: the ``starts`` of ``provenance.json``
 (rank 0's launch wrapper writes one before it execs the rank, on every backend and mode). A start
@@ -68,8 +72,10 @@ from ..rundir import (
     read_metrics,
     read_progress_samples,
     read_rank_stops,
+    read_recoveries,
     stop_dir,
 )
+from ..rundir import in_job_restarts as join_in_job_restarts
 from .accounting import Accounting, AccountingRow, Runner
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
@@ -97,6 +103,7 @@ RUN_FIELDS = (
     "goodput",
     "redone_steps",
     "restarts",
+    "in_job_restarts",
     "queue_wait_s",
     "phases_node_s",
     "losses",
@@ -125,6 +132,7 @@ START_FIELDS = (
     "steps_kept",
     "redone_steps",
     "signal_time",
+    "in_job_restarts",
     "unknown",
 )
 
@@ -154,6 +162,8 @@ class StartReport:
     steps_kept: Optional[int] = None
     redone_steps: Optional[int] = None
     signal_time: Optional[float] = None
+    #: restarts inside this start after a lost node (``rundir.InJobRestart.to_dict``), oldest first
+    in_job_restarts: List[Dict[str, Any]] = field(default_factory=list)
     unknown: List[str] = field(default_factory=list)
 
     @property
@@ -209,6 +219,11 @@ class RunReport:
     @property
     def restarts(self) -> int:
         return max(len(self.starts) - 1, 0)
+
+    @property
+    def in_job_restarts(self) -> int:
+        """Restarts inside a job after a lost node (each also a start: part of ``restarts``)."""
+        return sum(len(s.in_job_restarts) for s in self.starts)
 
     @property
     def queue_wait_s(self) -> float:
@@ -325,6 +340,7 @@ def run_report(
     # an array task: accounting names it ARRAYJOBID_TASKID, its ranks' records SLURM_JOB_ID
     by_restart = {r: row for (_, r), row in rows.items()} if len({j for j, _ in rows}) == 1 else {}
     finished = read_finished(path)
+    in_job = join_in_job_restarts(read_recoveries(path), metrics)
     unknown: List[str] = []
     if metrics and not timed:
         unknown.append("step-level figures: metrics.jsonl events carry no time")
@@ -423,6 +439,9 @@ def run_report(
                 "steps: from the watchdog's samples of slurm_ddp.progress (at most one a second); the step it "
                 "resumed from is its first step − 1 in the script's own count (its checkpoints are its own)"
             )
+        st.in_job_restarts = [
+            x.to_dict() for x in in_job if x.job_id == job_id and x.restart == restart and t_prov <= x.lost_at < t_next
+        ]
         trained.append((steps, _split(st, window, steps, preempted)))
         starts.append(st)
 

@@ -20,11 +20,13 @@ from ..rundir import (
     CONFIG_NAME,
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
+    InJobRestart,
     LocalEnd,
     Preempted,
     is_sweep_dir,
     latest_checkpoint_step,
     read_finished,
+    read_in_job_restarts,
     read_jobs,
     read_local_end,
     read_metrics,
@@ -48,6 +50,8 @@ class Run:
     starts: int = 0  #: the starts of the run's ranks (``provenance.json``, one per job start, any backend and mode)
     #: how the latest local start ended (``rundir.read_local_end``), when its launcher recorded it
     local_end: Optional[LocalEnd] = None
+    #: restarts inside the job after a lost node (``rundir.read_in_job_restarts``), oldest first
+    in_job_restarts: List[InJobRestart] = field(default_factory=list)
 
     @property
     def backend(self) -> Optional[str]:
@@ -218,6 +222,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         last_checkpoint=last_checkpoint,
         starts=len(read_provenance(str(path)).get("starts", [])),
         local_end=read_local_end(path),
+        in_job_restarts=read_in_job_restarts(path),
     )
 
 

@@ -36,6 +36,10 @@ FINAL_STATES = frozenset(
 #: The Slurm job state of a preempted job (squeue(1) "JOB STATE CODES"; not the run directory's marker file).
 PREEMPTED_STATE = "PREEMPTED"
 REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", PREEMPTED_STATE, "SPECIAL_EXIT"})
+#: The Reason of a pending job whose dependency can no longer be met (a job it is ``afterok`` of
+#: failed, ...): Slurm keeps it PENDING forever unless ``SchedulerParameters=kill_invalid_depend``
+#: (squeue(1) "JOB REASON CODES"; sbatch(1) ``--dependency``).
+NEVER_SATISFIED_REASON = "DependencyNeverSatisfied"
 
 _NOT_KNOWN = ("invalid job id",)  # what scontrol/squeue/scancel say of a job the controller forgot
 
@@ -61,6 +65,11 @@ class SlurmJob:
     @property
     def final(self) -> bool:
         return is_final(self.state)
+
+    @property
+    def never_starts(self) -> bool:
+        """Pending on a dependency that can no longer be satisfied (:data:`NEVER_SATISFIED_REASON`)."""
+        return self.state == "PENDING" and self.reason == NEVER_SATISFIED_REASON
 
 
 def call(

@@ -143,6 +143,7 @@ class RunStatus:
             "last_checkpoint_step": r.last_checkpoint,
             "finished": r.finished is not None,
             "restarts": r.restarts,
+            "in_job_restarts": [x.to_dict() for x in r.in_job_restarts],
             "slurm_restarts": None if self.slurm is None else self.slurm.restarts,
             "last_eval": r.last_eval,
             "notes": self.notes,
@@ -185,6 +186,15 @@ def _local_status(run: Run) -> RunStatus:
     )
 
 
+def never_starts_note(run_dir: Path, job: SlurmJob) -> str:
+    """Why a job pending with Reason=DependencyNeverSatisfied never starts, and what to do."""
+    dep = f" ({job.dependency})" if job.dependency else ""
+    return (
+        f"job {job.job_id} waits on a dependency that can never be satisfied{dep}: a job it comes after "
+        f"ended in a way its condition excludes, so Slurm never starts it; cancel it: slurm-ddp cancel {run_dir}"
+    )
+
+
 def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     jid = run.latest_job_id
     job = ans.jobs.get(jid or "")
@@ -192,6 +202,8 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     if job is not None:
         notes = [] if job.source != "sacct" else notes
         st = RunStatus(run, job.state, job.final, f"slurm ({job.source})", slurm=job, notes=notes)
+        if job.never_starts:
+            st.notes.append(never_starts_note(run.path, job))
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
             step = run.preempted.step if run.preempted else run.last_checkpoint
             st.notes.append(

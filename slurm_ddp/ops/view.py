@@ -54,7 +54,8 @@ def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> st
             where = str(r.path.relative_to(cwd))
         except ValueError:
             where = str(r.path)
-        rows.append((r.name, jobs, st.state, step, format_eval(r.last_eval), str(r.restarts), where))
+        restarts = str(r.restarts) + (f" ({len(r.in_job_restarts)} in-job)" if r.in_job_restarts else "")
+        rows.append((r.name, jobs, st.state, step, format_eval(r.last_eval), restarts, where))
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows) + "\n"
 
@@ -91,6 +92,10 @@ def format_status(st: RunStatus) -> str:
     if st.slurm is not None and st.slurm.restarts is not None:
         restarts += f"; Slurm restart count of job {st.slurm.job_id}: {st.slurm.restarts}"
     lines.append(("restarts", restarts))
+    if r.in_job_restarts:
+        lines.append(("in-job restarts", str(len(r.in_job_restarts))))
+        for x in r.in_job_restarts:
+            lines.append((f"in-job restart {x.attempt}", f"job {x.job_id}: {x.line()}"))
     ev = r.last_eval
     lines.append(("last eval", f"{format_eval(ev)} at step {ev.get('step', '?')}" if ev else "-"))
     if r.preempted is not None and r.finished is None:
@@ -338,6 +343,8 @@ def format_report(rep: RunReport) -> str:
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows]
     for s in rep.starts:
         out.append(f"  start {s.index}: {s.reason}\n")
+        for x in s.in_job_restarts:
+            out.append(f"  start {s.index}: in-job restart {x['attempt']}: {x['line']}\n")
     g = rep.goodput
     prod = "?" if rep.productive_node_s is None else f"{rep.productive_node_s:.1f}"
     redone = "?" if rep.redone_steps is None else str(rep.redone_steps)
@@ -346,7 +353,8 @@ def format_report(rep: RunReport) -> str:
         f"{prod} node-s; goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
     )
     out.append(
-        f"restarts:   {rep.restarts}; redone steps {redone}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
+        f"restarts:   {rep.restarts}{f' ({rep.in_job_restarts} of them in-job)' if rep.in_job_restarts else ''}; "
+        f"redone steps {redone}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
     )
     for i, loss in enumerate(rep.losses):
         out.append(f"{'losses:' if i == 0 else '':<11} {loss['words']}\n")

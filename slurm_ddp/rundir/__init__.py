@@ -74,6 +74,7 @@ from .files import (
     CONTAINER_BUNDLE_DIR,
     CONTAINER_DIR,
     CONTAINER_PYTHON_DIR,
+    CONTAINER_RANKS_DIR,
     DEFAULT_RUNS_DIR,
     DIFFS_DIR,
     ENDS_NAME,
@@ -103,7 +104,6 @@ from .files import (
     SWEEP_NAME,
     TRACKING_NAME,
     WANDB_DIR_NAME,
-    WANDB_STEPS_NAME,
     PathLike,
     Preempted,
     append_jsonl,
@@ -145,7 +145,7 @@ from .files import (
 )
 from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
-from .recovery import RecoveryDecision, decide_recovery
+from .recovery import InJobRestart, RecoveryDecision, decide_recovery, in_job_restarts, read_in_job_restarts
 from .requeue import (
     RequeueDecision,
     decide_requeue,
@@ -172,9 +172,11 @@ __all__ = [
     "RECOVERY_DIR",
     "RecoveryDecision",
     "decide_recovery",
+    "InJobRestart",
+    "in_job_restarts",
+    "read_in_job_restarts",
     "read_recoveries",
     "write_peer_lost",
-    "WANDB_STEPS_NAME",
     "WANDB_DIR_NAME",
     "MLFLOW_DB_NAME",
     "TRACKING_NAME",
@@ -216,6 +218,7 @@ __all__ = [
     "SCRIPT_NAME",
     "SNAPSHOTS_DIR",
     "CONTAINER_BUNDLE_DIR",
+    "CONTAINER_RANKS_DIR",
     "CONTAINER_DIR",
     "CONTAINER_PYTHON_DIR",
     "SNAPSHOT_NAME",

@@ -53,10 +53,12 @@ SNAPSHOT_NAME = "snapshot.json"
 PROVENANCE_NAME = "provenance.json"
 #: ``environment.container`` (``slurm_ddp.container``): what submit prepares for the ranks' container,
 #: ``RUN_DIR/container/python/slurm_ddp`` (a copy of the package, first on the ranks' PYTHONPATH) and
-#: ``RUN_DIR/container/bundle`` (the OCI runtime's bundle: config.json + an empty rootfs)
+#: ``RUN_DIR/container/bundle`` (the OCI runtime's bundle: config.json + an empty rootfs); the local
+#: backend's per-rank OCI bundles in ``RUN_DIR/container/ranks/<rank>`` (owner-only: the ranks' environment)
 CONTAINER_DIR = "container"
 CONTAINER_PYTHON_DIR = f"{CONTAINER_DIR}/python"
 CONTAINER_BUNDLE_DIR = f"{CONTAINER_DIR}/bundle"
+CONTAINER_RANKS_DIR = f"{CONTAINER_DIR}/ranks"
 #: ``git diff HEAD`` of a dirty checkout at submit, ``RUN_DIR/diffs/<sha>.patch``
 DIFFS_DIR = "diffs"
 
@@ -78,8 +80,6 @@ TRACKING_NAME = "tracking.json"
 MLFLOW_DB_NAME = "mlflow.db"
 #: W&B's own folder under ``WANDB_DIR`` (= the run directory); offline runs are its ``offline-run-*`` dirs.
 WANDB_DIR_NAME = "wandb"
-#: The last step of each metric the worker handed to W&B: nothing is logged twice after a resume.
-WANDB_STEPS_NAME = "wandb-steps.json"
 #: the hang watchdog's reports, ``RUN_DIR/hangs/JOBID.RESTART/rank-N.json``
 HANGS_DIR = "hangs"
 #: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``

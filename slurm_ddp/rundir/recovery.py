@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
 
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
-from .files import PathLike, append_jsonl, is_finished, read_preempted
+from .files import PathLike, append_jsonl, is_finished, read_jsonl, read_metrics, read_preempted, read_recoveries
 from .hangs import Hang, read_hang_reports, summarize_hang
 
 #: The actions of a :class:`RecoveryDecision`.
@@ -59,6 +59,8 @@ class Evidence:
     probe_failed: Tuple[str, ...] = ()  #: nodes whose probe step failed or timed out
     hang: Optional[Hang] = None  #: the step's hang, from its watchdogs' reports
     peer_lost: bool = False  #: a rank saw a peer vanish (the worker's peer-lost marker)
+    #: the marker's first record (``rank``, ``host``, ``step``: the last completed step, ``time``), when readable
+    peer_lost_record: Optional[Dict[str, Any]] = None
     notes: Tuple[str, ...] = field(default=())  #: what was looked at, for the log line
 
     @property
@@ -242,13 +244,14 @@ def gather_evidence(
     ``probe``."""
     hang = find_step_hang(run_dir, job_id, restart, since)
     peer_lost = bool(peer_lost_marker) and os.path.exists(peer_lost_marker)
+    first = next(iter(read_jsonl(peer_lost_marker)), None) if peer_lost else None
     failed = tuple(prober(probe)) if probe else ()
     notes = [f"probed {','.join(probe) or 'no node'}: " + (f"{','.join(failed)} failed" if failed else "all ran")]
     if hang is not None:
         notes.append(hang.line())
     if peer_lost:
         notes.append("a rank saw a peer vanish")
-    return Evidence(probe_failed=failed, hang=hang, peer_lost=peer_lost, notes=tuple(notes))
+    return Evidence(probe_failed=failed, hang=hang, peer_lost=peer_lost, peer_lost_record=first, notes=tuple(notes))
 
 
 def record_recovery(run_dir: PathLike, **record: Any) -> None:
@@ -267,6 +270,111 @@ def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) ->
         check=False,
     )
     return getattr(r, "returncode", 1) == 0
+
+
+# --------------------------------------------------------------------------- what the login node shows
+@dataclass(frozen=True)
+class InJobRestart:
+    """One in-job restart as ``status``, ``runs`` and ``report`` show it (:func:`in_job_restarts`).
+
+    Times are ``time.time()`` seconds; a field the records do not give is None."""
+
+    job_id: str
+    restart: int  #: the job's Slurm restart count (requeues) when it happened
+    attempt: int  #: the in-job restart's number within that start (1, 2, …)
+    lost: Tuple[str, ...]  #: the nodes taken for lost or hung
+    nodes: Tuple[str, ...]  #: the next step's nodes, batch host first
+    lost_at: float  #: when a rank saw the peer vanish (the peer-lost marker), else when the decision was made
+    lost_step: Optional[int]  #: the last step completed before the loss
+    resumed_at: Optional[float] = None  #: the next step's ``resume`` event (None: not resumed yet)
+    resumed_step: Optional[int] = None
+    emergency: bool = False  #: resumed from the survivors' emergency checkpoint
+    reason: str = ""
+
+    @property
+    def time_to_resume_s(self) -> Optional[float]:
+        """Seconds from the loss to the resumed step (None: not resumed yet)."""
+        return None if self.resumed_at is None else max(self.resumed_at - self.lost_at, 0.0)
+
+    @property
+    def redone_steps(self) -> Optional[int]:
+        """Completed steps the next step computes again (``lost_step − resumed_step``, at least 0)."""
+        if self.lost_step is None or self.resumed_step is None:
+            return None
+        return max(self.lost_step - self.resumed_step, 0)
+
+    def line(self) -> str:
+        """E.g. ``lost node n2 at step 17, back at step 17 on n1,n3 after 27 s (emergency checkpoint)``."""
+        what = f"lost node{'s' if len(self.lost) > 1 else ''} {','.join(self.lost) or '?'}"
+        if self.lost_step is not None:
+            what += f" at step {self.lost_step}"
+        if self.resumed_at is None:
+            return f"{what}, restarting on {','.join(self.nodes)}"
+        took = self.time_to_resume_s or 0.0
+        back = f"back at step {self.resumed_step} on {','.join(self.nodes)} after {took:.0f} s"
+        return f"{what}, {back}" + (" (emergency checkpoint)" if self.emergency else "")
+
+    def to_dict(self) -> Dict[str, Any]:
+        """JSON-able, with ``time_to_resume_s``, ``redone_steps`` and ``line`` (:meth:`line`)."""
+        return {
+            "job_id": self.job_id,
+            "restart": self.restart,
+            "attempt": self.attempt,
+            "lost": list(self.lost),
+            "nodes": list(self.nodes),
+            "lost_at": self.lost_at,
+            "lost_step": self.lost_step,
+            "resumed_at": self.resumed_at,
+            "resumed_step": self.resumed_step,
+            "emergency": self.emergency,
+            "time_to_resume_s": self.time_to_resume_s,
+            "redone_steps": self.redone_steps,
+            "reason": self.reason,
+            "line": self.line(),
+        }
+
+
+def in_job_restarts(
+    recoveries: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, Any]]
+) -> List[InJobRestart]:
+    """The in-job restarts of a run, oldest first, from its ``recoveries.jsonl`` (the ``restart``
+    decisions) and rank 0's ``metrics.jsonl`` (the ``resume`` that followed each; the last ``train``
+    step before it when the peer-lost marker gave no step). Pure; malformed records are skipped."""
+    decisions = [r for r in recoveries if r.get("action") == RESTART and isinstance(r.get("time"), (int, float))]
+    timed = [m for m in metrics if isinstance(m.get("time"), (int, float))]
+    out: List[InJobRestart] = []
+    for i, r in enumerate(decisions):
+        decided = float(r["time"])
+        until = float(decisions[i + 1]["time"]) if i + 1 < len(decisions) else float("inf")
+        resume = next((m for m in timed if m.get("event") == "resume" and decided < m["time"] < until), None)
+        marked = r.get("lost_at")
+        lost_at = float(marked) if isinstance(marked, (int, float)) else decided
+        lost_step = r.get("lost_step") if isinstance(r.get("lost_step"), int) else None
+        if lost_step is None:
+            steps = [m.get("step") for m in timed if m.get("event") == "train" and m["time"] <= decided]
+            lost_step = next((s for s in reversed(steps) if isinstance(s, int)), None)
+        out.append(
+            InJobRestart(
+                job_id=str(r.get("job_id", "")),
+                restart=int(r.get("restart") or 0),
+                attempt=int(r.get("attempt") or 0) + 1,
+                lost=tuple(str(n) for n in r.get("bad") or ()),
+                nodes=tuple(str(n) for n in r.get("nodes") or ()),
+                lost_at=lost_at,
+                lost_step=lost_step,
+                resumed_at=None if resume is None else float(resume["time"]),
+                resumed_step=None if resume is None else resume.get("step"),
+                emergency=bool(resume is not None and resume.get("emergency")),
+                reason=str(r.get("reason", "")),
+            )
+        )
+    return out
+
+
+def read_in_job_restarts(run_dir: PathLike) -> List[InJobRestart]:
+    """:func:`in_job_restarts` of the run directory ``run_dir`` (none when it recorded none)."""
+    recoveries = read_recoveries(run_dir)
+    return in_job_restarts(recoveries, read_metrics(run_dir)) if recoveries else []
 
 
 # --------------------------------------------------------------------------- batch-shell entry points
@@ -390,6 +498,9 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
             "nodes": list(decision.nodes),
             "bad": list(decision.bad),
             "peer_lost": evidence.peer_lost,
+            # the first rank that saw it: when, and after which completed step
+            "lost_at": (evidence.peer_lost_record or {}).get("time"),
+            "lost_step": (evidence.peer_lost_record or {}).get("step"),
             "hang": evidence.hang.line() if evidence.hang is not None else None,
             "gave_back": gave_back,
             "reason": decision.reason,

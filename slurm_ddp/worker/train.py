@@ -71,6 +71,10 @@ from .runtime import (
 
 log = logging.getLogger("slurm_ddp.worker")
 
+#: how long a survivor that did not claim the emergency checkpoint waits for the one that did (seconds):
+#: a few saves of a large model to a parallel file system
+EMERGENCY_WAIT_S = 60.0
+
 
 def setup_logging(rank: int) -> None:
     """Rank 0 logs INFO; the other ranks WARNING and above (the per-rank logging recipe).
@@ -135,6 +139,12 @@ class Trainer:
         self.scaler: Optional[Any] = None
         self.tb: Optional[Any] = None
         self.progress = progress_recorder()  # what the hang watchdog reads (slurm_ddp.progress)
+        # True from the start of the train loop on: every collective that can fail from then on (the
+        # DDP backward's all-reduce, the stop check, eval, a checkpoint's gather) leaves the model,
+        # optimizer, scheduler and data position at the last completed step, so a rank that loses a
+        # peer may commit them alone (``_emergency_save``). Before it (resume), they are not yet loaded.
+        self.at_step_boundary = False
+        self.nonfinite: Optional[torch.Tensor] = None  # the NaN/inf flag of the log window (nan_check)
 
     # ------------------------------------------------------------------ setup
     def build(self) -> None:
@@ -211,6 +221,11 @@ class Trainer:
         goes to its own file (``save_rank_states``), not through rank 0."""
         if not self.denv.is_main:
             return None
+        return self.training_state()
+
+    def training_state(self) -> Dict[str, Any]:
+        """The checkpoint's data, from this rank (any rank: DDP keeps model, optimizer, scheduler and
+        data position identical on all; the log window is this rank's). No collective."""
         return {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
@@ -343,6 +358,14 @@ class Trainer:
         b = self.tc.batch_size
         self.global_batch = int(state.get("global_batch") or old_world * b * self.tc.grad_accum_steps)
         same_world = old_world == self.denv.world_size
+        if info.emergency is not None:
+            log.warning(
+                "resuming from the emergency checkpoint of step %d that rank %s on %s wrote alone after a "
+                "lost peer: no per-rank states, so it resumes as on another world size",
+                self.step,
+                info.emergency.get("rank", "?"),
+                info.emergency.get("host", "?"),
+            )
         if same_world and (info.rank_states == self.denv.world_size or len(rngs) == self.denv.world_size):
             if info.rank_states == self.denv.world_size:
                 restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
@@ -364,6 +387,7 @@ class Trainer:
             step=self.step,
             restart=self.denv.restart_count,
             world_size=self.denv.world_size,
+            emergency=info.emergency is not None,
             grad_accum_steps=self.accum,
             samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
         )
@@ -454,6 +478,8 @@ class Trainer:
         loss_sum = self.loss_sum  # updated in place; read only every log_every steps: no per-step sync
         # every checkpoint is of a window without NaN/inf (checked before each save), so this starts clear
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
+        self.nonfinite = nonfinite  # updated in place below
+        self.at_step_boundary = True
         t_log = time.perf_counter()
         step_at_log = self.step
         log.info(
@@ -685,9 +711,11 @@ class Trainer:
                 dist.destroy_process_group()
 
     def _peer_failure(self, e: BaseException) -> PeerFailure:
-        """The ``PeerFailure`` for ``e``, after leaving the step's peer-lost marker (in-job recovery:
-        the batch script stops waiting for a step whose lost node Slurm has not yet marked DOWN)."""
+        """The ``PeerFailure`` for ``e``, after committing the last completed step alone
+        (``_emergency_save``) and then leaving the step's peer-lost marker (in-job recovery: the batch
+        script stops waiting for a step whose lost node Slurm has not yet marked DOWN)."""
         message = self._peer_message(e)
+        self._emergency_save(message)
         write_peer_lost(
             os.environ,
             {
@@ -699,6 +727,67 @@ class Trainer:
             },
         )
         return PeerFailure(message)
+
+    def _emergency_save(self, why: str) -> None:
+        """After a lost peer, commit the state of the last completed step from this rank alone, so that
+        the next start redoes at most the step that failed (not everything since the last periodic
+        checkpoint). No collective. The first survivor to claim the step writes it
+        (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
+        exit (an early non-zero exit makes srun end the step, the writer with it). Skipped before the
+        train loop (nothing loaded yet), when the step is already committed, and when this rank saw a
+        NaN/inf loss in the window (``train.nan_check``). Never raises: a failed save leaves the resume
+        to the newest committed checkpoint, as before.
+        """
+        if not self.at_step_boundary:
+            return
+        step = self.step
+        try:
+            if self.tc.nan_check and self.nonfinite is not None and bool(self.nonfinite):
+                log.error("no emergency checkpoint of step %d: the loss was NaN or infinite on this rank", step)
+                return
+            if self.writer is not None:  # a background write (rank 0's) first: two writers never overlap
+                try:
+                    self.writer.wait()
+                except CheckpointError as e:
+                    log.error("%s", e)
+            if any(i.step == step for i in self.ckpt.committed(quiet=True)):
+                log.warning("a peer was lost after step %d, whose checkpoint is committed", step)
+                return
+            if not self.ckpt.claim(step):
+                outcome = self.ckpt.wait_claim(step, EMERGENCY_WAIT_S)
+                log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
+                return
+            t0 = time.perf_counter()
+            host = self.denv.hostname or socket.gethostname()
+            record = {"rank": self.denv.rank, "host": host, "job_id": str(self.denv.job_id), "why": why[-300:]}
+            try:
+                info = self.ckpt.save(self.training_state(), step, world_size=self.denv.world_size, emergency=record)
+            except BaseException as e:
+                self.ckpt.end_claim(step, f"failed: {e}")
+                raise
+            self.ckpt.end_claim(step, "committed")
+            took = time.perf_counter() - t0
+            log.warning(
+                "emergency checkpoint of step %d committed by rank %d alone after a lost peer (%.1f MB, %.3f s)",
+                step,
+                self.denv.rank,
+                info.size_bytes / 1e6,
+                took,
+            )
+            # this rank may not be rank 0 (whose MetricsWriter alone writes): one line, appended directly
+            append_jsonl(
+                self.run_dir / METRICS_NAME,
+                {
+                    "event": "emergency_checkpoint",
+                    "step": step,
+                    "rank": self.denv.rank,
+                    "host": host,
+                    "duration_s": took,
+                    "time": time.time(),
+                },
+            )
+        except Exception as e:  # the resume falls back to the newest committed checkpoint
+            log.error("no emergency checkpoint of step %d: %s", step, e)
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -6,7 +6,9 @@ The dataset has ``args.samples`` items ``(features(i), i)``; the loss trains a t
 micro-batch sleeps ``IDS_SLEEP_S`` (default 0) so that an optimizer step of 3+ micro-batches is slower
 than ``StepAgreement``'s 0.5 s and the ranks check the stop flag after every step. With
 ``IDS_STOP_AFTER_CALLS=K`` rank 0 sends itself SIGUSR2 in its K-th loss call of the process: the run
-stops for preemption right after the step that call belongs to.
+stops for preemption right after the step that call belongs to. With ``IDS_DIE_AFTER_CALLS=K`` rank
+``IDS_DIE_RANK`` (default 1) SIGKILLs itself in its K-th loss call, as a lost node's rank would vanish
+in the middle of a step.
 """
 
 from __future__ import annotations
@@ -55,4 +57,8 @@ class IdsTask(Task):
         time.sleep(float(os.environ.get("IDS_SLEEP_S", "0")))
         if os.environ.get("RANK") == "0" and str(self.calls) == os.environ.get("IDS_STOP_AFTER_CALLS"):
             os.kill(os.getpid(), signal.SIGUSR2)
+        if os.environ.get("RANK") == os.environ.get("IDS_DIE_RANK", "1") and str(self.calls) == os.environ.get(
+            "IDS_DIE_AFTER_CALLS"
+        ):
+            os.kill(os.getpid(), signal.SIGKILL)
         return F.cross_entropy(outputs, targets % 4)

@@ -79,7 +79,7 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     # afterok of a run that did not finish: the dependent run never starts
     third = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "third", backend="local", after=[first])
     assert isinstance(third, slurm_ddp.Run)
-    with pytest.raises(SlurmDDPError, match="DependencyNeverSatisfied"):
+    with pytest.raises(DependencyNeverSatisfied, match="DependencyNeverSatisfied"):
         third.wait(timeout_s=120, poll_s=0.5)
     assert read_jobs(tmp_path / "third") == []
 

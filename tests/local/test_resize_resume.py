@@ -104,3 +104,70 @@ def test_resume_4_then_2_then_3_ranks_trains_every_sample_once_per_epoch(tmp_pat
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
     assert "resuming a checkpoint of 4 ranks on 2: epoch 0 goes on after its first 24 samples" in rank0
     assert "resuming a checkpoint of 2 ranks on 3: epoch 1 goes on after its first 36 samples" in rank0
+
+
+def test_a_rank_lost_mid_step_leaves_an_emergency_checkpoint_of_the_last_step(tmp_path: Path) -> None:
+    """Rank 1 vanishes (SIGKILL) in the middle of step 6 of a run with no periodic checkpoint
+    (``checkpoint.every_steps: 0``): rank 0, whose collective fails, commits step 5 alone before it exits
+    (an emergency checkpoint). The next start resumes at step 5, so one step is redone, not all five,
+    and every sample of every epoch is still trained exactly once (the failed step's samples again)."""
+    job = tmp_path / "ids.yaml"
+    accum = 6  # 2 ranks × batch 1 × 6 = the global batch of 12
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ids",
+                "slurm": {"nodes": 1, "tasks_per_node": 2, "time": "00:10:00"},
+                "train": {
+                    "task": "ids_task:IdsTask",
+                    "pythonpath": [str(HERE)],
+                    "max_steps": MAX_STEPS,
+                    "batch_size": BATCH,
+                    "grad_accum_steps": accum,
+                    "lr": 0.01,
+                    "log_every": 1,
+                    "eval_every": 0,
+                    "args": {"samples": SAMPLES},
+                },
+                "checkpoint": {"every_steps": 0},
+            }
+        )
+    )
+    run_dir, ids = tmp_path / "run", tmp_path / "ids"
+    ids.mkdir()
+    lost_after = 5  # steps completed before rank 1 vanishes in its 3rd micro-batch of step 6
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "local", "--run-dir", str(run_dir)]
+    cmd += ["--no-check-task"]
+    env = dict(os.environ, IDS_DIR=str(ids), IDS_SEGMENT="0", IDS_DIE_AFTER_CALLS=str(lost_after * accum + 3))
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode not in (0, PREEMPTED_EXIT_CODE), r.stderr[-2000:]
+    assert "rank 1 exited with status -9" in r.stderr, r.stderr[-2000:]
+    rank0 = (run_dir / "logs" / "rank-0.log").read_text()
+    assert f"emergency checkpoint of step {lost_after} committed by rank 0 alone" in rank0, rank0[-3000:]
+    manifest = json.loads((run_dir / "checkpoints" / f"step-{lost_after:08d}.json").read_text())
+    assert manifest["emergency"]["rank"] == 0 and "rank_states" not in manifest, manifest
+
+    env = dict(os.environ, IDS_DIR=str(ids), IDS_SEGMENT="1")
+    r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-2000:]
+    records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [(m["step"], m["emergency"]) for m in records if m["event"] == "resume"] == [(lost_after, True)]
+    assert [m["step"] for m in records if m["event"] == "emergency_checkpoint"] == [lost_after]
+
+    per_epoch: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    for segment, first, last in ((0, 1, lost_after), (1, lost_after + 1, MAX_STEPS)):
+        for rank in range(2):
+            lines = (ids / f"seg-{segment}-rank{rank}.txt").read_text().splitlines()
+            if segment == 0:  # the micro-batches of the step that failed are redone
+                assert len(lines) > lost_after * accum
+                lines = lines[: lost_after * accum]
+            assert len(lines) == (last - first + 1) * accum, (segment, rank, len(lines))
+            for k, line in enumerate(lines):
+                step = first + k // accum
+                per_epoch[(step - 1) // STEPS_PER_EPOCH].update(int(x) for x in line.split())
+    for epoch in range(MAX_STEPS // STEPS_PER_EPOCH):
+        counts = per_epoch[epoch]
+        missing = sorted(set(range(SAMPLES)) - set(counts))
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        assert not missing and not repeated, f"epoch {epoch}: missing {missing}, repeated {repeated}"
+    assert (run_dir / "FINISHED").exists()

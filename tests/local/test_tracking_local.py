@@ -5,6 +5,9 @@ the run directory) and W&B (offline mode) libraries, local backend, gloo on CPU.
   logged after it, trained again on the next start), then finished: one MLflow run whose ``loss``
   history has every logged step once, its last value the run's last logged loss; the three starts'
   W&B offline runs carry one run id.
+- W&B, ``kill -9`` right after ``run.log`` returned (the row in W&B's buffers, not yet in its ``.wandb``
+  file), then a stop, then a finish: the offline runs' history, read back from the ``.wandb`` files with
+  wandb's protobuf ``Record``, holds every step once.
 - A plain script calling ``mlflow.start_run()`` / ``wandb.init()`` with no arguments, started three
   times: one MLflow run, one W&B run id.
 - A sweep of 4 elements: 4 tracker runs, grouped (MLflow parent run + tag; W&B group = the sweep's name).
@@ -25,6 +28,7 @@ from lib import require_module, wait_for, wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.rundir import latest_checkpoint_step, read_metrics
+from slurm_ddp.tracking import wandb_history
 
 mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
 require_module("wandb", "pip install 'slurm-ddp[wandb]'")
@@ -35,6 +39,7 @@ pytestmark = pytest.mark.local
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
 SCRIPT = Path(__file__).resolve().parent / "tracked_script.py"
+TRACKER_START = Path(__file__).resolve().parent / "tracker_start.py"
 TRACKING = ["tracking.mlflow.enabled=true", "tracking.wandb.enabled=true"]
 SETS = [
     "train.max_steps=120",
@@ -156,6 +161,29 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run(tmp_path: Path) -
     assert runs[0].data.tags["slurm_ddp.restarts"] == "2"  # the tags of the last start (local: a resubmit counts)
     ids = wandb_ids(rd)
     assert len(ids) == 3 and set(ids) == {record["wandb"]["run_id"]}, ids
+    wandb_steps = [r["_step"] for r in wandb_history(rd, record["wandb"]["run_id"]) if "loss" in r]
+    assert sorted(wandb_steps) == list(range(1, 121)), wandb_steps
+
+
+def test_wandb_killed_right_after_run_log_holds_every_step_once(tmp_path: Path) -> None:
+    rd = tmp_path / "run"
+    env = {**os.environ, "WANDB_SILENT": "true", "PYTHONPATH": os.pathsep.join([str(REPO), *sys.path])}
+
+    def start(first: int, last: int, kill_at: int, finish: int) -> int:
+        argv = [sys.executable, str(TRACKER_START), str(rd), str(first), str(last), str(kill_at), str(finish)]
+        r = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode in (0, -signal.SIGKILL), r.stderr[-3000:]
+        return r.returncode
+
+    # killed inside the window: step 25's row handed to W&B, checkpoint 20 the last
+    assert start(1, 30, 25, 0) == -signal.SIGKILL
+    assert start(21, 35, 0, 0) == 0  # resumed from 20; stopped at 35 (its rows after checkpoint 30 in W&B)
+    assert start(31, 40, 0, 1) == 0  # resumed from 30: 31..35 are already in W&B
+    run_id = json.loads((rd / "tracking.json").read_text())["wandb"]["run_id"]
+    assert wandb_ids(rd) == [run_id] * 3
+    history = [r for r in wandb_history(rd, run_id) if "loss" in r]
+    assert sorted(r["_step"] for r in history) == list(range(1, 41)), [r["_step"] for r in history]
+    assert all(r["loss"] == 1.0 / r["_step"] for r in history)
 
 
 def own_job(tmp_path: Path, name: str) -> Path:

@@ -4,18 +4,24 @@ A long digits run, and an evaluation-sized run ``after=`` it (``afterany``): the
 with Reason=Dependency on the first's job (seen in ``scontrol show job``) although a node is free,
 starts only after the first ended (its ``StartTime`` is not before the first's ``EndTime``), and
 ``Run.wait()`` returns its COMPLETED status; ``submit --wait`` of a third run exits 0 once it finished.
+A requeue (``Run.requeue()``: ``scontrol requeue``) while ``Run.wait()`` blocks: wait follows the job
+through its second start to COMPLETED. An ``afterok`` chain on a job that fails: the second job pends
+with Reason=DependencyNeverSatisfied, ``status`` shows it, ``Run.wait()`` raises
+``DependencyNeverSatisfied`` instead of waiting for ever.
 """
 
 from __future__ import annotations
 
 import re
 import sys
+import threading
 from pathlib import Path
-from typing import Dict
+from typing import Any, Dict, List
 
 import pytest
 
 import slurm_ddp
+from slurm_ddp.errors import DependencyNeverSatisfied
 from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -88,3 +94,121 @@ def test_after_chain_starts_the_second_job_only_after_the_first_ended(slurm_sand
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "ended: COMPLETED" in proc.stderr and (tmp_path / "waited" / "FINISHED").exists()
+
+
+# train.command scripts (no torch): their starts are files in the run directory, so each test knows
+# which start runs without any timing
+STARTS = """\
+import os, pathlib, sys, time
+d = pathlib.Path(os.environ["SLURM_DDP_RUN_DIR"])
+n = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+(d / f"start-{n}").write_text(os.environ.get("SLURM_JOB_ID", ""))
+if n == 0:
+    while True:  # the first start runs until it is requeued
+        time.sleep(1)
+"""
+FAILS_ON_GO = """\
+import pathlib, sys, time
+go = pathlib.Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.5)
+sys.exit(3)
+"""
+
+
+def command_job(d: Path, name: str, script: str, *args: str) -> Path:
+    """A one-rank ``train.command`` job in its own directory (the code snapshot is that directory)."""
+    d.mkdir(parents=True)
+    (d / f"{name}.py").write_text(script)
+    cmd = ["python", f"{name}.py", *args]
+    (d / "job.yaml").write_text(
+        f"name: {name}\nslurm: {{nodes: 1, tasks_per_node: 1, time: '00:10:00'}}\ntrain: {{command: {cmd}}}\n"
+    )
+    return d / "job.yaml"
+
+
+def test_wait_follows_a_requeue_to_completed(slurm_sandbox, tmp_path, monkeypatch) -> None:
+    for k, v in slurm_sandbox.env.items():
+        monkeypatch.setenv(k, v)
+    job = command_job(tmp_path / "code", "starts", STARTS)
+    run = slurm_ddp.submit(job, run_dir=tmp_path / "run", backend="sbatch")
+    assert isinstance(run, slurm_ddp.Run)
+    result: List[Any] = []
+    waiter = threading.Thread(target=lambda: result.append(_wait(run)), daemon=True)
+    try:
+        waiter.start()
+        wait_for(lambda: (run.path / "start-0").exists(), 60, "the first start", lambda: run.logs())
+        assert waiter.is_alive() and run.status().state == "RUNNING"
+        said = run.requeue()
+        assert said.startswith(f"requeued job {run.job_ids[-1]}"), said
+        waiter.join(timeout=300)
+        assert not waiter.is_alive(), "Run.wait() did not return within 300 s"
+    finally:
+        slurm_sandbox.run(["scancel", *run.job_ids], capture_output=True, timeout=20)
+    (st,) = result
+    assert not isinstance(st, BaseException), st
+    # it returned only once the second start finished: not at the requeue, not while pending again
+    assert st.state == "COMPLETED" and st.run.finished is not None, (st.state, st.notes, run.logs())
+    assert st.slurm is not None and st.slurm.restarts == 1, st.slurm
+    assert (run.path / "start-1").read_text() == (run.path / "start-0").read_text() == run.job_ids[-1]
+    assert len(run.job_ids) == 1  # a requeue keeps the job id
+
+
+def _wait(run: slurm_ddp.Run) -> Any:
+    try:
+        return run.wait(timeout_s=300, poll_s=0.5)
+    except BaseException as e:  # handed to the test's thread
+        return e
+
+
+def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandbox, tmp_path, monkeypatch) -> None:
+    for k, v in slurm_sandbox.env.items():
+        monkeypatch.setenv(k, v)
+    go = tmp_path / "go"
+    first = slurm_ddp.submit(
+        command_job(tmp_path / "code1", "fails", FAILS_ON_GO, str(go)), run_dir=tmp_path / "first", backend="sbatch"
+    )
+    assert isinstance(first, slurm_ddp.Run)
+    second = None
+    try:
+        second = slurm_ddp.submit(
+            command_job(tmp_path / "code2", "never", STARTS),
+            run_dir=tmp_path / "second",
+            backend="sbatch",
+            after=[first],
+        )
+        assert isinstance(second, slurm_ddp.Run)
+        jid1, jid2 = first.job_ids[-1], second.job_ids[-1]
+        rec = wait_for(
+            lambda: (lambda r: r if r.get("Reason") == "Dependency" else None)(show_job(slurm_sandbox, jid2)),
+            30,
+            "the second job to wait on its dependency",
+        )
+        assert rec["Dependency"].startswith(f"afterok:{jid1}"), rec
+        go.write_text("")  # the first job exits 3
+        assert first.wait(timeout_s=120, poll_s=0.5).state == "FAILED"
+        rec = wait_for(
+            lambda: (lambda r: r if r.get("Reason") == "DependencyNeverSatisfied" else None)(
+                show_job(slurm_sandbox, jid2)
+            ),
+            60,
+            "Slurm to find the dependency never satisfied",
+        )
+        assert rec["JobState"] == "PENDING", rec
+
+        shown = slurm_sandbox.run(
+            [sys.executable, "-m", "slurm_ddp", "status", str(second.path)], capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "PENDING (reason DependencyNeverSatisfied)" in shown.stdout, shown.stdout
+        assert f"dependency: afterok:{jid1}(failed)" in shown.stdout, shown.stdout
+        assert "never starts it; cancel it: slurm-ddp cancel" in shown.stdout, shown.stdout
+
+        with pytest.raises(DependencyNeverSatisfied, match=rf"job {jid2} waits on a dependency that can never be"):
+            second.wait(timeout_s=60, poll_s=0.5)
+        assert not (second.path / "start-0").exists()
+    finally:
+        go.write_text("")
+        for r in (first, second):
+            if r is not None:
+                slurm_sandbox.run(["scancel", *r.job_ids], capture_output=True, timeout=20)

@@ -536,3 +536,39 @@ def test_to_signal(spec, expected):
 def test_to_signal_unknown():
     with pytest.raises(ValueError, match="unknown signal 'USR3'"):
         to_signal("USR3")
+
+
+# --------------------------------------------------------------------------- emergency checkpoints (one writer)
+
+
+def test_emergency_checkpoint_is_one_claimants_and_says_so_in_its_manifest(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=2)
+    assert mgr.claim(7) and not mgr.claim(7) and not CheckpointManager(tmp_path).claim(7)  # one claimant, any process
+    record = {"rank": 1, "host": "n2", "why": "peer lost"}
+    info = mgr.save(state(7), 7, world_size=4, emergency=record)
+    mgr.end_claim(7, "committed")
+    assert mgr.wait_claim(7, timeout_s=0) == "committed"
+    again = mgr.latest()
+    assert again.step == 7 and again.emergency == record == info.emergency and again.rank_states == 0
+    assert json.loads(again.manifest.read_text())["emergency"] == record
+    assert mgr.load(again)["step"] == 7
+    mgr.save(state(8), 8)
+    assert mgr.latest().emergency is None
+
+
+def test_waiting_for_a_claim_that_never_ends_gives_up(tmp_path):
+    mgr = CheckpointManager(tmp_path)
+    assert mgr.wait_claim(3, timeout_s=0) is None  # no claim at all
+    assert mgr.claim(3)
+    t0 = time.monotonic()
+    assert mgr.wait_claim(3, timeout_s=0.3, poll_s=0.05) is None  # the claimant died mid-save
+    assert time.monotonic() - t0 >= 0.3
+
+
+def test_claims_of_pruned_steps_are_removed(tmp_path):
+    mgr = CheckpointManager(tmp_path, keep_last=1)
+    assert mgr.claim(1)
+    mgr.save(state(1), 1, emergency={"rank": 0})
+    mgr.save(state(2), 2)
+    mgr.save(state(3), 3)
+    assert not mgr.claim_path(1).exists() and [i.step for i in mgr.committed()] == [3]

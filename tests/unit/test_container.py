@@ -5,12 +5,15 @@ The golden scripts of every runtime are in test_render.py (``tests/golden/contai
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict, List
 
 import pytest
+from lib import wait_process
 
 from slurm_ddp import container
 from slurm_ddp.cli import main
@@ -239,7 +242,8 @@ def test_submit_dry_run_shows_the_wrapped_srun_line_and_writes_nothing(
     sif = tmp_path / "x.sif"
     sif.write_text("")
     run_dir = tmp_path / "run"
-    args = ["submit", str(DIGITS), "--dry-run", "--run-dir", str(run_dir)]
+    # --backend sbatch: "auto" is the local backend on a machine without sbatch (a laptop, .ci/run's check)
+    args = ["submit", str(DIGITS), "--dry-run", "--backend", "sbatch", "--run-dir", str(run_dir)]
     args += ["--set", "environment.container.runtime=apptainer", "--set", f"environment.container.image={sif}"]
     assert main(args) == 0
     out = capsys.readouterr().out
@@ -248,14 +252,112 @@ def test_submit_dry_run_shows_the_wrapped_srun_line_and_writes_nothing(
     assert not run_dir.exists()
 
 
-def test_backends_that_do_not_wrap_the_ranks_refuse_a_container(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+@pytest.mark.parametrize(
+    "backend, runtime, needle",
+    [
+        ("submitit", "pyxis", "--backend sbatch or local only"),
+        ("local", "pyxis", "started by srun (Pyxis), which the local backend does not use"),
+        ("local", "apptainer", "runs each rank with apptainer, which is not on PATH here"),
+        ("local", "oci", "runs each rank with runc, which is not on PATH here"),
+    ],
+)
+def test_backends_that_cannot_run_the_container_refuse_it_in_one_line(
+    backend: str, runtime: str, needle: str, tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: Any
 ) -> None:
-    args = ["submit", str(DIGITS), "--dry-run", "--backend", "local", "--run-dir", str(tmp_path / "run")]
-    args += ["--set", "environment.container.runtime=pyxis", "--set", "environment.container.image=img"]
+    monkeypatch.setenv("PATH", str(tmp_path))  # no apptainer, no runc
+    image = tmp_path / "img"
+    make_host_bundle(image) if runtime == "oci" else image.write_text("")
+    run_dir = tmp_path / "run"
+    args = ["submit", str(DIGITS), "--backend", backend, "--run-dir", str(run_dir), "--set", "slurm.tasks_per_node=1"]
+    args += ["--set", f"environment.container.runtime={runtime}", "--set", f"environment.container.image={image}"]
     assert main(args) == 2
     err = capsys.readouterr().err
-    assert "--backend sbatch only" in err and err.count("\n") == 1
+    assert needle in err and err.count("\n") == 1, err
+    assert not run_dir.exists()
+
+
+#: A stand-in for ``apptainer``: records its argv, then does what ``apptainer exec [--nv] --bind B --pwd D
+#: IMAGE CMD...`` does for the ranks here: runs CMD in D with the same environment (same pid: exec).
+FAKE_APPTAINER = """#!/bin/sh
+printf '%s\\n' "$@" > "{log}/argv-$$"
+[ "$1" = exec ] && shift
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --nv) shift ;;
+        --bind) shift 2 ;;
+        --pwd) cd "$2" || exit 1; shift 2 ;;
+        -*) shift ;;
+        *) shift; break ;;
+    esac
+done
+exec "$@"
+"""
+
+#: The rank's program (train.command): says where it runs, then waits for the requeue signal and stops with 75.
+RANK_SCRIPT = """import os, signal, sys, time
+got = []
+signal.signal(signal.SIGUSR2, lambda s, f: got.append(s))
+signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGUSR2])
+out = os.path.join(sys.argv[1], "rank-" + os.environ["RANK"])
+with open(out + ".tmp", "w") as f:
+    f.write(os.getcwd() + "\\n" + str(os.getpid()) + "\\n" + os.environ["PYTHONPATH"])
+os.replace(out + ".tmp", out)
+while not got:
+    time.sleep(0.05)
+open(out + ".usr2", "w").close()
+sys.exit(75)
+"""
+
+
+def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_reaches_it(tmp_path: Path) -> None:
+    bin_dir, log, work, out, jobs = (tmp_path / d for d in ("bin", "log", "work", "out", "jobs"))
+    for d in (bin_dir, log, work, out, jobs):
+        d.mkdir()
+    fake = bin_dir / "apptainer"
+    fake.write_text(FAKE_APPTAINER.format(log=log))
+    fake.chmod(0o755)
+    (work / "rank.py").write_text(RANK_SCRIPT)
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    run_dir = tmp_path / "run"
+    job = {
+        "name": "fake-apptainer",
+        "slurm": {"nodes": 1, "tasks_per_node": 2},
+        "train": {"command": f"python {work / 'rank.py'} {out}", "workdir": str(work), "snapshot": False},
+        "environment": {"container": {"runtime": "apptainer", "image": str(sif), "python": sys.executable}},
+    }
+    (jobs / "job.yaml").write_text(json.dumps(job))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(jobs / "job.yaml"), "--backend", "local"]
+    proc = subprocess.Popen(
+        [*cmd, "--run-dir", str(run_dir)], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+    )
+    try:
+        wait_process(
+            proc,
+            lambda: all((out / f"rank-{r}").exists() for r in (0, 1)),
+            120,
+            "both ranks to start",
+            lambda: proc.stdout.read().decode() if proc.stdout else "",
+        )
+        proc.send_signal(signal.SIGUSR2)  # as the batch shell gets it; the launcher passes it on, as srun does
+        wait_process(proc, lambda: all((out / f"rank-{r}.usr2").exists() for r in (0, 1)), 60, "SIGUSR2 at both")
+        output = proc.communicate(timeout=60)[0].decode()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 75, output
+
+    ranks = [a for a in (p.read_text().splitlines() for p in log.glob("argv-*")) if "slurm_ddp.launch" in a]
+    assert len(ranks) == 2, ranks
+    binds = f"{run_dir}:{run_dir},{work}:{work},{jobs}:{jobs}"  # the run, train.workdir, train.pythonpath
+    for argv in ranks:  # the batch script's words (ContainerPlan.exec_argv), then the rank's launch wrapper
+        assert argv[:7] == ["exec", "--bind", binds, "--pwd", str(work), str(sif), sys.executable], argv
+        assert argv[7:11] == ["-m", "slurm_ddp.launch", "--run-dir", str(run_dir)], argv
+    for r in (0, 1):
+        cwd, pid, pythonpath = (out / f"rank-{r}").read_text().splitlines()
+        assert cwd == str(work) and pythonpath.startswith(f"{run_dir}/container/python"), (cwd, pythonpath)
 
 
 def test_env_explain_says_where_each_rank_runs(capsys: pytest.CaptureFixture[str]) -> None:

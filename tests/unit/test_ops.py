@@ -990,3 +990,36 @@ def test_after_gives_sbatch_the_runs_current_job_as_dependency_and_status_shows_
     rc, out, err = cli(["status", str(ev)], capsys)
     assert rc == 0, err
     assert "state:      PENDING (reason Dependency)" in out and "dependency: afterok:105(unfulfilled)" in out
+
+
+def test_a_dependency_that_can_never_be_met_is_shown_and_wait_raises_instead_of_waiting_forever(
+    tmp_path, slurm, capsys, monkeypatch
+):
+    """afterok of a job that failed: Slurm keeps the dependent job PENDING with
+    Reason=DependencyNeverSatisfied for ever (no kill_invalid_depend); ``status`` says so with the fix,
+    ``Run.wait`` and ``submit --wait`` raise ``DependencyNeverSatisfied`` (exit 6) at once."""
+    import slurm_ddp
+    from slurm_ddp.errors import DependencyNeverSatisfied
+
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    make_run(tmp_path, "train", jobs=[("sbatch", "105")])
+    ev = tmp_path / "eval"
+    slurm.set("sbatch", stdout="106\n", when=["--parsable"])
+    slurm.job("105", "FAILED", exit_code="1:0", nodes="n1")
+    slurm.job("106", "PENDING", reason="DependencyNeverSatisfied", dependency="afterok:105(failed)", nodes="(null)")
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(ev), "--no-check-task"]
+    rc, out, err = cli([*argv, "--after", str(tmp_path / "train"), "--wait"], capsys)
+    assert rc == DependencyNeverSatisfied.exit_code == 6, err
+    assert err.splitlines()[-1].startswith("slurm-ddp: error: job 106 waits on a dependency that can never be"), err
+    assert "Traceback" not in err
+
+    rc, out, err = cli(["status", str(ev)], capsys)
+    assert rc == 0, err
+    assert "state:      PENDING (reason DependencyNeverSatisfied)" in out, out
+    assert "dependency: afterok:105(failed)" in out, out
+    assert f"never starts it; cancel it: slurm-ddp cancel {ev}" in out, out
+
+    run = slurm_ddp.Run(ev)
+    with pytest.raises(DependencyNeverSatisfied, match=r"afterok:105\(failed\)"):
+        run.wait(timeout_s=60, poll_s=0.1)

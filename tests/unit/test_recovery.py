@@ -5,6 +5,7 @@ requeue rule's ``lost_nodes`` and the config keys."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any, Dict
@@ -14,7 +15,14 @@ import pytest
 from slurm_ddp.config import config_from_dict
 from slurm_ddp.errors import ConfigError
 from slurm_ddp.render import sbatch_options, srun_flags
-from slurm_ddp.rundir import HangReport, decide_recovery, decide_requeue, read_recoveries, write_hang_report
+from slurm_ddp.rundir import (
+    HangReport,
+    append_jsonl,
+    decide_recovery,
+    decide_requeue,
+    read_recoveries,
+    write_hang_report,
+)
 from slurm_ddp.rundir import recovery as rec
 
 
@@ -163,12 +171,17 @@ def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: py
         "--give-back",
         "1",
     ]
+    marker = tmp_path / "recovery" / "peer-lost.7.0.0"
+    marker.parent.mkdir()
+    marker.write_text(json.dumps({"rank": 0, "host": "n1", "step": 17, "time": 1234.5}) + "\n")
+    argv += ["--peer-lost", str(marker)]
     assert rec.main(argv, env) == 0
     out = capsys.readouterr()
     assert out.out.strip() == "restart n1,n3 n2"
     assert "probed n2,n3: n2 failed" in out.err and "gave node n2 back" in out.err
     (r,) = read_recoveries(tmp_path)
     assert (r["action"], r["bad"], r["nodes"], r["gave_back"]) == ("restart", ["n2"], ["n1", "n3"], True)
+    assert (r["peer_lost"], r["lost_at"], r["lost_step"]) == (True, 1234.5, 17)  # the first rank that saw it
 
 
 def test_decision_entry_point_rejects_a_bad_node_name(tmp_path: Path, capsys) -> None:
@@ -260,3 +273,92 @@ def test_bad_recovery_keys_are_one_line_errors(data: Dict[str, Any], words: str)
 def test_the_recovery_record_is_json_lines(tmp_path: Path) -> None:
     rec.record_recovery(tmp_path, action="restart", bad=["n2"])
     assert json.loads((tmp_path / "recoveries.jsonl").read_text())["bad"] == ["n2"]
+
+
+# --------------------------------------------------------------------------- what status, runs and report show
+T = 1_800_000_000.0
+
+
+def start(t: float, nodes: str) -> Dict[str, Any]:
+    return {"time": t, "job_id": "7", "restart": 0, "nodes": nodes}  # each srun step's rank 0 records a start
+
+
+def recovered_run(tmp_path: Path) -> Path:
+    """Job 7 on n1,n2 (one start): n2 lost after step 17 (the peer-lost marker's record), back at step 17
+    on n1,n3 from the emergency checkpoint 27 s later; still running at step 30."""
+    p = tmp_path / "run"
+    p.mkdir()
+    (p / "config.yaml").write_text("name: r\nslurm:\n  nodes: 2\n  tasks_per_node: 1\ntrain:\n  max_steps: 40\n")
+    (p / "provenance.json").write_text(json.dumps({"starts": [start(T, "n[1-2]"), start(T + 45, "n[1,3]")]}))
+    events = [
+        {"event": "first_step", "step": 1, "nodes": 2, "time": T + 5},
+        {"event": "train", "step": 17, "time": T + 20},
+        {"event": "emergency_checkpoint", "step": 17, "rank": 0, "time": T + 21},
+        {"event": "resume", "step": 17, "emergency": True, "time": T + 48},
+        {"event": "first_step", "step": 18, "nodes": 2, "time": T + 50},
+        {"event": "train", "step": 30, "time": T + 60},
+    ]
+    for m in events:
+        append_jsonl(p / "metrics.jsonl", m)
+    rec.record_recovery(
+        p,
+        job_id="7",
+        restart=0,
+        attempt=0,
+        time=T + 30,
+        action="restart",
+        bad=["n2"],
+        nodes=["n1", "n3"],
+        lost_at=T + 21,
+        lost_step=17,
+        reason="n2 lost",
+    )
+    return p
+
+
+def test_in_job_restarts_join_the_decision_and_the_resume_after_it(tmp_path: Path) -> None:
+    (x,) = rec.read_in_job_restarts(recovered_run(tmp_path))
+    assert (x.job_id, x.attempt, x.lost, x.nodes, x.lost_step, x.resumed_step) == (
+        "7",
+        1,
+        ("n2",),
+        ("n1", "n3"),
+        17,
+        17,
+    )
+    assert x.time_to_resume_s == 27 and x.redone_steps == 0 and x.emergency
+    assert x.line() == "lost node n2 at step 17, back at step 17 on n1,n3 after 27 s (emergency checkpoint)"
+    # not resumed yet; no marker record: the decision's time, and the last step logged before it
+    (y,) = rec.in_job_restarts(
+        [{"action": "restart", "time": 50.0, "bad": ["n2"], "nodes": ["n1"]}],
+        [{"event": "train", "step": 9, "time": 40.0}, {"event": "train", "step": 12, "time": 60.0}],
+    )
+    assert (y.lost_at, y.lost_step, y.resumed_at) == (
+        50.0,
+        9,
+        None,
+    ) and y.line() == "lost node n2 at step 9, restarting on n1"
+    assert rec.in_job_restarts([{"action": "requeue", "time": 1.0}, {"action": "restart"}], []) == []
+
+
+def test_status_runs_and_report_show_each_in_job_restart(tmp_path: Path) -> None:
+    from slurm_ddp.ops.report import run_report
+    from slurm_ddp.ops.runs import read_run
+    from slurm_ddp.ops.status import RunStatus
+    from slurm_ddp.ops.view import format_report, format_runs, format_status
+
+    p = recovered_run(tmp_path)
+    st = RunStatus(read_run(p), "RUNNING", False, "test")
+    line = "lost node n2 at step 17, back at step 17 on n1,n3 after 27 s (emergency checkpoint)"
+    text = format_status(st)
+    assert re.search(r"^in-job restarts: +1$", text, re.M), text
+    assert re.search(rf"^in-job restart 1: +job 7: {re.escape(line)}$", text, re.M), text
+    assert st.to_dict()["in_job_restarts"][0]["time_to_resume_s"] == 27
+    assert "1 (1 in-job)" in format_runs([st], cwd=tmp_path)
+    rep = run_report(p, now=T + 70, alive=True)
+    assert rep.in_job_restarts == 1 and rep.restarts == 1 and rep.redone_steps == 0
+    assert [len(s.in_job_restarts) for s in rep.starts] == [1, 0]  # the start the loss ended
+    (d,) = rep.to_dict()["starts"][0]["in_job_restarts"]
+    assert (d["lost"], d["resumed_step"], d["line"]) == (["n2"], 17, line)
+    text = format_report(rep)
+    assert f"start 0: in-job restart 1: {line}\n" in text and "restarts:   1 (1 of them in-job);" in text, text
