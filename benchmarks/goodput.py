@@ -2,6 +2,7 @@
 
     python benchmarks/goodput.py                      # every_steps 20, 40, 80; ~15 min on 2 busy cores
     python benchmarks/goodput.py --every 40 --json out.json
+    python benchmarks/goodput.py --every-steps 80     # that one setting only (~6 min)
 
 The digits job (``examples/digits``, 2 ranks on one node of a private Slurm sandbox started here,
 ``slurm_ddp.sandbox``; root) runs under the same fixed schedule of 10 interruptions (:data:`SCHEDULE`),
@@ -149,15 +150,19 @@ def run_one(sb: Any, work: Path, every: int, say: Callable[[str], None]) -> Dict
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--every", type=int, default=40, help="the base checkpoint.every_steps (halved and doubled too)")
+    ap.add_argument("--every-steps", type=int, metavar="N", help="run only this checkpoint.every_steps setting")
     ap.add_argument("--json", metavar="FILE", help="write every report here")
     ap.add_argument("--work", help="directory for the sandbox and the runs (default: a temporary one)")
     args = ap.parse_args()
+    if args.every_steps is not None and args.every_steps < 1:
+        ap.error(f"--every-steps must be a positive number of steps, got {args.every_steps}")
+    settings = [args.every_steps] if args.every_steps else [args.every // 2, args.every, args.every * 2]
     from slurm_ddp.sandbox import SlurmSandbox
 
     work = Path(args.work or tempfile.mkdtemp(prefix="goodput-", dir="/tmp"))
     out: Dict[str, Any] = {}
     with SlurmSandbox(work / "sb", nodes=1, cpus_per_node=2) as sb:
-        for every in (args.every // 2, args.every, args.every * 2):
+        for every in settings:
             rep = run_one(sb, work, every, lambda s: print(s, flush=True))
             out[str(every)] = rep
             losses = "; ".join(loss["words"] for loss in rep["losses"])

@@ -29,7 +29,9 @@ The record (:data:`RECORD`, little-endian): magic, flags (bit 0: the dump handle
 bit 1: the rank reports progress), then the step (``int64``), the phase (an index into
 :data:`PHASES`) and ``time.monotonic()`` of the last report (``float64``, seconds; the clock is
 system-wide, so the watchdog process compares it with its own); then (:data:`DUMP_PID`) the pid of
-the process that installed the dump handler.
+the process that installed the dump handler; then (:data:`FIRST_STEP`, written once, by the first
+:func:`step`) the first step reported and its ``time.monotonic()`` (rank 0's watchdog records them
+for ``slurm-ddp report``: the end of start-up).
 """
 
 from __future__ import annotations
@@ -69,6 +71,10 @@ _HEAD = struct.Struct("<II")
 #: After the record: the pid of the process that installed the dump handler (``int32``; 0: none).
 DUMP_PID = struct.Struct("<i")
 DUMP_PID_OFFSET = RECORD.size
+#: After the dump pid, 8-aligned (offset 40): the first step reported through :func:`step` and its
+#: monotonic time (``int64``, ``float64``); zeros until then.
+FIRST_STEP = struct.Struct("<qd")
+FIRST_STEP_OFFSET = DUMP_PID_OFFSET + 8
 _BODY = struct.Struct("<qqd")
 SIZE = 64
 
@@ -108,6 +114,8 @@ class Progress:
         """Record that step ``step`` is done (phase ``step``): the end of start-up."""
         self._steps_reported += 1
         self.mark(step, STEP)
+        if self._steps_reported == 1:  # once: the end of start-up, for the report
+            FIRST_STEP.pack_into(self._mm, FIRST_STEP_OFFSET, step, self._clock())
 
     @property
     def steps_reported(self) -> int:
@@ -203,6 +211,13 @@ def read_record(buf: bytes) -> Optional[tuple[int, int, int, float]]:
     if magic != MAGIC:
         return None
     return flags, step_, phase_, t
+
+
+def read_first_step(buf: bytes) -> Optional[tuple[int, float]]:
+    """``(step, monotonic_time)`` of the first step a record's rank reported through :func:`step`;
+    None before it."""
+    step_, t = FIRST_STEP.unpack_from(buf, FIRST_STEP_OFFSET)
+    return (step_, t) if t > 0 else None
 
 
 def create_record() -> int:

@@ -16,6 +16,14 @@ step_time_factor × recent step time)`` in training steps and data loading. A st
 ``scontrol suspend``) or a watchdog that was itself stopped restarts the clock. A rank that never
 reported (a ``train.command`` script that does not call ``slurm_ddp.progress``) is not judged.
 
+Rank 0's watchdog of a ``train.command`` script (``--samples``) also keeps its rank's step samples for
+``slurm-ddp report`` (:class:`StepSampler`): from the record it reads anyway, it appends one line
+(time, step, phase) to ``rundir.PROGRESS_NAME`` when the step changed and a second has passed since
+the last line, at every phase change, at the rank's first step and when the rank exits (its parent-death
+signal is then :data:`FINAL_SAMPLE_SIGNAL`, which it catches, not SIGKILL). The rank
+itself does nothing more than its progress reports (the first :func:`slurm_ddp.progress.step` also
+writes its step and time once).
+
 When the rank exceeds its allowance, or another rank of the job was found hung (a report appeared in
 ``rundir.hang_dir``), the watchdog: writes its ``HangReport`` (``rundir.write_hang_report``), logs one
 line to the rank's log, makes the rank write every thread's stack there (``faulthandler`` on
@@ -35,7 +43,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
 from .progress import (
     CHECKPOINT,
@@ -48,6 +56,7 @@ from .progress import (
     PHASES,
     SIZE,
     STARTUP,
+    read_first_step,
     read_record,
 )
 from .progress import DUMP_SIGNAL as DUMP_SIGNAL
@@ -58,6 +67,9 @@ if TYPE_CHECKING:
 
 #: Which backend started the job (``local``; ``submitit`` sets it in its batch script's setup lines).
 BACKEND_VAR = "SLURM_DDP_BACKEND"
+#: What a sampling watchdog (``--samples``) gets when its rank exits (``PR_SET_PDEATHSIG``), instead of
+#: SIGKILL: it records the rank's last step (:class:`StepSampler`), then exits. ``DUMP_SIGNAL`` + 1.
+FINAL_SAMPLE_SIGNAL = int(signal.SIGRTMIN) + 4
 #: Signals the ranks of a job get that the watchdog ignores (the requeue signal is added).
 IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 
@@ -142,6 +154,56 @@ class Watch:
         return self.idle_s > self.limit_s
 
 
+class StepSampler:
+    """Rank 0's step samples for the report (``rundir.record_progress_sample``), taken from the
+    progress records the watchdog reads: a line when the step changed and ``min_interval_s`` passed
+    since the last line, at every phase change, once for the rank's first step (``first``), and at
+    the end (:meth:`sample` with ``final``). ``write`` gets each record (``time``: epoch seconds of
+    the rank's report, from its monotonic time); its ``OSError`` is swallowed (a full disk must not
+    end the rank)."""
+
+    def __init__(self, write: Callable[..., None], min_interval_s: float = 1.0, **extra: Any):
+        self.write = write
+        self.min_interval_s = min_interval_s
+        self.extra = extra
+        self.last: Optional[tuple[int, int]] = None  # (step, phase) of the last line
+        self.last_write = float("-inf")
+        self.first_done = False
+        self.lines = 0
+
+    def sample(
+        self,
+        rec: Optional[tuple[int, int, int, float]],
+        first: Optional[tuple[int, float]],
+        now: float,
+        final: bool = False,
+    ) -> None:
+        """Consider the record ``rec`` (``progress.read_record``) and first step ``first``
+        (``progress.read_first_step``) read at monotonic time ``now``."""
+        if rec is None or not rec[0] & FLAG_REPORTING:
+            return
+        _, step, phase, t = rec
+        offset = time.time() - time.monotonic()
+        if first is not None and not self.first_done:
+            self.first_done = True
+            self._put(first[1] + offset, first[0], PHASES.index("step"), None, first=True)
+        if (step, phase) == self.last:
+            return
+        if self.last is None or phase != self.last[1] or final or now - self.last_write >= self.min_interval_s:
+            self._put(t + offset, step, phase, now)
+
+    def _put(self, t: float, step: int, phase: int, now: Optional[float], **more: Any) -> None:
+        """Write one line; ``now`` None: it does not count for the rate (the first step's line)."""
+        name = PHASES[phase] if 0 <= phase < len(PHASES) else "step"
+        try:
+            self.write(time=round(t, 3), step=step, phase=name, **self.extra, **more)
+        except OSError:
+            return
+        if now is not None:
+            self.last, self.last_write = (step, phase), now
+        self.lines += 1
+
+
 def _read_stable(mm: mmap.mmap) -> Optional[tuple[int, int, int, float]]:
     """The record, read until two reads agree (the rank may be writing it)."""
     prev = read_record(mm[:SIZE])
@@ -161,7 +223,7 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .rundir import HangReport, hang_dir, write_hang_report
+    from .rundir import HangReport, hang_dir, record_progress_sample, write_hang_report
 
     limits = Limits(
         timeout_floor_s=args.timeout_floor_s,
@@ -174,14 +236,31 @@ def run(args: argparse.Namespace) -> int:
     mm = mmap.mmap(args.fd, SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
     watch = Watch(limits, lambda: _read_stable(mm))
     peers_hung = hang_dir(args.run_dir, args.job_id, args.restart)
+    sampler = None
+    if args.samples:
+        run_dir = args.run_dir
+        sampler = StepSampler(
+            lambda **rec: record_progress_sample(run_dir, **rec), job_id=args.job_id, restart=args.restart
+        )
+        final_sampler = sampler
+
+        def last_sample(signum: int, frame: object) -> None:  # the rank exited (parent-death signal)
+            final_sampler.sample(_read_stable(mm), read_first_step(mm[:SIZE]), time.monotonic(), final=True)
+            os._exit(0)
+
+        signal.signal(FINAL_SAMPLE_SIGNAL, last_sample)
     pid = args.pid
     while True:
         time.sleep(limits.poll_interval_s)
         state = _proc_state(pid)
         if state is None or state in ("Z", "X") or os.getppid() != pid:
+            if sampler is not None:  # the rank's last step, read from the record it left behind
+                sampler.sample(_read_stable(mm), read_first_step(mm[:SIZE]), time.monotonic(), final=True)
             return 0
         now = time.monotonic()
         fired = watch.poll(now, stopped=state in ("T", "t"))
+        if sampler is not None:
+            sampler.sample(watch.record, read_first_step(mm[:SIZE]), now)
         cause = "self" if fired else ("peer" if peers_hung.is_dir() else "")
         if cause:
             break
@@ -328,6 +407,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--job-id", required=True)
     p.add_argument("--restart", type=int, required=True)
     p.add_argument("--decide-requeue", type=int, default=-1, metavar="MAX_REQUEUES")
+    p.add_argument("--samples", type=int, default=0, help="1: append the rank's step samples (rundir.PROGRESS_NAME)")
     for name, default in Limits().__dict__.items():
         p.add_argument("--" + name.replace("_", "-"), type=float, default=default)
     return p
@@ -335,20 +415,22 @@ def _parser() -> argparse.ArgumentParser:
 
 def command(
     python: str, *, pid: int, fd: int, run_dir: str, rank: int, world_size: int, host: str, job_id: str,
-    restart: int, limits: Limits, decide_requeue: int = -1,
+    restart: int, limits: Limits, decide_requeue: int = -1, samples: bool = False,
 ) -> List[str]:  # fmt: skip
-    """The watchdog's argv for rank ``rank`` (process ``pid``, progress record ``fd``)."""
+    """The watchdog's argv for rank ``rank`` (process ``pid``, progress record ``fd``); ``samples``:
+    keep its step samples for the report (:class:`StepSampler`)."""
     argv = [python, "-m", "slurm_ddp.watchdog", "--pid", str(pid), "--fd", str(fd), "--run-dir", run_dir]
     argv += ["--rank", str(rank), "--world-size", str(world_size), "--host", host, "--job-id", job_id]
-    argv += ["--restart", str(restart), "--decide-requeue", str(decide_requeue)]
+    argv += ["--restart", str(restart), "--decide-requeue", str(decide_requeue), "--samples", str(int(samples))]
     for name, value in limits.__dict__.items():
         argv += ["--" + name.replace("_", "-"), repr(float(value))]
     return argv
 
 
-def spawn(argv: Sequence[str], extra_ignored: Sequence[str] = ()) -> int:
-    """Fork the watchdog of this process (which is about to exec the rank): the child dies with it
-    (``PR_SET_PDEATHSIG``), ignores the job's signals, and execs ``argv``. Returns the child's pid."""
+def spawn(argv: Sequence[str], extra_ignored: Sequence[str] = (), death_signal: int = signal.SIGKILL) -> int:
+    """Fork the watchdog of this process (which is about to exec the rank): the child gets
+    ``death_signal`` when it ends (``PR_SET_PDEATHSIG``; SIGKILL: it dies with it), ignores the job's
+    signals, and execs ``argv``. Returns the child's pid."""
     parent = os.getpid()
     pid = os.fork()
     if pid:
@@ -357,7 +439,7 @@ def spawn(argv: Sequence[str], extra_ignored: Sequence[str] = ()) -> int:
         try:
             import ctypes
 
-            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+            ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(death_signal))  # PR_SET_PDEATHSIG
         except (OSError, AttributeError):
             pass
         if os.getppid() != parent:
@@ -394,6 +476,7 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         checkpoint_s=w.checkpoint_s,
         poll_interval_s=w.poll_interval_s,
     )
+    samples = denv.rank == 0 and bool(cfg.train.command)
     argv = command(
         python,
         pid=os.getpid(),
@@ -410,8 +493,12 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         decide_requeue=cfg.requeue.max_requeues
         if denv.rank == 0 and os.environ.get(BACKEND_VAR) == "submitit" and not cfg.train.command
         else -1,
+        # a script of one's own: its steps reach the report only through these samples (the worker
+        # writes its own step records to metrics.jsonl)
+        samples=samples,
     )
-    spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,))
+    death = FINAL_SAMPLE_SIGNAL if samples else signal.SIGKILL
+    spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,), death_signal=death)
     return {FD_VAR: str(fd)}
 
 

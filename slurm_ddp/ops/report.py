@@ -26,7 +26,8 @@ runs from its job's start to its end:
 time by construction (``other`` is the rest):
 
 - ``startup``: start → this start's first training step done (worker event ``first_step``; for a
-  script of one's own, its first ``train`` event with a ``time``);
+  script of one's own, its first ``train`` event with a ``time``, else the first step it reported
+  through ``slurm_ddp.progress``, from rank 0's watchdog samples, see below);
 - ``train_kept``: training steps whose result survived (the checkpoint the next start resumed from
   is at or after them, or this start finished the run);
 - ``train_redone``: steps computed after the last committed checkpoint before a stop that lost
@@ -37,6 +38,15 @@ time by construction (``other`` is the rest):
 - ``stop``: the stop signal's arrival (``preempted`` event's ``signal_time``) → the start's end;
 - ``other``: the rest (e.g. the final weights' write, the gap between a killed start's last record
   and its end, a failure's tail).
+
+**A script of one's own** (``train.command``) gets step-level figures from whichever it left:
+``metrics.jsonl`` ``train`` lines with a ``time``, or, when a start has none, the step samples rank
+0's hang watchdog took of its ``slurm_ddp.progress`` reports (``rundir.PROGRESS_NAME``: at most one a
+second, each phase change, its first step and its last): steps and their times, ``eval`` and
+``checkpoint`` phases (their length to the next sample: up to a second too long). The step a start
+resumed from is its first reported step − 1 (the script's own count: slurm_ddp does not see its
+checkpoints), so the redone steps are right when the script numbers its steps across restarts;
+a stop's signal time is when its launch wrapper recorded the signal (``rundir.stop_dir``).
 
 **Run totals**: ``allocated_node_s`` (Σ wall × nodes), ``productive_node_s`` (Σ ``train_kept`` ×
 nodes), ``goodput`` = productive ÷ allocated, ``redone_steps``, ``restarts`` (starts − 1),
@@ -60,8 +70,10 @@ from ..rundir import (
     read_finished,
     read_jobs,
     read_metrics,
+    read_progress_samples,
     read_rank_stops,
     read_recoveries,
+    stop_dir,
 )
 from ..rundir import in_job_restarts as join_in_job_restarts
 from .accounting import Accounting, AccountingRow, Runner
@@ -317,6 +329,7 @@ def run_report(
     prov.sort(key=lambda s: float(s["time"]))
     metrics = [m for m in read_metrics(path)]
     timed = [m for m in metrics if _num(m.get("time")) is not None]
+    sampled = samples_as_events(read_progress_samples(path))
     jobs = read_jobs(path)
     ends = read_ends(path)
     rows: Dict[Tuple[str, int], AccountingRow] = {}
@@ -339,6 +352,13 @@ def run_report(
         t_prov = float(p["time"])
         t_next = float(prov[i + 1]["time"]) if i + 1 < len(prov) else float("inf")
         window = [m for m in timed if t_prov <= float(m["time"]) < t_next]
+        from_samples = False
+        if not any(_is_step(m) for m in window):  # a script of one's own: its progress samples, if any
+            mine = [m for m in sampled if t_prov <= float(m["time"]) < t_next]
+            if mine:
+                window = sorted(window + mine, key=lambda m: float(m["time"]))
+                timed += mine
+                from_samples = True
         # -- start
         row = rows.get((job_id, restart)) or by_restart.get(restart)
         t0, start_source = t_prov, "provenance"
@@ -412,6 +432,13 @@ def run_report(
             st.unknown.append("evaluation time: eval events without duration_s")
         if preempted is not None:
             st.signal_time = _num(preempted.get("signal_time")) or _num(preempted.get("time"))
+        elif ended == "preempted":  # a script of one's own told to stop: when its launch wrapper recorded it
+            st.signal_time = _stop_recorded(path, job_id, restart)
+        if from_samples:
+            st.unknown.append(
+                "steps: from the watchdog's samples of slurm_ddp.progress (at most one a second); the step it "
+                "resumed from is its first step − 1 in the script's own count (its checkpoints are its own)"
+            )
         st.in_job_restarts = [
             x.to_dict() for x in in_job if x.job_id == job_id and x.restart == restart and t_prov <= x.lost_at < t_next
         ]
@@ -459,6 +486,42 @@ def run_report(
         unknown=unknown,
         step_level=step_level,
     )
+
+
+def _is_step(m: Dict[str, Any]) -> bool:
+    return m.get("event") in ("first_step", "train") and _int(m.get("step")) is not None
+
+
+def samples_as_events(samples: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Rank 0's watchdog samples (``rundir.read_progress_samples``) as the worker's events: the first
+    step → ``first_step``; a sample in a training phase → ``train``; an ``eval`` or ``checkpoint``
+    phase → an ``eval`` (``duration_s``) or ``checkpoint`` (``blocked_s``) event at its end, lasting
+    to the next sample's time (the rank's next report: the phase's end, or up to a sample later)."""
+    rows = [s for s in samples if _num(s.get("time")) is not None and _int(s.get("step")) is not None]
+    out: List[Dict[str, Any]] = []
+    for k, smp in enumerate(rows):
+        t, step, phase = float(smp["time"]), int(smp["step"]), str(smp.get("phase", ""))
+        if smp.get("first"):
+            out.append({"event": "first_step", "step": step, "time": t, "source": "progress"})
+        elif phase in ("step", "data") and step > 0:
+            out.append({"event": "train", "step": step, "time": t, "source": "progress"})
+        elif phase in ("eval", "checkpoint"):
+            later = [float(r["time"]) for r in rows[k + 1 :] if str(r.get("phase", "")) != phase]
+            if not later:
+                continue  # the rank ended in it: the start's tail (stop or other)
+            d = max(later[0] - t, 0.0)
+            key = "duration_s" if phase == "eval" else "blocked_s"
+            out.append({"event": phase, "step": step, key: d, "time": t + d, "reason": "script", "source": "progress"})
+    return out
+
+
+def _stop_recorded(path: Path, job_id: str, restart: int) -> Optional[float]:
+    """When the first stop signal of a ``train.command`` start was recorded (its launch wrapper's
+    record's modification time, ``rundir.stop_dir``); None without one."""
+    try:
+        return min((p.stat().st_mtime for p in stop_dir(path, job_id, restart).glob("rank-*")), default=None)
+    except OSError:
+        return None
 
 
 def _ending(

@@ -17,6 +17,9 @@ A run directory holds:
   none, so a record of an earlier start does not describe the latest one;
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
+- ``progress.jsonl``: for a ``train.command`` script that reports its steps through
+  ``slurm_ddp.progress``, rank 0's step samples (time, step, phase), appended by its hang watchdog at
+  most once a second and at every phase change (``PROGRESS_NAME``), read by ``slurm-ddp report``;
 - ``logs/``: ``rank-N.log`` per rank and ``batch-JOBID.out`` of the batch shell (``LOGS_DIR``), and
   ``torchrun-node-N.log`` per node under ``slurm.launcher: torchrun``;
 - ``checkpoints/``: ``step-NNNNNNNN.{pt,json}`` (data and manifest, see ``slurm_ddp.checkpoint``);
@@ -88,6 +91,7 @@ from .files import (
     PREEMPTED_NAME,
     PRIVATE_DIRS,
     PRIVATE_FILES,
+    PROGRESS_NAME,
     PROVENANCE_NAME,
     RECOVERIES_NAME,
     RECOVERY_DIR,
@@ -123,11 +127,13 @@ from .files import (
     read_jsonl,
     read_metrics,
     read_preempted,
+    read_progress_samples,
     read_recoveries,
     read_sweep_jobs,
     read_sweep_manifest,
     record_end,
     record_job,
+    record_progress_sample,
     record_sweep_job,
     requeue_target,
     snapshot_dir_name,
@@ -175,6 +181,8 @@ __all__ = [
     "MLFLOW_DB_NAME",
     "TRACKING_NAME",
     "record_end",
+    "record_progress_sample",
+    "read_progress_samples",
     "read_ends",
     "ENDS_NAME",
     "write_local_end",
@@ -198,6 +206,7 @@ __all__ = [
     "LAUNCHER_OUT_NAME",
     "LOGS_DIR",
     "METRICS_NAME",
+    "PROGRESS_NAME",
     "PREEMPTED_NAME",
     "PRIVATE_DIRS",
     "PRIVATE_FILES",

@@ -22,6 +22,10 @@ JOBS_NAME = "jobs.jsonl"
 #: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
+#: rank 0's step samples of a ``train.command`` script that reports through ``slurm_ddp.progress``,
+#: appended by its hang watchdog (``slurm_ddp.watchdog``): ``{"time", "step", "phase", "job_id",
+#: "restart"}`` per line, at most one a second plus every phase change (:func:`record_progress_sample`)
+PROGRESS_NAME = "progress.jsonl"
 #: one record per in-job recovery decision after a node was lost or hung (``rundir.recovery``)
 RECOVERIES_NAME = "recoveries.jsonl"
 #: where the batch script asks a step's ranks to leave their peer-lost marker (``PEER_LOST_VAR``)
@@ -291,6 +295,22 @@ def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
 def read_ends(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The start ends recorded in ``RUN_DIR/ends.jsonl`` (:func:`record_end`), oldest first."""
     return read_jsonl(Path(run_dir) / ENDS_NAME)
+
+
+def record_progress_sample(run_dir: PathLike, *, time: float, step: int, phase: str, **extra: Any) -> None:
+    """Append one step sample to ``RUN_DIR/progress.jsonl`` (``PROGRESS_NAME``): step ``step`` (steps
+    completed, the script's own count) was reported at ``time`` (epoch seconds), the rank then in
+    ``phase`` (``slurm_ddp.progress.PHASES``); ``extra`` (``job_id``, ``restart``, ``first``: the
+    rank's first completed step) is kept. Written by rank 0's watchdog process, never by a rank.
+    Raises ``OSError`` when unwritable."""
+    record: Dict[str, Any] = {"time": float(time), "step": int(step), "phase": str(phase)}
+    record.update(extra)
+    append_jsonl(Path(run_dir) / PROGRESS_NAME, record)
+
+
+def read_progress_samples(run_dir: PathLike) -> List[Dict[str, Any]]:
+    """The step samples of ``RUN_DIR/progress.jsonl`` (:func:`record_progress_sample`), oldest first."""
+    return read_jsonl(Path(run_dir) / PROGRESS_NAME)
 
 
 def read_metrics(run_dir: PathLike) -> List[Dict[str, Any]]:

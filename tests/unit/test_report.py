@@ -192,3 +192,45 @@ def test_timeline_png_of_a_run_and_refusal_without_starts(tmp_path: Path) -> Non
     empty = write_run(tmp_path / "empty", [], [])
     with pytest.raises(UserError, match="no start recorded"):
         plot_timeline(run_report(empty), tmp_path / "e.png")
+
+
+def test_own_script_steps_from_the_watchdog_samples(tmp_path: Path) -> None:
+    """A ``train.command`` script that reports through ``slurm_ddp.progress`` only: its steps come from
+    rank 0's watchdog samples (progress.jsonl); the second start resumed from step 30 (its first
+    step 31), so the 5 steps after 30 of the first (killed) start are redone."""
+    from slurm_ddp.rundir import record_progress_sample
+
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T, "job_id": "3", "restart": 0, "nodes": "n1"},
+            {"time": T + 100, "job_id": "4", "restart": 0, "nodes": "n1"},
+        ],
+        [],
+        command=True,
+    )
+    for t, step, phase, first in [
+        (T + 10, 1, "step", True),
+        (T + 20, 20, "step", False),
+        (T + 25, 20, "eval", False),  # evaluation from T+25 to the next sample, T+29
+        (T + 29, 21, "step", False),
+        (T + 40, 35, "step", False),
+        (T + 112, 31, "step", True),
+        (T + 130, 50, "step", False),
+    ]:
+        extra = {"first": True} if first else {}
+        record_progress_sample(p, time=t, step=step, phase=phase, job_id="3" if t < T + 100 else "4", **extra)
+    record_job(p, backend="sbatch", job_id="3", time=T - 5)
+    record_job(p, backend="sbatch", job_id="4", time=T + 90)
+    record_end(p, job_id="3", restart=0, exit_code=137, by="batch", time=T + 45)
+    record_end(p, job_id="4", restart=0, exit_code=0, by="batch", time=T + 135)
+    rep = run_report(p, config_nodes=1)
+    a, b = rep.starts
+    assert a.phases_s["startup"] == 10 and a.phases_s["eval"] == pytest.approx(4)
+    assert (a.first_step, a.last_step, b.resumed_from_step, b.first_step) == (1, 35, 30, 31)
+    assert a.redone_steps == 5 and rep.redone_steps == 5 and a.steps_kept == 30 and b.steps_kept == 20
+    assert a.phases_s["train_redone"] > 0 and b.phases_s["startup"] == 12
+    assert rep.goodput is not None and 0 < rep.goodput < 1
+    assert any("watchdog's samples" in u for u in a.unknown)
+    for st in rep.starts:
+        assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)

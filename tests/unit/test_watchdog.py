@@ -273,3 +273,60 @@ def test_requeue_rule_for_a_hang(kw: dict, requeue: bool, exclude: Optional[str]
     assert words in d.reason
     if not kw.get("finished"):
         assert d.exit_code == 137
+
+
+def test_step_sampler_writes_at_most_once_a_second_plus_phase_changes_first_and_last_step() -> None:
+    """Rank 0's step samples for the report (issue 23): a step change is written only when a second
+    passed since the last line; a phase change, the rank's first step and its last (``final``) always."""
+    from slurm_ddp.watchdog import StepSampler
+
+    lines: List[dict] = []
+    s = StepSampler(lambda **rec: lines.append(rec), job_id="5", restart=1)
+    rep = progress.FLAG_REPORTING
+    s.sample((0, 9, progress.STEP, 1.0), None, now=1.0)  # not reporting yet: nothing
+    s.sample((rep, 3, progress.STEP, 1.0), (1, 0.5), now=1.0)
+    assert [(r["step"], r.get("first", False)) for r in lines] == [(1, True), (3, False)]
+    s.sample((rep, 4, progress.STEP, 1.2), (1, 0.5), now=1.2)  # 0.2 s later: skipped
+    s.sample((rep, 5, progress.STEP, 1.5), (1, 0.5), now=1.5)
+    assert len(lines) == 2
+    s.sample((rep, 5, progress.CHECKPOINT, 1.6), (1, 0.5), now=1.6)  # a phase change: written at once
+    s.sample((rep, 5, progress.CHECKPOINT, 1.6), (1, 0.5), now=3.0)  # no change: nothing
+    s.sample((rep, 9, progress.STEP, 3.2), (1, 0.5), now=3.2)  # back to training: a phase change
+    s.sample((rep, 11, progress.STEP, 3.4), (1, 0.5), now=3.4, final=True)  # the rank's last step
+    assert [(r["step"], r["phase"]) for r in lines[2:]] == [(5, "checkpoint"), (9, "step"), (11, "step")]
+    assert all(r["job_id"] == "5" and r["restart"] == 1 for r in lines)
+    # times are the rank's report times (monotonic) as epoch seconds: their differences are kept
+    assert lines[-1]["time"] - lines[-2]["time"] == pytest.approx(0.2, abs=0.01)
+
+
+def test_step_sampler_survives_an_unwritable_run_directory() -> None:
+    from slurm_ddp.watchdog import StepSampler
+
+    def fail(**rec: object) -> None:
+        raise OSError("No space left on device")
+
+    s = StepSampler(fail)
+    s.sample((progress.FLAG_REPORTING, 3, progress.STEP, 1.0), (1, 0.5), now=1.0)
+    assert s.lines == 0
+
+
+def test_the_first_step_is_in_the_record_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    fd = progress.create_record()
+    try:
+        mm = mmap.mmap(fd, progress.SIZE, mmap.MAP_SHARED, mmap.PROT_READ)
+        assert progress.read_first_step(mm[:]) is None
+        monkeypatch.setenv(progress.FD_VAR, str(fd))
+        progress._reset_for_tests()
+        progress.step(41)  # a resumed script: its own count
+        first = progress.read_first_step(mm[:])
+        progress.step(42)
+        assert first is not None and first[0] == 41 and progress.read_first_step(mm[:]) == first
+        # beside the dump pid, not over it: the watchdog still finds the process to dump
+        assert progress.DUMP_PID.unpack_from(mm, progress.DUMP_PID_OFFSET) == (os.getpid(),)
+        assert progress.FIRST_STEP_OFFSET + progress.FIRST_STEP.size <= progress.SIZE
+    finally:
+        import faulthandler
+
+        faulthandler.unregister(progress.DUMP_SIGNAL)
+        progress._reset_for_tests()
+        os.close(fd)
