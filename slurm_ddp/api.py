@@ -33,7 +33,15 @@ from .ops.runs import read_run, resolve_run
 from .ops.slurm import REQUEUED_STATES
 from .ops.status import RunStatus, never_starts_note, run_status
 from .ops.sweeps import SweepStatus, best_value, default_metric, read_sweep, sweep_status
-from .rundir import FINAL_MODEL_NAME, LAUNCHER_OUT_NAME, is_sweep_dir, read_finished, read_jobs, read_metrics
+from .rundir import (
+    CONFIG_NAME,
+    FINAL_MODEL_NAME,
+    LAUNCHER_OUT_NAME,
+    is_sweep_dir,
+    read_finished,
+    read_jobs,
+    read_metrics,
+)
 
 #: seconds between two questions to Slurm (or to the run directory) in :meth:`Run.wait`
 DEFAULT_POLL_S = 5.0
@@ -215,7 +223,7 @@ class Sweep:
     @property
     def runs(self) -> List[Run]:
         """One :class:`Run` per element, by index (an element not yet written is left out)."""
-        return [Run(e.run.path) for e in read_sweep(self.path).elements if (e.run.path / "config.yaml").exists()]
+        return [Run(e.run.path) for e in read_sweep(self.path).elements if (e.run.path / CONFIG_NAME).exists()]
 
     def element(self, index: int) -> Run:
         """The :class:`Run` of element ``index`` (the ``index`` of :meth:`table`'s rows). Raises
