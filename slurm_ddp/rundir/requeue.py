@@ -193,14 +193,15 @@ def _decide_hang(
         return RequeueDecision(preempted=False, requeue=False, reason="; ".join(notes), exit_code=status)
     exclude = hang.exclude
     requeue = False
-    if got_term:
-        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing")
-    elif not can_requeue:
-        notes.append("scontrol is missing: cannot requeue")
-    elif not job_id:
-        notes.append("SLURM_JOB_ID is not set: cannot requeue")
-    elif restart_count >= max_requeues:
-        notes.append(f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    why_not = _why_not_requeue(
+        got_term=got_term,
+        can_requeue=can_requeue,
+        job_id=job_id,
+        restart_count=restart_count,
+        max_requeues=max_requeues,
+    )
+    if why_not:
+        notes.append(why_not)
     else:
         requeue = True
         away = f" without node {exclude}" if exclude else ""
@@ -217,6 +218,19 @@ def _decide_hang(
     )
 
 
+def _why_not_requeue(*, got_term: bool, can_requeue: bool, job_id: str, restart_count: int, max_requeues: int) -> str:
+    """Why a job that a hang or a lost node ended cannot requeue itself, in words; "" when it can."""
+    if got_term:
+        return "stopped by SIGTERM (preemption or scancel): not requeueing"
+    if not can_requeue:
+        return "scontrol is missing: cannot requeue"
+    if not job_id:
+        return "SLURM_JOB_ID is not set: cannot requeue"
+    if restart_count >= max_requeues:
+        return f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing"
+    return ""
+
+
 def _decide_lost(
     *,
     exit_code: int,
@@ -231,14 +245,15 @@ def _decide_lost(
     lost = ",".join(dict.fromkeys(lost_nodes))
     notes = [f"node {lost} lost or hung and not replaceable inside the job"]
     requeue = False
-    if got_term:
-        notes.append("stopped by SIGTERM (preemption or scancel): not requeueing")
-    elif not can_requeue:
-        notes.append("scontrol is missing: cannot requeue")
-    elif not job_id:
-        notes.append("SLURM_JOB_ID is not set: cannot requeue")
-    elif restart_count >= max_requeues:
-        notes.append(f"max_requeues={max_requeues} reached (restart {restart_count}): not requeueing")
+    why_not = _why_not_requeue(
+        got_term=got_term,
+        can_requeue=can_requeue,
+        job_id=job_id,
+        restart_count=restart_count,
+        max_requeues=max_requeues,
+    )
+    if why_not:
+        notes.append(why_not)
     else:
         requeue = True
         notes.append(
