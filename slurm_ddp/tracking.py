@@ -14,6 +14,10 @@ Side effects: files in the run directory, the tracker's store (a SQLite file by 
 Why a run is created at submit and not at the first start: every rank of a ``train.command`` job must
 know the run id before the script starts (``MLFLOW_RUN_ID``), with no rank-to-rank talk and no race
 between the ranks of a start; a submit happens once, on one process.
+
+Why over 600 lines: the two trackers' clients differ in every step (create, resume, log, read back what
+they hold, close, sync), and the one rule they share — each (metric, step) once across starts — is only
+checkable with both beside it; a split per tracker would copy that rule.
 """
 
 from __future__ import annotations
