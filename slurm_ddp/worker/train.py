@@ -734,11 +734,15 @@ class Trainer:
         checkpoint). No collective. The first survivor to claim the step writes it
         (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
         exit (an early non-zero exit makes srun end the step, the writer with it). Skipped before the
-        train loop (nothing loaded yet), when the step is already committed, and when this rank saw a
+        train loop (nothing loaded yet), without in-job recovery (``JobConfig.in_job_recovery``), when the
+        step is already committed, and when this rank saw a
         NaN/inf loss in the window (``train.nan_check``). Never raises: a failed save leaves the resume
         to the newest committed checkpoint, as before.
         """
-        if not self.at_step_boundary:
+        if not self.cfg.in_job_recovery or not self.at_step_boundary:
+            # only a job that recovers inside its allocation (config ``recovery``) resumes from it: the
+            # emergency resume reseeds the ranks' random streams, so a job that requeues keeps its
+            # bitwise-exact resume from the newest periodic checkpoint
             return
         step = self.step
         try:
