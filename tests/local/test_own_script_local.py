@@ -176,7 +176,8 @@ def test_the_marker_names_the_signal_any_rank_got(tmp_path: Path, sent: dict, ag
     try:
         for rank, proc in enumerate(ranks):
             wait_process(proc, (tmp_path / f"ready-{rank}").exists, 120, f"rank {rank} to poll")
-        for rank, sig in sent.items():
+        # SIGTERM first: the ranks may agree between two sends, and the agreed signal must not depend on it
+        for rank, sig in sorted(sent.items(), key=lambda kv: kv[1] != signal.SIGTERM):
             ranks[rank].send_signal(sig)
         outs = [p.communicate(timeout=120)[0] for p in ranks]
     finally:

@@ -82,9 +82,10 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
         spare = [n for n in all_nodes if n not in step_nodes]
         assert len(spare) == 1, (all_nodes, step_nodes)
 
+        # checked before the kill: right after it, the survivor's emergency checkpoint may already be there
+        assert committed_steps(job.run_dir) == [], "a checkpoint before the loss"
         t_loss = time.time()
         assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
-        assert committed_steps(job.run_dir) == [], "a checkpoint before the loss"
 
         wait_for(
             lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > t_loss],
