@@ -77,6 +77,7 @@ from ..rundir import (
 )
 from ..rundir import in_job_restarts as join_in_job_restarts
 from .accounting import Accounting, AccountingRow, Runner
+from .slurm import PREEMPTED_STATE
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
 PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "other")
@@ -557,9 +558,9 @@ def _ending(
             return "timed_out", "time limit reached (sacct TIMEOUT)"
         if state == "NODE_FAIL":
             return "node_lost", f"node failure (sacct NODE_FAIL on {row.nodes})"
-        if state in ("PREEMPTED", "REQUEUED") and stops.told:
+        if state in (PREEMPTED_STATE, "REQUEUED") and stops.told:
             return "preempted", f"stopped on {', '.join(stops.signals)} (sacct {state}); checkpoint: the script's own"
-        if state in ("PREEMPTED", "REQUEUED", "CANCELLED"):
+        if state in (PREEMPTED_STATE, "REQUEUED", "CANCELLED"):
             return "killed", f"sacct {state} without a checkpoint of the worker"
         if state == "RUNNING":
             return "running", "running (sacct)"
