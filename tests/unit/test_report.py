@@ -1,7 +1,7 @@
 """``slurm-ddp report`` on run directories written by hand: accounting's times and states win over the
 run directory's, a script of one's own that logs no timed steps gets its per-start figures and says
 what is unknown, a sweep reports per element, and bad input is one line with exit status 2. The
-report of a real run (a stop, a kill -9, a finish) is tests/local/test_report_local.py."""
+report of a real run (a stop, a kill -9, a finish) is tests/local/test_stop_kill_finish_local.py."""
 
 from __future__ import annotations
 

@@ -1,11 +1,16 @@
-"""``slurm-ddp report`` on a real run of 3 starts: a SIGUSR2 stop, a ``kill -9`` of every rank some
-steps after a periodic checkpoint, and a finish (2 gloo ranks, the digits example, local backend).
+"""One real run of 3 starts — a SIGUSR2 stop, a ``kill -9`` of every rank some steps after a periodic
+checkpoint, and a finish (2 gloo ranks, the digits example, local backend, MLflow and W&B on) — read by
+two tests, so the suite trains it once (a module fixture; the tests share an xdist group):
 
-What the report must say is checked against the run directory's raw records: 3 starts ending
-preempted / killed / finished; ``redone_steps`` equal to the steps the killed start logged after
-the checkpoint the third start resumed from (±1); each start's phases adding up to its wall time
-(within 2 %); and a goodput in (0, 1) equal to a computation by hand from ``jobs.jsonl`` (the
-launches), ``ends.jsonl`` (their ends) and ``metrics.jsonl`` (steps, evals, checkpoints, the stop).
+- ``slurm-ddp report``: what it says is checked against the run directory's raw records: 3 starts ending
+  preempted / killed / finished; ``redone_steps`` equal to the steps the killed start logged after the
+  checkpoint the third start resumed from (±1); each start's phases adding up to its wall time (within 2 %);
+  and a goodput in (0, 1) equal to a computation by hand from ``jobs.jsonl`` (the launches), ``ends.jsonl``
+  (their ends) and ``metrics.jsonl`` (steps, evals, checkpoints, the stop).
+- The trackers (``slurm_ddp.tracking``), against the real MLflow (a SQLite store in the run directory) and
+  W&B (offline mode) libraries: one MLflow run whose ``loss`` history has every logged step once (the steps
+  the kill made run twice included), its last value the run's last logged loss; the three starts' W&B
+  offline runs carry one run id and hold every step once.
 """
 
 from __future__ import annotations
@@ -16,15 +21,20 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, NamedTuple
 
 import pytest
 from lib import require_module, wait_for, wait_process
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.rundir import latest_checkpoint_step, read_ends, read_jobs, read_metrics
+from slurm_ddp.tracking import wandb_history
 
-pytestmark = pytest.mark.local
+mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
+require_module("wandb", "pip install 'slurm-ddp[wandb]'")
+
+# one worker runs both tests, so the module fixture trains the run once
+pytestmark = [pytest.mark.local, pytest.mark.xdist_group("stop_kill_finish")]
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
@@ -36,6 +46,9 @@ SETS = [
     "train.args.width=16",
     f"checkpoint.every_steps={EVERY}",
     "checkpoint.keep_last=2",
+    "train.snapshot=false",  # not the subject; the checkout may change while the test runs
+    "tracking.mlflow.enabled=true",
+    "tracking.wandb.enabled=true",
 ]
 
 
@@ -139,19 +152,30 @@ def by_hand(run_dir: Path, resumed: List[int]) -> float:
     return kept / allocated
 
 
-def test_report_of_a_stop_a_kill_and_a_finish(tmp_path: Path) -> None:
-    run_dir = tmp_path / "run"
+class ThreeStarts(NamedTuple):
+    run_dir: Path
+    first_stop: int  # the step the SIGUSR2 stop saved
+    committed: int  # the checkpoint the killed start had committed (the third start resumes from it)
+
+
+@pytest.fixture(scope="module")
+def three_starts(tmp_path_factory: pytest.TempPathFactory) -> ThreeStarts:
+    run_dir = tmp_path_factory.mktemp("stop_kill_finish") / "run"
     proc = submit(run_dir)
     try:
         wait_step(proc, run_dir, 8)
         os.kill(proc.pid, signal.SIGUSR2)  # the launcher passes it on to the ranks, as srun does
     finally:
-        assert finish(proc) == PREEMPTED_EXIT_CODE
+        assert finish(proc) == PREEMPTED_EXIT_CODE, proc.stderr.read()[-3000:]
     first_stop = int((run_dir / "PREEMPTED").read_text().split()[2])
     committed = kill_every_rank_after_a_checkpoint(run_dir, first_stop)
     proc = submit(run_dir)
-    assert finish(proc) == 0, proc.stderr.read()
+    assert finish(proc) == 0, proc.stderr.read()[-3000:]
+    return ThreeStarts(run_dir, first_stop, committed)
 
+
+def test_report_of_a_stop_a_kill_and_a_finish(three_starts: ThreeStarts) -> None:
+    run_dir, first_stop, committed = three_starts
     metrics = read_metrics(run_dir)
     resumed = [0] + [m["step"] for m in metrics if m["event"] == "resume"]
     assert resumed[1:] == [first_stop, committed], resumed
@@ -183,3 +207,34 @@ def test_report_of_a_stop_a_kill_and_a_finish(tmp_path: Path) -> None:
     )
     assert png.returncode == 0, png.stderr
     assert (run_dir / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def wandb_ids(run_dir: Path) -> List[str]:
+    """The run id of each W&B offline run (one per start) in ``run_dir``, oldest first."""
+    return [p.name.rsplit("-", 1)[1] for p in sorted((run_dir / "wandb").glob("offline-run-*"))]
+
+
+def test_worker_stopped_killed_and_finished_is_one_tracker_run(three_starts: ThreeStarts) -> None:
+    rd = three_starts.run_dir
+    rows = [m for m in read_metrics(rd) if m.get("event") == "train"]
+    redone = {s["step"] for s in rows if [x["step"] for x in rows].count(s["step"]) > 1}
+    assert redone and min(redone) > three_starts.committed, (
+        "kill -9 should have made steps after the checkpoint run twice"
+    )
+    record = json.loads((rd / "tracking.json").read_text())
+    client = mlflow.MlflowClient(record["mlflow"]["tracking_uri"])
+    runs = client.search_runs([record["mlflow"]["experiment_id"]])
+    assert [x.info.run_id for x in runs] == [record["mlflow"]["run_id"]]
+    assert runs[0].info.status == "FINISHED"
+    history = client.get_metric_history(runs[0].info.run_id, "loss")
+    steps = [m.step for m in history]
+    assert sorted(steps) == sorted(set(steps)) == sorted({x["step"] for x in rows}) == list(range(1, 121))
+    last = max(history, key=lambda m: m.step)
+    assert last.value == rows[-1]["loss"], (last.value, rows[-1])
+    for m in history:  # the redone steps: the same (exact resume) values, logged once
+        assert m.value == [x["loss"] for x in rows if x["step"] == m.step][-1]
+    assert runs[0].data.tags["slurm_ddp.restarts"] == "2"  # the tags of the last start (local: a resubmit counts)
+    ids = wandb_ids(rd)
+    assert len(ids) == 3 and set(ids) == {record["wandb"]["run_id"]}, ids
+    wandb_steps = [r["_step"] for r in wandb_history(rd, record["wandb"]["run_id"]) if "loss" in r]
+    assert sorted(wandb_steps) == list(range(1, 121)), wandb_steps
