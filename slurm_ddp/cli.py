@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -458,6 +459,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("slurm-ddp: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (``slurm-ddp runs | head``): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush cannot fail again, and exit as a process killed
+        # by SIGPIPE would (128 + 13; Python's docs, "Note on SIGPIPE" in the signal module).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -1023,3 +1023,18 @@ def test_a_dependency_that_can_never_be_met_is_shown_and_wait_raises_instead_of_
     run = slurm_ddp.Run(ev)
     with pytest.raises(DependencyNeverSatisfied, match=r"afterok:105\(failed\)"):
         run.wait(timeout_s=60, poll_s=0.1)
+
+
+def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path):
+    """``slurm-ddp config-keys | head -1``: the pipe's reader is gone before the first write (the read
+    end is closed here before the process starts, so the write fails every time): no traceback,
+    the exit status of a process killed by SIGPIPE (141), as a shell pipeline expects."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "slurm_ddp", "config-keys"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60
+        )
+    finally:
+        os.close(w)
+    assert proc.stderr == "" and proc.returncode == 141, (proc.returncode, proc.stderr)
