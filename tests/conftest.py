@@ -1,1 +1,49 @@
+"""The suite's own hooks: the Slurm fixtures (``slurm_ddp.testing``), and the order tests start in.
+
+xdist hands tests out one by one as workers come free (``--dist loadgroup``: a group's tests go to one
+worker, groups with the most tests first). A long test handed out last keeps one worker busy while the others
+idle, so the suite starts the longest tests first (longest-processing-time-first scheduling), by the wall
+times in ``tests/durations.json`` — written by ``python3 -m pytest --store-durations`` (a full run; the file
+is a hint only: a test missing from it starts after the known ones, in collection order).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
 pytest_plugins = ["slurm_ddp.testing"]
+
+DURATIONS = Path(__file__).with_name("durations.json")
+_seen: Dict[str, float] = {}
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--store-durations",
+        action="store_true",
+        help=f"write each test's wall time (setup + call + teardown, s) to {DURATIONS.name}: the order later runs use",
+    )
+
+
+def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
+    try:
+        known: Dict[str, float] = json.loads(DURATIONS.read_text())
+    except (OSError, ValueError):
+        return
+    items.sort(key=lambda item: -known.get(item.nodeid, 0.0))  # stable: the rest keep collection order
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    _seen[report.nodeid] = _seen.get(report.nodeid, 0.0) + report.duration
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    config = session.config
+    if not config.getoption("--store-durations") or hasattr(config, "workerinput"):  # the controller writes it
+        return
+    slow = {nodeid: round(s, 1) for nodeid, s in sorted(_seen.items()) if s >= 1.0}
+    DURATIONS.write_text(json.dumps(slow, indent=0, sort_keys=True) + "\n")
