@@ -20,7 +20,9 @@ rank log, watchdog):
   working directory. Slurm 22.05 runs the step's command as PID 1 of the container, passes the
   environment but not ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID`` and runs one task per node
   per step; ``slurm_ddp.launch`` fills those in from the host name (``env.container_step_env``).
-  A signal to the step reaches PID 1 through ``runc run``, which forwards the signals it gets.
+  A signal to the step reaches PID 1 through ``runc run``, which forwards the signals it gets, when
+  ``runc run`` is the step's task: oci.conf's ``RunTimeRun`` must ``exec`` it, as slurmstepd runs
+  that line with ``/bin/sh -c`` and signals the shell too (``sandbox.oci.oci_conf_text``).
 
 Mounted at the same paths, without asking: the run directory (the code snapshot, checkpoints and logs
 are in it), the ranks' working directory (``train.workdir``), ``train.pythonpath`` (when the code is
@@ -166,7 +168,8 @@ def describe(cfg: JobConfig, run_dir: str) -> List[str]:
     signals = {
         "apptainer": "signals: Slurm's reach apptainer's starter, which forwards them to the rank",
         "pyxis": "signals: the ranks are the step's own tasks; Slurm's signals reach them directly",
-        "oci": "signals: Slurm signals 'runc run', which forwards them to the rank (PID 1 of the container)",
+        "oci": "signals: Slurm signals 'runc run', which forwards them to the rank (PID 1 of the container); "
+        "oci.conf's RunTimeRun must exec runc (a /bin/sh -c in between dies of the requeue signal)",
     }[p.runtime]
     lines = [
         f"each rank runs inside the {p.runtime} container {p.image}, started by slurm_ddp.launch with {p.python}",

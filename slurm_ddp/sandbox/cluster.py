@@ -23,6 +23,7 @@ from slurm_ddp.errors import SandboxUnavailable
 from .conf import SandboxConf
 from .layout import _CONTROLLER_HOST, STATE_FILE
 from .network import SandboxNetwork
+from .oci import runtime_root
 from .procs import SandboxDaemons, _alive, _executable, _kill, _sh, check_prerequisites
 
 _LOCK_PATH = "/tmp/slurm-ddp-sandbox.lock"
@@ -381,6 +382,8 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
         if short and Path(short).name.startswith("sdsb-"):
             shutil.rmtree(short, ignore_errors=True)
         shutil.rmtree(self.gpu_dir, ignore_errors=True)  # the placeholder GPU devices
+        if self.oci and self.id:  # runc's state of containers whose processes were killed above
+            shutil.rmtree(runtime_root(self.id), ignore_errors=True)
         if self._state:
             self._state.pop("pids", None)
             self._state.pop("starttimes", None)

@@ -16,7 +16,7 @@ from pathlib import Path
 from slurm_ddp.errors import SandboxUnavailable
 
 from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
-from .oci import oci_conf_text
+from .oci import oci_conf_text, runtime_root
 from .procs import _executable
 
 
@@ -58,7 +58,7 @@ class SandboxConf(SandboxLayout):
         self._make_gpu_devices()
         oci_conf = self.slurm_conf.parent / "oci.conf"  # oci.conf(5): beside slurm.conf, read at slurmd's start
         if self.oci:
-            oci_conf.write_text(oci_conf_text(_executable("runc")))
+            oci_conf.write_text(oci_conf_text(_executable("runc"), runtime_root(self.id)))
         else:
             oci_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())

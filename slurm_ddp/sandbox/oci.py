@@ -25,8 +25,9 @@ from typing import Any, Dict, List, Union
 
 from slurm_ddp.errors import SandboxUnavailable
 
-#: oci.conf(5) with runc as root: ``%b`` bundle, ``%n`` node, ``%u`` user, ``%j`` job, ``%s`` step,
-#: ``%t`` task. The state lives under ``/run/slurm-oci`` (runc's ``--root``).
+#: runc's ``--root`` (its container state) for the sandboxes: one directory per sandbox below it
+#: (``runtime_root``), as two sandboxes both number jobs from 1 and name nodes ``n1…``, and a
+#: container id (``%n.%u.%j.%s.%t``) must be unique within one ``--root``.
 OCI_RUNTIME_ROOT = "/run/slurm-oci"
 
 #: The directories of ``/`` bound read-write (everything else that is bound is read-only).
@@ -36,15 +37,36 @@ _WRITABLE = ("tmp",)
 _NOT_BOUND = ("proc", "dev", "sys", "run", "lost+found")
 
 
-def oci_conf_text(runc: str) -> str:
-    """The sandbox's ``oci.conf`` (read by slurmd at start, beside slurm.conf) for ``runc`` at path ``runc``."""
-    base = f"{runc} --root={OCI_RUNTIME_ROOT}"
+def runtime_root(sandbox_id: str) -> Path:
+    """runc's ``--root`` for the sandbox ``sandbox_id`` (letters and digits): ``OCI_RUNTIME_ROOT/sandbox_id``.
+    Raises ``ValueError`` for another id (the directory is deleted at ``down``)."""
+    if not sandbox_id.isalnum():
+        raise ValueError(f"a sandbox id is letters and digits, not {sandbox_id!r}")
+    return Path(OCI_RUNTIME_ROOT) / sandbox_id
+
+
+def oci_conf_text(runc: str, root: Union[str, os.PathLike[str]] = OCI_RUNTIME_ROOT) -> str:
+    """The sandbox's ``oci.conf`` (read by slurmd at start, beside slurm.conf) for ``runc`` at path
+    ``runc`` keeping its state in ``root``. Patterns (oci.conf(5)): ``%b`` bundle, ``%n`` node,
+    ``%u`` user, ``%j`` job, ``%s`` step, ``%t`` task.
+
+    ``RunTimeRun`` starts with ``exec``: slurmstepd runs the line as ``/bin/sh -c LINE`` and signals
+    every process of the step's tree (proctrack), that shell included. Debian's ``/bin/sh`` (dash)
+    does not replace itself with the last command, so without ``exec`` a USR2 to the step kills the
+    shell (no handler), the task ends with 140 (128 + SIGUSR2), srun's ``--kill-on-bad-exit`` ends
+    the step and slurmstepd's clean-up runs ``RunTimeKill`` (``runc kill -a``: SIGTERM) on the ranks.
+    With ``exec`` the task is ``runc run`` itself, which forwards the signal to the container's PID 1.
+    ``RunTimeKill`` is only used at that clean-up (after the task ended), never to pass a signal on.
+    """
+    base = f"{runc} --root={root}"
     return (
         "# Written by slurm_ddp.sandbox: Slurm's OCI support with runc (crun 1.8 refuses cgroup v1 here).\n"
+        "# RunTimeRun execs runc: slurmstepd runs it through /bin/sh -c and signals that shell too (see\n"
+        "# slurm_ddp/sandbox/oci.py); a shell left in between dies of the requeue signal.\n"
         'RunTimeQuery="' + base + ' state %n.%u.%j.%s.%t"\n'
         'RunTimeKill="' + base + ' kill -a %n.%u.%j.%s.%t"\n'
         'RunTimeDelete="' + base + ' delete --force %n.%u.%j.%s.%t"\n'
-        'RunTimeRun="' + base + ' run --bundle %b %n.%u.%j.%s.%t"\n'
+        'RunTimeRun="exec ' + base + ' run --bundle %b %n.%u.%j.%s.%t"\n'
     )
 
 

@@ -5,7 +5,8 @@
   the digits job on 2 nodes × 1 task (the one task per node per step Slurm 22.05 allows) gets
   SIGUSR2 at the batch shell, which passes it through srun and ``runc run`` to the ranks (PID 1 in
   their containers); they checkpoint, the job requeues itself, resumes at the saved step and reaches
-  ≥ 97 % accuracy.
+  ≥ 97 % accuracy. This needs the sandbox's ``RunTimeRun`` to ``exec`` runc (``sandbox.oci``):
+  otherwise the ``/bin/sh -c`` slurmstepd puts in between dies of the USR2 and the ranks get SIGTERM.
 * Apptainer, when ``apptainer`` is on PATH (it is not installable from Debian 12: skipped with the
   reason elsewhere, CI included): the same job inside a ``.sif`` given by ``SLURM_DDP_TEST_SIF``.
 """
@@ -34,13 +35,6 @@ def oci_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         yield sb
 
 
-@pytest.mark.skipif(
-    os.environ.get("SLURM_DDP_TEST_OCI") != "1",
-    reason="known failure, opt in with SLURM_DDP_TEST_OCI=1: on Slurm 22.05's OCI support the requeue signal "
-    "forwarded through srun now ends the runc task with status 140 and the ranks see SIGTERM (runc kill -a) "
-    "instead of USR2, so the job is not requeued; it passed once when first written, then failed every time "
-    "on this machine (2026-11-25, issue 24 left open)",
-)
 def test_digits_in_oci_containers_on_two_nodes_requeues_resumes_and_learns(oci_sandbox: Any, tmp_path: Path) -> None:
     bundle = tmp_path / "bundle"
     r = cli(oci_sandbox, "sandbox", "oci-bundle", str(bundle))

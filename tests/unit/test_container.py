@@ -20,7 +20,7 @@ from slurm_ddp.cli import main
 from slurm_ddp.config import config_from_dict
 from slurm_ddp.env import container_step_env
 from slurm_ddp.errors import ConfigError, UserError
-from slurm_ddp.sandbox.oci import host_bundle_config, make_host_bundle, oci_conf_text
+from slurm_ddp.sandbox.oci import host_bundle_config, make_host_bundle, oci_conf_text, runtime_root
 
 REPO = Path(__file__).resolve().parents[2]
 DIGITS = REPO / "examples" / "digits" / "job.yaml"
@@ -373,11 +373,15 @@ def test_env_explain_says_where_each_rank_runs(capsys: pytest.CaptureFixture[str
 # ----------------------------------------------------------------- the sandbox's OCI pieces
 
 
-def test_sandbox_oci_conf_uses_runc_for_every_operation() -> None:
-    text = oci_conf_text("/usr/sbin/runc")
+def test_sandbox_oci_conf_uses_runc_for_every_operation_and_execs_runc_run() -> None:
+    root = runtime_root("ab12")
+    text = oci_conf_text("/usr/sbin/runc", root)
     for key, verb in (("RunTimeQuery", "state"), ("RunTimeKill", "kill -a"), ("RunTimeDelete", "delete --force")):
-        assert f'{key}="/usr/sbin/runc --root=/run/slurm-oci {verb} %n.%u.%j.%s.%t"' in text
-    assert 'RunTimeRun="/usr/sbin/runc --root=/run/slurm-oci run --bundle %b %n.%u.%j.%s.%t"' in text
+        assert f'{key}="/usr/sbin/runc --root=/run/slurm-oci/ab12 {verb} %n.%u.%j.%s.%t"' in text
+    # exec: slurmstepd runs the line with /bin/sh -c and signals the shell too (dash would die of USR2)
+    assert 'RunTimeRun="exec /usr/sbin/runc --root=/run/slurm-oci/ab12 run --bundle %b %n.%u.%j.%s.%t"' in text
+    with pytest.raises(ValueError):
+        runtime_root("")  # never the shared parent, which down() would delete
 
 
 def test_host_bundle_shares_the_nodes_network_and_hostname(tmp_path: Path) -> None:
