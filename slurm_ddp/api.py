@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .errors import DependencyNeverSatisfied, SlurmDDPError, UserError, WaitTimeout
 from .ops.runs import read_run, resolve_run
-from .ops.slurm import REQUEUED_STATES
+from .ops.slurm import NEVER_SATISFIED_REASON, REQUEUED_STATES
 from .ops.status import RunStatus, never_starts_note, run_status
 from .ops.sweeps import SweepStatus, best_value, default_metric, read_sweep, sweep_status
 from .rundir import (
@@ -94,14 +94,18 @@ class Run:
         return read_run(self.path).job_ids
 
     def status(self) -> RunStatus:
-        """Its state now (``ops.run_status``: Slurm's word joined with the run directory's). While a
-        background local launcher started by this process has not started the ranks yet (it waits
-        for ``after=`` runs), the state is ``PENDING``."""
+        """Its state now (``ops.run_status``: Slurm's word joined with the run directory's). A local
+        run whose launcher waits for its ``after=`` runs is ``PENDING`` with ``.slurm.reason``
+        ``Dependency`` and ``.slurm.dependency`` (as a Slurm job); so is a background launcher started
+        by this process that has not started the ranks yet."""
         self._reap()
         run = read_run(self.path)
+        st = run_status(run)
         if self._launcher is not None and self._launcher.poll() is None and not _has_live_job(run):
+            if st.state == "PENDING":
+                return st  # waiting, and it says for what
             return RunStatus(run, "PENDING", False, "local launcher", notes=["waiting for the runs it comes after"])
-        return run_status(run)
+        return st
 
     def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> RunStatus:
         """Block until the run ends (finished, failed, cancelled, stopped for preemption and not
@@ -121,6 +125,9 @@ class Run:
             st = self.status()
             if st.slurm is not None and st.slurm.never_starts:
                 raise DependencyNeverSatisfied(never_starts_note(self.path, st.slurm))
+            if st.slurm is not None and st.slurm.final and st.slurm.reason == NEVER_SATISFIED_REASON:
+                # cancelled for it: a local launcher that gave up, Slurm under kill_invalid_depend
+                raise DependencyNeverSatisfied("; ".join(st.notes) or f"{st.describe_state()}: {st.slurm.dependency}")
             if _ended(st) and self._launcher is None:
                 return st
             if deadline is not None and time.monotonic() >= deadline:

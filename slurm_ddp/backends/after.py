@@ -9,15 +9,16 @@ refuses a dependency on a job it does not know). The local backend has no schedu
 waits for the named runs itself (:func:`wait_for_runs`) before it starts the ranks.
 
 Side effects: reads run directories; :func:`wait_for_runs` asks Slurm (``ops.run_status``) until the
-runs end. Imports no torch.
+runs end, and records its wait in the waiting run's directory (``rundir.WAITING_NAME``). Imports no torch.
 """
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
@@ -25,7 +26,7 @@ from ..errors import DependencyNeverSatisfied, UserError
 from ..ops.runs import Run, read_run, resolve_run
 from ..ops.status import run_status
 from ..ops.sweeps import read_sweep
-from ..rundir import is_sweep_dir
+from ..rundir import LocalWait, is_sweep_dir, record_waiting
 
 #: sbatch's dependency types that ``--after`` takes (sbatch(1), ``--dependency``); the first is the default
 KINDS = ("afterok", "afterany", "afternotok")
@@ -143,9 +144,15 @@ def wait_for_runs(
     say: Callable[[str], None],
     poll_s: float = 2.0,
     run_cmd: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
+    run_dir: Optional[str] = None,
 ) -> None:
     """The local launcher's dependency: wait until every run in ``afters`` has ended (its state is
-    final), then check its condition. Raises ``DependencyNeverSatisfied`` when one is not met."""
+    final), then check its condition. ``run_dir``: the waiting run's directory, where the wait is
+    recorded (``rundir.WAITING_NAME``: ``status`` shows PENDING, Reason=Dependency) and, if it
+    fails, why. Raises ``DependencyNeverSatisfied`` when a condition is not met."""
+    wait = LocalWait(pid=os.getpid(), time=time.time(), dependency=",".join(f"{a.kind}:{a.path}" for a in afters))
+    if run_dir is not None:
+        record_waiting(run_dir, wait)
     for a in afters:
         assert a.path is not None
         said = False
@@ -159,8 +166,11 @@ def wait_for_runs(
             time.sleep(poll_s)
         ok = st.run.finished is not None
         if (a.kind == "afterok" and not ok) or (a.kind == "afternotok" and ok):
-            raise DependencyNeverSatisfied(
+            why = (
                 f"--after {a.describe()}: that run ended {st.state}"
                 + (" and finished" if ok else " without finishing")
                 + "; this job does not start (DependencyNeverSatisfied)"
             )
+            if run_dir is not None:
+                record_waiting(run_dir, replace(wait, never_satisfied=why))
+            raise DependencyNeverSatisfied(why)

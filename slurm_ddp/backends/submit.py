@@ -324,7 +324,7 @@ def submit_run(
     if deps.local:
         from .after import wait_for_runs
 
-        wait_for_runs(deps.local, report.say)
+        wait_for_runs(deps.local, report.say, run_dir=plan.run_dir)
     return run_local(plan, job=job, report=report)
 
 

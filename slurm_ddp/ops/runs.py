@@ -20,8 +20,10 @@ from ..rundir import (
     CONFIG_NAME,
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
+    WAITING_NAME,
     InJobRestart,
     LocalEnd,
+    LocalWait,
     Preempted,
     is_sweep_dir,
     latest_checkpoint_step,
@@ -31,6 +33,7 @@ from ..rundir import (
     read_local_end,
     read_metrics,
     read_preempted,
+    read_waiting,
 )
 
 
@@ -52,6 +55,8 @@ class Run:
     local_end: Optional[LocalEnd] = None
     #: restarts inside the job after a lost node (``rundir.read_in_job_restarts``), oldest first
     in_job_restarts: List[InJobRestart] = field(default_factory=list)
+    #: a local launcher's wait for the runs it comes after (``rundir.read_waiting``), the latest one
+    waiting: Optional[LocalWait] = None
 
     @property
     def backend(self) -> Optional[str]:
@@ -127,8 +132,9 @@ class Run:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True when ``path`` is a directory that ``slurm-ddp submit`` prepared."""
-    return path.is_dir() and ((path / CONFIG_NAME).is_file() or (path / JOBS_NAME).is_file())
+    """True when ``path`` is a directory that ``slurm-ddp submit`` prepared, or where a local launcher
+    waits for the runs it comes after (``WAITING_NAME``) before it prepares it."""
+    return path.is_dir() and any((path / n).is_file() for n in (CONFIG_NAME, JOBS_NAME, WAITING_NAME))
 
 
 def resolve_run(arg: str, runs_dir: str = DEFAULT_RUNS_DIR) -> Path:
@@ -223,6 +229,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         starts=len(read_provenance(str(path)).get("starts", [])),
         local_end=read_local_end(path),
         in_job_restarts=read_in_job_restarts(path),
+        waiting=read_waiting(path),
     )
 
 

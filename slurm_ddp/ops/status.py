@@ -14,7 +14,10 @@ directory says how far training got (last step, last committed checkpoint, the f
 marker, the ``resume`` events = restarts). A run of the ``local`` backend is read from its
 run directory alone: its launcher's lock, then how its latest start ended, in Slurm's state names
 (``rundir.ENDS_NAME``, ``by: local``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
-starts such a job again.
+starts such a job again. A local launcher that waits for the runs it comes after (``--after``;
+``rundir.WAITING_NAME``) has no scheduler to ask: its wait is shown in Slurm's words, ``PENDING`` with
+``Reason=Dependency`` and the dependency, and, once a run it waits for ended the wrong way, ``CANCELLED``
+with ``Reason=DependencyNeverSatisfied`` (what Slurm does under ``SchedulerParameters=kill_invalid_depend``).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
 from .runs import Run, is_run_dir, read_run
-from .slurm import PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
+from .slurm import NEVER_SATISFIED_REASON, PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
 
 
 def _proc_start_time(pid: int) -> Optional[float]:
@@ -100,6 +103,8 @@ class RunStatus:
     state: str  #: Slurm's JobState, or for local runs / forgotten jobs the run directory's word
     final: bool  #: nothing more happens without a new submit or requeue
     source: str  #: where ``state`` comes from
+    #: Slurm's word on the latest job; for a local launcher that waits for its ``--after`` runs, its wait in
+    #: the same shape (``source`` ``local launcher``, ``job_id`` its pid, ``reason``, ``dependency``)
     slurm: Optional[SlurmJob] = None
     notes: List[str] = field(default_factory=list)
     #: a local run: how its latest start ended (``rundir.LocalEnd``), when the launcher recorded it
@@ -186,6 +191,34 @@ def _local_status(run: Run) -> RunStatus:
     )
 
 
+def _waiting_status(run: Run) -> Optional[RunStatus]:
+    """The state of a local launcher's wait for the runs it comes after (``Run.waiting``) when no job
+    was recorded since it began: ``PENDING`` (Reason=Dependency) while the launcher lives, ``CANCELLED``
+    (Reason=DependencyNeverSatisfied) once it gave up; None otherwise (no wait, a wait that is over, or
+    a launcher gone without a word: killed while it waited)."""
+    w = run.waiting
+    if w is None or any(float(j.get("time") or 0) >= w.time for j in run.jobs[-1:]):
+        return None
+    src = "run directory (local backend)"
+    if w.never_satisfied:
+        job = SlurmJob(
+            str(w.pid), "CANCELLED", NEVER_SATISFIED_REASON, dependency=w.dependency, source="local launcher"
+        )
+        return RunStatus(run, "CANCELLED", True, src, slurm=job, notes=[w.never_satisfied])
+    if not local_launcher_alive({"job_id": w.pid, "time": w.time}):
+        return None
+    job = SlurmJob(str(w.pid), "PENDING", "Dependency", dependency=w.dependency, source="local launcher")
+    note = f"the local launcher (pid {w.pid}) waits for those runs to end before it starts the ranks"
+    return RunStatus(run, "PENDING", False, src, slurm=job, notes=[note])
+
+
+def _not_submitted(run: Run) -> RunStatus:
+    notes = [f"no job recorded in {JOBS_NAME}"]
+    if run.waiting is not None:
+        notes.append(f"its local launcher (pid {run.waiting.pid}) stopped while it waited ({run.waiting.dependency})")
+    return RunStatus(run, "NOT SUBMITTED", True, "run directory", notes=notes)
+
+
 def never_starts_note(run_dir: Path, job: SlurmJob) -> str:
     """Why a job pending with Reason=DependencyNeverSatisfied never starts, and what to do."""
     dep = f" ({job.dependency})" if job.dependency else ""
@@ -227,8 +260,11 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
 def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
     """The state of ``run`` (see the module docstring). Never raises for Slurm failures:
     what could not be asked is in ``notes``."""
+    waiting = _waiting_status(run)
+    if waiting is not None:
+        return waiting
     if not run.jobs:
-        return RunStatus(run, "NOT SUBMITTED", True, "run directory", notes=[f"no job recorded in {JOBS_NAME}"])
+        return _not_submitted(run)
     if run.is_local:
         return _local_status(run)
     return _status_from(run, query_jobs([run.latest_job_id or ""], run_cmd, detail=True))
@@ -272,7 +308,10 @@ def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[R
     ans = query_jobs(sorted(set(ids)), run_cmd) if ids else SlurmAnswer()
     out = []
     for r in runs:
-        if not r.jobs:
+        waiting = _waiting_status(r)
+        if waiting is not None:
+            out.append(waiting)
+        elif not r.jobs:
             out.append(RunStatus(r, "NOT SUBMITTED", True, "run directory"))
         elif r.is_local:
             out.append(_local_status(r))

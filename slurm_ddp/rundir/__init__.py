@@ -27,7 +27,8 @@ A run directory holds:
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
 - ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid; ``launcher.out``: the
-  output of a local launcher the Python API started in the background;
+  output of a local launcher the Python API started in the background; ``waiting.json``: a local
+  launcher's wait for the runs it comes after (``--after``; :class:`LocalWait`), before it starts the ranks;
 - ``container/``: ``environment.container``'s copy of slurm_ddp and OCI bundle (``CONTAINER_DIR``).
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
@@ -103,7 +104,9 @@ from .files import (
     SWEEP_JOBS_NAME,
     SWEEP_NAME,
     TRACKING_NAME,
+    WAITING_NAME,
     WANDB_DIR_NAME,
+    LocalWait,
     PathLike,
     Preempted,
     append_jsonl,
@@ -131,10 +134,12 @@ from .files import (
     read_recoveries,
     read_sweep_jobs,
     read_sweep_manifest,
+    read_waiting,
     record_end,
     record_job,
     record_progress_sample,
     record_sweep_job,
+    record_waiting,
     requeue_target,
     snapshot_dir_name,
     was_accepted,
@@ -166,6 +171,10 @@ from .stops import (
 )
 
 __all__ = [
+    "WAITING_NAME",
+    "LocalWait",
+    "read_waiting",
+    "record_waiting",
     "stop_precedence",
     "PEER_LOST_VAR",
     "RECOVERIES_NAME",

@@ -40,6 +40,9 @@ FINAL_MODEL_NAME = "final_model.pt"
 LAUNCHER_LOCK_NAME = "launcher.lock"
 #: Output of a local launcher started in the background (the Python API): in the run or sweep directory
 LAUNCHER_OUT_NAME = "launcher.out"
+#: a local launcher's wait for the runs it comes after (``--after``), before it starts the ranks: one
+#: JSON object (:class:`LocalWait`), rewritten by each wait; a later ``JOBS_NAME`` record ends it
+WAITING_NAME = "waiting.json"
 LOGS_DIR = "logs"
 CHECKPOINTS_DIR = "checkpoints"
 #: the submitit backend's folder (its pickles and per-task logs), ``RUN_DIR/submitit/JOBID``
@@ -258,6 +261,48 @@ def record_job(run_dir: PathLike, **record: Any) -> None:
 def read_jobs(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
     return read_jsonl(Path(run_dir) / JOBS_NAME)
+
+
+@dataclass(frozen=True)
+class LocalWait:
+    """A local launcher's wait for the runs it comes after (``WAITING_NAME``), Slurm's
+    ``PENDING``/``Reason=Dependency`` without a scheduler."""
+
+    pid: int  #: the waiting launcher's process id
+    time: float  #: when the wait began (epoch seconds); a ``JOBS_NAME`` record after it means it is over
+    dependency: str  #: what it waits for, sbatch's syntax with run directories: ``afterok:/abs/runs/train``
+    #: why it gave up (a run it waits for ended the wrong way: Slurm's ``DependencyNeverSatisfied``); "" while waiting
+    never_satisfied: str = ""
+
+    def to_dict(self) -> Dict[str, Any]:
+        return {
+            "pid": self.pid,
+            "time": self.time,
+            "dependency": self.dependency,
+            "never_satisfied": self.never_satisfied,
+        }
+
+
+def record_waiting(run_dir: PathLike, wait: LocalWait) -> None:
+    """Write ``RUN_DIR/waiting.json`` (atomically; the directory is created if missing). Raises ``OSError``."""
+    from ..checkpoint import atomic_write_text
+
+    os.makedirs(run_dir, exist_ok=True)
+    atomic_write_text(Path(run_dir) / WAITING_NAME, json.dumps(wait.to_dict()) + "\n")
+
+
+def read_waiting(run_dir: PathLike) -> Optional[LocalWait]:
+    """The run directory's ``WAITING_NAME`` record; None when missing or unreadable."""
+    try:
+        rec = json.loads((Path(run_dir) / WAITING_NAME).read_text(encoding="utf-8"))
+        return LocalWait(
+            pid=int(rec["pid"]),
+            time=float(rec["time"]),
+            dependency=str(rec.get("dependency", "")),
+            never_satisfied=str(rec.get("never_satisfied", "")),
+        )
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
 
 
 def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:

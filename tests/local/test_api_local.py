@@ -1,8 +1,10 @@
 """The Python API (``slurm_ddp.submit``, ``Run``) on the local backend, with real gloo ranks.
 
 submit → wait → metrics/final; reattach by path; cancel of a running run (its ranks checkpoint and
-stop); a chain (``after=``) whose second run starts only after the first ended; errors raised as the
-project's exception types, never ``SystemExit``.
+stop); a chain (``after=``) whose second run starts only after the first ended — while it waits,
+``status`` says PENDING with Reason=Dependency and the dependency, as for a Slurm job, and a chain that
+can never start is CANCELLED with Reason=DependencyNeverSatisfied; errors raised as the project's
+exception types, never ``SystemExit``.
 """
 
 from __future__ import annotations
@@ -70,11 +72,18 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert isinstance(second, slurm_ddp.Run)
     wait_for(lambda: "waiting for" in _out(tmp_path / "second"), 60, "the second launcher to wait")
     assert second.status().state == "PENDING" and read_jobs(tmp_path / "second") == []
+    # seen from anywhere (a fresh Run, another process): Slurm's words, PENDING on its dependency
+    st = slurm_ddp.Run(tmp_path / "second").status()
+    assert st.state == "PENDING" and not st.final and st.slurm is not None, st
+    assert (st.slurm.reason, st.slurm.dependency) == ("Dependency", f"afterany:{first.path}"), st.slurm
+    shown = _status_cli(tmp_path / "second")
+    assert "state:      PENDING (reason Dependency)" in shown and f"dependency: afterany:{first.path}\n" in shown, shown
     first.cancel()
     st = second.wait(timeout_s=300, poll_s=0.5)
     assert st.state == "COMPLETED", _out(tmp_path / "second")
     started = read_jobs(tmp_path / "second")[0]["time"]
     assert started >= max(m["time"] for m in first.metrics() if "time" in m)
+    assert "dependency:" not in _status_cli(tmp_path / "second")  # the wait is over once the ranks started
 
     # afterok of a run that did not finish: the dependent run never starts
     third = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "third", backend="local", after=[first])
@@ -82,6 +91,20 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     with pytest.raises(DependencyNeverSatisfied, match="DependencyNeverSatisfied"):
         third.wait(timeout_s=120, poll_s=0.5)
     assert read_jobs(tmp_path / "third") == []
+    # what Slurm does under kill_invalid_depend: CANCELLED, Reason=DependencyNeverSatisfied; a fresh Run's wait raises
+    shown = _status_cli(tmp_path / "third")
+    assert "state:      CANCELLED (reason DependencyNeverSatisfied)" in shown, shown
+    assert f"dependency: afterok:{first.path}\n" in shown and "without finishing" in shown, shown
+    with pytest.raises(DependencyNeverSatisfied, match="without finishing"):
+        slurm_ddp.Run(tmp_path / "third").wait(timeout_s=60, poll_s=0.5)
+
+
+def _status_cli(run_dir: Path) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "status", str(run_dir)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
 
 
 def _out(run_dir: Path) -> str:

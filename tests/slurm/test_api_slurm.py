@@ -7,7 +7,8 @@ starts only after the first ended (its ``StartTime`` is not before the first's `
 A requeue (``Run.requeue()``: ``scontrol requeue``) while ``Run.wait()`` blocks: wait follows the job
 through its second start to COMPLETED. An ``afterok`` chain on a job that fails: the second job pends
 with Reason=DependencyNeverSatisfied, ``status`` shows it, ``Run.wait()`` raises
-``DependencyNeverSatisfied`` instead of waiting for ever.
+``DependencyNeverSatisfied`` instead of waiting for ever; so does ``Sweep.wait()`` of a sweep
+``after=`` that failed job (a job array that pends as one record, never split into tasks).
 """
 
 from __future__ import annotations
@@ -170,6 +171,7 @@ def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandb
     )
     assert isinstance(first, slurm_ddp.Run)
     second = None
+    arrays: List[str] = []
     try:
         second = slurm_ddp.submit(
             command_job(tmp_path / "code2", "never", STARTS),
@@ -207,8 +209,30 @@ def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandb
         with pytest.raises(DependencyNeverSatisfied, match=rf"job {jid2} waits on a dependency that can never be"):
             second.wait(timeout_s=60, poll_s=0.5)
         assert not (second.path / "start-0").exists()
+
+        # a sweep after= the failed job: its job array stays one pending record, never split into tasks
+        # (squeue without --array: ID_[0-1]); Sweep.wait() raises too (squeue --array names each task)
+        sweep = slurm_ddp.submit(
+            tmp_path / "code2" / "job.yaml",
+            sweep=["train.seed=1,2"],
+            run_dir=tmp_path / "sweep",
+            backend="sbatch",
+            after=[first],
+        )
+        assert isinstance(sweep, slurm_ddp.Sweep)
+        array_id = sweep.runs[0].job_ids[-1].split("_")[0]
+        arrays.append(array_id)
+        with pytest.raises(DependencyNeverSatisfied, match=rf"job {array_id}_\d waits on a dependency that can never"):
+            sweep.wait(timeout_s=60, poll_s=0.5)
+        unsplit = slurm_sandbox.run(
+            ["squeue", "--noheader", f"--jobs={array_id}", "--format=%i|%T|%r"], capture_output=True, text=True
+        )
+        assert unsplit.stdout.split() == [f"{array_id}_[0-1]|PENDING|DependencyNeverSatisfied"], unsplit.stdout
+        assert not any((r.path / "start-0").exists() for r in sweep.runs)
     finally:
         go.write_text("")
         for r in (first, second):
             if r is not None:
                 slurm_sandbox.run(["scancel", *r.job_ids], capture_output=True, timeout=20)
+        if arrays:
+            slurm_sandbox.run(["scancel", *arrays], capture_output=True, timeout=20)

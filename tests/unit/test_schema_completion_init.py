@@ -1,5 +1,6 @@
 """``slurm-ddp schema`` (the job YAML's JSON Schema, from the config's field metadata), shell
-completion (argcomplete: bash, zsh, fish) and ``slurm-ddp init``.
+completion (argcomplete: bash, zsh, fish; each loaded in its shell, which completes ``slurm-ddp sub`` to
+``submit``; a shell that is missing skips, or fails under ``SLURM_DDP_REQUIRE_SLURM=1``) and ``slurm-ddp init``.
 
 The schema and the loader must agree: every example YAML is valid for both, every doc of ``BAD`` is
 rejected by both, and ``LOADER_ONLY`` lists the checks across keys a schema cannot say (the schema
@@ -10,13 +11,15 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
+import pty
+import select
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any, Dict
 
 import pytest
+from lib import require_executable, wait_for
 
 from slurm_ddp.cli import main
 from slurm_ddp.config import config_from_dict, read_yaml
@@ -220,13 +223,78 @@ def test_bash_completion_loads_and_completes_verbs_keys_and_runs(tmp_path, slurm
     assert "runs/digits" in bash_complete(script, "slurm-ddp status runs/", tmp_path)
 
 
-@pytest.mark.parametrize("shell", ["zsh", "fish"])
-def test_zsh_and_fish_scripts_register_slurm_ddp(shell, capsys):
-    assert main(["completion", shell]) == 0
-    text = capsys.readouterr().out
-    assert "slurm-ddp" in text and "_ARGCOMPLETE" in text
-    if shutil.which(shell):
-        subprocess.run([shell, "-n"], input=text, text=True, check=True)
+def zsh_complete(script: Path, line: str, tmp_path: Path) -> str:
+    """The command line after TAB at the end of ``line`` in an interactive zsh (on a pty) that ran
+    ``compinit`` and evaluated ``script``, as ``~/.zshrc`` would: a key bound to a widget then writes
+    ZLE's ``$BUFFER`` to a file, which the test waits for. The zsh is killed by its pid."""
+    out, zdotdir = tmp_path / "zsh-buffer", tmp_path / "zdotdir"
+    zdotdir.mkdir(exist_ok=True)
+    out.unlink(missing_ok=True)
+    (zdotdir / ".zshrc").write_text(
+        "autoload -U compinit && compinit -u -D\n"
+        f"source {script}\n"
+        f'_dump() {{ print -r -- "$BUFFER" > {out}.part && mv {out}.part {out}; }}\n'
+        "zle -N _dump && bindkey '^X' _dump\n"
+    )
+    master, slave = pty.openpty()
+    env = {**os.environ, "ZDOTDIR": str(zdotdir), "TERM": "dumb"}
+    shell = subprocess.Popen(
+        ["zsh", "-d", "-i"], stdin=slave, stdout=slave, stderr=slave, cwd=tmp_path, env=env, start_new_session=True
+    )
+    os.close(slave)
+    seen = bytearray()
+
+    def drained() -> bool:  # keep the pty's buffer empty so that zsh never blocks on its output
+        while select.select([master], [], [], 0)[0]:
+            try:
+                chunk = os.read(master, 4096)
+            except OSError:
+                return out.exists()
+            if not chunk:
+                break
+            seen.extend(chunk)
+        return out.exists()
+
+    try:
+        os.write(master, line.encode() + b"\t\x18")  # TAB, then Ctrl-X: the widget
+        wait_for(drained, 60, f"zsh to complete {line!r}", lambda: seen.decode(errors="replace")[-2000:])
+        return out.read_text().rstrip("\n")
+    finally:
+        shell.kill()
+        shell.wait(timeout=30)
+        os.close(master)
+
+
+def test_zsh_completion_loads_and_completes_a_verb(tmp_path, slurm_ddp_on_path):
+    require_executable("zsh", why="zsh's completion of slurm-ddp is not checked (Debian: apt-get install zsh)")
+    script = tmp_path / "_slurm-ddp"
+    script.write_text(
+        subprocess.run([slurm_ddp_on_path, "completion", "zsh"], capture_output=True, text=True, check=True).stdout
+    )
+    subprocess.run(["zsh", "-n", str(script)], check=True)
+    assert zsh_complete(script, "slurm-ddp sub", tmp_path) == "slurm-ddp submit "
+    assert zsh_complete(script, "slurm-ddp render job.yaml --set slurm.nod", tmp_path).endswith(" slurm.nodes=")
+
+
+def fish_complete(script: Path, line: str, cwd: Path) -> list:
+    """What fish offers at the end of ``line`` (``complete -C``: its own completion engine) once
+    ``script`` is sourced, without the descriptions."""
+    probe = f'source {script}; complete -C "{line}"'
+    out = subprocess.run(
+        ["fish", "--no-config", "-c", probe], cwd=cwd, capture_output=True, text=True, timeout=60, check=True
+    )
+    return [w.split("\t")[0] for w in out.stdout.splitlines() if w.strip()]
+
+
+def test_fish_completion_loads_and_completes_a_verb(tmp_path, slurm_ddp_on_path):
+    require_executable("fish", why="fish's completion of slurm-ddp is not checked (Debian: apt-get install fish)")
+    script = tmp_path / "slurm-ddp.fish"
+    script.write_text(
+        subprocess.run([slurm_ddp_on_path, "completion", "fish"], capture_output=True, text=True, check=True).stdout
+    )
+    subprocess.run(["fish", "--no-execute", str(script)], check=True)
+    assert fish_complete(script, "slurm-ddp sub", tmp_path) == ["submit"]
+    assert fish_complete(script, "slurm-ddp render job.yaml --set slurm.nod", tmp_path) == ["slurm.nodes="]
 
 
 # --------------------------------------------------------------------------- init
