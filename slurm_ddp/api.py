@@ -41,6 +41,7 @@ from .rundir import (
     read_finished,
     read_jobs,
     read_metrics,
+    read_waiting,
 )
 
 #: seconds between two questions to Slurm (or to the run directory) in :meth:`Run.wait`
@@ -191,6 +192,9 @@ class Run:
         assert self._launcher is not None
         rc = self._launcher.returncode
         if rc in (0, None) or len(read_jobs(self.path)) > self._jobs_before:
+            return
+        waited = read_waiting(self.path)
+        if waited is not None and waited.cancelled_time:  # cancel() ended its wait: the status says CANCELLED
             return
         tail = _tail(self.path / LAUNCHER_OUT_NAME)
         if rc == DependencyNeverSatisfied.exit_code:

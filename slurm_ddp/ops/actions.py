@@ -11,13 +11,15 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import time
+from dataclasses import replace
 from typing import List
 
 from ..errors import ClusterError, UserError
-from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME
+from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME, record_waiting
 from .runs import Run
 from .slurm import REQUEUED_STATES, Runner, call, last_line, query_jobs
-from .status import local_launcher_alive
+from .status import local_launcher_alive, waiting_status
 
 
 def _slurm_job_of(run: Run, verb: str) -> str:
@@ -46,9 +48,13 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     checkpoint at the next step boundary and the batch script does not requeue.
 
     A local run's launcher (its job id is the launcher's pid) gets SIGTERM, which it passes to the
-    ranks as srun would. Raises ``UserError`` (no job id, job or local launcher already ended) or
+    ranks as srun would; a local launcher still waiting on ``--after`` (``rundir.WAITING_NAME``) gets
+    SIGTERM too and the run is recorded CANCELLED, as ``scancel`` of a pending job is. Raises ``UserError`` (no job id, job or local launcher already ended) or
     ``ClusterError``.
     """
+    waiting = waiting_status(run)
+    if waiting is not None and waiting.state == "PENDING":
+        return _cancel_waiting(run)
     if run.is_local and run.jobs:
         return _cancel_local(run)
     jid = _slurm_job_of(run, "cancel")
@@ -62,6 +68,22 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     return (
         f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
         f"continue later with: slurm-ddp requeue {run.path}"
+    )
+
+
+def _cancel_waiting(run: Run) -> str:
+    w = run.waiting
+    assert w is not None
+    try:
+        os.kill(w.pid, signal.SIGTERM)  # it waits with the default action: it ends there, no rank started
+    except ProcessLookupError:
+        raise UserError(
+            f"the local launcher of run {run.name!r} (process {w.pid}) already ended; nothing to cancel"
+        ) from None
+    record_waiting(run.path, replace(w, cancelled_time=time.time()))
+    return (
+        f"cancelled run {run.name!r} while its local launcher (process {w.pid}) waited for {w.dependency}; "
+        f"it never started. Submit it again to run it"
     )
 
 

@@ -191,7 +191,7 @@ def _local_status(run: Run) -> RunStatus:
     )
 
 
-def _waiting_status(run: Run) -> Optional[RunStatus]:
+def waiting_status(run: Run) -> Optional[RunStatus]:
     """The state of a local launcher's wait for the runs it comes after (``Run.waiting``) when no job
     was recorded since it began: ``PENDING`` (Reason=Dependency) while the launcher lives, ``CANCELLED``
     (Reason=DependencyNeverSatisfied) once it gave up; None otherwise (no wait, a wait that is over, or
@@ -200,6 +200,10 @@ def _waiting_status(run: Run) -> Optional[RunStatus]:
     if w is None or any(float(j.get("time") or 0) >= w.time for j in run.jobs[-1:]):
         return None
     src = "run directory (local backend)"
+    if w.cancelled_time:
+        job = SlurmJob(str(w.pid), "CANCELLED", "None", dependency=w.dependency, source="local launcher")
+        note = "cancelled while it waited for the runs it comes after (slurm-ddp cancel); it never started"
+        return RunStatus(run, "CANCELLED", True, src, slurm=job, notes=[note])
     if w.never_satisfied:
         job = SlurmJob(
             str(w.pid), "CANCELLED", NEVER_SATISFIED_REASON, dependency=w.dependency, source="local launcher"
@@ -260,7 +264,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
 def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
     """The state of ``run`` (see the module docstring). Never raises for Slurm failures:
     what could not be asked is in ``notes``."""
-    waiting = _waiting_status(run)
+    waiting = waiting_status(run)
     if waiting is not None:
         return waiting
     if not run.jobs:
@@ -308,7 +312,7 @@ def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[R
     ans = query_jobs(sorted(set(ids)), run_cmd) if ids else SlurmAnswer()
     out = []
     for r in runs:
-        waiting = _waiting_status(r)
+        waiting = waiting_status(r)
         if waiting is not None:
             out.append(waiting)
         elif not r.jobs:

@@ -273,6 +273,8 @@ class LocalWait:
     dependency: str  #: what it waits for, sbatch's syntax with run directories: ``afterok:/abs/runs/train``
     #: why it gave up (a run it waits for ended the wrong way: Slurm's ``DependencyNeverSatisfied``); "" while waiting
     never_satisfied: str = ""
+    #: when ``slurm-ddp cancel`` ended the wait (epoch seconds; Slurm's CANCELLED of a pending job); 0: not cancelled
+    cancelled_time: float = 0.0
 
     def to_dict(self) -> Dict[str, Any]:
         return {
@@ -280,6 +282,7 @@ class LocalWait:
             "time": self.time,
             "dependency": self.dependency,
             "never_satisfied": self.never_satisfied,
+            "cancelled_time": self.cancelled_time,
         }
 
 
@@ -300,6 +303,7 @@ def read_waiting(run_dir: PathLike) -> Optional[LocalWait]:
             time=float(rec["time"]),
             dependency=str(rec.get("dependency", "")),
             never_satisfied=str(rec.get("never_satisfied", "")),
+            cancelled_time=float(rec.get("cancelled_time") or 0.0),
         )
     except (OSError, ValueError, TypeError, KeyError):
         return None

@@ -78,6 +78,16 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert (st.slurm.reason, st.slurm.dependency) == ("Dependency", f"afterany:{first.path}"), st.slurm
     shown = _status_cli(tmp_path / "second")
     assert "state:      PENDING (reason Dependency)" in shown and f"dependency: afterany:{first.path}\n" in shown, shown
+    # cancel of a run still waiting: its launcher ends before starting a rank, the run is CANCELLED (scancel of a
+    # pending job), and wait() returns it
+    waiter = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "waiter", backend="local", after=[first])
+    assert isinstance(waiter, slurm_ddp.Run)
+    wait_for(lambda: "waiting for" in _out(tmp_path / "waiter"), 60, "the waiting launcher")
+    pid = slurm_ddp.Run(tmp_path / "waiter").status().slurm.job_id  # type: ignore[union-attr]
+    assert "never started" in waiter.cancel()
+    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 60, "the waiting launcher to end")
+    assert waiter.wait(timeout_s=60, poll_s=0.5).state == "CANCELLED" and read_jobs(tmp_path / "waiter") == []
+    assert "state:      CANCELLED" in _status_cli(tmp_path / "waiter")
     first.cancel()
     st = second.wait(timeout_s=300, poll_s=0.5)
     assert st.state == "COMPLETED", _out(tmp_path / "second")
@@ -97,6 +107,13 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert f"dependency: afterok:{first.path}\n" in shown and "without finishing" in shown, shown
     with pytest.raises(DependencyNeverSatisfied, match="without finishing"):
         slurm_ddp.Run(tmp_path / "third").wait(timeout_s=60, poll_s=0.5)
+
+
+def _proc_state(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"
 
 
 def _status_cli(run_dir: Path) -> str:
