@@ -16,14 +16,17 @@ and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
 
 from __future__ import annotations
 
+import collections
 import json
 import re
+import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from lib.slurm_jobs import cli, committed_steps, record_timing, submit_digits, train_steps
+import yaml
+from lib.slurm_jobs import DigitsJob, cli, committed_steps, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -31,6 +34,8 @@ from slurm_ddp.testing import running_sandbox, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_recovery")]
 
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "tests" / "local"  # ids_task.py: samples that log their own ids
 MAX_STEPS = 120
 LOSS_AFTER = 15  # steps logged before the node is lost
 SLURMD_TIMEOUT_S = 60  # Slurm's own notice comes ~70-80 s after the loss: the recovery must not wait for it
@@ -131,6 +136,138 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
         assert re.search(r"^in-job restarts: +1$", status, re.M) and shown_line in status, status
         report = json.loads(cli(cluster, "report", str(job.run_dir), "--json").stdout)
         assert report["in_job_restarts"] == 1 and report["restarts"] == 1, report
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            cluster.restart_node(victim, timeout_s=180)
+
+
+# --------------------------------------------------------------------------- survivors only, sample-exact
+IDS_SAMPLES, IDS_BATCH, IDS_GLOBAL_BATCH, IDS_MAX_STEPS = 24, 2, 4, 24  # 6 steps per epoch, 4 epochs
+IDS_STEPS_PER_EPOCH = IDS_SAMPLES // IDS_GLOBAL_BATCH
+IDS_LOSS_AFTER = 8  # steps logged before the node is lost: in epoch 1
+
+
+def submit_ids(sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **train: Any) -> Tuple[DigitsJob, Path]:
+    """Submit the ids task (``tests/local/ids_task.py``: each rank logs the ids of its samples under
+    ``IDS_DIR``, one file per srun step and rank) as a 2-node job, one rank per node, with ``recovery``;
+    the job and its ids directory."""
+    run_dir, ids = tmp_path / "run", tmp_path / "ids"
+    ids.mkdir()
+    job = tmp_path / "ids.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ids",
+                "slurm": {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "time": "00:10:00"},
+                "train": {
+                    "task": "ids_task:IdsTask",
+                    "pythonpath": [str(TASKS)],
+                    "max_steps": IDS_MAX_STEPS,
+                    "batch_size": IDS_BATCH,
+                    "grad_accum_steps": 1,
+                    "lr": 0.01,
+                    "log_every": 1,
+                    "eval_every": 0,
+                    "pg_timeout_s": 30,
+                    "args": {"samples": IDS_SAMPLES},
+                    **train,
+                },
+                "checkpoint": {"every_steps": 0},
+                "recovery": recovery,
+                "environment": {"env": {"IDS_DIR": str(ids), "IDS_SLEEP_S": "0.3"}},
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    r = sb.run([*cmd, "--no-check-task"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return DigitsJob(sb, run_dir, m.group(1)), ids
+
+
+def first_step_nodes(job: DigitsJob) -> List[str]:
+    """The first training step's nodes (batch host first), from the batch log."""
+    m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 0\)", job.batch_log())
+    assert m, job.batch_log()
+    return m.group(1).split(",")
+
+
+def assert_every_sample_once_per_epoch(ids: Path, segments: List[Tuple[int, int, int]]) -> None:
+    """The ids logged under ``ids`` by ``segments`` (srun steps in order: ``(ranks, grad_accum_steps, steps
+    it completed)``; each step's files ``seg-stepN-rankR.txt``; lines past the completed steps belong to
+    the step that failed, redone by the next segment) train every sample of every epoch exactly once,
+    ``IDS_GLOBAL_BATCH`` samples per step."""
+    files = sorted(ids.glob("seg-step*-rank*.txt"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)])
+    step_ids = list(dict.fromkeys(int(re.findall(r"\d+", p.name)[0]) for p in files))
+    assert len(step_ids) == len(segments), ([p.name for p in files], segments)
+    per_epoch: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    per_step: Dict[int, List[int]] = collections.defaultdict(list)
+    first = 1
+    for step_id, (ranks, accum, done) in zip(step_ids, segments):
+        assert sorted(p.name for p in files if p.name.startswith(f"seg-step{step_id}-")) == [
+            f"seg-step{step_id}-rank{r}.txt" for r in range(ranks)
+        ]
+        for rank in range(ranks):
+            lines = (ids / f"seg-step{step_id}-rank{rank}.txt").read_text().splitlines()
+            assert len(lines) >= done * accum, (step_id, rank, len(lines), done)
+            for k, line in enumerate(lines[: done * accum]):
+                step = first + k // accum
+                batch = [int(x) for x in line.split()]
+                per_step[step] += batch
+                per_epoch[(step - 1) // IDS_STEPS_PER_EPOCH].update(batch)
+        first += done
+    assert sorted(per_step) == list(range(1, IDS_MAX_STEPS + 1)), sorted(per_step)
+    assert all(len(v) == IDS_GLOBAL_BATCH for v in per_step.values()), {s: len(v) for s, v in per_step.items()}
+    for epoch in range(IDS_MAX_STEPS // IDS_STEPS_PER_EPOCH):
+        counts = per_epoch[epoch]
+        missing = sorted(set(range(IDS_SAMPLES)) - set(counts))
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        assert not missing and not repeated, f"epoch {epoch}: missing {missing}, repeated {repeated}"
+
+
+def test_without_a_spare_the_survivor_finishes_alone_sample_exact(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``recovery.min_nodes: 1``, no spare: the non-batch node is lost (``kill_node``) in epoch 1; the batch
+    host's rank commits the last completed step and the next step runs on it alone, in the same job
+    (``Restarts=0``), resumed sample-exactly on world size 1 (``grad_accum_steps`` 1 → 2 keeps 4 samples
+    per step): every sample of every epoch is trained exactly once over both steps."""
+    job, ids = submit_ids(cluster, tmp_path, {"min_nodes": 1})
+    victim = ""
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        info = job.show()
+        assert info["JobState"] == "RUNNING" and info["NumNodes"] == "2", info
+        step_nodes = first_step_nodes(job)
+        assert step_nodes[0] == info["BatchHost"], (step_nodes, info)
+        victim = step_nodes[1]
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+
+        resume = wait_for(
+            lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > t_loss],
+            240,
+            "the in-job restart to resume",
+            job.diag,
+        )[0]
+        record_timing("node lost (survivors only) → resumed step in the same job", resume["time"] - t_loss)
+        assert job.state() == "RUNNING" and job.restarts() == 0, job.show()
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        record_timing("steps redone (survivors only)", last_before - resume["step"], "steps")
+        assert resume["emergency"] and resume["step"] >= last_before - 1, (resume, last_before)
+        assert (resume["world_size"], resume["grad_accum_steps"]) == (1, 2), resume
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [
+            ("restart", [victim], [step_nodes[0]])
+        ], recoveries
+        assert "training step on " + step_nodes[0] + " (1 nodes, in-job restart 1)" in job.batch_log()
+        assert_every_sample_once_per_epoch(ids, [(2, 1, resume["step"]), (1, 2, IDS_MAX_STEPS - resume["step"])])
     finally:
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
             job.scancel()
