@@ -263,9 +263,9 @@ def test_without_a_spare_the_survivor_finishes_alone_sample_exact(cluster: Slurm
         assert resume["emergency"] and resume["step"] >= last_before - 1, (resume, last_before)
         assert (resume["world_size"], resume["grad_accum_steps"]) == (1, 2), resume
         recoveries = read_recoveries(job.run_dir)
-        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [
-            ("restart", [victim], [step_nodes[0]])
-        ], recoveries
+        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [("restart", [victim], [step_nodes[0]])], (
+            recoveries
+        )
         assert "training step on " + step_nodes[0] + " (1 nodes, in-job restart 1)" in job.batch_log()
         assert_every_sample_once_per_epoch(ids, [(2, 1, resume["step"]), (1, 2, IDS_MAX_STEPS - resume["step"])])
     finally:
