@@ -13,8 +13,9 @@ job"). The ranks notice at once (a collective fails when a peer's socket closes,
 that fails or does not finish within seconds names a node that cannot run tasks.
 
 Side effects: :func:`gather_evidence` runs ``srun``/``scontrol`` (through an injected runner) and reads
-the run directory; :func:`main_decision` appends to ``recoveries.jsonl`` and may shrink the job
-(``scontrol update JobId= NodeList=``). Imports no torch.
+the run directory; :func:`main_decision` appends to ``recoveries.jsonl``, may shrink the job
+(``scontrol update JobId= NodeList=``) and, before an in-job restart, sets the step's hang reports aside
+(``hangs/JOBID.RESTART.step-K``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Seque
 
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
 from .files import PathLike, append_jsonl, is_finished, read_jsonl, read_metrics, read_preempted, read_recoveries
-from .hangs import Hang, read_hang_reports, summarize_hang
+from .hangs import Hang, read_hang_reports, set_aside_hang_reports, summarize_hang
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
@@ -485,6 +486,11 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
             if gave_back
             else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList); keeping it excluded"
         )
+    if decision.action == RESTART and job_id:
+        try:  # the next step's watchdogs must not take this step's reports for a peer's hang
+            set_aside_hang_reports(args.run_dir, job_id, restart, args.restarts_done)
+        except OSError as e:
+            log(f"could not set this step's hang reports aside: {e}")
     if decision.action != NONE or decision.bad:
         record: Dict[str, Any] = {
             "job_id": job_id,

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import collections
 import json
+import os
 import re
+import signal
 import sys
 import time
 from pathlib import Path
@@ -149,10 +151,13 @@ IDS_STEPS_PER_EPOCH = IDS_SAMPLES // IDS_GLOBAL_BATCH
 IDS_LOSS_AFTER = 8  # steps logged before the node is lost: in epoch 1
 
 
-def submit_ids(sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **train: Any) -> Tuple[DigitsJob, Path]:
+def submit_ids(
+    sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **sections: Dict[str, Any]
+) -> Tuple[DigitsJob, Path]:
     """Submit the ids task (``tests/local/ids_task.py``: each rank logs the ids of its samples under
-    ``IDS_DIR``, one file per srun step and rank) as a 2-node job, one rank per node, with ``recovery``;
-    the job and its ids directory."""
+    ``IDS_DIR``, one file per srun step and rank) as a 2-node job, one rank per node, with ``recovery``
+    and ``sections`` (the config's other sections, e.g. ``watchdog={...}``); the job and its ids
+    directory."""
     run_dir, ids = tmp_path / "run", tmp_path / "ids"
     ids.mkdir()
     job = tmp_path / "ids.yaml"
@@ -172,11 +177,11 @@ def submit_ids(sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **tra
                     "eval_every": 0,
                     "pg_timeout_s": 30,
                     "args": {"samples": IDS_SAMPLES},
-                    **train,
                 },
                 "checkpoint": {"every_steps": 0},
                 "recovery": recovery,
                 "environment": {"env": {"IDS_DIR": str(ids), "IDS_SLEEP_S": "0.3"}},
+                **sections,
             }
         )
     )
@@ -186,6 +191,17 @@ def submit_ids(sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **tra
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout
     return DigitsJob(sb, run_dir, m.group(1)), ids
+
+
+def wait_resumed(job: DigitsJob, since: float, what: str) -> Dict[str, Any]:
+    """The first ``resume`` event in ``metrics.jsonl`` after ``since`` (``time.time()``), waited for."""
+    found: List[Dict[str, Any]] = wait_for(
+        lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > since],
+        240,
+        what,
+        job.diag,
+    )
+    return found[0]
 
 
 def first_step_nodes(job: DigitsJob) -> List[str]:
@@ -245,12 +261,7 @@ def test_without_a_spare_the_survivor_finishes_alone_sample_exact(cluster: Slurm
         t_loss = time.time()
         assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
 
-        resume = wait_for(
-            lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > t_loss],
-            240,
-            "the in-job restart to resume",
-            job.diag,
-        )[0]
+        resume = wait_resumed(job, t_loss, "the in-job restart to resume")
         record_timing("node lost (survivors only) → resumed step in the same job", resume["time"] - t_loss)
         assert job.state() == "RUNNING" and job.restarts() == 0, job.show()
         finished = job.wait_finished(timeout_s=180)
@@ -273,3 +284,99 @@ def test_without_a_spare_the_survivor_finishes_alone_sample_exact(cluster: Slurm
             job.scancel()
         if victim:
             cluster.restart_node(victim, timeout_s=180)
+
+
+# --------------------------------------------------------------------------- a hung (stopped) rank
+def test_a_stopped_rank_on_the_non_batch_node_is_left_out_by_an_in_job_restart(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """Rank 1 on the non-batch node is SIGSTOPped (a frozen node: its slurmd still answers, so the probes
+    pass). Rank 0 waits in the step's all-reduce until its watchdog's allowance (``timeout_floor_s``,
+    below ``train.pg_timeout_s``) runs out; rank 1's watchdog reports its rank as stopped, so the hang
+    names that node; the batch script restarts in the same job on the batch host and the spare, from the
+    newest periodic checkpoint (no survivor saves when the watchdog ends the step), sample-exactly."""
+    job, ids = submit_ids(
+        cluster,
+        tmp_path,
+        {"spare_nodes": 1},
+        watchdog={"timeout_floor_s": 10, "poll_interval_s": 0.5},
+        checkpoint={"every_steps": 4},
+    )
+    victim, pid = "", 0
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        info = job.show()
+        assert info["JobState"] == "RUNNING" and info["NumNodes"] == "3", info
+        step_nodes = first_step_nodes(job)
+        victim = step_nodes[1]
+        m = re.search(rf"host {re.escape(victim)} \(\S+\) rank 1/2 .* pid (\d+)", job.rank_log(1))
+        assert m, job.rank_log(1)[-2000:]
+        pid = int(m.group(1))
+        assert pid in cluster.node_pids(victim), (pid, victim)
+        t_stop = time.time()
+        os.kill(pid, signal.SIGSTOP)
+
+        resume = wait_resumed(job, t_stop, "the in-job restart to resume")
+        record_timing("rank SIGSTOPped → resumed step in the same job", resume["time"] - t_stop)
+        assert job.state() == "RUNNING" and job.restarts() == 0, job.show()
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        record_timing("steps redone (hang, checkpoint.every_steps 4)", last_before - resume["step"], "steps")
+        assert not resume["emergency"] and resume["world_size"] == 2, resume
+        recoveries = read_recoveries(job.run_dir)
+        assert len(recoveries) == 1 and recoveries[0]["action"] == "restart", recoveries
+        assert recoveries[0]["bad"] == [victim] and victim not in recoveries[0]["nodes"], recoveries
+        assert len(recoveries[0]["nodes"]) == 2, recoveries
+        log = job.batch_log()
+        assert f"rank 1 on {victim} was stopped (SIGSTOP or a frozen process)" in log, log
+        assert_every_sample_once_per_epoch(ids, [(2, 1, resume["step"]), (2, 1, IDS_MAX_STEPS - resume["step"])])
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if pid and victim and pid in cluster.node_pids(victim):  # the step's end SIGKILLs it, stopped or not
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- a second loss
+def test_a_second_lost_node_is_handled_in_the_same_job_too(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``spare_nodes: 1``, ``min_nodes: 1``, ``max_restarts: 2``: the non-batch node is lost (restart 1 on
+    the batch host and the spare), then the spare (restart 2 on the batch host alone); the run finishes in
+    the same job, every sample of every epoch once over the three steps."""
+    job, ids = submit_ids(cluster, tmp_path, {"spare_nodes": 1, "min_nodes": 1, "max_restarts": 2})
+    lost: List[str] = []
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        step_nodes = first_step_nodes(job)
+        batch_host = step_nodes[0]
+        resumes = []
+        for k, victim in enumerate([step_nodes[1], ""]):
+            if not victim:  # the second loss: the spare that replaced the first node
+                m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 1\)", job.batch_log())
+                assert m, job.batch_log()
+                victim = m.group(1).split(",")[1]
+                job.wait_step(resumes[-1]["step"] + 2)
+            t_loss = time.time()
+            assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+            lost.append(victim)
+            resumes.append(wait_resumed(job, t_loss, f"in-job restart {k + 1} to resume"))
+            record_timing(f"node lost ({k + 1}. loss) → resumed step in the same job", resumes[-1]["time"] - t_loss)
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [
+            ("restart", [lost[0]], [batch_host, lost[1]]),
+            ("restart", [lost[1]], [batch_host]),
+        ], recoveries
+        assert [(r["world_size"], r["emergency"]) for r in resumes] == [(2, True), (1, True)], resumes
+        s1, s2 = resumes[0]["step"], resumes[1]["step"]
+        assert_every_sample_once_per_epoch(ids, [(2, 1, s1), (2, 1, s2 - s1), (1, 2, IDS_MAX_STEPS - s2)])
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        for node in lost:
+            cluster.restart_node(node, timeout_s=180)

@@ -20,7 +20,9 @@ from slurm_ddp.rundir import (
     append_jsonl,
     decide_recovery,
     decide_requeue,
+    hang_dir,
     read_recoveries,
+    set_aside_hang_reports,
     write_hang_report,
 )
 from slurm_ddp.rundir import recovery as rec
@@ -118,6 +120,14 @@ def test_the_hang_of_one_step_is_not_an_earlier_steps(tmp_path: Path) -> None:
     write_hang_report(tmp_path, report(1, "n2", 9, 100.0))
     assert rec.find_step_hang(tmp_path, "7", 0, since=50.0) is not None
     assert rec.find_step_hang(tmp_path, "7", 0, since=200.0) is None  # the next step's view
+    # an in-job restart sets them aside: the next step's watchdogs see no hang directory (else they
+    # take it for a peer's hang and end their ranks at once), a second restart keeps its own
+    aside = set_aside_hang_reports(tmp_path, "7", 0, 0)
+    assert aside == tmp_path / "hangs" / "7.0.step-0" and not hang_dir(tmp_path, "7", 0).exists()
+    assert rec.find_step_hang(tmp_path, "7", 0, since=50.0) is None
+    assert set_aside_hang_reports(tmp_path, "7", 0, 1) is None
+    write_hang_report(tmp_path, report(1, "n3", 12, 300.0))
+    assert set_aside_hang_reports(tmp_path, "7", 0, 1) == tmp_path / "hangs" / "7.0.step-1"
 
 
 def test_probe_names_a_node_whose_step_fails_or_hangs() -> None:
