@@ -15,7 +15,8 @@ an evaluation, ``checkpoint_s`` during a checkpoint save, and ``max(timeout_floo
 step_time_factor × recent step time)`` in training steps and data loading. A watchdog that was itself
 stopped (``scontrol suspend`` stops the whole step) restarts the clock; a rank stopped alone (SIGSTOP,
 a frozen process: state ``T``) for longer than a training step's allowance while its watchdog runs is
-hung (its report says ``stopped``), and when it continues the clock restarts. A rank that never
+hung (its report says ``stopped``), and when it continues the clock restarts; one stopped by a debugger
+(state ``t``) is never judged. A rank that never
 reported (a ``train.command`` script that does not call ``slurm_ddp.progress``) is not judged.
 
 Rank 0's watchdog of a ``train.command`` script (``--samples``) also keeps its rank's step samples for
@@ -130,15 +131,19 @@ class Watch:
         self.idle_s = 0.0
         self.limit_s = 0.0
 
-    def poll(self, now: float, stopped: bool) -> bool:
+    def poll(self, now: float, stopped: bool, traced: bool = False) -> bool:
         """True when the rank has gone without progress for longer than its allowance, or has been
         stopped (``stopped``: state ``T``) for longer than a training step's allowance while this
         watchdog ran: a rank frozen alone (SIGSTOP, a frozen process) leaves its peers waiting in a
-        collective. ``scontrol suspend`` stops the watchdog too: its own pause restarts both clocks."""
+        collective. ``scontrol suspend`` stops the watchdog too: its own pause restarts both clocks.
+        ``traced``: stopped by a debugger (state ``t``): never a verdict, the clock restarts."""
         if now - self.last_poll > 3 * self.limits.poll_interval_s + 2.0:
             self.resumed_t = now  # the watchdog itself was stopped or starved: no verdict
             self.stopped_since = now if stopped else None
         self.last_poll = now
+        if traced:
+            self.resumed_t, self.stopped_since = now, None
+            return False
         if stopped:
             self.resumed_t = now  # the progress clock restarts when the rank continues
             if self.stopped_since is None:
@@ -272,13 +277,13 @@ def run(args: argparse.Namespace) -> int:
                 sampler.sample(_read_stable(mm), read_first_step(mm[:SIZE]), time.monotonic(), final=True)
             return 0
         now = time.monotonic()
-        fired = watch.poll(now, stopped=state in ("T", "t"))
+        fired = watch.poll(now, stopped=state == "T", traced=state == "t")
         if sampler is not None:
             sampler.sample(watch.record, read_first_step(mm[:SIZE]), now)
         cause = "self" if fired else ("peer" if peers_hung.is_dir() else "")
         if cause:
             break
-    stopped = state in ("T", "t")  # the culprit of its peers' hang (rundir.summarize_hang)
+    stopped = state == "T"  # the culprit of its peers' hang (rundir.summarize_hang)
     rec = watch.record or (0, 0, STARTUP, now)
     flags, step, phase_code, _ = rec
     phase = PHASES[phase_code] if 0 <= phase_code < len(PHASES) else "step"

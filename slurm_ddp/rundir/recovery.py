@@ -260,9 +260,11 @@ def record_recovery(run_dir: PathLike, **record: Any) -> None:
     append_jsonl(os.path.join(os.fspath(run_dir), RECOVERIES_NAME), record)
 
 
-def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> bool:
+def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> Tuple[bool, str]:
     """Shrink job ``job_id`` to the nodes ``keep`` (``scontrol update JobId= NodeList=``), giving the others
-    back to the cluster; True when Slurm took it. ``SLURM_JOB_NODELIST`` is stale afterwards."""
+    back to the cluster: (True, "") when Slurm took it, else (False, scontrol's last error line).
+    ``SLURM_JOB_NODELIST`` is stale afterwards. Slurm 22.05 refuses a second shrink of a job until the
+    accounting database has indexed the first ("the DB index is being set"): without slurmdbd, never."""
     r = run(
         ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
         capture_output=True,
@@ -270,7 +272,10 @@ def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) ->
         timeout=30,
         check=False,
     )
-    return getattr(r, "returncode", 1) == 0
+    if getattr(r, "returncode", 1) == 0:
+        return True, ""
+    lines = str(getattr(r, "stderr", "") or "").strip().splitlines()
+    return False, lines[-1] if lines else f"status {getattr(r, 'returncode', '?')}"
 
 
 # --------------------------------------------------------------------------- what the login node shows
@@ -480,11 +485,12 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
     gave_back = False
     if decision.action == RESTART and args.give_back and job_id:
         keep = [n for n in nodes_now if n not in decision.bad]
-        gave_back = give_back(job_id, keep)
+        gave_back, why = give_back(job_id, keep)
         log(
             f"gave node {','.join(decision.bad)} back to the cluster (job NodeList={','.join(keep)})"
             if gave_back
-            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList); keeping it excluded"
+            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList: {why}); "
+            "keeping it excluded"
         )
     if decision.action == RESTART and job_id:
         try:  # the next step's watchdogs must not take this step's reports for a peer's hang

@@ -175,6 +175,10 @@ def test_watch_fires_for_a_rank_stopped_alone_past_the_step_allowance() -> None:
     for k in range(1, 11):  # stopped (state T) while the watchdog polls every second
         assert not w.poll(float(k), stopped=True)
     assert w.poll(11.5, stopped=True) and w.idle_s == pytest.approx(10.5) and w.limit_s == 10.0
+    # a debugger's stop (state t) is never a verdict
+    w1 = Watch(LIM, lambda: rec.value)
+    w1.resumed_t = w1.last_poll = 0.0
+    assert not any(w1.poll(float(k), stopped=False, traced=True) for k in range(1, 30))
     # scontrol suspend stops the watchdog too: its own pause restarts the stopped clock
     w2 = Watch(LIM, lambda: rec.value)
     w2.resumed_t = w2.last_poll = 0.0
