@@ -34,7 +34,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import yaml
-from lib.slurm_jobs import DigitsJob, cli, committed_steps, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_finished, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -396,3 +396,49 @@ def test_a_second_lost_node_is_handled_in_the_same_job_too(cluster: SlurmSandbox
             job.scancel()
         for node in lost:  # the second one's slurmd lets the job complete
             restart_node(cluster, node)
+
+
+# --------------------------------------------------------------------------- an own script
+def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``train.command``: the tutorial-style ``examples/own_script/train.py`` (knows nothing of slurm_ddp)
+    on 2 nodes with a spare loses its non-batch node after its first snapshot. No rank leaves a peer-lost
+    marker, so srun ends only when Slurm marks the node DOWN (``SlurmdTimeout``); then the next step runs on
+    the batch host and the spare in the same job, resumes from the script's snapshot and finishes."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / "job.yaml")]
+    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
+    for s in (
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "recovery.spare_nodes=1",
+        "train.command=python train.py --epochs 3 --sleep 3",
+    ):
+        cmd += ["--set", s]
+    r = cluster.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    job = DigitsJob(cluster, run_dir, m.group(1))
+    victim = ""
+    try:
+        wait_for(lambda: "snapshot of epoch 0 saved" in job.rank_log(0), 180, "the first snapshot", job.diag)
+        step_nodes = first_step_nodes(job)
+        victim = step_nodes[1]
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+        wait_for(lambda: "in-job restart 1)" in job.batch_log(), 240, "the in-job restart", job.diag)
+        record_timing("node lost (own script) → next step started in the same job", time.time() - t_loss)
+        wait_for(lambda: "resuming from snapshot" in job.rank_log(0), 120, "the resume", job.diag)
+        record_timing("node lost (own script) → resumed from its snapshot", time.time() - t_loss)
+        wait_for(lambda: job.state() in ENDED, 180, "the job to end", job.diag)
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+        assert (run_dir / "FINISHED").exists()
+        assert job.rank_log(0).count("done: 3 epochs") == 1 and job.rank_log(1).count("done: 3 epochs") == 1
+        recoveries = read_recoveries(run_dir)
+        assert [(r["action"], r["bad"]) for r in recoveries] == [("restart", [victim])], recoveries
+        assert victim not in recoveries[0]["nodes"] and len(recoveries[0]["nodes"]) == 2, recoveries
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            restart_node(cluster, victim)
