@@ -12,8 +12,11 @@ stop, and a rank that hangs while saving for preemption is still ended.
 Allowance without progress (:func:`allowance_s`): ``watchdog.startup_s`` until the first step is
 done (process group, data, model, first step: torch.compile, cuDNN autotuning), ``eval_s`` during
 an evaluation, ``checkpoint_s`` during a checkpoint save, and ``max(timeout_floor_s,
-step_time_factor × recent step time)`` in training steps and data loading. A stopped rank (SIGSTOP,
-``scontrol suspend``) or a watchdog that was itself stopped restarts the clock. A rank that never
+step_time_factor × recent step time)`` in training steps and data loading. A watchdog that was itself
+stopped (``scontrol suspend`` stops the whole step) restarts the clock; a rank stopped alone (SIGSTOP,
+a frozen process: state ``T``) for longer than a training step's allowance while its watchdog runs is
+hung (its report says ``stopped``), and when it continues the clock restarts; one stopped by a debugger
+(state ``t``) is never judged. A rank that never
 reported (a ``train.command`` script that does not call ``slurm_ddp.progress``) is not judged.
 
 Rank 0's watchdog of a ``train.command`` script (``--samples``) also keeps its rank's step samples for
@@ -56,6 +59,7 @@ from .progress import (
     PHASES,
     SIZE,
     STARTUP,
+    STEP,
     read_first_step,
     read_record,
 )
@@ -121,18 +125,33 @@ class Watch:
         self.steps_seen = 0
         self.step_time_s: Optional[float] = None
         self.resumed_t = time.monotonic()  # a pause (rank or watchdog stopped) restarts the clock here
+        self.stopped_since: Optional[float] = None  # when the rank was first seen stopped (state T), in a row
         self.last_poll = self.resumed_t
         self.record: Optional[tuple[int, int, int, float]] = None
         self.idle_s = 0.0
         self.limit_s = 0.0
 
-    def poll(self, now: float, stopped: bool) -> bool:
-        """True when the rank has gone without progress for longer than its allowance."""
-        if now - self.last_poll > 3 * self.limits.poll_interval_s + 2.0 or stopped:
-            self.resumed_t = now  # the watchdog itself (or the rank) was stopped or starved: no verdict
+    def poll(self, now: float, stopped: bool, traced: bool = False) -> bool:
+        """True when the rank has gone without progress for longer than its allowance, or has been
+        stopped (``stopped``: state ``T``) for longer than a training step's allowance while this
+        watchdog ran: a rank frozen alone (SIGSTOP, a frozen process) leaves its peers waiting in a
+        collective. ``scontrol suspend`` stops the watchdog too: its own pause restarts both clocks.
+        ``traced``: stopped by a debugger (state ``t``): never a verdict, the clock restarts."""
+        if now - self.last_poll > 3 * self.limits.poll_interval_s + 2.0:
+            self.resumed_t = now  # the watchdog itself was stopped or starved: no verdict
+            self.stopped_since = now if stopped else None
         self.last_poll = now
-        if stopped:
+        if traced:
+            self.resumed_t, self.stopped_since = now, None
             return False
+        if stopped:
+            self.resumed_t = now  # the progress clock restarts when the rank continues
+            if self.stopped_since is None:
+                self.stopped_since = now
+            self.idle_s = now - self.stopped_since
+            self.limit_s = allowance_s(self.limits, STEP, self.steps_seen, self.step_time_s)
+            return self.idle_s > self.limit_s
+        self.stopped_since = None
         rec = self.read()
         if rec is None:
             return False
@@ -258,12 +277,13 @@ def run(args: argparse.Namespace) -> int:
                 sampler.sample(_read_stable(mm), read_first_step(mm[:SIZE]), time.monotonic(), final=True)
             return 0
         now = time.monotonic()
-        fired = watch.poll(now, stopped=state in ("T", "t"))
+        fired = watch.poll(now, stopped=state == "T", traced=state == "t")
         if sampler is not None:
             sampler.sample(watch.record, read_first_step(mm[:SIZE]), now)
         cause = "self" if fired else ("peer" if peers_hung.is_dir() else "")
         if cause:
             break
+    stopped = state == "T"  # the culprit of its peers' hang (rundir.summarize_hang)
     rec = watch.record or (0, 0, STARTUP, now)
     flags, step, phase_code, _ = rec
     phase = PHASES[phase_code] if 0 <= phase_code < len(PHASES) else "step"
@@ -279,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
         limit_s=round(watch.limit_s, 1),
         cause=cause,
         time=time.time(),
+        stopped=stopped,
     )
     try:
         write_hang_report(args.run_dir, report)
@@ -286,14 +307,24 @@ def run(args: argparse.Namespace) -> int:
         _say(f"cannot write the hang report in {args.run_dir}: {e}")
     words = PHASE_WORDS.get(phase, phase)
     if cause == "self":
-        _say(
-            f"rank {args.rank} on {args.host}: no progress for {watch.idle_s:.0f} s at step {step} in {words} "
-            f"(allowance {watch.limit_s:.0f} s, watchdog.*); its stacks follow, then the rank is ended"
-        )
+        if stopped:
+            _say(
+                f"rank {args.rank} on {args.host}: stopped (SIGSTOP or a frozen process) for {watch.idle_s:.0f} s "
+                f"at step {step} in {words} (allowance {watch.limit_s:.0f} s, watchdog.*); the rank is ended"
+            )
+        else:
+            _say(
+                f"rank {args.rank} on {args.host}: no progress for {watch.idle_s:.0f} s at step {step} in {words} "
+                f"(allowance {watch.limit_s:.0f} s, watchdog.*); its stacks follow, then the rank is ended"
+            )
     else:
         _say(
             f"rank {args.rank} on {args.host} (step {step}, {words}): another rank of the job stopped progressing; "
-            "its stacks follow, then the rank is ended"
+            + (
+                "this rank is stopped (SIGSTOP or a frozen process): it is ended"
+                if stopped
+                else "its stacks follow, then the rank is ended"
+            )
         )
     target = _dump_target(mm, pid) if flags & FLAG_DUMPABLE else None
     if target is not None:

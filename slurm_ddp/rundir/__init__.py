@@ -148,7 +148,16 @@ from .files import (
     write_preempted,
     write_sweep_manifest,
 )
-from .hangs import Hang, HangReport, find_hang, hang_dir, read_hang_reports, summarize_hang, write_hang_report
+from .hangs import (
+    Hang,
+    HangReport,
+    find_hang,
+    hang_dir,
+    read_hang_reports,
+    set_aside_hang_reports,
+    summarize_hang,
+    write_hang_report,
+)
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
 from .recovery import InJobRestart, RecoveryDecision, decide_recovery, in_job_restarts, read_in_job_restarts
 from .requeue import (
@@ -260,6 +269,7 @@ __all__ = [
     "rank_log_name",
     "read_finished",
     "read_hang_reports",
+    "set_aside_hang_reports",
     "read_jobs",
     "read_jsonl",
     "read_metrics",

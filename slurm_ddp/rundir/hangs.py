@@ -1,6 +1,7 @@
 """Hang reports of a run directory: ``hangs/JOBID.RESTART/rank-N.json``, written by a rank's hang
 watchdog (``slurm_ddp.watchdog``) when it ends the rank, and their summary (:class:`Hang`) that the
-requeue rule and the local launcher read. Part of :mod:`slurm_ddp.rundir`.
+requeue rule and the local launcher read. An in-job restart sets the step's reports aside
+(``hangs/JOBID.RESTART.step-K``, :func:`set_aside_hang_reports`). Part of :mod:`slurm_ddp.rundir`.
 
 Side effects: reads and writes files of a run directory; imports no torch.
 """
@@ -31,6 +32,9 @@ class HangReport:
     limit_s: float  #: the allowance it exceeded (for ``cause == "self"``)
     cause: str  #: ``"self"``: it stopped progressing; ``"peer"``: ended because another rank did
     time: float = 0.0  #: wall clock (``time.time()``) of the report
+    #: the rank's process was stopped (state ``T``: SIGSTOP, a frozen process) when the report was written:
+    #: its own watchdog never fires for it (``scontrol suspend`` stops every rank), but a peer's hang is its doing
+    stopped: bool = False
 
 
 def hang_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
@@ -49,6 +53,24 @@ def write_hang_report(run_dir: PathLike, report: HangReport) -> Path:
     path = d / f"rank-{report.rank}.json"
     atomic_write_text(path, json.dumps(asdict(report)) + "\n")
     return path
+
+
+def set_aside_hang_reports(run_dir: PathLike, job_id: str, restart: int, attempt: int) -> Optional[Path]:
+    """Move the hang reports of job ``job_id`` at ``restart`` to ``hangs/JOBID.RESTART.step-K`` (``K``:
+    ``attempt``, the in-job restarts before the step that wrote them) when an in-job restart follows:
+    the next step's watchdogs would take the old reports for a peer's hang and end their ranks at once,
+    and the requeue rule must judge only the last step. Returns the new path; None when there were no
+    reports. Raises ``OSError`` when the move fails."""
+    d = hang_dir(run_dir, job_id, restart)
+    if not d.is_dir():
+        return None
+    dest = d.with_name(f"{d.name}.step-{attempt}")
+    n = 1
+    while dest.exists():  # a second job start with the same restart count (a manual requeue): keep both
+        dest = d.with_name(f"{d.name}.step-{attempt}.{n}")
+        n += 1
+    d.rename(dest)
+    return dest
 
 
 def read_hang_reports(run_dir: PathLike, job_id: str, restart: int) -> List[HangReport]:
@@ -80,6 +102,7 @@ class Hang:
     all_hosts: Tuple[str, ...]  #: the hosts of every reporting rank
     idle_s: float  #: the longest time without progress among the culprits
     known: bool  #: False when every rank stopped at the same point (no rank to blame)
+    stopped: bool = False  #: the culprits' processes were stopped (SIGSTOP), not stuck
 
     @property
     def exclude(self) -> Optional[str]:
@@ -98,8 +121,9 @@ class Hang:
         who = f"rank {ranks}" if len(self.ranks) == 1 else f"ranks {ranks}"
         where = ", ".join(self.hosts)
         head = f"{who} on {where}" if self.known else f"every rank ({who} on {where})"
+        how = "was stopped (SIGSTOP or a frozen process)" if self.stopped else "stopped progressing"
         return (
-            f"hang: {head} stopped progressing at step {self.step} in {what} "
+            f"hang: {head} {how} at step {self.step} in {what} "
             f"(no progress for {self.idle_s:.0f} s); their stacks are in their rank logs"
         )
 
@@ -116,18 +140,24 @@ def summarize_hang(reports: Sequence[HangReport]) -> Optional[Hang]:
 
     A rank that hangs on its own (data loading, its own work) stops short of its peers, which then
     wait in the next collective: the culprits are the ranks that got least far (step, then the
-    phase's place in a step). When every rank stopped at the same point, no rank is blamed
-    (``known`` False): the ranks that noticed the hang themselves are named.
+    phase's place in a step). A rank whose process was stopped (``HangReport.stopped``: SIGSTOP, a
+    frozen process; its peers wait for it wherever it stopped) is the culprit whatever its position,
+    when some reporting rank was not stopped. When every rank stopped at the same point, no rank is
+    blamed (``known`` False): the ranks that noticed the hang themselves are named.
     """
     if not reports:
         return None
-    low = min(_position(r) for r in reports)
-    behind = [r for r in reports if _position(r) == low]
-    known = len(behind) < len(reports) or (
-        len(reports) < reports[0].world_size and all(r.cause == "self" for r in behind)
-    )
-    if not known:
-        behind = [r for r in reports if r.cause == "self"] or list(reports)
+    frozen = [r for r in reports if r.stopped]
+    if frozen and len(frozen) < len(reports):
+        behind, known = frozen, True
+    else:
+        low = min(_position(r) for r in reports)
+        behind = [r for r in reports if _position(r) == low]
+        known = len(behind) < len(reports) or (
+            len(reports) < reports[0].world_size and all(r.cause == "self" for r in behind)
+        )
+        if not known:
+            behind = [r for r in reports if r.cause == "self"] or list(reports)
     return Hang(
         job_id=reports[0].job_id,
         restart=reports[0].restart,
@@ -138,6 +168,7 @@ def summarize_hang(reports: Sequence[HangReport]) -> Optional[Hang]:
         all_hosts=tuple(dict.fromkeys(r.host for r in reports)),
         idle_s=max(r.idle_s for r in behind),
         known=known,
+        stopped=bool(frozen) and behind == frozen,
     )
 
 

@@ -13,8 +13,9 @@ job"). The ranks notice at once (a collective fails when a peer's socket closes,
 that fails or does not finish within seconds names a node that cannot run tasks.
 
 Side effects: :func:`gather_evidence` runs ``srun``/``scontrol`` (through an injected runner) and reads
-the run directory; :func:`main_decision` appends to ``recoveries.jsonl`` and may shrink the job
-(``scontrol update JobId= NodeList=``). Imports no torch.
+the run directory; :func:`main_decision` appends to ``recoveries.jsonl``, may shrink the job
+(``scontrol update JobId= NodeList=``) and, before an in-job restart, sets the step's hang reports aside
+(``hangs/JOBID.RESTART.step-K``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Seque
 
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
 from .files import PathLike, append_jsonl, is_finished, read_jsonl, read_metrics, read_preempted, read_recoveries
-from .hangs import Hang, read_hang_reports, summarize_hang
+from .hangs import Hang, read_hang_reports, set_aside_hang_reports, summarize_hang
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
@@ -259,9 +260,11 @@ def record_recovery(run_dir: PathLike, **record: Any) -> None:
     append_jsonl(os.path.join(os.fspath(run_dir), RECOVERIES_NAME), record)
 
 
-def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> bool:
+def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> Tuple[bool, str]:
     """Shrink job ``job_id`` to the nodes ``keep`` (``scontrol update JobId= NodeList=``), giving the others
-    back to the cluster; True when Slurm took it. ``SLURM_JOB_NODELIST`` is stale afterwards."""
+    back to the cluster: (True, "") when Slurm took it, else (False, scontrol's last error line).
+    ``SLURM_JOB_NODELIST`` is stale afterwards. Slurm 22.05 refuses a second shrink of a job until the
+    accounting database has indexed the first ("the DB index is being set"): without slurmdbd, never."""
     r = run(
         ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
         capture_output=True,
@@ -269,7 +272,10 @@ def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) ->
         timeout=30,
         check=False,
     )
-    return getattr(r, "returncode", 1) == 0
+    if getattr(r, "returncode", 1) == 0:
+        return True, ""
+    lines = str(getattr(r, "stderr", "") or "").strip().splitlines()
+    return False, lines[-1] if lines else f"status {getattr(r, 'returncode', '?')}"
 
 
 # --------------------------------------------------------------------------- what the login node shows
@@ -479,12 +485,18 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
     gave_back = False
     if decision.action == RESTART and args.give_back and job_id:
         keep = [n for n in nodes_now if n not in decision.bad]
-        gave_back = give_back(job_id, keep)
+        gave_back, why = give_back(job_id, keep)
         log(
             f"gave node {','.join(decision.bad)} back to the cluster (job NodeList={','.join(keep)})"
             if gave_back
-            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList); keeping it excluded"
+            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList: {why}); "
+            "keeping it excluded"
         )
+    if decision.action == RESTART and job_id:
+        try:  # the next step's watchdogs must not take this step's reports for a peer's hang
+            set_aside_hang_reports(args.run_dir, job_id, restart, args.restarts_done)
+        except OSError as e:
+            log(f"could not set this step's hang reports aside: {e}")
     if decision.action != NONE or decision.bad:
         record: Dict[str, Any] = {
             "job_id": job_id,

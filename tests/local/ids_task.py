@@ -2,7 +2,9 @@
 
 The dataset has ``args.samples`` items ``(features(i), i)``; the loss trains a tiny linear model on
 ``i % 4`` and, when ``IDS_DIR`` is set, appends the ids of each micro-batch it is given to
-``IDS_DIR/seg-<IDS_SEGMENT>-rank<RANK>.txt`` (one line per micro-batch, in training order). Each
+``IDS_DIR/seg-<IDS_SEGMENT>-rank<RANK>.txt`` (one line per micro-batch, in training order; without
+``IDS_SEGMENT``, the segment is ``step<SLURM_STEP_ID>``: each srun step of a job, e.g. an in-job
+restart's, writes its own files, ``tests/slurm/test_node_recovery.py``). Each
 micro-batch sleeps ``IDS_SLEEP_S`` (default 0) so that an optimizer step of 3+ micro-batches is slower
 than ``StepAgreement``'s 0.5 s and the ranks check the stop flag after every step. With
 ``IDS_STOP_AFTER_CALLS=K`` rank 0 sends itself SIGUSR2 in its K-th loss call of the process: the run
@@ -51,7 +53,8 @@ class IdsTask(Task):
         self.calls += 1
         out = os.environ.get("IDS_DIR")
         if out:
-            path = os.path.join(out, f"seg-{os.environ['IDS_SEGMENT']}-rank{os.environ['RANK']}.txt")
+            segment = os.environ.get("IDS_SEGMENT") or f"step{os.environ['SLURM_STEP_ID']}"
+            path = os.path.join(out, f"seg-{segment}-rank{os.environ['RANK']}.txt")
             with open(path, "a") as f:
                 f.write(" ".join(str(int(t)) for t in targets) + "\n")
         time.sleep(float(os.environ.get("IDS_SLEEP_S", "0")))

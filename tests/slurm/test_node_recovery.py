@@ -10,27 +10,40 @@ the batch host and the spare, in the same job: no requeue (``Restarts=0``), no q
 periodic checkpoint (``checkpoint.every_steps: 0``): before it exits, rank 0 commits the last completed
 step alone (an emergency checkpoint), so the next step resumes at most one step back, and the run finishes.
 
+The same sandbox then runs, one after another (``xdist_group``), the ids task (``tests/local/ids_task.py``:
+every rank logs the ids of its samples, one file per srun step) through: a lost node without a spare
+(``min_nodes: 1``: the survivor finishes alone, every sample of every epoch once); a SIGSTOPped rank on the
+non-batch node (its watchdog ends it, the hang names its node, the spare takes over); two lost nodes one
+after the other (``max_restarts: 2``: the spare, then the batch host alone).
+
 Timings (loss → resumed step, loss → first new training step, steps redone) are printed (``pytest -s``)
 and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
 """
 
 from __future__ import annotations
 
+import collections
 import json
+import os
 import re
+import signal
+import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
-from lib.slurm_jobs import cli, committed_steps, record_timing, submit_digits, train_steps
+import yaml
+from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, record_timing, submit_digits, train_steps
 
-from slurm_ddp.rundir import read_metrics, read_recoveries
+from slurm_ddp.rundir import read_finished, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.testing import running_sandbox, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_recovery")]
 
+REPO = Path(__file__).resolve().parents[2]
+TASKS = REPO / "tests" / "local"  # ids_task.py: samples that log their own ids
 MAX_STEPS = 120
 LOSS_AFTER = 15  # steps logged before the node is lost
 SLURMD_TIMEOUT_S = 60  # Slurm's own notice comes ~70-80 s after the loss: the recovery must not wait for it
@@ -46,6 +59,13 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
         kill_wait_s=2,
     ) as sb:
         yield sb
+
+
+def restart_node(sb: SlurmSandbox, node: str) -> None:
+    """Bring a lost node back for the next test (``SlurmSandbox.restart_node``), timed."""
+    t0 = time.monotonic()
+    sb.restart_node(node, timeout_s=180)
+    record_timing(f"restart of the lost node {node} (test clean-up)", time.monotonic() - t0)
 
 
 def node_state(sb: SlurmSandbox, node: str) -> str:
@@ -135,4 +155,290 @@ def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
             job.scancel()
         if victim:
-            cluster.restart_node(victim, timeout_s=180)
+            restart_node(cluster, victim)
+
+
+# --------------------------------------------------------------------------- survivors only, sample-exact
+IDS_SAMPLES, IDS_BATCH, IDS_GLOBAL_BATCH, IDS_MAX_STEPS = 24, 2, 4, 24  # 6 steps per epoch, 4 epochs
+IDS_STEPS_PER_EPOCH = IDS_SAMPLES // IDS_GLOBAL_BATCH
+IDS_LOSS_AFTER = 8  # steps logged before the node is lost: in epoch 1
+
+
+def submit_ids(
+    sb: SlurmSandbox, tmp_path: Path, recovery: Dict[str, Any], **sections: Dict[str, Any]
+) -> Tuple[DigitsJob, Path]:
+    """Submit the ids task (``tests/local/ids_task.py``: each rank logs the ids of its samples under
+    ``IDS_DIR``, one file per srun step and rank) as a 2-node job, one rank per node, with ``recovery``
+    and ``sections`` (the config's other sections, e.g. ``watchdog={...}``); the job and its ids
+    directory."""
+    run_dir, ids = tmp_path / "run", tmp_path / "ids"
+    ids.mkdir()
+    job = tmp_path / "ids.yaml"
+    job.write_text(
+        yaml.safe_dump(
+            {
+                "name": "ids",
+                "slurm": {"nodes": 2, "tasks_per_node": 1, "cpus_per_task": 1, "time": "00:10:00"},
+                "train": {
+                    "task": "ids_task:IdsTask",
+                    "pythonpath": [str(TASKS)],
+                    "max_steps": IDS_MAX_STEPS,
+                    "batch_size": IDS_BATCH,
+                    "grad_accum_steps": 1,
+                    "lr": 0.01,
+                    "log_every": 1,
+                    "eval_every": 0,
+                    "pg_timeout_s": 30,
+                    "args": {"samples": IDS_SAMPLES},
+                },
+                "checkpoint": {"every_steps": 0},
+                "recovery": recovery,
+                "environment": {"env": {"IDS_DIR": str(ids), "IDS_SLEEP_S": "0.3"}},
+                **sections,
+            }
+        )
+    )
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    r = sb.run([*cmd, "--no-check-task"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return DigitsJob(sb, run_dir, m.group(1)), ids
+
+
+def wait_resumed(job: DigitsJob, since: float, what: str) -> Dict[str, Any]:
+    """The first ``resume`` event in ``metrics.jsonl`` after ``since`` (``time.time()``), waited for."""
+    found: List[Dict[str, Any]] = wait_for(
+        lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > since],
+        240,
+        what,
+        job.diag,
+    )
+    return found[0]
+
+
+def first_step_nodes(job: DigitsJob) -> List[str]:
+    """The first training step's nodes (batch host first), from the batch log."""
+    m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 0\)", job.batch_log())
+    assert m, job.batch_log()
+    return m.group(1).split(",")
+
+
+def assert_every_sample_once_per_epoch(ids: Path, segments: List[Tuple[int, int, int]]) -> None:
+    """The ids logged under ``ids`` by ``segments`` (srun steps in order: ``(ranks, grad_accum_steps, steps
+    it completed)``; each step's files ``seg-stepN-rankR.txt``; lines past the completed steps belong to
+    the step that failed, redone by the next segment) train every sample of every epoch exactly once,
+    ``IDS_GLOBAL_BATCH`` samples per step."""
+    files = sorted(ids.glob("seg-step*-rank*.txt"), key=lambda p: [int(x) for x in re.findall(r"\d+", p.name)])
+    step_ids = list(dict.fromkeys(int(re.findall(r"\d+", p.name)[0]) for p in files))
+    assert len(step_ids) == len(segments), ([p.name for p in files], segments)
+    per_epoch: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+    per_step: Dict[int, List[int]] = collections.defaultdict(list)
+    first = 1
+    for step_id, (ranks, accum, done) in zip(step_ids, segments):
+        assert sorted(p.name for p in files if p.name.startswith(f"seg-step{step_id}-")) == [
+            f"seg-step{step_id}-rank{r}.txt" for r in range(ranks)
+        ]
+        for rank in range(ranks):
+            lines = (ids / f"seg-step{step_id}-rank{rank}.txt").read_text().splitlines()
+            assert len(lines) >= done * accum, (step_id, rank, len(lines), done)
+            for k, line in enumerate(lines[: done * accum]):
+                step = first + k // accum
+                batch = [int(x) for x in line.split()]
+                per_step[step] += batch
+                per_epoch[(step - 1) // IDS_STEPS_PER_EPOCH].update(batch)
+        first += done
+    assert sorted(per_step) == list(range(1, IDS_MAX_STEPS + 1)), sorted(per_step)
+    assert all(len(v) == IDS_GLOBAL_BATCH for v in per_step.values()), {s: len(v) for s, v in per_step.items()}
+    for epoch in range(IDS_MAX_STEPS // IDS_STEPS_PER_EPOCH):
+        counts = per_epoch[epoch]
+        missing = sorted(set(range(IDS_SAMPLES)) - set(counts))
+        repeated = sorted(i for i, c in counts.items() if c > 1)
+        assert not missing and not repeated, f"epoch {epoch}: missing {missing}, repeated {repeated}"
+
+
+def test_without_a_spare_the_survivor_finishes_alone_sample_exact(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``recovery.min_nodes: 1``, no spare: the non-batch node is lost (``kill_node``) in epoch 1; the batch
+    host's rank commits the last completed step and the next step runs on it alone, in the same job
+    (``Restarts=0``), resumed sample-exactly on world size 1 (``grad_accum_steps`` 1 → 2 keeps 4 samples
+    per step): every sample of every epoch is trained exactly once over both steps."""
+    job, ids = submit_ids(cluster, tmp_path, {"min_nodes": 1})
+    victim = ""
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        info = job.show()
+        assert info["JobState"] == "RUNNING" and info["NumNodes"] == "2", info
+        step_nodes = first_step_nodes(job)
+        assert step_nodes[0] == info["BatchHost"], (step_nodes, info)
+        victim = step_nodes[1]
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+
+        resume = wait_resumed(job, t_loss, "the in-job restart to resume")
+        record_timing("node lost (survivors only) → resumed step in the same job", resume["time"] - t_loss)
+        assert job.state() == "RUNNING" and job.restarts() == 0, job.show()
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        record_timing("steps redone (survivors only)", last_before - resume["step"], "steps")
+        assert resume["emergency"] and resume["step"] >= last_before - 1, (resume, last_before)
+        assert (resume["world_size"], resume["grad_accum_steps"]) == (1, 2), resume
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [("restart", [victim], [step_nodes[0]])], (
+            recoveries
+        )
+        assert "training step on " + step_nodes[0] + " (1 nodes, in-job restart 1)" in job.batch_log()
+        assert_every_sample_once_per_epoch(ids, [(2, 1, resume["step"]), (1, 2, IDS_MAX_STEPS - resume["step"])])
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            restart_node(cluster, victim)
+
+
+# --------------------------------------------------------------------------- a hung (stopped) rank
+def test_a_stopped_rank_on_the_non_batch_node_is_left_out_by_an_in_job_restart(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """Rank 1 on the non-batch node is SIGSTOPped (a frozen node: its slurmd still answers, so the probes
+    pass). Rank 0 waits in the step's all-reduce until its watchdog's allowance (``timeout_floor_s``,
+    below ``train.pg_timeout_s``) runs out; rank 1's watchdog reports its rank as stopped, so the hang
+    names that node; the batch script restarts in the same job on the batch host and the spare, from the
+    newest periodic checkpoint (no survivor saves when the watchdog ends the step), sample-exactly."""
+    job, ids = submit_ids(
+        cluster,
+        tmp_path,
+        {"spare_nodes": 1},
+        watchdog={"timeout_floor_s": 10, "poll_interval_s": 0.5},
+        checkpoint={"every_steps": 4},
+    )
+    victim, pid = "", 0
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        info = job.show()
+        assert info["JobState"] == "RUNNING" and info["NumNodes"] == "3", info
+        step_nodes = first_step_nodes(job)
+        victim = step_nodes[1]
+        m = re.search(rf"host {re.escape(victim)} \(\S+\) rank 1/2 .* pid (\d+)", job.rank_log(1))
+        assert m, job.rank_log(1)[-2000:]
+        pid = int(m.group(1))
+        assert pid in cluster.node_pids(victim), (pid, victim)
+        t_stop = time.time()
+        os.kill(pid, signal.SIGSTOP)
+
+        resume = wait_resumed(job, t_stop, "the in-job restart to resume")
+        record_timing("rank SIGSTOPped → resumed step in the same job", resume["time"] - t_stop)
+        assert job.state() == "RUNNING" and job.restarts() == 0, job.show()
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        record_timing("steps redone (hang, checkpoint.every_steps 4)", last_before - resume["step"], "steps")
+        assert not resume["emergency"] and resume["world_size"] == 2, resume
+        recoveries = read_recoveries(job.run_dir)
+        assert len(recoveries) == 1 and recoveries[0]["action"] == "restart", recoveries
+        assert recoveries[0]["bad"] == [victim] and victim not in recoveries[0]["nodes"], recoveries
+        assert len(recoveries[0]["nodes"]) == 2, recoveries
+        log = job.batch_log()
+        assert f"rank 1 on {victim} was stopped (SIGSTOP or a frozen process)" in log, log
+        assert_every_sample_once_per_epoch(ids, [(2, 1, resume["step"]), (2, 1, IDS_MAX_STEPS - resume["step"])])
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if pid and victim and pid in cluster.node_pids(victim):  # the step's end SIGKILLs it, stopped or not
+            os.kill(pid, signal.SIGKILL)
+
+
+# --------------------------------------------------------------------------- a second loss
+def test_a_second_lost_node_is_handled_in_the_same_job_too(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``spare_nodes: 1``, ``min_nodes: 1``, ``max_restarts: 2``: the non-batch node is lost (restart 1 on
+    the batch host and the spare), then the spare (restart 2 on the batch host alone); the run finishes in
+    the same job, every sample of every epoch once over the three steps."""
+    job, ids = submit_ids(cluster, tmp_path, {"spare_nodes": 1, "min_nodes": 1, "max_restarts": 2})
+    lost: List[str] = []
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        step_nodes = first_step_nodes(job)
+        batch_host = step_nodes[0]
+        resumes = []
+        for k, victim in enumerate([step_nodes[1], ""]):
+            if not victim:  # the second loss: the spare that replaced the first node
+                m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 1\)", job.batch_log())
+                assert m, job.batch_log()
+                victim = m.group(1).split(",")[1]
+                job.wait_step(resumes[-1]["step"] + 2)
+            t_loss = time.time()
+            assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+            lost.append(victim)
+            resumes.append(wait_resumed(job, t_loss, f"in-job restart {k + 1} to resume"))
+            record_timing(f"node lost ({k + 1}. loss) → resumed step in the same job", resumes[-1]["time"] - t_loss)
+        wait_for(lambda: "the run finished: nothing to requeue" in job.batch_log(), 180, "the run to finish", job.diag)
+        # Slurm 22.05 refuses a second shrink until slurmdbd has indexed the first, never without accounting
+        # (as here): the job still holds the second lost node and stays COMPLETING until Slurm marks it DOWN
+        assert "could not give node " + lost[1] + " back" in job.batch_log(), job.batch_log()
+        wait_for(lambda: job.state() in ("COMPLETING", "COMPLETED"), 60, "the job to end", job.diag)
+        assert job.restarts() == 0 and (read_finished(job.run_dir) or {}).get("step") == IDS_MAX_STEPS, job.show()
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"], r["nodes"]) for r in recoveries] == [
+            ("restart", [lost[0]], [batch_host, lost[1]]),
+            ("restart", [lost[1]], [batch_host]),
+        ], recoveries
+        assert [(r["world_size"], r["emergency"]) for r in resumes] == [(2, True), (1, True)], resumes
+        s1, s2 = resumes[0]["step"], resumes[1]["step"]
+        assert_every_sample_once_per_epoch(ids, [(2, 1, s1), (2, 1, s2 - s1), (1, 2, IDS_MAX_STEPS - s2)])
+    finally:
+        if job.state() not in ("COMPLETED", "COMPLETING", "FAILED", "CANCELLED"):
+            job.scancel()
+        for node in lost:  # the second one's slurmd lets the job complete
+            restart_node(cluster, node)
+
+
+# --------------------------------------------------------------------------- an own script
+def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """``train.command``: the tutorial-style ``examples/own_script/train.py`` (knows nothing of slurm_ddp)
+    on 2 nodes with a spare loses its non-batch node after its first snapshot. No rank leaves a peer-lost
+    marker, so srun ends only when Slurm marks the node DOWN (``SlurmdTimeout``); then the next step runs on
+    the batch host and the spare in the same job, resumes from the script's snapshot and finishes."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / "job.yaml")]
+    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
+    for s in (
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "recovery.spare_nodes=1",
+        "train.command=python train.py --epochs 3 --sleep 3",
+    ):
+        cmd += ["--set", s]
+    r = cluster.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    job = DigitsJob(cluster, run_dir, m.group(1))
+    victim = ""
+    try:
+        wait_for(lambda: "snapshot of epoch 0 saved" in job.rank_log(0), 180, "the first snapshot", job.diag)
+        step_nodes = first_step_nodes(job)
+        victim = step_nodes[1]
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+        wait_for(lambda: "in-job restart 1)" in job.batch_log(), 240, "the in-job restart", job.diag)
+        record_timing("node lost (own script) → next step started in the same job", time.time() - t_loss)
+        wait_for(lambda: "resuming from snapshot" in job.rank_log(0), 120, "the resume", job.diag)
+        record_timing("node lost (own script) → resumed from its snapshot", time.time() - t_loss)
+        wait_for(lambda: job.state() in ENDED, 180, "the job to end", job.diag)
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+        assert (run_dir / "FINISHED").exists()
+        assert job.rank_log(0).count("done: 3 epochs") == 1 and job.rank_log(1).count("done: 3 epochs") == 1
+        recoveries = read_recoveries(run_dir)
+        assert [(r["action"], r["bad"]) for r in recoveries] == [("restart", [victim])], recoveries
+        assert victim not in recoveries[0]["nodes"] and len(recoveries[0]["nodes"]) == 2, recoveries
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            restart_node(cluster, victim)

@@ -20,7 +20,9 @@ from slurm_ddp.rundir import (
     append_jsonl,
     decide_recovery,
     decide_requeue,
+    hang_dir,
     read_recoveries,
+    set_aside_hang_reports,
     write_hang_report,
 )
 from slurm_ddp.rundir import recovery as rec
@@ -118,6 +120,14 @@ def test_the_hang_of_one_step_is_not_an_earlier_steps(tmp_path: Path) -> None:
     write_hang_report(tmp_path, report(1, "n2", 9, 100.0))
     assert rec.find_step_hang(tmp_path, "7", 0, since=50.0) is not None
     assert rec.find_step_hang(tmp_path, "7", 0, since=200.0) is None  # the next step's view
+    # an in-job restart sets them aside: the next step's watchdogs see no hang directory (else they
+    # take it for a peer's hang and end their ranks at once), a second restart keeps its own
+    aside = set_aside_hang_reports(tmp_path, "7", 0, 0)
+    assert aside == tmp_path / "hangs" / "7.0.step-0" and not hang_dir(tmp_path, "7", 0).exists()
+    assert rec.find_step_hang(tmp_path, "7", 0, since=50.0) is None
+    assert set_aside_hang_reports(tmp_path, "7", 0, 1) is None
+    write_hang_report(tmp_path, report(1, "n3", 12, 300.0))
+    assert set_aside_hang_reports(tmp_path, "7", 0, 1) == tmp_path / "hangs" / "7.0.step-1"
 
 
 def test_probe_names_a_node_whose_step_fails_or_hangs() -> None:
@@ -139,7 +149,7 @@ def test_probe_names_a_node_whose_step_fails_or_hangs() -> None:
 def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     monkeypatch.setattr(rec, "job_nodes", lambda job_id, run=None: ["n1", "n2", "n3"])
     monkeypatch.setattr(rec, "probe_nodes", lambda nodes, **_: ["n2"])
-    monkeypatch.setattr(rec, "give_back", lambda job_id, keep, run=None: True)
+    monkeypatch.setattr(rec, "give_back", lambda job_id, keep, run=None: (True, ""))
     # gather_evidence's default prober is bound at definition: pass through the module's
     real = rec.gather_evidence
     monkeypatch.setattr(rec, "gather_evidence", lambda *a, **k: real(*a, prober=rec.probe_nodes, **k))
@@ -362,3 +372,26 @@ def test_status_runs_and_report_show_each_in_job_restart(tmp_path: Path) -> None
     assert (d["lost"], d["resumed_step"], d["line"]) == (["n2"], 17, line)
     text = format_report(rep)
     assert f"start 0: in-job restart 1: {line}\n" in text and "restarts:   1 (1 of them in-job);" in text, text
+
+
+def test_give_back_says_why_slurm_refused() -> None:
+    class Done:
+        def __init__(self, rc: int, err: str) -> None:
+            self.returncode, self.stdout, self.stderr = rc, "", err
+
+    calls = []
+
+    def run(argv: Any, **_: Any) -> Done:
+        calls.append(argv)
+        return (
+            Done(0, "")
+            if len(calls) == 1
+            else Done(1, "Job update not available right now, the DB index is being set\n")
+        )
+
+    assert rec.give_back("7", ["n1", "n3"], run=run) == (True, "")
+    assert calls[0] == ["scontrol", "update", "JobId=7", "NodeList=n1,n3"]
+    assert rec.give_back("7", ["n1"], run=run) == (
+        False,
+        "Job update not available right now, the DB index is being set",
+    )

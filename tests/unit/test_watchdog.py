@@ -160,10 +160,30 @@ def test_watch_fires_after_the_allowance_and_not_while_stopped() -> None:
     for k in range(1, 10):  # no progress for 9 s: under the floor of 10
         assert not w.poll(now + k, stopped=False)
     assert w.poll(now + 10.5, stopped=False)
-    # a stopped rank (SIGSTOP, scontrol suspend) restarts the clock
+    # a rank stopped for a while (SIGSTOP) restarts the clock when it continues
     assert not w.poll(now + 11.5, stopped=True)
     assert not w.poll(now + 12.5, stopped=False)
     assert w.idle_s == pytest.approx(1.0)
+
+
+def test_watch_fires_for_a_rank_stopped_alone_past_the_step_allowance() -> None:
+    rec = FakeRecord()
+    rec.set(5, progress.CHECKPOINT, 0.0)  # stopped in a checkpoint: still a training step's allowance (10 s)
+    w = Watch(LIM, lambda: rec.value)
+    w.steps_seen = 5
+    w.resumed_t = w.last_poll = 0.0
+    for k in range(1, 11):  # stopped (state T) while the watchdog polls every second
+        assert not w.poll(float(k), stopped=True)
+    assert w.poll(11.5, stopped=True) and w.idle_s == pytest.approx(10.5) and w.limit_s == 10.0
+    # a debugger's stop (state t) is never a verdict
+    w1 = Watch(LIM, lambda: rec.value)
+    w1.resumed_t = w1.last_poll = 0.0
+    assert not any(w1.poll(float(k), stopped=False, traced=True) for k in range(1, 30))
+    # scontrol suspend stops the watchdog too: its own pause restarts the stopped clock
+    w2 = Watch(LIM, lambda: rec.value)
+    w2.resumed_t = w2.last_poll = 0.0
+    assert not w2.poll(500.0, stopped=True)
+    assert not w2.poll(509.0, stopped=True)
 
 
 def test_watch_ignores_a_rank_that_does_not_report() -> None:
@@ -183,7 +203,9 @@ def test_watch_restarts_the_clock_after_its_own_pause() -> None:
     assert w.poll(511.0, stopped=False) and w.idle_s == pytest.approx(11.0)
 
 
-def report(rank: int, step: int, phase: str, host: str = "n1", cause: str = "self", world: int = 2) -> HangReport:
+def report(
+    rank: int, step: int, phase: str, host: str = "n1", cause: str = "self", world: int = 2, stopped: bool = False
+) -> HangReport:
     return HangReport(
         job_id="42",
         restart=0,
@@ -195,6 +217,7 @@ def report(rank: int, step: int, phase: str, host: str = "n1", cause: str = "sel
         idle_s=46.0,
         limit_s=45.0,
         cause=cause,
+        stopped=stopped,
     )
 
 
@@ -209,6 +232,17 @@ def test_summarize_blames_no_one_when_every_rank_stopped_alike() -> None:
     h = summarize_hang([report(0, 9, "step", "n1"), report(1, 9, "step", "n2")])
     assert h is not None and not h.known and h.exclude is None
     assert h.line().startswith("hang: every rank")
+
+
+def test_summarize_blames_a_stopped_rank_whose_peer_noticed_the_hang() -> None:
+    # rank 1 SIGSTOPped in its step 9: rank 0 waits in step 9's all-reduce and its watchdog fires; rank 1's
+    # watchdog (never firing for a stopped rank) reports as a peer, from the same position
+    h = summarize_hang([report(0, 8, "step", "n1"), report(1, 8, "step", "n2", "peer", stopped=True)])
+    assert h is not None and h.known and h.stopped and h.ranks == (1,) and h.exclude == "n2"
+    assert "rank 1 on n2 was stopped (SIGSTOP or a frozen process) at step 8" in h.line()
+    # every reporting rank stopped: nothing to tell them apart by
+    h = summarize_hang([report(0, 8, "step", "n1", stopped=True), report(1, 8, "step", "n2", "peer", stopped=True)])
+    assert h is not None and not h.known and h.exclude is None
 
 
 def test_summarize_one_node_job_excludes_nothing() -> None:
