@@ -23,6 +23,9 @@ of (a) the training wall time, first step done → ``finished`` (``metrics.jsonl
 tracking, evaluations and checkpoints included; the goal is about this one) and (b) the whole
 ``slurm-ddp submit --wait`` wall time (adds the one-off costs: creating the tracker runs at submit,
 opening them at the start, closing them). Printed: each pair, and the median ratio with its quartiles.
+``--concurrent``: each pair's two runs at the same time instead (they see the same load at the same moment,
+so the ratio is far less noisy on a shared machine; but the tracked run's extra CPU work, on threads and in
+wandb-core, then also slows the untracked one, which hides up to about half of it on a saturated machine).
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -112,16 +116,34 @@ def e2e(args: argparse.Namespace) -> int:
     load = " ".join(Path("/proc/loadavg").read_text().split()[:3])
     print(
         f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}: digits job, local backend, 2 ranks, max_steps "
-        f"{args.max_steps}, log_every {args.log_every}; {args.pairs} pairs; load average {load}",
+        f"{args.max_steps}, log_every {args.log_every}; {args.pairs} pairs, "
+        f"{'each pair at the same time' if args.concurrent else 'one run after the other'}; load average {load}",
         flush=True,
     )
     ratios = {"train_s": [], "total_s": []}
     try:
         for k in range(args.pairs):
             order = (False, True) if k % 2 == 0 else (True, False)
-            res = {
-                on: e2e_run(work, f"{k}-{'on' if on else 'off'}", on, args.max_steps, args.log_every) for on in order
-            }
+            res: dict = {}
+            if args.concurrent:
+                failed: list = []
+
+                def one(on: bool, k: int = k, res: dict = res, failed: list = failed) -> None:
+                    try:
+                        res[on] = e2e_run(work, f"{k}-{'on' if on else 'off'}", on, args.max_steps, args.log_every)
+                    except Exception as e:  # raised below, in the main thread
+                        failed.append(e)
+
+                threads = [threading.Thread(target=one, args=(on,)) for on in order]
+                for t in threads:
+                    t.start()
+                for t in threads:
+                    t.join()
+                if failed:
+                    raise failed[0]
+            else:
+                for on in order:
+                    res[on] = e2e_run(work, f"{k}-{'on' if on else 'off'}", on, args.max_steps, args.log_every)
             for key in ratios:
                 ratios[key].append(res[True][key] / res[False][key])
             print(
@@ -147,6 +169,7 @@ def main() -> int:
     ap.add_argument("--e2e", action="store_true", help="end to end: the digits job, tracking off vs on")
     ap.add_argument("--pairs", type=int, default=4, help="--e2e: (off, on) pairs")
     ap.add_argument("--max-steps", type=int, default=1000, help="--e2e: train.max_steps")
+    ap.add_argument("--concurrent", action="store_true", help="--e2e: each pair's two runs at the same time")
     ap.add_argument("--blocks", type=int, default=40, help="blocks of log_every steps per mode")
     ap.add_argument("--width", type=int, default=32, help="DigitsNet width (the example's job.yaml: 32)")
     ap.add_argument("--threads", type=int, default=1, help="torch intra-op threads (a 1-CPU rank: 1)")
