@@ -23,9 +23,12 @@ of (a) the training wall time, first step done → ``finished`` (``metrics.jsonl
 tracking, evaluations and checkpoints included; the goal is about this one) and (b) the whole
 ``slurm-ddp submit --wait`` wall time (adds the one-off costs: creating the tracker runs at submit,
 opening them at the start, closing them). Printed: each pair, and the median ratio with its quartiles.
-``--concurrent``: each pair's two runs at the same time instead (they see the same load at the same moment,
-so the ratio is far less noisy on a shared machine; but the tracked run's extra CPU work, on threads and in
-wandb-core, then also slows the untracked one, which hides up to about half of it on a saturated machine).
+``--concurrent``: each pair's two runs at the same time instead; then (a) is the step-time ratio over the
+seconds in which both trained (steps done by the untracked ÷ by the tracked run in that window, from their
+``train`` rows): they see the same load at the same moment, so it is far less noisy on a shared machine,
+while their whole training walls are not comparable (the tracked run starts training later, after the
+other's start-up). The tracked run's extra CPU work (threads, wandb-core) also slows the untracked one
+then, which hides up to about half of it on a saturated machine.
 """
 
 from __future__ import annotations
@@ -103,10 +106,23 @@ def e2e_run(work: Path, name: str, tracked: bool, max_steps: int, log_every: int
     events = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines() if line.strip()]
     first = next(float(m["time"]) for m in events if m.get("event") == "first_step")
     done = next(float(m["time"]) for m in events if m.get("event") == "finished")
+    points = [(float(m["time"]), int(m["step"])) for m in events if m.get("event") in ("first_step", "train")]
     if tracked and not ((run / "mlflow.db").exists() and (run / "wandb").is_dir()):
         raise RuntimeError(f"{name}: tracking was on but {run} holds no mlflow.db or wandb/")
     shutil.rmtree(run, ignore_errors=True)
-    return {"train_s": done - first, "total_s": total}
+    return {"train_s": done - first, "total_s": total, "points": points}
+
+
+def steps_between(points: list, lo: float, hi: float) -> float:
+    """Steps done between the times ``lo`` and ``hi`` (linear between the (time, step) rows)."""
+
+    def at(t: float) -> float:
+        for (t0, s0), (t1, s1) in zip(points, points[1:]):
+            if t0 <= t <= t1:
+                return s0 + (s1 - s0) * (t - t0) / (t1 - t0) if t1 > t0 else s1
+        return float(points[0][1] if t < points[0][0] else points[-1][1])
+
+    return at(hi) - at(lo)
 
 
 def e2e(args: argparse.Namespace) -> int:
@@ -146,6 +162,13 @@ def e2e(args: argparse.Namespace) -> int:
                     res[on] = e2e_run(work, f"{k}-{'on' if on else 'off'}", on, args.max_steps, args.log_every)
             for key in ratios:
                 ratios[key].append(res[True][key] / res[False][key])
+            if args.concurrent:  # the step-time ratio over the seconds both trained (see the docstring)
+                lo = max(res[on]["points"][0][0] for on in res)
+                hi = min(res[on]["points"][-1][0] for on in res)
+                if hi - lo < 1.0:
+                    raise RuntimeError(f"pair {k + 1}: the two runs trained together only {hi - lo:.1f} s")
+                done = {on: steps_between(res[on]["points"], lo, hi) for on in res}
+                ratios["train_s"][-1] = done[False] / done[True]
             print(
                 f"pair {k + 1} ({'off, on' if order[0] is False else 'on, off'}): training {res[False]['train_s']:.1f} s "
                 f"off, {res[True]['train_s']:.1f} s on (ratio {ratios['train_s'][-1]:.3f}); whole submit "
@@ -154,7 +177,10 @@ def e2e(args: argparse.Namespace) -> int:
             )
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    for key, words in (("train_s", "training wall (first step -> finished)"), ("total_s", "whole submit --wait")):
+    train_words = (
+        "step time over the seconds both trained" if args.concurrent else "training wall (first step -> finished)"
+    )
+    for key, words in (("train_s", train_words), ("total_s", "whole submit --wait")):
         xs = ratios[key]
         q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive") if len(xs) > 1 else (xs[0],) * 3
         print(f"{words}: median ratio on/off {med:.3f} ({(med - 1) * 100:+.1f} %), quartiles {q1:.3f} .. {q3:.3f}")
