@@ -97,7 +97,18 @@ if HOOK_DIR is not None:
 
 
 class SoakTask(DigitsTask):
-    """``DigitsTask`` whose evaluation can be paused (see the module docstring)."""
+    """``DigitsTask`` whose evaluation can be paused (see the module docstring).
+
+    ``train.args.step_sleep_s`` (seconds, default 0): each training step (its loss, once per
+    micro-batch) also sleeps that long, so a benchmark (``goodput.py``) can give the tiny digits step a
+    realistic length without using CPU (a sleep, not work: steps keep their length on a busy machine).
+    """
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        pause = float(self.args.get("step_sleep_s", 0) or 0)
+        if pause > 0:
+            time.sleep(pause)
+        return super().loss(outputs, targets)
 
     def eval_sums(self, outputs: torch.Tensor, targets: torch.Tensor) -> Dict[str, torch.Tensor]:
         if HOOK_DIR is not None and _take_arm("eval"):

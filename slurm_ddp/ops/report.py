@@ -18,7 +18,9 @@ runs from its job's start to its end:
   launch wrapper, a moment after the job started);
 - end: accounting's ``End``; else the record the batch shell or the local launcher wrote when the
   ranks exited (``rundir.record_end``); else the start's last record (``metrics.jsonl``) — a start
-  killed together with its launcher leaves nothing later;
+  killed together with its launcher leaves nothing later. sacct keeps whole seconds (the second the
+  job ended): an end record that falls within that second is the same end to the sub-second and is
+  taken instead (``end_source`` stays ``sacct``), so a stop shorter than a second is not clipped to 0;
 - ``queue_wait_s`` before it: from the submission (``jobs.jsonl``), or for a requeue from the end of
   the job's previous start, to its start.
 
@@ -385,6 +387,7 @@ def run_report(
         end_source = ""
         if row is not None and sacct_epoch(row.end) is not None:
             end, end_source = sacct_epoch(row.end), "sacct"
+            end = _within_second(end, end_rec)
         elif end_rec is not None and _num(end_rec.get("time")) is not None:
             end, end_source = float(end_rec["time"]), str(end_rec.get("by") or "launcher")
         elif i + 1 < len(prov) or alive is False or finished is not None:
@@ -487,6 +490,15 @@ def run_report(
         unknown=unknown,
         step_level=step_level,
     )
+
+
+def _within_second(sacct_end: Optional[float], end_rec: Optional[Dict[str, Any]]) -> Optional[float]:
+    """sacct's whole-second ``End`` (the second the job ended, truncated), or the run directory's end
+    record's time (``rundir.record_end``, sub-second) when that falls within it: the same end, finer."""
+    t = _num(end_rec.get("time")) if end_rec is not None else None
+    if sacct_end is not None and t is not None and sacct_end <= t < sacct_end + 1.0:
+        return t
+    return sacct_end
 
 
 def _is_step(m: Dict[str, Any]) -> bool:

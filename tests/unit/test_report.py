@@ -91,6 +91,35 @@ def test_accounting_times_and_states_win(tmp_path: Path) -> None:
     assert set(d["starts"][0]["phases_s"]) == set(PHASES)
 
 
+def test_an_end_record_within_saccts_second_gives_the_stop_its_sub_second_length(tmp_path: Path) -> None:
+    # the signal and the exit within one second: sacct's End (whole seconds, T+64) alone would end the
+    # start at its last record (T+64.5) and cut the stop short; the batch shell's end record (T+64.8) is
+    # within that second and is taken (an end record outside it is not: test_accounting_times_and_states_win)
+    p = write_run(
+        tmp_path / "run",
+        [{"time": T + 1, "job_id": "5", "restart": 0, "nodes": "n1"}],
+        [
+            {"event": "first_step", "step": 1, "nodes": 1, "time": T + 5},
+            {"event": "train", "step": 10, "time": T + 60},
+            {"event": "checkpoint", "step": 10, "reason": "preemption (SIGUSR2)", "blocked_s": 0.2, "time": T + 64.4},
+            {"event": "preempted", "step": 10, "signal": "SIGUSR2", "signal_time": T + 64.2, "time": T + 64.5},
+        ],
+    )
+    record_end(p, job_id="5", restart=0, exit_code=75, by="batch", time=T + 64.8)
+    acc = Accounting(parse_sacct(f"5|REQUEUED|{sacct_time(T)}|{sacct_time(T + 64)}|64|0:0|n1|1|1|cpu=1\n"))
+    st = run_report(p, accounting=acc).starts[0]
+    assert st.end == pytest.approx(T + 64.8, abs=1e-3) and st.end_source == "sacct"
+    assert st.phases_s["stop"] == pytest.approx(0.6, abs=1e-3)  # signal (T+64.2) → the record's end (T+64.8)
+    assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)
+    # a record a second or more after sacct's End is another moment: sacct's time stands
+    (p / "ends.jsonl").unlink()
+    record_end(p, job_id="5", restart=0, exit_code=75, by="batch", time=T + 66.0)
+    st = run_report(p, accounting=acc).starts[0]
+    assert st.end == pytest.approx(T + 64.5, abs=1e-3) and st.phases_s["stop"] == pytest.approx(
+        0.3, abs=1e-3
+    )  # its last record
+
+
 @pytest.mark.parametrize(
     ("state", "ended"), [("TIMEOUT", "timed_out"), ("NODE_FAIL", "node_lost"), ("FAILED", "failed")]
 )
