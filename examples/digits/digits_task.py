@@ -5,6 +5,11 @@ inside the scikit-learn wheel (``sklearn.datasets.load_digits``): no download. S
 (fixed, documented): ``train_test_split(test_size=360, stratify=labels, random_state=0)``
 → 1,437 training and 360 evaluation images. Pixels (0..16) are scaled to [0, 1].
 
+The split is cached as a small tensor file (``$XDG_CACHE_HOME/slurm_ddp_examples``, else
+``~/.cache/slurm_ddp_examples``; ``DIGITS_CACHE_DIR`` overrides, empty turns the cache off), keyed by the
+scikit-learn version and the split's constants, so a rank that starts later loads the same tensors
+without importing scikit-learn (about a second of CPU per process, as much as ``import torch``).
+
 Training augmentation (``args.augment``, default true): a random shift of up to one
 pixel in each direction (zero-filled), drawn from torch's global RNG — which the worker
 seeds per rank and saves in every checkpoint, so a resumed run draws the same shifts.
@@ -13,6 +18,11 @@ Nothing here is distributed: the worker does that.
 """
 
 from __future__ import annotations
+
+import os
+from importlib import metadata
+from pathlib import Path
+from typing import Optional
 
 import torch
 import torch.nn.functional as F
@@ -25,8 +35,42 @@ EVAL_SIZE = 360
 SPLIT_SEED = 0
 
 
+def _cache_file() -> Optional[Path]:
+    where = os.environ.get("DIGITS_CACHE_DIR")
+    if where is None:
+        where = os.path.join(os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "slurm_ddp_examples")
+    if not where:
+        return None
+    try:
+        sklearn_version = metadata.version("scikit-learn")
+    except metadata.PackageNotFoundError:
+        return None
+    return Path(where) / f"digits-split-sklearn{sklearn_version}-eval{EVAL_SIZE}-seed{SPLIT_SEED}.pt"
+
+
 def load_split():
-    """``(x_train [1437,1,8,8] float32, y_train [1437] int64, x_eval [360,1,8,8], y_eval [360])``."""
+    """``(x_train [1437,1,8,8] float32, y_train [1437] int64, x_eval [360,1,8,8], y_eval [360])``,
+    from the cache when it holds them (see the module's docstring), else from scikit-learn (then cached:
+    written to a temporary name and renamed, so concurrent ranks never read half a file)."""
+    cache = _cache_file()
+    if cache is not None and cache.exists():
+        try:
+            return tuple(torch.load(cache, weights_only=True))
+        except Exception:  # unreadable: split again and rewrite it
+            pass
+    split = _split()
+    if cache is not None:
+        try:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
+            torch.save(list(split), tmp)
+            os.replace(tmp, cache)
+        except OSError:
+            pass  # a read-only home: no cache, same tensors
+    return split
+
+
+def _split():
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
