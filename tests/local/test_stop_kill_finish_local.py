@@ -25,9 +25,10 @@ from typing import Any, Dict, List, NamedTuple
 
 import pytest
 from lib import require_module, wait_for, wait_process
+from lib.goodput import by_hand
 
 from slurm_ddp import PREEMPTED_EXIT_CODE
-from slurm_ddp.rundir import latest_checkpoint_step, read_ends, read_jobs, read_metrics
+from slurm_ddp.rundir import latest_checkpoint_step, read_metrics
 from slurm_ddp.tracking import wandb_history
 
 mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
@@ -125,31 +126,6 @@ def report_json(run_dir: Path) -> Dict[str, Any]:
     )
     assert r.returncode == 0, r.stderr
     return json.loads(r.stdout)
-
-
-def by_hand(run_dir: Path, resumed: List[int]) -> float:
-    """Goodput from the raw records: Σ training time whose steps survived ÷ Σ (launch → end)."""
-    launches = [j["time"] for j in read_jobs(run_dir)]
-    ends = [e["time"] for e in read_ends(run_dir)]
-    metrics = read_metrics(run_dir)
-    allocated = sum(e - s for s, e in zip(launches, ends))
-    kept = 0.0
-    for i, (s, e) in enumerate(zip(launches, ends)):
-        mine = [m for m in metrics if s <= m["time"] <= e]
-        first = next(m["time"] for m in mine if m["event"] == "first_step")
-        stop = next((m for m in mine if m["event"] == "preempted"), None)
-        train = {m["step"]: m["time"] for m in mine if m["event"] == "train"}
-        end = stop["signal_time"] if stop else max(train.values())
-        if i + 1 < len(resumed) and resumed[i + 1] < max(train):  # steps after the next start's checkpoint: lost
-            end = train[resumed[i + 1]]
-        blocked = sum(m.get("duration_s", 0) for m in mine if m["event"] == "eval" and first < m["time"] <= end)
-        blocked += sum(
-            m["blocked_s"]
-            for m in mine
-            if m["event"] == "checkpoint" and not m["reason"].startswith("preemption") and first < m["time"] <= end
-        )
-        kept += end - first - blocked
-    return kept / allocated
 
 
 class ThreeStarts(NamedTuple):
