@@ -5,14 +5,19 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import List
+from typing import List, Optional
 
 from slurm_ddp.rundir import read_ends, read_jobs, read_metrics
 
 
-def by_hand(run_dir: Path, resumed: List[int]) -> float:
-    """Goodput from the raw records: Σ training time whose steps survived ÷ Σ (launch → end)."""
-    launches = [j["time"] for j in read_jobs(run_dir)]
+def by_hand(run_dir: Path, resumed: List[int], launches: Optional[List[float]] = None) -> float:
+    """Goodput from the raw records: Σ training time whose steps survived ÷ Σ (launch → end).
+
+    ``launches``: when each start began (epoch s); default: the submissions in ``jobs.jsonl`` (the local
+    backend starts a launch per submit). Under Slurm a requeued start has no submission: pass the
+    batch script's starts from ``provenance.json``."""
+    if launches is None:
+        launches = [j["time"] for j in read_jobs(run_dir)]
     ends = [e["time"] for e in read_ends(run_dir)]
     metrics = read_metrics(run_dir)
     allocated = sum(e - s for s, e in zip(launches, ends))

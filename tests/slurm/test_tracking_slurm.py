@@ -43,17 +43,22 @@ SETS = (
 
 
 def ranks_of(run_dir: Path) -> List[int]:
-    """The pids of the task worker's ranks of ``run_dir`` (the sandbox's nodes are this machine's processes)."""
+    """The pids of the task worker's ranks of ``run_dir`` (the sandbox's nodes are this machine's
+    processes): an interpreter running ``-m slurm_ddp.worker`` (not srun's or the launch wrapper's
+    command line, which name it too) with ``SLURM_DDP_RUN_DIR`` naming the run."""
+    want = b"SLURM_DDP_RUN_DIR=" + os.fsencode(run_dir)
     out = []
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
         try:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
+            if b"-m" not in argv or argv[argv.index(b"-m") + 1 :][:1] != [b"slurm_ddp.worker"]:
+                continue
+            if want in (proc / "environ").read_bytes().split(b"\0"):
+                out.append(int(proc.name))
         except OSError:
             continue
-        if b"slurm_ddp.worker" in argv and os.fsencode(run_dir) in argv:
-            out.append(int(proc.name))
     return out
 
 
@@ -136,7 +141,6 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run_and_its_report(sl
     )
     assert r.returncode == 0, r.stderr
     rep = json.loads(r.stdout)
-    print(json.dumps(rep, indent=1)[:4000])
     cut = [i for i, m in enumerate(metrics) if m["event"] == "resume"]
     killed_last = max(m["step"] for m in metrics[cut[0] : cut[1]] if m["event"] == "train")
     assert [s["ended"] for s in rep["starts"]] == ["preempted", "killed", "finished"], [
@@ -147,4 +151,6 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run_and_its_report(sl
         assert sum(s["phases_s"].values()) == pytest.approx(s["wall_s"], rel=0.02), s
         assert s["phases_s"]["startup"] > 0 and s["phases_s"]["train_kept"] > 0, s
     assert 0 < rep["goodput"] < 1
-    assert rep["goodput"] == pytest.approx(by_hand(run_dir, resumed), rel=0.01), rep
+    launches = [s["time"] for s in json.loads((run_dir / "provenance.json").read_text())["starts"]]
+    assert len(launches) == 3, launches
+    assert rep["goodput"] == pytest.approx(by_hand(run_dir, resumed, launches), rel=0.01), rep
