@@ -399,18 +399,26 @@ class LocalJob:
                     self._act_on(self._pending.popleft())
                 codes = [p.poll() for p in self.procs]
                 if failed is None:
-                    for rank, c in enumerate(codes):
-                        # a rank that died of a stop signal passed on to it stopped, it did not fail
-                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and not self._stopped(c):
-                            failed = (rank, c)
-                            self.cancelled_first = self.cancelled is not None
-                            self.say(
-                                f"rank {rank} exited with status {c}; stopping the other ranks "
-                                f"(see {Path(self.plan.run_dir) / LOGS_DIR / rank_log_name(rank)})"
-                            )
-                            self.send(signal.SIGTERM)
-                            kill_at = time.monotonic() + KILL_GRACE_S
-                            break
+                    # a rank that died of a stop signal passed on to it stopped, it did not fail
+                    bad = [
+                        (rank, c)
+                        for rank, c in enumerate(codes)
+                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and not self._stopped(c)
+                    ]
+                    if bad:
+                        # several found at one poll: which exited first is not known (a peer of a
+                        # failed rank fails too, in its next collective), so each is named
+                        failed = bad[0]
+                        self.cancelled_first = self.cancelled is not None
+                        logs = Path(self.plan.run_dir) / LOGS_DIR
+                        self.say(
+                            "; ".join(f"rank {rank} exited with status {c}" for rank, c in bad)
+                            + f"; stopping the other ranks (see {logs / rank_log_name(bad[0][0])}"
+                            + "".join(f", {logs / rank_log_name(rank)}" for rank, _ in bad[1:])
+                            + ")"
+                        )
+                        self.send(signal.SIGTERM)
+                        kill_at = time.monotonic() + KILL_GRACE_S
                 if kill_at is None and any(c is not None and c != 0 and self._stopped(c) for c in codes):
                     kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
                 if all(c is not None for c in codes):

@@ -66,6 +66,23 @@ def test_wait_says_which_rank_failed(job, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+def test_wait_names_every_rank_found_failed_at_one_poll(job, capsys):
+    """Two ranks that both failed before the launcher looked (a rank whose peer died fails in its next
+    collective, within the same tenth of a second): which was first is unknown, so both are named."""
+    ranks = [subprocess.Popen(["sh", "-c", f"exit {c}"]) for c in (1, 3)]
+    for r in ranks:
+        r.wait()  # both ended before wait() polls them
+    job.procs.extend(ranks)
+    assert job.wait() == 1
+    logs = f"{job.plan.run_dir}/logs"
+    expected = (
+        "rank 0 exited with status 1; rank 1 exited with status 3; stopping the other ranks "
+        f"(see {logs}/rank-0.log, {logs}/rank-1.log)"
+    )
+    assert job.failed == (0, 1) and job.said == [expected]
+    assert capsys.readouterr() == ("", "")
+
+
 def test_a_signal_blocked_before_exec_reaches_the_flag_when_it_is_installed() -> None:
     """slurm_ddp.launch blocks the requeue signal before it execs the worker; one that arrives before
     the worker's PreemptionFlag exists stays pending and is handled by install(), not by the default
