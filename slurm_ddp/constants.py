@@ -9,3 +9,8 @@ __version__ = "0.1.0"
 #: signal after its checkpoint was committed. 75 is EX_TEMPFAIL from sysexits.h:
 #: "a temporary failure ... the user is invited to retry".
 PREEMPTED_EXIT_CODE = 75
+
+#: How long a rank that lost a peer waits for the survivor that claimed the emergency checkpoint of the
+#: last completed step to commit it (seconds; a few saves of a large model to a parallel file system),
+#: and how long a hang watchdog lets its rank save that checkpoint before it ends the rank.
+EMERGENCY_WAIT_S = 60.0

@@ -32,7 +32,9 @@ When the rank exceeds its allowance, or another rank of the job was found hung (
 line to the rank's log, makes the rank write every thread's stack there (``faulthandler`` on
 ``progress.DUMP_SIGNAL``, sent only to the process that installed it: the rank, or the Python program
 a rank's shell script started; a rank stuck in C dumps too), waits a moment so that its peers notice
-and dump theirs, and kills the rank with every process it started (SIGKILL). The launcher then ends the job (srun's
+and dump theirs, under in-job recovery (``--save-wait-s``) lets a rank that is not stopped commit the
+last completed step alone first (the worker's emergency checkpoint; ``rundir.hangs``), and kills the
+rank with every process it started (SIGKILL). The launcher then ends the job (srun's
 ``--kill-on-bad-exit``, the local launcher, torchrun), and the requeue rule reads the reports.
 """
 
@@ -48,6 +50,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence
 
+from .constants import EMERGENCY_WAIT_S
 from .progress import (
     CHECKPOINT,
     DUMP_PID,
@@ -74,6 +77,9 @@ BACKEND_VAR = "SLURM_DDP_BACKEND"
 #: What a sampling watchdog (``--samples``) gets when its rank exits (``PR_SET_PDEATHSIG``), instead of
 #: SIGKILL: it records the rank's last step (:class:`StepSampler`), then exits. ``DUMP_SIGNAL`` + 1.
 FINAL_SAMPLE_SIGNAL = int(signal.SIGRTMIN) + 4
+#: How long a watchdog waits for its rank to take the request to save before it ends it (seconds;
+#: the rank's thread looks every 0.5 s: ``rundir.hangs``, the save before a hung job's ranks end).
+HANG_SAVE_ACK_S = 5.0
 #: Signals the ranks of a job get that the watchdog ignores (the requeue signal is added).
 IGNORED_SIGNALS = ("SIGUSR1", "SIGUSR2", "SIGTERM", "SIGINT", "SIGHUP")
 
@@ -242,7 +248,7 @@ def _say(text: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from .rundir import HangReport, hang_dir, record_progress_sample, write_hang_report
+    from .rundir import HangReport, hang_dir, record_progress_sample, wait_hang_save, write_hang_report
 
     limits = Limits(
         timeout_floor_s=args.timeout_floor_s,
@@ -334,6 +340,12 @@ def run(args: argparse.Namespace) -> int:
             pass
     # Let the peers' watchdogs see the report and dump their ranks before this rank's end takes the job down.
     time.sleep(max(1.0, 2 * limits.poll_interval_s) + 0.5)
+    if args.save_wait_s > 0 and not stopped:  # in-job recovery: the rank commits the last completed step first
+        outcome = wait_hang_save(
+            args.run_dir, args.job_id, args.restart, args.rank, ack_s=HANG_SAVE_ACK_S, timeout_s=args.save_wait_s
+        )
+        if outcome is not None:
+            _say(f"rank {args.rank} on {args.host}: emergency checkpoint before the end: {outcome}")
     if args.decide_requeue >= 0:  # submitit: no batch script decides after the ranks; rank 0's watchdog does
         _decide_requeue(args.run_dir, args.job_id, args.restart, args.decide_requeue)
     _end_rank(pid)
@@ -439,6 +451,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--restart", type=int, required=True)
     p.add_argument("--decide-requeue", type=int, default=-1, metavar="MAX_REQUEUES")
     p.add_argument("--samples", type=int, default=0, help="1: append the rank's step samples (rundir.PROGRESS_NAME)")
+    p.add_argument(
+        "--save-wait-s",
+        type=float,
+        default=0.0,
+        help="> 0: let the rank save alone first, up to this long (rundir.hangs)",
+    )
     for name, default in Limits().__dict__.items():
         p.add_argument("--" + name.replace("_", "-"), type=float, default=default)
     return p
@@ -446,13 +464,16 @@ def _parser() -> argparse.ArgumentParser:
 
 def command(
     python: str, *, pid: int, fd: int, run_dir: str, rank: int, world_size: int, host: str, job_id: str,
-    restart: int, limits: Limits, decide_requeue: int = -1, samples: bool = False,
+    restart: int, limits: Limits, decide_requeue: int = -1, samples: bool = False, save_wait_s: float = 0.0,
 ) -> List[str]:  # fmt: skip
     """The watchdog's argv for rank ``rank`` (process ``pid``, progress record ``fd``); ``samples``:
-    keep its step samples for the report (:class:`StepSampler`)."""
+    keep its step samples for the report (:class:`StepSampler`); ``save_wait_s`` > 0: before it ends
+    the rank, let it commit the last completed step alone, up to that many seconds (``rundir.hangs``)."""
     argv = [python, "-m", "slurm_ddp.watchdog", "--pid", str(pid), "--fd", str(fd), "--run-dir", run_dir]
     argv += ["--rank", str(rank), "--world-size", str(world_size), "--host", host, "--job-id", job_id]
     argv += ["--restart", str(restart), "--decide-requeue", str(decide_requeue), "--samples", str(int(samples))]
+    if save_wait_s > 0:
+        argv += ["--save-wait-s", repr(float(save_wait_s))]
     for name, value in limits.__dict__.items():
         argv += ["--" + name.replace("_", "-"), repr(float(value))]
     return argv
@@ -527,6 +548,8 @@ def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> 
         # a script of one's own: its steps reach the report only through these samples (the worker
         # writes its own step records to metrics.jsonl)
         samples=samples,
+        # in-job recovery of the shared worker: the rank commits the last completed step before its end
+        save_wait_s=EMERGENCY_WAIT_S if cfg.in_job_recovery and not cfg.train.command else 0.0,
     )
     death = FINAL_SAMPLE_SIGNAL if samples else signal.SIGKILL
     spawn(argv, extra_ignored=("SIG" + cfg.requeue.signal_name,), death_signal=death)

@@ -12,7 +12,9 @@ without importing scikit-learn (about a second of CPU per process, as much as ``
 
 Training augmentation (``args.augment``, default true): a random shift of up to one
 pixel in each direction (zero-filled), drawn from torch's global RNG — which the worker
-seeds per rank and saves in every checkpoint, so a resumed run draws the same shifts.
+seeds for each batch from (seed, rank, epoch, batch), so a resumed run draws the same shifts.
+Dropout before the head (``args.dropout``, default 0) draws in the training step, whose random
+streams the worker seeds from (seed, rank, step): the same masks after any resume.
 
 Nothing here is distributed: the worker does that.
 """
@@ -100,9 +102,10 @@ class ShiftAugmented(Dataset):
 
 
 class DigitsNet(nn.Module):
-    """[B, 1, 8, 8] → [B, 10] logits: three 3×3 conv+BatchNorm+ReLU blocks, one 2×2 max-pool."""
+    """[B, 1, 8, 8] → [B, 10] logits: three 3×3 conv+BatchNorm+ReLU blocks, one 2×2 max-pool, then
+    dropout (probability ``dropout``, 0: none) before the linear head."""
 
-    def __init__(self, width: int = 32):
+    def __init__(self, width: int = 32, dropout: float = 0.0):
         super().__init__()
 
         def block(cin: int, cout: int) -> nn.Sequential:
@@ -111,17 +114,18 @@ class DigitsNet(nn.Module):
         self.features = nn.Sequential(
             block(1, width), block(width, 2 * width), nn.MaxPool2d(2), block(2 * width, 2 * width)
         )
+        self.dropout = nn.Dropout(dropout)
         self.head = nn.Linear(2 * width, 10)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.head(self.features(x).mean(dim=(2, 3)))
+        return self.head(self.dropout(self.features(x).mean(dim=(2, 3))))
 
 
 class DigitsTask(Task):
-    """``train.args``: ``width`` (default 32), ``augment`` (default true)."""
+    """``train.args``: ``width`` (default 32), ``augment`` (default true), ``dropout`` (default 0)."""
 
     def build_model(self) -> nn.Module:
-        return DigitsNet(width=int(self.args.get("width", 32)))
+        return DigitsNet(width=int(self.args.get("width", 32)), dropout=float(self.args.get("dropout", 0.0)))
 
     def build_datasets(self):
         x_tr, y_tr, x_ev, y_ev = load_split()

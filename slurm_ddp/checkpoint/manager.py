@@ -30,8 +30,9 @@ The commit protocol (what makes a crash at any instant leave a valid latest chec
 An *emergency* checkpoint is one rank's alone, when its peers are gone and no collective can run
 (a lost node): every DDP rank holds the whole model and optimizer state of the last completed step,
 so the first survivor to ``claim`` the step (an exclusive file create) commits it with no per-rank
-states and an ``emergency`` record in the manifest; a resume takes it as a checkpoint of another
-world size (sample-exact, fresh per-rank random streams).
+states and an ``emergency`` record in the manifest; the worker resumes it exactly on the same world
+size (each step's random streams derive from the seed, rank and step: ``worker.runtime.step_seed``) and
+sample-exactly on another.
 
 ``latest()`` is the newest checkpoint whose manifest parses and whose data file has the
 recorded size and sha256; a truncated or corrupted one is reported and skipped.

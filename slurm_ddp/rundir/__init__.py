@@ -151,11 +151,15 @@ from .files import (
 from .hangs import (
     Hang,
     HangReport,
+    end_hang_save,
     find_hang,
     hang_dir,
+    hang_report_path,
     read_hang_reports,
     set_aside_hang_reports,
+    start_hang_save,
     summarize_hang,
+    wait_hang_save,
     write_hang_report,
 )
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
@@ -257,6 +261,10 @@ __all__ = [
     "end_partial_line",
     "find_hang",
     "hang_dir",
+    "hang_report_path",
+    "end_hang_save",
+    "start_hang_save",
+    "wait_hang_save",
     "is_finished",
     "is_job_dir",
     "is_sweep_dir",

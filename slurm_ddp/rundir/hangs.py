@@ -9,6 +9,7 @@ Side effects: reads and writes files of a run directory; imports no torch.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence, Tuple
@@ -42,17 +43,71 @@ def hang_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
     return Path(run_dir) / HANGS_DIR / f"{job_id}.{restart}"
 
 
+def hang_report_path(run_dir: PathLike, job_id: str, restart: int, rank: int) -> Path:
+    """``hang_dir(...)/rank-N.json``: the report of ``rank``'s watchdog (exists once it ends the rank)."""
+    return hang_dir(run_dir, job_id, restart) / f"rank-{rank}.json"
+
+
 def write_hang_report(run_dir: PathLike, report: HangReport) -> Path:
     """Write ``report`` as ``hang_dir(...)/rank-N.json`` (atomically); returns its path."""
     from dataclasses import asdict
 
     from ..checkpoint import atomic_write_text
 
-    d = hang_dir(run_dir, report.job_id, report.restart)
-    d.mkdir(parents=True, exist_ok=True)
-    path = d / f"rank-{report.rank}.json"
+    path = hang_report_path(run_dir, report.job_id, report.restart, report.rank)
+    path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_text(path, json.dumps(asdict(report)) + "\n")
     return path
+
+
+# ------------------------------------------------------------ the save before a hung job's ranks end
+# Under in-job recovery a rank's watchdog, about to end it, gives it time to commit the last completed
+# step alone (the worker's emergency checkpoint) first: the rank answers in ``rank-N.save`` beside the
+# reports — a first line ``saving`` when it took the request (a thread of the rank, which sees its
+# watchdog's report appear), then one line, the outcome. No answer (a rank that holds its GIL in a
+# C call, a ``train.command`` script) and the watchdog ends the rank after a few seconds, as before.
+HANG_SAVE_ACK = "saving"
+
+
+def hang_save_path(run_dir: PathLike, job_id: str, restart: int, rank: int) -> Path:
+    """``hang_dir(...)/rank-N.save``: ``rank``'s answer to its watchdog's report (see above)."""
+    return hang_dir(run_dir, job_id, restart) / f"rank-{rank}.save"
+
+
+def start_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int) -> None:
+    """The rank took its watchdog's report as a request to save: the first line. Raises ``OSError``."""
+    with open(hang_save_path(run_dir, job_id, restart, rank), "w", encoding="utf-8") as f:
+        f.write(HANG_SAVE_ACK + "\n")
+
+
+def end_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int, outcome: str) -> None:
+    """Append the save's ``outcome`` (one line); best effort."""
+    try:
+        with open(hang_save_path(run_dir, job_id, restart, rank), "a", encoding="utf-8") as f:
+            f.write(outcome.replace("\n", " ") + "\n")
+    except OSError:
+        pass
+
+
+def wait_hang_save(
+    run_dir: PathLike, job_id: str, restart: int, rank: int, ack_s: float, timeout_s: float, poll_s: float = 0.1
+) -> Optional[str]:
+    """The outcome ``rank`` recorded (``end_hang_save``), waited for: up to ``ack_s`` seconds for the
+    first line, then up to ``timeout_s`` seconds in all for the outcome. None when the rank did not take
+    the request; ``"no outcome within N s"`` when it took it but did not finish."""
+    path = hang_save_path(run_dir, job_id, restart, rank)
+    start = time.monotonic()
+    while True:
+        try:
+            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+        except OSError:
+            lines = []
+        if len(lines) >= 2 and lines[1].endswith("\n"):
+            return lines[1].strip()
+        waited = time.monotonic() - start
+        if (not lines and waited >= ack_s) or waited >= timeout_s:
+            return None if not lines else f"no outcome within {timeout_s:.0f} s"
+        time.sleep(poll_s)
 
 
 def set_aside_hang_reports(run_dir: PathLike, job_id: str, restart: int, attempt: int) -> Optional[Path]:

@@ -20,6 +20,7 @@ import logging
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple, cast
@@ -31,7 +32,7 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import AsyncCheckpointer, CheckpointInfo, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
-from ..constants import PREEMPTED_EXIT_CODE
+from ..constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
 from ..progress import CHECKPOINT, DATA, EVAL, STARTUP, STEP
@@ -45,8 +46,11 @@ from ..rundir import (
     Preempted,
     append_jsonl,
     checkpoint_dir,
+    end_hang_save,
     end_partial_line,
+    hang_report_path,
     is_finished,
+    start_hang_save,
     write_finished,
     write_peer_lost,
     write_preempted,
@@ -66,14 +70,11 @@ from .runtime import (
     optimizer_step,
     restore_rng,
     seed_everything,
+    seed_step,
     shutdown_distributed,
 )
 
 log = logging.getLogger("slurm_ddp.worker")
-
-#: how long a survivor that did not claim the emergency checkpoint waits for the one that did (seconds):
-#: a few saves of a large model to a parallel file system
-EMERGENCY_WAIT_S = 60.0
 
 
 def setup_logging(rank: int) -> None:
@@ -144,6 +145,13 @@ class Trainer:
         # optimizer, scheduler and data position at the last completed step, so a rank that loses a
         # peer may commit them alone (``_emergency_save``). Before it (resume), they are not yet loaded.
         self.at_step_boundary = False
+        # Inside a training step (from its start to ``self.step += 1``) and, under in-job recovery, the
+        # model's persistent buffers (BatchNorm running statistics …) as the step's first forward began,
+        # after DDP broadcast rank 0's: what an emergency save of the step before must hold, as the
+        # forward updates them (``_snapshot_buffers``). None until that forward of this step.
+        self.in_step = False
+        self.step_buffers: Optional[Dict[str, torch.Tensor]] = None
+        self.buffer_names: set[str] = set()  # the model's persistent buffers (build, in-job recovery only)
         self.nonfinite: Optional[torch.Tensor] = None  # the NaN/inf flag of the log window (nan_check)
 
     # ------------------------------------------------------------------ setup
@@ -173,6 +181,11 @@ class Trainer:
         if tc.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
+        if self.cfg.in_job_recovery and not tc.compile:  # compiled, a Python hook would break the graph
+            persistent = set(model.state_dict())
+            self.buffer_names = {n for n, _ in model.named_buffers() if n in persistent}
+            if self.buffer_names:
+                model.register_forward_pre_hook(self._snapshot_buffers)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DDP(  # the constructor broadcasts rank 0's weights and buffers
             model,
@@ -215,6 +228,13 @@ class Trainer:
                 self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
             except ImportError:  # tensorboard is optional
                 self.tb = None
+
+    def _snapshot_buffers(self, module: torch.nn.Module, args: Any) -> None:
+        """Forward pre-hook of the model (inside DDP: after its buffer broadcast): keep the persistent
+        buffers at the first forward of a training step (``step_buffers``)."""
+        if self.in_step and self.step_buffers is None and module.training:
+            with torch.no_grad():
+                self.step_buffers = {n: b.detach().clone() for n, b in module.named_buffers() if n in self.buffer_names}
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
         """The training state rank 0 saves (None elsewhere). Not a collective: each rank's RNG state
@@ -360,17 +380,21 @@ class Trainer:
         same_world = old_world == self.denv.world_size
         if info.emergency is not None:
             log.warning(
-                "resuming from the emergency checkpoint of step %d that rank %s on %s wrote alone after a "
-                "lost peer: no per-rank states, so it resumes as on another world size",
+                "resuming from the emergency checkpoint of step %d that rank %s on %s wrote alone after a lost or hung peer%s",
                 self.step,
                 info.emergency.get("rank", "?"),
                 info.emergency.get("host", "?"),
+                # no per-rank RNG states: none needed, each step's streams derive from (seed, rank, step)
+                " (exact: the same world size)" if same_world else "",
             )
-        if same_world and (info.rank_states == self.denv.world_size or len(rngs) == self.denv.world_size):
+        has_rank_states = info.rank_states == self.denv.world_size or len(rngs) == self.denv.world_size
+        if same_world and (has_rank_states or info.emergency is not None):
+            # the same world size: bitwise exact. The per-rank RNG states matter only to code that draws
+            # before the first step (each step reseeds, seed_step); restored where saved, as before.
             if info.rank_states == self.denv.world_size:
                 restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
-            else:
-                restore_rng(rngs[self.denv.rank])  # the same world size: bitwise exact, as before
+            elif len(rngs) == self.denv.world_size:
+                restore_rng(rngs[self.denv.rank])
             self.epoch_base = int(state.get("epoch_base", 0))
             self.accum = int(state.get("grad_accum_steps", self.tc.grad_accum_steps))
         else:
@@ -404,12 +428,11 @@ class Trainer:
             log.warning("checkpoint's epoch seed %s != train.seed + epoch: the data order changed", state["epoch_seed"])
         plan = accumulation_for(self.global_batch, w, b)
         self.accum = plan.grad_accum_steps
-        # The per-rank random streams (dropout …) of other ranks cannot be mapped: fresh per-rank seeds.
-        seed_everything(self.tc.seed + 7919 * (self.step + 1) + self.denv.rank)
+        # the per-rank random streams (dropout …) follow (seed, rank, step) on this world size (seed_step)
         log.warning(
             "resuming a checkpoint of %d ranks on %d: epoch %d goes on after its first %d samples (each remaining "
-            "sample trained once); grad_accum_steps %d keeps %d samples per step; fresh per-rank random seeds "
-            "(not bitwise equal to a run on one world size)",
+            "sample trained once); grad_accum_steps %d keeps %d samples per step; each rank's random streams "
+            "follow (train.seed, rank, step) (not bitwise equal to a run on one world size)",
             old_world,
             w,
             self.epoch,
@@ -511,6 +534,10 @@ class Trainer:
                     mark(self.step, DATA)
                     micro = next(groups)
                     mark(self.step, STEP)
+                # this step's random streams from (train.seed, rank, step): known at every step
+                # boundary, so any checkpoint of this step resumes exactly (step_seed)
+                seed_step(tc.seed, self.denv.rank, self.step + 1, self.device)
+                self.in_step, self.step_buffers = True, None
                 loss = optimizer_step(
                     self.forward_model,
                     micro,
@@ -526,6 +553,7 @@ class Trainer:
                     self.scheduler.step()
                 self.step += 1
                 self.batch_in_epoch += len(micro)
+                self.in_step = False
                 if first_step:  # one record per start, rank 0 only, no collective
                     first_step = False
                     self.metrics.write(
@@ -649,6 +677,9 @@ class Trainer:
         denv = self.denv
         ok = False
         self.flag.install()
+        saver_done = threading.Event()
+        if self.cfg.in_job_recovery and self.cfg.watchdog.enabled:
+            threading.Thread(target=self._hang_saver, args=(saver_done,), name="hang-saver", daemon=True).start()
         try:
             t0 = time.perf_counter()
             self.device = init_distributed(denv, self.tc.backend, self.tc.pg_timeout_s)
@@ -682,6 +713,7 @@ class Trainer:
                 raise self._peer_failure(e) from e
             raise
         finally:
+            saver_done.set()
             self.flag.restore()
             # close(), not just wait(): the writer thread must end here. Left idle, it still holds its
             # last job (the snapshot buffers); weakref.finalize's atexit hook wakes it at exit, and a
@@ -728,27 +760,29 @@ class Trainer:
         )
         return PeerFailure(message)
 
-    def _emergency_save(self, why: str) -> None:
-        """After a lost peer, commit the state of the last completed step from this rank alone, so that
-        the next start redoes at most the step that failed (not everything since the last periodic
-        checkpoint). No collective. The first survivor to claim the step writes it
+    def _emergency_save(self, why: str) -> str:
+        """After a lost or hung peer, commit the state of the last completed step from this rank alone,
+        so that the next start redoes at most the step that failed (not everything since the last
+        periodic checkpoint). No collective. The first survivor to claim the step writes it
         (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
         exit (an early non-zero exit makes srun end the step, the writer with it). Skipped before the
         train loop (nothing loaded yet), without in-job recovery (``JobConfig.in_job_recovery``), when the
         step is already committed, and when this rank saw a
-        NaN/inf loss in the window (``train.nan_check``). Never raises: a failed save leaves the resume
-        to the newest committed checkpoint, as before.
+        NaN/inf loss in the window (``train.nan_check``). Called from the main thread after a failed
+        collective, or from the hang saver's thread (``_hang_saver``) while the main thread waits in one.
+        Never raises: a failed save leaves the resume to the newest committed checkpoint, as before.
+        Returns the outcome in a few words (``committed``, why not).
         """
         if not self.cfg.in_job_recovery or not self.at_step_boundary:
-            # only a job that recovers inside its allocation (config ``recovery``) resumes from it: the
-            # emergency resume reseeds the ranks' random streams, so a job that requeues keeps its
-            # bitwise-exact resume from the newest periodic checkpoint
-            return
+            # only a job that recovers inside its allocation (config ``recovery``) saves alone: a job
+            # that requeues resumes from its newest periodic checkpoint, as its tests prove (open:
+            # the same save before a requeue)
+            return "skipped: no in-job recovery" if not self.cfg.in_job_recovery else "skipped: training had not begun"
         step = self.step
         try:
             if self.tc.nan_check and self.nonfinite is not None and bool(self.nonfinite):
                 log.error("no emergency checkpoint of step %d: the loss was NaN or infinite on this rank", step)
-                return
+                return "skipped: NaN/inf loss on this rank"
             if self.writer is not None:  # a background write (rank 0's) first: two writers never overlap
                 try:
                     self.writer.wait()
@@ -756,23 +790,26 @@ class Trainer:
                     log.error("%s", e)
             if any(i.step == step for i in self.ckpt.committed(quiet=True)):
                 log.warning("a peer was lost after step %d, whose checkpoint is committed", step)
-                return
+                return f"step {step} already committed"
             if not self.ckpt.claim(step):
                 outcome = self.ckpt.wait_claim(step, EMERGENCY_WAIT_S)
                 log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
-                return
+                return f"by another survivor: {outcome or 'no answer'}"
             t0 = time.perf_counter()
             host = self.denv.hostname or socket.gethostname()
             record = {"rank": self.denv.rank, "host": host, "job_id": str(self.denv.job_id), "why": why[-300:]}
             try:
-                info = self.ckpt.save(self.training_state(), step, world_size=self.denv.world_size, emergency=record)
+                state = self.training_state()
+                if self.in_step and self.step_buffers is not None:  # the failed step's forward ran
+                    state["model"].update(self.step_buffers)  # its buffers as the step began
+                info = self.ckpt.save(state, step, world_size=self.denv.world_size, emergency=record)
             except BaseException as e:
                 self.ckpt.end_claim(step, f"failed: {e}")
                 raise
             self.ckpt.end_claim(step, "committed")
             took = time.perf_counter() - t0
             log.warning(
-                "emergency checkpoint of step %d committed by rank %d alone after a lost peer (%.1f MB, %.3f s)",
+                "emergency checkpoint of step %d committed by rank %d alone after a lost or hung peer (%.1f MB, %.3f s)",
                 step,
                 self.denv.rank,
                 info.size_bytes / 1e6,
@@ -790,8 +827,33 @@ class Trainer:
                     "time": time.time(),
                 },
             )
+            return f"committed step {step}"
         except Exception as e:  # the resume falls back to the newest committed checkpoint
             log.error("no emergency checkpoint of step %d: %s", step, e)
+            return f"failed: {e}"
+
+    def _hang_saver(self, done: threading.Event) -> None:
+        """A daemon thread under in-job recovery with the watchdog on: when this rank's watchdog reports a
+        hang (its report appears: ``rundir.hang_report_path``) it is about to end the rank, most likely
+        while the main thread waits in a collective for a hung or stopped peer; the thread commits the
+        last completed step alone (``_emergency_save``) and answers the watchdog (``rundir.hangs``: the
+        save before a hung job's ranks end), which waits for that before it kills the rank. Looks every
+        0.5 s (a ``stat``) until ``done``."""
+        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.denv.rank
+        report = hang_report_path(self.run_dir, job_id, restart, rank)
+        while not done.wait(0.5):
+            if report.exists():
+                break
+        else:
+            return
+        try:
+            start_hang_save(self.run_dir, job_id, restart, rank)
+        except OSError as e:
+            log.error("cannot answer the hang watchdog in %s: %s", report.parent, e)
+            return
+        host = self.denv.hostname or socket.gethostname()
+        outcome = self._emergency_save(f"rank {rank} on {host}: its hang watchdog ends it after step {self.step}")
+        end_hang_save(self.run_dir, job_id, restart, rank, outcome)
 
     def _peer_message(self, e: BaseException) -> str:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

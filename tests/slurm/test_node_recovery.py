@@ -306,14 +306,15 @@ def test_a_stopped_rank_on_the_non_batch_node_is_left_out_by_an_in_job_restart(
     """Rank 1 on the non-batch node is SIGSTOPped (a frozen node: its slurmd still answers, so the probes
     pass). Rank 0 waits in the step's all-reduce until its watchdog's allowance (``timeout_floor_s``,
     below ``train.pg_timeout_s``) runs out; rank 1's watchdog reports its rank as stopped, so the hang
-    names that node; the batch script restarts in the same job on the batch host and the spare, from the
-    newest periodic checkpoint (no survivor saves when the watchdog ends the step), sample-exactly."""
+    names that node; before it ends rank 0, rank 0's watchdog lets it commit the last completed step
+    alone (no periodic checkpoint here: only that emergency checkpoint explains the resume); the batch
+    script restarts in the same job on the batch host and the spare, at most one step back,
+    sample-exactly."""
     job, ids = submit_ids(
         cluster,
         tmp_path,
         {"spare_nodes": 1},
         watchdog={"timeout_floor_s": 10, "poll_interval_s": 0.5},
-        checkpoint={"every_steps": 4},
     )
     victim, pid = "", 0
     try:
@@ -338,8 +339,10 @@ def test_a_stopped_rank_on_the_non_batch_node_is_left_out_by_an_in_job_restart(
 
         events = read_metrics(job.run_dir)
         last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
-        record_timing("steps redone (hang, checkpoint.every_steps 4)", last_before - resume["step"], "steps")
-        assert not resume["emergency"] and resume["world_size"] == 2, resume
+        record_timing("steps redone (hang, emergency checkpoint)", last_before - resume["step"], "steps")
+        assert resume["emergency"] and resume["world_size"] == 2, resume
+        assert resume["step"] >= last_before - 1, (resume, last_before)
+        assert "emergency checkpoint before the end: committed step" in job.rank_log(0), job.rank_log(0)[-3000:]
         recoveries = read_recoveries(job.run_dir)
         assert len(recoveries) == 1 and recoveries[0]["action"] == "restart", recoveries
         assert recoveries[0]["bad"] == [victim] and victim not in recoveries[0]["nodes"], recoveries

@@ -134,3 +134,28 @@ def test_a_run_directory_may_change_only_its_world_size(tmp_path: Path, make_con
     assert load_config(Path(rd) / "config.yaml").slurm.tasks_per_node == 2  # what the worker reads
     with pytest.raises(UserError, match="belongs to a different config"):
         check_run_dir(make_config({"slurm": {"tasks_per_node": 2}, "train": {"lr": 0.5}}), rd)
+
+
+def test_a_steps_random_streams_are_a_function_of_seed_rank_and_step() -> None:
+    """``seed_step`` makes the draws of a step depend on (seed, rank, step) alone, not on what was drawn
+    before: what an emergency checkpoint (no per-rank RNG states) needs to resume exactly."""
+    import random
+
+    import numpy as np
+
+    from slurm_ddp.worker.runtime import batch_seed, seed_step, step_seed
+
+    cpu = torch.device("cpu")
+
+    def draws(rank: int, step: int) -> tuple:
+        seed_step(7, rank, step, cpu)
+        return random.random(), float(np.random.rand()), torch.rand(3).tolist()
+
+    first = draws(1, 5)
+    torch.rand(100)  # whatever happened since
+    np.random.rand(10)
+    assert draws(1, 5) == first
+    assert draws(1, 6) != first and draws(0, 5) != first
+    assert len({step_seed(7, r, s) for r in range(4) for s in range(1, 1001)}) == 4000
+    # never a batch's seed (data loading draws from those): the step stream has its own slot
+    assert step_seed(7, 1, 5) not in {batch_seed(7, 1, e, 5) for e in range(100)}
