@@ -145,13 +145,14 @@ class Trainer:
         # optimizer, scheduler and data position at the last completed step, so a rank that loses a
         # peer may commit them alone (``_emergency_save``). Before it (resume), they are not yet loaded.
         self.at_step_boundary = False
-        # Inside a training step (from its start to ``self.step += 1``) and, under in-job recovery, the
-        # model's persistent buffers (BatchNorm running statistics …) as the step's first forward began,
-        # after DDP broadcast rank 0's: what an emergency save of the step before must hold, as the
-        # forward updates them (``_snapshot_buffers``). None until that forward of this step.
+        # Inside a training step (from its start to ``self.step += 1``), and the model's persistent
+        # buffers (BatchNorm running statistics …) as the step's first forward began, after DDP broadcast
+        # rank 0's: what an emergency save of the step before must hold, as the forward updates them
+        # (``_keep_buffers``); ``buffers_kept``: kept in this step.
         self.in_step = False
-        self.step_buffers: Optional[Dict[str, torch.Tensor]] = None
-        self.buffer_names: set[str] = set()  # the model's persistent buffers (build, in-job recovery only)
+        self.buffers_kept = False
+        self.kept_buffers: Dict[str, torch.Tensor] = {}
+        self.buffer_names: List[str] = []  # the model's persistent buffers (build)
         self.nonfinite: Optional[torch.Tensor] = None  # the NaN/inf flag of the log window (nan_check)
 
     # ------------------------------------------------------------------ setup
@@ -181,11 +182,10 @@ class Trainer:
         if tc.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        if self.cfg.in_job_recovery and not tc.compile:  # compiled, a Python hook would break the graph
-            persistent = set(model.state_dict())
-            self.buffer_names = {n for n, _ in model.named_buffers() if n in persistent}
-            if self.buffer_names:
-                model.register_forward_pre_hook(self._snapshot_buffers)
+        persistent = set(model.state_dict())
+        self.buffer_names = [n for n, _ in model.named_buffers() if n in persistent]
+        if self.buffer_names and not tc.compile:  # compiled, a Python hook would break the graph
+            model.register_forward_pre_hook(self._keep_buffers)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DDP(  # the constructor broadcasts rank 0's weights and buffers
             model,
@@ -229,12 +229,26 @@ class Trainer:
             except ImportError:  # tensorboard is optional
                 self.tb = None
 
-    def _snapshot_buffers(self, module: torch.nn.Module, args: Any) -> None:
-        """Forward pre-hook of the model (inside DDP: after its buffer broadcast): keep the persistent
-        buffers at the first forward of a training step (``step_buffers``)."""
-        if self.in_step and self.step_buffers is None and module.training:
-            with torch.no_grad():
-                self.step_buffers = {n: b.detach().clone() for n, b in module.named_buffers() if n in self.buffer_names}
+    def _keep_buffers(self, module: torch.nn.Module, args: Any) -> None:
+        """Forward pre-hook of the model (inside DDP: after its buffer broadcast): copy the persistent
+        buffers at the first forward of a training step into ``kept_buffers`` (allocated once; one
+        ``_foreach_copy_`` where torch has it: a few kernels, not one per buffer)."""
+        if not self.in_step or self.buffers_kept or not module.training:
+            return
+        live = dict(module.named_buffers())
+        src = [live[n] for n in self.buffer_names]
+        with torch.no_grad():
+            kept = list(self.kept_buffers.values())
+            if len(kept) == len(src) and all(k.shape == b.shape and k.dtype == b.dtype for k, b in zip(kept, src)):
+                foreach_copy = getattr(torch, "_foreach_copy_", None)  # torch >= 2.2
+                if foreach_copy is not None:
+                    foreach_copy(kept, src)
+                else:
+                    for k, b in zip(kept, src):
+                        k.copy_(b)
+            else:  # the first step, or buffers that changed shape
+                self.kept_buffers = {n: b.detach().clone() for n, b in zip(self.buffer_names, src)}
+        self.buffers_kept = True
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
         """The training state rank 0 saves (None elsewhere). Not a collective: each rank's RNG state
@@ -537,7 +551,7 @@ class Trainer:
                 # this step's random streams from (train.seed, rank, step): known at every step
                 # boundary, so any checkpoint of this step resumes exactly (step_seed)
                 seed_step(tc.seed, self.denv.rank, self.step + 1, self.device)
-                self.in_step, self.step_buffers = True, None
+                self.in_step, self.buffers_kept = True, False
                 loss = optimizer_step(
                     self.forward_model,
                     micro,
@@ -765,19 +779,16 @@ class Trainer:
         so that the next start redoes at most the step that failed (not everything since the last
         periodic checkpoint). No collective. The first survivor to claim the step writes it
         (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
-        exit (an early non-zero exit makes srun end the step, the writer with it). Skipped before the
-        train loop (nothing loaded yet), without in-job recovery (``JobConfig.in_job_recovery``), when the
-        step is already committed, and when this rank saw a
-        NaN/inf loss in the window (``train.nan_check``). Called from the main thread after a failed
+        exit (an early non-zero exit makes srun end the step, the writer with it). Any job, requeued or
+        recovered in its allocation. Skipped before the train loop (nothing loaded yet), when the step is
+        already committed, when this rank saw a NaN/inf loss in the window (``train.nan_check``), and on
+        a rank other than 0 whose buffers are its own (between two steps: DDP's are rank 0's). Called from the main thread after a failed
         collective, or from the hang saver's thread (``_hang_saver``) while the main thread waits in one.
         Never raises: a failed save leaves the resume to the newest committed checkpoint, as before.
         Returns the outcome in a few words (``committed``, why not).
         """
-        if not self.cfg.in_job_recovery or not self.at_step_boundary:
-            # only a job that recovers inside its allocation (config ``recovery``) saves alone: a job
-            # that requeues resumes from its newest periodic checkpoint, as its tests prove (open:
-            # the same save before a requeue)
-            return "skipped: no in-job recovery" if not self.cfg.in_job_recovery else "skipped: training had not begun"
+        if not self.at_step_boundary:
+            return "skipped: training had not begun"
         step = self.step
         try:
             if self.tc.nan_check and self.nonfinite is not None and bool(self.nonfinite):
@@ -791,6 +802,16 @@ class Trainer:
             if any(i.step == step for i in self.ckpt.committed(quiet=True)):
                 log.warning("a peer was lost after step %d, whose checkpoint is committed", step)
                 return f"step {step} already committed"
+            if self.denv.rank != 0 and self.buffer_names and not (self.in_step and self.buffers_kept):
+                # DDP's buffers are rank 0's (broadcast at each forward); between steps this rank holds
+                # its own, updated by its last forward: rank 0, or the newest periodic checkpoint, saves
+                log.warning(
+                    "no emergency checkpoint of step %d from rank %d: its buffers (BatchNorm statistics …) are "
+                    "its own, not rank 0's, between two steps",
+                    step,
+                    self.denv.rank,
+                )
+                return "skipped: this rank's buffers are not rank 0's between two steps"
             if not self.ckpt.claim(step):
                 outcome = self.ckpt.wait_claim(step, EMERGENCY_WAIT_S)
                 log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
@@ -800,8 +821,8 @@ class Trainer:
             record = {"rank": self.denv.rank, "host": host, "job_id": str(self.denv.job_id), "why": why[-300:]}
             try:
                 state = self.training_state()
-                if self.in_step and self.step_buffers is not None:  # the failed step's forward ran
-                    state["model"].update(self.step_buffers)  # its buffers as the step began
+                if self.in_step and self.buffers_kept:  # the failed step's forward ran
+                    state["model"].update(self.kept_buffers)  # its buffers as the step began
                 info = self.ckpt.save(state, step, world_size=self.denv.world_size, emergency=record)
             except BaseException as e:
                 self.ckpt.end_claim(step, f"failed: {e}")
