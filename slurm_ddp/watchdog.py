@@ -340,11 +340,18 @@ def run(args: argparse.Namespace) -> int:
             pass
     # Let the peers' watchdogs see the report and dump their ranks before this rank's end takes the job down.
     time.sleep(max(1.0, 2 * limits.poll_interval_s) + 0.5)
-    if args.save_wait_s > 0 and not stopped:  # in-job recovery: the rank commits the last completed step first
+    if args.save_wait_s > 0:  # in-job recovery: the last completed step is committed first
+        # a rank that runs saves it alone; a stopped one (the culprit) is ended only once a peer has,
+        # or has not taken the request: its end would fail the peers' collectives mid-save
         outcome = wait_hang_save(
-            args.run_dir, args.job_id, args.restart, args.rank, ack_s=HANG_SAVE_ACK_S, timeout_s=args.save_wait_s
+            args.run_dir,
+            args.job_id,
+            args.restart,
+            None if stopped else args.rank,
+            ack_s=HANG_SAVE_ACK_S,
+            timeout_s=args.save_wait_s,
         )
-        if outcome is not None:
+        if outcome is not None and not stopped:
             _say(f"rank {args.rank} on {args.host}: emergency checkpoint before the end: {outcome}")
     if args.decide_requeue >= 0:  # submitit: no batch script decides after the ranks; rank 0's watchdog does
         _decide_requeue(args.run_dir, args.job_id, args.restart, args.decide_requeue)

@@ -90,23 +90,34 @@ def end_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int, outco
 
 
 def wait_hang_save(
-    run_dir: PathLike, job_id: str, restart: int, rank: int, ack_s: float, timeout_s: float, poll_s: float = 0.1
+    run_dir: PathLike,
+    job_id: str,
+    restart: int,
+    rank: Optional[int],
+    ack_s: float,
+    timeout_s: float,
+    poll_s: float = 0.1,
 ) -> Optional[str]:
-    """The outcome ``rank`` recorded (``end_hang_save``), waited for: up to ``ack_s`` seconds for the
-    first line, then up to ``timeout_s`` seconds in all for the outcome. None when the rank did not take
-    the request; ``"no outcome within N s"`` when it took it but did not finish."""
-    path = hang_save_path(run_dir, job_id, restart, rank)
+    """The outcome ``rank`` recorded (``end_hang_save``; ``rank`` None: the first outcome of any rank),
+    waited for: up to ``ack_s`` seconds for a first line, then up to ``timeout_s`` seconds in all for the
+    outcome. None when no rank took the request; ``"no outcome within N s"`` when one took it but did not
+    finish."""
+    d = hang_dir(run_dir, job_id, restart)
+    paths = [hang_save_path(run_dir, job_id, restart, rank)] if rank is not None else []
     start = time.monotonic()
     while True:
-        try:
-            lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
-        except OSError:
-            lines = []
-        if len(lines) >= 2 and lines[1].endswith("\n"):
-            return lines[1].strip()
+        answers = []
+        for path in paths or sorted(d.glob("rank-*.save")):
+            try:
+                answers.append(path.read_text(encoding="utf-8").splitlines(keepends=True))
+            except OSError:
+                continue
+        for lines in answers:
+            if len(lines) >= 2 and lines[1].endswith("\n"):
+                return lines[1].strip()
         waited = time.monotonic() - start
-        if (not lines and waited >= ack_s) or waited >= timeout_s:
-            return None if not lines else f"no outcome within {timeout_s:.0f} s"
+        if (not answers and waited >= ack_s) or waited >= timeout_s:
+            return None if not answers else f"no outcome within {timeout_s:.0f} s"
         time.sleep(poll_s)
 
 

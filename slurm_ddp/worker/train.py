@@ -184,7 +184,8 @@ class Trainer:
         self.model = model
         persistent = set(model.state_dict())
         self.buffer_names = [n for n, _ in model.named_buffers() if n in persistent]
-        if self.buffer_names and not tc.compile:  # compiled, a Python hook would break the graph
+        # only an emergency checkpoint (in-job recovery) needs them; compiled, a Python hook would break the graph
+        if self.cfg.in_job_recovery and self.buffer_names and not tc.compile:
             model.register_forward_pre_hook(self._keep_buffers)
         device_ids = [self.device.index] if self.device.type == "cuda" else None
         self.ddp = DDP(  # the constructor broadcasts rank 0's weights and buffers
@@ -779,14 +780,19 @@ class Trainer:
         so that the next start redoes at most the step that failed (not everything since the last
         periodic checkpoint). No collective. The first survivor to claim the step writes it
         (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
-        exit (an early non-zero exit makes srun end the step, the writer with it). Any job, requeued or
-        recovered in its allocation. Skipped before the train loop (nothing loaded yet), when the step is
-        already committed, when this rank saw a NaN/inf loss in the window (``train.nan_check``), and on
-        a rank other than 0 whose buffers are its own (between two steps: DDP's are rank 0's). Called from the main thread after a failed
+        exit (an early non-zero exit makes srun end the step, the writer with it). Skipped without in-job
+        recovery (``JobConfig.in_job_recovery``), before the train loop (nothing loaded yet), when the
+        step is already committed, when this rank saw a NaN/inf loss in the window (``train.nan_check``),
+        and on a rank other than 0 whose buffers are its own (between two steps: DDP's are rank 0's). Called from the main thread after a failed
         collective, or from the hang saver's thread (``_hang_saver``) while the main thread waits in one.
         Never raises: a failed save leaves the resume to the newest committed checkpoint, as before.
         Returns the outcome in a few words (``committed``, why not).
         """
+        if not self.cfg.in_job_recovery:
+            # A requeued job resumes from its newest periodic checkpoint. Saving here too was tried: a hang
+            # that repeats at the same step then recurs in the resumed job's first step, under the
+            # watchdog's start-up allowance (watchdog.startup_s) instead of a step's, and is found late.
+            return "skipped: no in-job recovery"
         if not self.at_step_boundary:
             return "skipped: training had not begun"
         step = self.step

@@ -130,6 +130,7 @@ def test_a_rank_lost_mid_step_leaves_an_emergency_checkpoint_of_the_last_step(tm
                     "args": {"samples": SAMPLES},
                 },
                 "checkpoint": {"every_steps": 0},
+                "recovery": {"spare_nodes": 1},  # the emergency checkpoint is for in-job recovery
             }
         )
     )
