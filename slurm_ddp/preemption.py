@@ -166,17 +166,16 @@ def exit_if_peer_lost(
     For a lost peer, and never returning:
 
     1. ``save`` (optional; the script's own snapshot of the last completed step, e.g. rank 0's
-       epoch-end save) runs on exactly one survivor: the first to claim this training step's save
+       epoch-end save) runs on exactly one survivor: the first to claim this job step's save
        (``slurm_ddp.checkpoint.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
-       file create in the run directory, atomic on shared file systems; one claim per job step (srun), not
-       per ``step`` value, so two survivors one training step apart never write the snapshot at once); the other survivors
-       wait up to ``wait_s`` seconds (default ``slurm_ddp.constants.EMERGENCY_WAIT_S``, 60) for its
-       outcome, so that none exits while it writes (srun's ``--kill-on-bad-exit`` would kill it). A
-       ``save`` that raises is reported and skipped (the next start resumes from the script's previous
-       snapshot). It runs with or without in-job recovery:
-       the snapshot is the script's own, as exact as its other snapshots, and a requeued or resubmitted
-       run resumes from it too. Skipped when ``SLURM_DDP_RUN_DIR`` is unset (not started by slurm_ddp:
-       no shared place to claim the step).
+       file create in the run directory, atomic on shared file systems; one claim per job step, not per
+       ``step`` value, so two survivors one training step apart never write the snapshot at once). The
+       other survivors wait up to ``wait_s`` seconds (default ``slurm_ddp.constants.EMERGENCY_WAIT_S``,
+       60) for its outcome, so that none exits while it writes (srun's ``--kill-on-bad-exit`` would kill
+       it). A ``save`` that raises is reported and skipped (the next start resumes from the script's
+       previous snapshot). It runs with or without in-job recovery: the snapshot is the script's own,
+       as exact as its other snapshots, and a requeued or resubmitted run resumes from it too. Skipped
+       when ``SLURM_DDP_RUN_DIR`` is unset (not started by slurm_ddp: no shared place for the claim).
     2. The step's peer-lost marker (``slurm_ddp.rundir.write_peer_lost``; only under in-job recovery,
        where the batch script sets ``SLURM_DDP_PEER_LOST``): the batch script ends the step a few
        seconds later instead of waiting for Slurm to mark the lost node DOWN, and the recovery rule

@@ -344,8 +344,8 @@ def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
 def survivor_claim_path(run_dir: PathLike, environ: Mapping[str, str]) -> Path:
     """The claim file (``slurm_ddp.checkpoint.write_once``) by which the survivors of a lost peer in one
     training step pick the one that runs a ``train.command`` script's own save
-    (``slurm_ddp.preemption.exit_if_peer_lost``): one per step, so the survivors agree even when they
-    completed different steps. ``RUN_DIR/recovery/NAME.save.claim``, NAME the step's peer-lost marker's
+    (``slurm_ddp.preemption.exit_if_peer_lost``): one per job step, so the survivors agree even when
+    they completed different training steps. ``RUN_DIR/recovery/NAME.save.claim``, NAME the step's peer-lost marker's
     name (``PEER_LOST_VAR``: ``peer-lost.JOB.RESTART.K``, one per in-job attempt) or, without in-job
     recovery, ``peer-lost.JOB.RESTART`` from ``SLURM_JOB_ID`` (``-`` when unset) and
     ``SLURM_RESTART_COUNT``. Pure."""
