@@ -1,7 +1,9 @@
-"""Preemption for a training script of one's own (``train.command``): what the worker does, as three calls.
+"""Preemption for a training script of one's own (``train.command``): what the worker does, as three calls,
+and a fourth for a lost peer.
 
-Side effects: installs signal handlers (main thread), collectives, and ``exit_preempted`` ends the
-process. Importing this module imports no torch; ``should_stop`` and ``exit_preempted`` import it.
+Side effects: installs signal handlers (main thread), collectives, and ``exit_preempted`` and
+``exit_if_peer_lost`` end the process. Importing this module imports no torch; ``should_stop``,
+``exit_preempted`` and ``exit_if_peer_lost`` import it.
 
 Every rank of a script started by ``slurm-ddp submit`` with ``train.command`` gets the job's requeue
 signal (``requeue.signal``, default SIGUSR2) ``requeue.signal_delay_s`` before the time limit, and
@@ -26,16 +28,39 @@ reads as "stopped for preemption": it requeues the job (``slurm_ddp.rundir.decid
 most ``requeue.max_requeues`` times; not after SIGTERM), and the requeued job starts the script
 again, which resumes from its snapshot. A script that does not use this module still gets a
 requeue at the time limit (the rule's ``got_signal``), but dies of the signal wherever it is.
+
+When a node is lost, a collective on the surviving ranks fails (the peer's connection closed, or
+no answer within the process group's timeout). A script that catches that around its training
+loop hands it to :func:`exit_if_peer_lost` with the last completed step and its own save::
+
+    try:
+        for batch in loader:
+            train_step(batch)
+            done += 1                          # the last completed step: its state is in memory
+            ...
+    except Exception as e:                     # a collective raised
+        preemption.exit_if_peer_lost(e, step=done, save=lambda: save_snapshot(done))
+        raise                                  # not a lost peer: the script's own error
+
+For a lost peer it does not return: the first surviving rank to claim the save (any rank: every
+DDP rank holds the whole model and optimizer state) calls ``save()``, the others wait for it, and
+every survivor leaves the step's peer-lost marker and exits with status 1. Under in-job recovery
+(config ``recovery``) the batch script sees the marker and ends the step at once, without waiting
+for Slurm to mark the lost node DOWN (``SlurmdTimeout``), and the next step, on the healthy nodes
+and a spare, resumes from that snapshot: at most the failed step is redone.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
-from typing import TYPE_CHECKING, Any, Iterable, NoReturn, Optional
+import time
+from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional
 
-from .constants import PREEMPTED_EXIT_CODE
+from .constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
+from .errors import PeerFailure
 from .signals import PreemptionFlag, SignalSpec, worker_signals
 
 if TYPE_CHECKING:
@@ -123,13 +148,108 @@ def exit_preempted(step: Optional[int] = None) -> NoReturn:
             Preempted(job_id=job_id, restart=int(restart) if restart.isdigit() else 0, step=step or 0, signal=sig),
         )
     _shutdown_group()
+    _exit_now(PREEMPTED_EXIT_CODE)
+
+
+def exit_if_peer_lost(
+    error: BaseException, step: int, save: Optional[Callable[[], object]] = None, wait_s: Optional[float] = None
+) -> None:
+    """Leave a step whose collective failed because a peer rank was lost; return when ``error`` is not that.
+
+    Call it on every rank in an ``except`` around the training loop, then re-raise (see the module
+    docstring). ``error``: what the collective (or DDP's backward) raised; it is a lost peer when the
+    shared worker's classification says so (``slurm_ddp.worker.runtime.is_peer_failure``: a
+    ``DistBackendError``, or a ``RuntimeError`` naming a closed connection or a timeout); anything
+    else returns at once, doing nothing. ``step``: the last step this rank completed (its state is
+    what ``save`` writes), an integer the script counts in its own units.
+
+    For a lost peer, and never returning:
+
+    1. ``save`` (optional; the script's own snapshot of the last completed step, e.g. rank 0's
+       epoch-end save) runs on exactly one survivor: the first to claim this job step's save
+       (``slurm_ddp.checkpoint.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
+       file create in the run directory, atomic on shared file systems; one claim per job step, not per
+       ``step`` value, so two survivors one training step apart never write the snapshot at once). The
+       other survivors wait up to ``wait_s`` seconds (default ``slurm_ddp.constants.EMERGENCY_WAIT_S``,
+       60) for its outcome, so that none exits while it writes (srun's ``--kill-on-bad-exit`` would kill
+       it). A ``save`` that raises is reported and skipped (the next start resumes from the script's
+       previous snapshot). It runs with or without in-job recovery: the snapshot is the script's own,
+       as exact as its other snapshots, and a requeued or resubmitted run resumes from it too. Skipped
+       when ``SLURM_DDP_RUN_DIR`` is unset (not started by slurm_ddp: no shared place for the claim).
+    2. The step's peer-lost marker (``slurm_ddp.rundir.write_peer_lost``; only under in-job recovery,
+       where the batch script sets ``SLURM_DDP_PEER_LOST``): the batch script ends the step a few
+       seconds later instead of waiting for Slurm to mark the lost node DOWN, and the recovery rule
+       starts the next step on the healthy nodes and a spare.
+    3. Exit with status 1 (``PeerFailure.exit_code``, the worker's status for a lost peer), after
+       flushing stdio and logging, without interpreter teardown and without destroying the process
+       group (its threads may wait on the dead peer). A non-zero status is what makes the batch script
+       consult the recovery rule; 0 would mark the run finished.
+
+    Messages go to stderr (the rank's log), one line each, prefixed ``slurm_ddp[rank N]:``.
+    """
+    from .worker.runtime import is_peer_failure
+
+    if not is_peer_failure(error):
+        return
+    rank = _rank()
+    host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+    text = str(error).strip()
+    first = (text.splitlines()[0] if text else type(error).__name__)[:300]
+
+    def say(line: str) -> None:
+        print(f"slurm_ddp[rank {rank}]: {line}", file=sys.stderr, flush=True)
+
+    say(f"a peer rank died or stopped responding after step {step} ({first})")
+    run_dir = os.environ.get("SLURM_DDP_RUN_DIR")
+    if save is not None and not run_dir:
+        say(
+            "no survivor save: SLURM_DDP_RUN_DIR is unset, so the survivors have no shared place to agree on one writer"
+        )
+    elif save is not None and run_dir:
+        from .checkpoint import write_once
+        from .rundir import survivor_claim_path
+
+        t0 = time.perf_counter()
+        try:
+            claim = survivor_claim_path(run_dir, os.environ)
+            wrote, outcome = write_once(claim, save, EMERGENCY_WAIT_S if wait_s is None else wait_s)
+        except Exception as e:  # the script's save failed: its previous snapshot stays the newest
+            say(f"survivor save of step {step} failed: {e}")
+        else:
+            if wrote:
+                say(f"survivor save of step {step} done by this rank in {time.perf_counter() - t0:.3f} s")
+            else:
+                say(f"survivor save of step {step} by another rank: {outcome or 'no answer'}")
+    from .rundir import write_peer_lost
+
+    record = {"rank": rank, "host": host, "step": step, "time": time.time(), "error": first}
+    if write_peer_lost(os.environ, record):
+        say("left the peer-lost marker: the batch script ends this step and recovers in the job")
+    _exit_now(PeerFailure.exit_code)
+
+
+def _rank() -> int:
+    """This rank: the process group's when one exists (local, no collective), else ``$RANK`` or 0."""
+    try:
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    text = os.environ.get("RANK", "0") or "0"
+    return int(text) if text.isdigit() else 0
+
+
+def _exit_now(status: int) -> NoReturn:
+    """Flush logging and stdio, then ``os._exit(status)``: no interpreter teardown."""
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):
             pass
-    os._exit(PREEMPTED_EXIT_CODE)
+    os._exit(status)
 
 
 def _shutdown_group() -> None:

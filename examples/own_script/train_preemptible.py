@@ -6,6 +6,10 @@ collective only about every 0.5 s), and on a stop rank 0 saves a snapshot of *th
 position in the epoch) and every rank calls ``preemption.exit_preempted()``, which exits with
 status 75 so the batch script requeues the job; the requeued job resumes mid-epoch. (train.py
 instead dies of the signal and the requeued job redoes the epoch since its last snapshot.)
+A collective that fails because a node was lost goes to ``preemption.exit_if_peer_lost()``
+(marked "peer lost:"): one survivor saves the snapshot of the last completed step and every
+survivor exits with status 1; under in-job recovery (config ``recovery``) the next step starts
+at once on the healthy nodes and a spare and resumes from that snapshot.
 
 It follows the PyTorch DDP tutorial's multinode.py: the launcher gives every process RANK,
 LOCAL_RANK and WORLD_SIZE (and MASTER_ADDR/MASTER_PORT for the default env:// rendezvous); the
@@ -63,6 +67,7 @@ def main() -> None:
     p.add_argument(
         "--sleep", type=float, default=0.0, help="extra seconds per epoch, spread over its steps (to try preemption)"
     )
+    p.add_argument("--log-every", type=int, default=0, help="print the step every N steps (0: per epoch only)")
     args = p.parse_args()
 
     preemption.install()  # preemption: the requeue signal and SIGTERM only set a flag from here on
@@ -88,37 +93,52 @@ def main() -> None:
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler)
     host = socket.gethostname()
     print(f"[rank {rank}] host {host} local_rank {local_rank} of world {world}; {len(loader)} steps/epoch", flush=True)
-    for epoch in range(epochs_run, args.epochs):
-        sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
-        total, correct, seen = 0.0, 0, 0
-        for i, (x, y) in enumerate(loader):
-            if i < skip:  # preemption: batches of this epoch done before the stop (same order: set_epoch)
-                continue
-            optimizer.zero_grad(set_to_none=True)
-            out = ddp(x)
-            loss = F.cross_entropy(out, y)
-            loss.backward()
-            optimizer.step()
-            total += loss.item() * len(y)
-            correct += int((out.argmax(1) == y).sum())
-            seen += len(y)
-            time.sleep(args.sleep / len(loader))
-            if preemption.should_stop():  # preemption: every rank gets the same answer after the same step
-                if rank == 0:
-                    save(snapshot, model, optimizer, epoch, i + 1)
-                    print(f"[rank 0] stopping for preemption: snapshot of epoch {epoch} batch {i + 1}", flush=True)
-                print(f"[rank {rank}] stopping for preemption after epoch {epoch} batch {i + 1}", flush=True)
-                preemption.exit_preempted(step=epoch * len(loader) + i + 1)  # every rank; exits with status 75
-        skip = 0
-        print(f"[rank {rank}] epoch {epoch} loss {total / seen:.4f} accuracy {correct / seen:.4f}", flush=True)
-        if rank == 0:
-            save(snapshot, model, optimizer, epoch + 1, 0)
-            if run_dir:  # optional: the metrics.jsonl convention of slurm_ddp (plot, runs)
-                step = (epoch + 1) * len(loader)
-                with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
-                    f.write(json.dumps({"event": "train", "step": step, "epoch": epoch, "loss": total / seen}) + "\n")
-            print(f"[rank 0] snapshot of epoch {epoch} saved to {snapshot}", flush=True)
-        dist.barrier()  # the snapshot is complete before any rank goes on (or exits)
+    position = (epochs_run, skip)  # peer lost: the last completed step, (epoch, batches done in it)
+    try:
+        for epoch in range(epochs_run, args.epochs):
+            sampler.set_epoch(epoch)  # a different shuffle every epoch, the same on every rank
+            total, correct, seen = 0.0, 0, 0
+            for i, (x, y) in enumerate(loader):
+                if i < skip:  # preemption: batches of this epoch done before the stop (same order: set_epoch)
+                    continue
+                optimizer.zero_grad(set_to_none=True)
+                out = ddp(x)
+                loss = F.cross_entropy(out, y)
+                loss.backward()
+                optimizer.step()
+                position = (epoch, i + 1) if i + 1 < len(loader) else (epoch + 1, 0)  # peer lost: done
+                total += loss.item() * len(y)
+                correct += int((out.argmax(1) == y).sum())
+                seen += len(y)
+                if args.log_every and (i + 1) % args.log_every == 0:
+                    print(f"[rank {rank}] step {epoch * len(loader) + i + 1} (epoch {epoch} batch {i + 1})", flush=True)
+                time.sleep(args.sleep / len(loader))
+                if preemption.should_stop():  # preemption: every rank gets the same answer after the same step
+                    if rank == 0:
+                        save(snapshot, model, optimizer, epoch, i + 1)
+                        print(f"[rank 0] stopping for preemption: snapshot of epoch {epoch} batch {i + 1}", flush=True)
+                    print(f"[rank {rank}] stopping for preemption after epoch {epoch} batch {i + 1}", flush=True)
+                    preemption.exit_preempted(step=epoch * len(loader) + i + 1)  # every rank; exits with status 75
+            skip = 0
+            print(f"[rank {rank}] epoch {epoch} loss {total / seen:.4f} accuracy {correct / seen:.4f}", flush=True)
+            if rank == 0:
+                save(snapshot, model, optimizer, epoch + 1, 0)
+                if run_dir:  # optional: the metrics.jsonl convention of slurm_ddp (plot, runs)
+                    step = (epoch + 1) * len(loader)
+                    with open(os.path.join(run_dir, "metrics.jsonl"), "a") as f:
+                        f.write(
+                            json.dumps({"event": "train", "step": step, "epoch": epoch, "loss": total / seen}) + "\n"
+                        )
+                print(f"[rank 0] snapshot of epoch {epoch} saved to {snapshot}", flush=True)
+            dist.barrier()  # the snapshot is complete before any rank goes on (or exits)
+    except Exception as e:  # peer lost: a collective failed; the last completed step's state is in memory
+        epoch_at, batches_at = position
+        preemption.exit_if_peer_lost(
+            e,
+            step=epoch_at * len(loader) + batches_at,
+            save=lambda: save(snapshot, model, optimizer, epoch_at, batches_at),  # on one survivor
+        )
+        raise  # not a lost peer: the script's own error
     print(f"[rank {rank}] done: {args.epochs} epochs", flush=True)
     del ddp
     dist.destroy_process_group()

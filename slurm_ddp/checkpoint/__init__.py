@@ -3,7 +3,8 @@
 Three modules, one job each:
 
 - ``durable``: torch-free atomic and durable file writes (``atomic_write``, ``atomic_write_text``,
-  ``fsync_dir``, ``sha256_file``), also used for the run directory's markers;
+  ``fsync_dir``, ``sha256_file``), also used for the run directory's markers, and the one-writer claim
+  protocol (``write_once``) of a save after a lost peer;
 - ``manager``: ``CheckpointManager`` and ``CheckpointInfo``: the commit protocol, the manifest
   (its file-name pattern and fields have no other owner), verification, retention and loading;
 - ``async_writer``: ``snapshot_to_cpu`` and ``AsyncCheckpointer``, the background writer thread.
@@ -14,7 +15,7 @@ so a login node that renders, submits and watches runs can use it.
 
 from .async_writer import COPIERS, AsyncCheckpointer, snapshot_to_cpu
 from .durable import _HashingWriter as _HashingWriter  # private; tests reach it here
-from .durable import atomic_write, atomic_write_text, fsync_dir, sha256_file
+from .durable import atomic_write, atomic_write_text, fsync_dir, sha256_file, write_once
 from .manager import CheckpointInfo, CheckpointManager
 
 __all__ = [
@@ -27,4 +28,5 @@ __all__ = [
     "fsync_dir",
     "sha256_file",
     "snapshot_to_cpu",
+    "write_once",
 ]

@@ -1,8 +1,10 @@
 """Durable, atomic file writes, torch-free: the commit primitives of a checkpoint.
 
 Owns ``fsync_dir``, ``atomic_write`` (temporary file in the same directory, ``fsync``, ``rename``,
-directory ``fsync``), ``atomic_write_text`` and ``sha256_file``, and the ``_HashingWriter`` that
-hashes and counts the bytes as they are written. Side effects: creates, renames, fsyncs and
+directory ``fsync``), ``atomic_write_text`` and ``sha256_file``, the ``_HashingWriter`` that
+hashes and counts the bytes as they are written, and the one-writer claim protocol (``claim_file``,
+``end_claim_file``, ``wait_claim_file``, ``write_once``) of a save that ranks which cannot agree
+through a collective (a lost peer) must make once. Side effects: creates, renames, fsyncs and
 deletes files; a large write starts two short-lived helper threads (``checkpoint-hash``,
 ``checkpoint-writeback``), joined before ``atomic_write`` returns. Imports no torch: the run
 directory's markers (``slurm_ddp.rundir``) and the backends write with it on a login node.
@@ -18,6 +20,7 @@ import hashlib
 import os
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any, Callable, Optional, Tuple, Union
 
@@ -279,3 +282,61 @@ def sha256_file(path: PathArg) -> str:
                 break
             h.update(chunk)
     return h.hexdigest()
+
+
+# --------------------------------------------------------------------------- one writer (a claim file)
+def claim_file(path: PathArg) -> bool:
+    """Claim the right to write alone: True for the first process (of every node sharing the directory)
+    that creates ``path``, False for every later one or when it cannot be created. ``O_CREAT|O_EXCL``,
+    which NFS v3+ and POSIX file systems keep atomic; missing parent directories are created. The
+    claimant ends its claim with :func:`end_claim_file`; :func:`wait_claim_file` waits for that."""
+    try:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except OSError:
+        return False
+    os.close(fd)
+    return True
+
+
+def end_claim_file(path: PathArg, outcome: str) -> None:
+    """Record ``outcome`` (one line: ``committed`` or what failed) in the claim ``path``; best effort."""
+    try:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(outcome.replace("\n", " ") + "\n")
+    except OSError:
+        pass
+
+
+def wait_claim_file(path: PathArg, timeout_s: float, poll_s: float = 0.1) -> Optional[str]:
+    """The outcome the claimant of ``path`` recorded (:func:`end_claim_file`), waiting up to ``timeout_s``
+    seconds (polling every ``poll_s``) for it; None when it recorded none by then (or there is no claim)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            text = Path(path).read_text(encoding="utf-8")
+        except OSError:
+            return None
+        if text.endswith("\n"):
+            return text.strip()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(poll_s)
+
+
+def write_once(path: PathArg, write: Callable[[], object], timeout_s: float) -> Tuple[bool, Optional[str]]:
+    """THE one-writer protocol: the first caller to claim ``path`` (:func:`claim_file`) runs ``write()`` and
+    records its outcome (``committed``, or ``failed: ERROR`` and then re-raises what ``write`` raised);
+    every later caller waits up to ``timeout_s`` seconds for that outcome. Returns ``(True, "committed")``
+    for the writer, ``(False, outcome)`` for the others (outcome None: no answer in time, or no claim
+    could be made). The shared worker's emergency checkpoint (``CheckpointManager.write_once``, a claim per
+    step) and a script's survivor save (``slurm_ddp.preemption.exit_if_peer_lost``) both use it."""
+    if not claim_file(path):
+        return False, wait_claim_file(path, timeout_s)
+    try:
+        write()
+    except BaseException as e:
+        end_claim_file(path, f"failed: {e}")
+        raise
+    end_claim_file(path, "committed")
+    return True, "committed"

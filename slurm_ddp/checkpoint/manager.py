@@ -44,15 +44,23 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import re
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ..errors import CheckpointError
-from .durable import PathArg, atomic_write, atomic_write_text, sha256_file
+from .durable import (
+    PathArg,
+    atomic_write,
+    atomic_write_text,
+    claim_file,
+    end_claim_file,
+    sha256_file,
+    wait_claim_file,
+    write_once,
+)
 
 log = logging.getLogger("slurm_ddp.checkpoint")
 #: a manifest's file name: ``step-`` and the step, zero-padded to 8 digits or more
@@ -323,42 +331,27 @@ class CheckpointManager:
         return self.directory / f"step-{step:08d}.claim"
 
     def claim(self, step: int) -> bool:
-        """Claim the right to write the checkpoint of ``step`` alone: True for the first process (of
-        every node sharing the directory) that asks, False for every later one or when the claim cannot
-        be made. ``O_CREAT|O_EXCL`` on the claim file, which NFS v3+ and POSIX file systems keep atomic.
-        The claimant ends its claim with ``end_claim``; ``wait_claim`` waits for that. Used when ranks
-        cannot agree through a collective (a peer is lost) but any one of them holds the whole state.
-        """
-        try:
-            self.directory.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.claim_path(step), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-        except OSError:
-            return False
-        os.close(fd)
-        return True
+        """Claim the right to write the checkpoint of ``step`` alone (``durable.claim_file`` on
+        :meth:`claim_path`): True for the first process of every node sharing the directory, False for
+        every later one. Used when ranks cannot agree through a collective (a peer is lost) but any one
+        of them holds the whole state; :meth:`write_once` is the whole protocol."""
+        return claim_file(self.claim_path(step))
 
     def end_claim(self, step: int, outcome: str) -> None:
         """Record ``outcome`` (one line: ``committed`` or what failed) in the claim of ``step``; best effort."""
-        try:
-            with open(self.claim_path(step), "a", encoding="utf-8") as f:
-                f.write(outcome.replace("\n", " ") + "\n")
-        except OSError:
-            pass
+        end_claim_file(self.claim_path(step), outcome)
 
     def wait_claim(self, step: int, timeout_s: float, poll_s: float = 0.1) -> Optional[str]:
         """The outcome the claimant of ``step`` recorded (``end_claim``), waiting up to ``timeout_s``
         seconds for it; None when it recorded none by then (or there is no claim)."""
-        deadline = time.monotonic() + timeout_s
-        while True:
-            try:
-                text = self.claim_path(step).read_text(encoding="utf-8")
-            except OSError:
-                return None
-            if text.endswith("\n"):
-                return text.strip()
-            if time.monotonic() >= deadline:
-                return None
-            time.sleep(poll_s)
+        return wait_claim_file(self.claim_path(step), timeout_s, poll_s)
+
+    def write_once(self, step: int, write: Callable[[], object], timeout_s: float) -> Tuple[bool, Optional[str]]:
+        """``durable.write_once`` with the claim of ``step``: the first caller runs ``write()`` (e.g. an
+        emergency ``save`` of ``step``), the others wait up to ``timeout_s`` seconds for its outcome.
+        Returns ``(True, "committed")`` for the writer, ``(False, outcome or None)`` for the others;
+        re-raises what ``write`` raised (after recording it)."""
+        return write_once(self.claim_path(step), write, timeout_s)
 
     def prune(self, newest_valid: Optional[CheckpointInfo] = None) -> None:
         """Delete all but the newest ``keep_last`` committed checkpoints; never the newest valid one.

@@ -43,7 +43,8 @@ A run directory holds:
   ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
 - ``recoveries.jsonl``: one record per in-job recovery decision after a node was lost or hung
   (``recovery``); ``recovery/peer-lost.JOBID.RESTART.ATTEMPT``: the marker a rank leaves when a peer
-  of its step vanished (``PEER_LOST_VAR``, :func:`write_peer_lost`).
+  of its step vanished (``PEER_LOST_VAR``, :func:`write_peer_lost`), and ``….save.claim`` beside it:
+  which survivor runs a ``train.command`` script's own save then (:func:`survivor_claim_path`).
 
 A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
 ``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
@@ -142,6 +143,7 @@ from .files import (
     record_waiting,
     requeue_target,
     snapshot_dir_name,
+    survivor_claim_path,
     was_accepted,
     write_finished,
     write_peer_lost,
@@ -199,6 +201,7 @@ __all__ = [
     "read_in_job_restarts",
     "read_recoveries",
     "write_peer_lost",
+    "survivor_claim_path",
     "WANDB_DIR_NAME",
     "MLFLOW_DB_NAME",
     "TRACKING_NAME",

@@ -341,6 +341,23 @@ def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
     return True
 
 
+def survivor_claim_path(run_dir: PathLike, environ: Mapping[str, str]) -> Path:
+    """The claim file (``slurm_ddp.checkpoint.write_once``) by which the survivors of a lost peer in one
+    training step pick the one that runs a ``train.command`` script's own save
+    (``slurm_ddp.preemption.exit_if_peer_lost``): one per job step, so the survivors agree even when
+    they completed different training steps. ``RUN_DIR/recovery/NAME.save.claim``, NAME the step's peer-lost marker's
+    name (``PEER_LOST_VAR``: ``peer-lost.JOB.RESTART.K``, one per in-job attempt) or, without in-job
+    recovery, ``peer-lost.JOB.RESTART`` from ``SLURM_JOB_ID`` (``-`` when unset) and
+    ``SLURM_RESTART_COUNT``. Pure."""
+    marker = environ.get(PEER_LOST_VAR)
+    if marker:
+        name = os.path.basename(marker)
+    else:
+        restart = environ.get("SLURM_RESTART_COUNT") or "0"
+        name = f"peer-lost.{environ.get('SLURM_JOB_ID') or '-'}.{restart}"
+    return Path(run_dir) / RECOVERY_DIR / f"{name}.save.claim"
+
+
 def read_ends(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The start ends recorded in ``RUN_DIR/ends.jsonl`` (:func:`record_end`), oldest first."""
     return read_jsonl(Path(run_dir) / ENDS_NAME)

@@ -361,6 +361,32 @@ class StepAgreement:
         return bool(self.flag.agree(int(t[0])))
 
 
+#: words of a collective's error that mean a peer rank died or stopped answering (gloo: "Connection
+#: closed by peer", "Connection reset by peer"; a timed-out wait: "Timed out"; NCCL: "remote process exited")
+_PEER_FAILURE_WORDS = (
+    "timed out",
+    "timeout",
+    "connection closed",
+    "connection reset",
+    "broken pipe",
+    "connection refused",
+    "peer",
+)
+
+
+def is_peer_failure(e: BaseException) -> bool:
+    """True when ``e``, raised by a collective (or by DDP's backward, which runs them), means that a peer
+    rank died or stopped responding: any ``torch.distributed.DistBackendError``, or a ``RuntimeError``
+    whose message names a lost connection or a timeout (``_PEER_FAILURE_WORDS``). The one
+    classification of the shared worker and of ``slurm_ddp.preemption.exit_if_peer_lost``. Pure."""
+    if isinstance(e, dist.DistBackendError):
+        return True
+    if not isinstance(e, RuntimeError):
+        return False
+    text = str(e).lower()
+    return any(k in text for k in _PEER_FAILURE_WORDS)
+
+
 def optimizer_step(
     ddp: torch.nn.Module,
     micro_batches: List[tuple],

@@ -67,6 +67,7 @@ from .runtime import (
     capture_rng,
     evaluate,
     init_distributed,
+    is_peer_failure,
     optimizer_step,
     restore_rng,
     seed_everything,
@@ -721,10 +722,8 @@ class Trainer:
                 self.finish()
             ok = True
             return status
-        except dist.DistBackendError as e:
-            raise self._peer_failure(e) from e
-        except RuntimeError as e:
-            if _is_peer_failure(e):
+        except RuntimeError as e:  # DistBackendError included
+            if is_peer_failure(e):
                 raise self._peer_failure(e) from e
             raise
         finally:
@@ -779,7 +778,7 @@ class Trainer:
         """After a lost or hung peer, commit the state of the last completed step from this rank alone,
         so that the next start redoes at most the step that failed (not everything since the last
         periodic checkpoint). No collective. The first survivor to claim the step writes it
-        (``CheckpointManager.claim``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
+        (``CheckpointManager.write_once``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
         exit (an early non-zero exit makes srun end the step, the writer with it). Skipped without in-job
         recovery (``JobConfig.in_job_recovery``), before the train loop (nothing loaded yet), when the
         step is already committed, when this rank saw a NaN/inf loss in the window (``train.nan_check``),
@@ -818,22 +817,22 @@ class Trainer:
                     self.denv.rank,
                 )
                 return "skipped: this rank's buffers are not rank 0's between two steps"
-            if not self.ckpt.claim(step):
-                outcome = self.ckpt.wait_claim(step, EMERGENCY_WAIT_S)
-                log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
-                return f"by another survivor: {outcome or 'no answer'}"
             t0 = time.perf_counter()
             host = self.denv.hostname or socket.gethostname()
             record = {"rank": self.denv.rank, "host": host, "job_id": str(self.denv.job_id), "why": why[-300:]}
-            try:
+            saved: List[CheckpointInfo] = []
+
+            def write() -> None:
                 state = self.training_state()
                 if self.in_step and self.buffers_kept:  # the failed step's forward ran
                     state["model"].update(self.kept_buffers)  # its buffers as the step began
-                info = self.ckpt.save(state, step, world_size=self.denv.world_size, emergency=record)
-            except BaseException as e:
-                self.ckpt.end_claim(step, f"failed: {e}")
-                raise
-            self.ckpt.end_claim(step, "committed")
+                saved.append(self.ckpt.save(state, step, world_size=self.denv.world_size, emergency=record))
+
+            wrote, outcome = self.ckpt.write_once(step, write, EMERGENCY_WAIT_S)
+            if not wrote:
+                log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
+                return f"by another survivor: {outcome or 'no answer'}"
+            info = saved[0]
             took = time.perf_counter() - t0
             log.warning(
                 "emergency checkpoint of step %d committed by rank %d alone after a lost or hung peer (%.1f MB, %.3f s)",
@@ -906,22 +905,6 @@ def gather_rank_digests(mine: Tuple[int, str], device: torch.device) -> List[Tup
         b = bytes(o.cpu().tolist())
         digests.append((int.from_bytes(b[:8], "little"), b[8:].hex()))
     return digests
-
-
-def _is_peer_failure(e: BaseException) -> bool:
-    text = str(e).lower()
-    return any(
-        k in text
-        for k in (
-            "timed out",
-            "timeout",
-            "connection closed",
-            "connection reset",
-            "broken pipe",
-            "connection refused",
-            "peer",
-        )
-    )
 
 
 def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:

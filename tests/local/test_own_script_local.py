@@ -199,3 +199,92 @@ def test_the_marker_names_the_signal_any_rank_got(tmp_path: Path, sent: dict, ag
         command=True,
     )
     assert decision.preempted and decision.requeue is requeue, decision
+
+
+# --------------------------------------------------------------------------- a lost peer (exit_if_peer_lost)
+#: A gloo rank of a tiny DDP model that uses ``exit_if_peer_lost`` around its loop: ``save`` appends
+#: ``RANK STEP`` to ``saves`` (the script's own snapshot); it touches ``ready-RANK`` after step 3.
+_PEER_LOST_RANK = """
+import sys, time
+from datetime import timedelta
+from pathlib import Path
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from slurm_ddp import preemption
+out = Path(sys.argv[1])
+dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+rank, done = dist.get_rank(), 0
+torch.manual_seed(0)
+ddp = DDP(torch.nn.Linear(4, 1))
+def save():
+    with open(out / "saves", "a") as f:
+        f.write(f"{rank} {done}\\n")
+try:
+    while True:
+        ddp(torch.randn(8, 4)).sum().backward()  # the gradient all-reduce: where a lost peer shows
+        done += 1
+        if done == 3:
+            (out / f"ready-{rank}").touch()
+        time.sleep(0.01)
+except Exception as e:
+    preemption.exit_if_peer_lost(e, step=done, save=save)
+    raise
+"""
+
+
+def test_a_lost_peer_gets_one_survivor_save_and_the_peer_lost_marker(tmp_path: Path) -> None:
+    """Three real gloo ranks; rank 1 is killed -9 mid-training. Both survivors' gradient all-reduce fails,
+    ``exit_if_peer_lost`` classifies it as a lost peer: exactly one survivor runs the script's save (the
+    step's claim beside the marker says ``committed``; the other survivor waited for it), each survivor appends its
+    record (rank, last completed step) to the peer-lost marker, and both exit with status 1."""
+    import json
+    import socket
+
+    from slurm_ddp.rundir import PEER_LOST_VAR, read_jsonl, survivor_claim_path
+
+    run_dir, marker = tmp_path / "run", tmp_path / "run" / "recovery" / "peer-lost.1.0.0"
+    run_dir.mkdir()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ranks = []
+    for rank in range(3):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+        env.update(
+            RANK=str(rank),
+            WORLD_SIZE="3",
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            SLURM_DDP_RUN_DIR=str(run_dir),
+            **{PEER_LOST_VAR: str(marker)},
+        )
+        cmd = [sys.executable, "-c", _PEER_LOST_RANK, str(tmp_path)]
+        ranks.append(subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        for rank, proc in enumerate(ranks):
+            wait_process(proc, (tmp_path / f"ready-{rank}").exists, 120, f"rank {rank}'s third step")
+        ranks[1].kill()
+        outs = {r: ranks[r].communicate(timeout=120)[0] for r in (0, 2)}
+    finally:
+        for p in ranks:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    assert [ranks[r].returncode for r in (0, 2)] == [1, 1], outs
+    saves = (tmp_path / "saves").read_text().splitlines()
+    assert len(saves) == 1, (saves, outs)
+    saver, step = (int(x) for x in saves[0].split())
+    assert saver in (0, 2) and step >= 3, saves
+    assert f"slurm_ddp[rank {saver}]: survivor save of step {step} done by this rank" in outs[saver], outs[saver]
+    other = 2 if saver == 0 else 0
+    records = read_jsonl(marker)
+    assert sorted(r["rank"] for r in records) == [0, 2], records
+    # every survivor left the step it completed; one step apart at most (the failed all-reduce is one step)
+    by_rank = {r["rank"]: r for r in records}
+    assert by_rank[saver]["step"] == step and abs(by_rank[other]["step"] - step) <= 1, records
+    assert all(r["error"] and r["host"] for r in records), json.dumps(records)
+    # one claim for the job step, whatever step each survivor completed: the other waited for the outcome
+    claim = survivor_claim_path(run_dir, {PEER_LOST_VAR: str(marker)})
+    assert claim.parent == marker.parent and claim.read_text() == "committed\n"
+    assert f"survivor save of step {by_rank[other]['step']} by another rank: committed" in outs[other], outs[other]
+    assert not list(run_dir.glob("PREEMPTED")) and not (run_dir / "FINISHED").exists()

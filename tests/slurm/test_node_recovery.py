@@ -14,7 +14,10 @@ The same sandbox then runs, one after another (``xdist_group``), the ids task (`
 every rank logs the ids of its samples, one file per srun step) through: a lost node without a spare
 (``min_nodes: 1``: the survivor finishes alone, every sample of every epoch once); a SIGSTOPped rank on the
 non-batch node (its watchdog ends it, the hang names its node, the spare takes over); two lost nodes one
-after the other (``max_restarts: 2``: the spare, then the batch host alone).
+after the other (``max_restarts: 2``: the spare, then the batch host alone). Then two own scripts
+(``train.command``): the plain ``train.py``, restarted once Slurm marks the node DOWN; and
+``train_preemptible.py``, whose ``preemption.exit_if_peer_lost`` saves on the survivor and leaves the
+peer-lost marker, restarted at once.
 
 Timings (loss → resumed step, loss → first new training step, steps redone) are printed (``pytest -s``)
 and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
@@ -441,6 +444,90 @@ def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandb
         assert job.rank_log(0).count("done: 3 epochs") == 1 and job.rank_log(1).count("done: 3 epochs") == 1
         recoveries = read_recoveries(run_dir)
         assert [(r["action"], r["bad"]) for r in recoveries] == [("restart", [victim])], recoveries
+        assert victim not in recoveries[0]["nodes"] and len(recoveries[0]["nodes"]) == 2, recoveries
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            restart_node(cluster, victim)
+
+
+def test_an_own_script_using_the_api_saves_on_the_survivor_and_restarts_at_once(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """``examples/own_script/train_preemptible.py`` (``preemption.exit_if_peer_lost`` around its loop) on 2
+    nodes with a spare loses its non-batch node mid-epoch 0, before its first snapshot. Rank 0's gradient
+    all-reduce fails: it saves the snapshot of its last completed step (the survivor save), leaves the
+    peer-lost marker and exits 1, so the batch script ends srun at once instead of waiting for Slurm to mark
+    the node DOWN (``SlurmdTimeout``); the next step runs on the batch host and the spare in the same job,
+    resumes from the survivor's snapshot (no step before the loss redone) and finishes."""
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / "job_preemptible.yaml")]
+    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
+    for s in (
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "recovery.spare_nodes=1",
+        # 32 steps per epoch of ~0.5 s each: the loss comes long before the first (epoch-end) snapshot
+        "train.command=python train_preemptible.py --epochs 2 --sleep 16 --log-every 1",
+    ):
+        cmd += ["--set", s]
+    r = cluster.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    job = DigitsJob(cluster, run_dir, m.group(1))
+    step_re = re.compile(r"^\[rank 0\] step (\d+) \(epoch", re.M)
+    victim = ""
+    try:
+        wait_for(lambda: len(step_re.findall(job.rank_log(0))) >= 8, 180, "rank 0's 8th step", job.diag)
+        step_nodes = first_step_nodes(job)
+        victim = step_nodes[1]
+        before = job.rank_log(0)
+        assert "snapshot of epoch" not in before and not (run_dir / "snapshot.pt").exists(), before[-2000:]
+        last_before = max(int(s) for s in step_re.findall(before))
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+
+        wait_for(lambda: "in-job restart 1)" in job.batch_log(), 240, "the in-job restart", job.diag)
+        started = time.time() - t_loss
+        record_timing("node lost (own script, preemption API) → next step started in the same job", started)
+        record_timing(f"{victim} state when the next step started: {node_state(cluster, victim)}", 0, "(state)")
+        resumed = wait_for(
+            lambda: re.search(
+                r"^\[rank 0\] resuming from snapshot \S+ at epoch (\d+) batch (\d+)$", job.rank_log(0), re.M
+            ),
+            120,
+            "the resume",
+            job.diag,
+        )
+        after = job.rank_log(0)[resumed.end() :]
+        wait_for(lambda: step_re.search(job.rank_log(0)[resumed.end() :]), 120, "a step after the resume", job.diag)
+        first_step = time.time() - t_loss
+        record_timing("node lost (own script, preemption API) → first training step after it", first_step)
+        # the survivor save: rank 0 alone, of the last step it completed; the resume is from it
+        log0 = job.rank_log(0)
+        saves = re.findall(r"slurm_ddp\[rank 0\]: survivor save of step (\d+) done by this rank", log0)
+        assert len(saves) == 1, log0[-3000:]
+        saved = int(saves[0])
+        epoch, batch = int(resumed.group(1)), int(resumed.group(2))
+        per_epoch = re.search(r"; (\d+) steps/epoch", log0)
+        assert per_epoch, log0[:2000]
+        assert (epoch, epoch * int(per_epoch.group(1)) + batch) == (0, saved), (resumed.group(0), saved)
+        assert saved >= last_before, (saved, last_before)
+        record_timing("steps redone (own script, survivor save)", max(last_before - saved, 0), "steps")
+        assert "left the peer-lost marker" in log0 and "a rank saw a peer vanish" in job.batch_log(), job.batch_log()
+        # well before Slurm's own notice (~70-80 s): without the marker the next step started 67 s after the loss
+        assert started < SLURMD_TIMEOUT_S and first_step < SLURMD_TIMEOUT_S, (started, first_step, after[:500])
+
+        wait_for(lambda: job.state() in ENDED, 180, "the job to end", job.diag)
+        assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
+        assert (run_dir / "FINISHED").exists()
+        assert job.rank_log(0).count("done: 2 epochs") == 1 and job.rank_log(1).count("done: 2 epochs") == 1
+        recoveries = read_recoveries(run_dir)
+        assert [(r["action"], r["bad"], r["peer_lost"], r["lost_step"]) for r in recoveries] == [
+            ("restart", [victim], True, saved)
+        ], recoveries
         assert victim not in recoveries[0]["nodes"] and len(recoveries[0]["nodes"]) == 2, recoveries
     finally:
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):

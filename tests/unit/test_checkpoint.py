@@ -572,3 +572,26 @@ def test_claims_of_pruned_steps_are_removed(tmp_path):
     mgr.save(state(2), 2)
     mgr.save(state(3), 3)
     assert not mgr.claim_path(1).exists() and [i.step for i in mgr.committed()] == [3]
+
+
+def test_write_once_runs_the_first_callers_write_and_tells_the_others(tmp_path):
+    from slurm_ddp.checkpoint import write_once
+
+    claim = tmp_path / "recovery" / "peer-lost.9.0.0.save.claim"  # parents are created
+    calls = []
+    assert write_once(claim, lambda: calls.append("first"), timeout_s=0) == (True, "committed")
+    assert write_once(claim, lambda: calls.append("second"), timeout_s=0) == (False, "committed")
+    assert calls == ["first"] and claim.read_text() == "committed\n"
+
+
+def test_write_once_records_a_failed_write_and_reraises_it(tmp_path):
+    from slurm_ddp.checkpoint import write_once
+
+    def boom() -> None:
+        raise OSError("disk full\nsecond line")
+
+    mgr = CheckpointManager(tmp_path)
+    with pytest.raises(OSError, match="disk full"):
+        mgr.write_once(4, boom, timeout_s=0)
+    assert mgr.wait_claim(4, timeout_s=0) == "failed: disk full second line"  # one line
+    assert write_once(mgr.claim_path(4), lambda: None, timeout_s=0) == (False, "failed: disk full second line")

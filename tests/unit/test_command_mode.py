@@ -260,3 +260,77 @@ def test_should_stop_needs_install():
     preemption._reset_for_tests()
     with pytest.raises(RuntimeError, match="install"):
         preemption.should_stop()
+
+
+# --------------------------------------------------------------------------- a lost peer (exit_if_peer_lost)
+def test_peer_failures_are_told_from_other_errors():
+    import torch.distributed as dist
+
+    from slurm_ddp.worker.runtime import is_peer_failure
+
+    lost = [
+        dist.DistBackendError("NCCL communicator was aborted"),
+        RuntimeError("[../third_party/gloo/gloo/transport/tcp/pair.cc:534] Connection closed by peer [10.0.0.2]:4711"),
+        RuntimeError("[gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 30000ms for recv operation"),
+        RuntimeError("Connection reset by peer"),
+    ]
+    other = [RuntimeError("CUDA out of memory"), ValueError("timeout must be positive"), KeyError("peer")]
+    assert [is_peer_failure(e) for e in lost] == [True] * 4
+    assert [is_peer_failure(e) for e in other] == [False] * 3
+
+
+def test_exit_if_peer_lost_returns_for_any_other_error(tmp_path, monkeypatch):
+    from slurm_ddp import preemption
+    from slurm_ddp.rundir import PEER_LOST_VAR
+
+    marker = tmp_path / "peer-lost.1.0.0"
+    monkeypatch.setenv("SLURM_DDP_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv(PEER_LOST_VAR, str(marker))
+    saves = []
+    assert preemption.exit_if_peer_lost(RuntimeError("CUDA out of memory"), 3, save=lambda: saves.append(3)) is None
+    assert saves == [] and not marker.exists() and not list(tmp_path.rglob("*.claim"))
+
+
+@pytest.mark.parametrize("run_dir", [True, False], ids=["run-dir", "no-run-dir"])
+def test_exit_if_peer_lost_saves_marks_and_exits_1(tmp_path, run_dir):
+    """A lost peer in a real process (no group): the save runs (with a run directory to claim it in),
+    the peer-lost marker gets the rank's record, the process exits 1 without reaching the next line."""
+    from slurm_ddp.rundir import PEER_LOST_VAR, read_jsonl, survivor_claim_path
+
+    code = textwrap.dedent("""
+        import sys
+        from slurm_ddp import preemption
+        def save():
+            open(sys.argv[1], "a").write("saved\\n")
+        try:
+            raise RuntimeError("[pair.cc:534] Connection closed by peer [10.0.0.2]:4711\\nmore")
+        except RuntimeError as e:
+            preemption.exit_if_peer_lost(e, step=17, save=save)
+        print("not reached")
+    """)
+    marker = tmp_path / "run" / "recovery" / "peer-lost.5.0.1"
+    env = _clean_env({"RANK": "1", PEER_LOST_VAR: str(marker), "SLURMD_NODENAME": "n2"})
+    if run_dir:
+        env["SLURM_DDP_RUN_DIR"] = str(tmp_path / "run")
+    saves = tmp_path / "saves"
+    r = subprocess.run([sys.executable, "-c", code, str(saves)], env=env, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and r.stdout == "", r.stdout + r.stderr
+    [record] = read_jsonl(marker)
+    assert (record["rank"], record["host"], record["step"]) == (1, "n2", 17), record
+    assert record["error"] == "[pair.cc:534] Connection closed by peer [10.0.0.2]:4711"
+    assert "slurm_ddp[rank 1]: a peer rank died or stopped responding after step 17" in r.stderr, r.stderr
+    if run_dir:
+        assert saves.read_text() == "saved\n" and "survivor save of step 17 done by this rank" in r.stderr
+        assert survivor_claim_path(tmp_path / "run", env).read_text() == "committed\n"
+    else:
+        assert not saves.exists() and "no survivor save: SLURM_DDP_RUN_DIR is unset" in r.stderr, r.stderr
+
+
+def test_the_survivor_claim_is_one_per_job_step():
+    from slurm_ddp.rundir import PEER_LOST_VAR, survivor_claim_path
+
+    marker = "/runs/a/recovery/peer-lost.42.1.2"
+    assert str(survivor_claim_path("/runs/a", {PEER_LOST_VAR: marker})) == marker + ".save.claim"
+    env = {"SLURM_JOB_ID": "42", "SLURM_RESTART_COUNT": "1"}
+    assert str(survivor_claim_path("/runs/a", env)) == "/runs/a/recovery/peer-lost.42.1.save.claim"
+    assert survivor_claim_path("/runs/a", {}).name == "peer-lost.-.0.save.claim"
