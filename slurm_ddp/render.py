@@ -146,6 +146,32 @@ def gpu_options(cfg: JobConfig) -> Dict[str, str]:
     return opts
 
 
+def recovery_warning(cfg: JobConfig) -> Optional[str]:
+    """One line when in-job recovery (``recovery``) cannot recover a hung node for the shared worker; else None.
+
+    A peer that hangs silently (a frozen node) is named by the hang watchdog's reports; if the worker's
+    collective times out first (``train.pg_timeout_s`` ≤ ``watchdog.timeout_floor_s``), or there is no
+    watchdog, the ranks see a lost peer with no node to blame (every probe passes) and the job ends as after
+    a crash. ``train.command`` scripts set their own timeout and are not checked. Shown by ``render`` and
+    ``submit`` (also ``--dry-run``).
+    """
+    if not cfg.in_job_recovery or cfg.train.command:
+        return None
+    w, pg = cfg.watchdog, cfg.train.pg_timeout_s
+    if not w.enabled:
+        return (
+            "recovery: watchdog.enabled is false, so a hung node (a silent peer) is not named and ends the job "
+            "as a crash after train.pg_timeout_s; enable the watchdog"
+        )
+    if w.timeout_floor_s >= pg:
+        return (
+            f"recovery: watchdog.timeout_floor_s={w.timeout_floor_s:g} is not below train.pg_timeout_s={pg}, so a "
+            "hung node makes the collective time out before the watchdog names it, and the job ends as a crash; "
+            "lower watchdog.timeout_floor_s or raise train.pg_timeout_s"
+        )
+    return None
+
+
 def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
     """One line when a GPU rank gets a single CPU, or fewer CPUs than its DataLoader workers plus one
     (the rank's own process), naming ``slurm.cpus_per_task``; else None.
@@ -303,7 +329,7 @@ class RenderedJob:
     #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
     #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
     shown: str = ""
-    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``); not in the script
+    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``, ``recovery_warning``); not in the script
     warnings: Tuple[str, ...] = ()
 
 
@@ -395,7 +421,5 @@ def render(
     script = text(env)
     shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    warning = loader_cpu_warning(cfg)
-    return RenderedJob(
-        script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=(warning,) if warning else ()
-    )
+    warnings = tuple(w for w in (loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
+    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=warnings)

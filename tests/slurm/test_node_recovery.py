@@ -407,26 +407,27 @@ def test_a_second_lost_node_is_handled_in_the_same_job_too(cluster: SlurmSandbox
 
 
 # --------------------------------------------------------------------------- an own script
+def submit_own_script(sb: SlurmSandbox, run_dir: Path, job_yaml: str, command: str) -> DigitsJob:
+    """Submit ``examples/own_script/JOB_YAML`` with ``train.command=COMMAND`` as a 2-node job, one rank per
+    node, with one spare; the job."""
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / job_yaml)]
+    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
+    for s in ("slurm.nodes=2", "slurm.tasks_per_node=1", "recovery.spare_nodes=1", f"train.command={command}"):
+        cmd += ["--set", s]
+    r = sb.run(cmd, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return DigitsJob(sb, run_dir, m.group(1))
+
+
 def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandbox, tmp_path: Path) -> None:
     """``train.command``: the tutorial-style ``examples/own_script/train.py`` (knows nothing of slurm_ddp)
     on 2 nodes with a spare loses its non-batch node after its first snapshot. No rank leaves a peer-lost
     marker, so srun ends only when Slurm marks the node DOWN (``SlurmdTimeout``); then the next step runs on
     the batch host and the spare in the same job, resumes from the script's snapshot and finishes."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / "job.yaml")]
-    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
-    for s in (
-        "slurm.nodes=2",
-        "slurm.tasks_per_node=1",
-        "recovery.spare_nodes=1",
-        "train.command=python train.py --epochs 3 --sleep 3",
-    ):
-        cmd += ["--set", s]
-    r = cluster.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    m = re.search(r"submitted job (\d+)", r.stdout)
-    assert m, r.stdout
-    job = DigitsJob(cluster, run_dir, m.group(1))
+    job = submit_own_script(cluster, run_dir, "job.yaml", "python train.py --epochs 3 --sleep 3")
     victim = ""
     try:
         wait_for(lambda: "snapshot of epoch 0 saved" in job.rank_log(0), 180, "the first snapshot", job.diag)
@@ -462,21 +463,10 @@ def test_an_own_script_using_the_api_saves_on_the_survivor_and_restarts_at_once(
     the node DOWN (``SlurmdTimeout``); the next step runs on the batch host and the spare in the same job,
     resumes from the survivor's snapshot (no step before the loss redone) and finishes."""
     run_dir = tmp_path / "run"
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(REPO / "examples" / "own_script" / "job_preemptible.yaml")]
-    cmd += ["--backend", "sbatch", "--run-dir", str(run_dir)]
-    for s in (
-        "slurm.nodes=2",
-        "slurm.tasks_per_node=1",
-        "recovery.spare_nodes=1",
-        # 32 steps per epoch of ~0.5 s each: the loss comes long before the first (epoch-end) snapshot
-        "train.command=python train_preemptible.py --epochs 2 --sleep 16 --log-every 1",
-    ):
-        cmd += ["--set", s]
-    r = cluster.run(cmd, capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0, r.stdout + r.stderr
-    m = re.search(r"submitted job (\d+)", r.stdout)
-    assert m, r.stdout
-    job = DigitsJob(cluster, run_dir, m.group(1))
+    # 32 steps per epoch of ~0.5 s each: the loss comes long before the first (epoch-end) snapshot
+    job = submit_own_script(
+        cluster, run_dir, "job_preemptible.yaml", "python train_preemptible.py --epochs 2 --sleep 16 --log-every 1"
+    )
     step_re = re.compile(r"^\[rank 0\] step (\d+) \(epoch", re.M)
     victim = ""
     try:

@@ -700,3 +700,32 @@ def test_a_gpu_rank_with_the_default_single_cpu_is_warned_without_loader_workers
     if verb != "explain":
         assert "#SBATCH --cpus-per-task=1" in out and "--gpus-per-node=4" in out
         assert err.splitlines() == lines
+
+
+@pytest.mark.parametrize(
+    "sections, warned",
+    [
+        ({}, False),  # the defaults: a 45 s floor under a 600 s timeout
+        ({"train": {"pg_timeout_s": 30}, "watchdog": {"timeout_floor_s": 45}}, True),
+        ({"watchdog": {"enabled": False}}, True),
+        ({"train": {"pg_timeout_s": 30}, "recovery": {"spare_nodes": 0}}, False),  # no recovery: not checked
+    ],
+)
+def test_recovery_that_cannot_name_a_hung_node_is_warned_in_one_line(sections, warned, write_job, tmp_path, capsys):
+    """In-job recovery names a hung node from the watchdog's reports: a collective that times out first
+    (train.pg_timeout_s <= watchdog.timeout_floor_s), or no watchdog, ends the job as a crash instead.
+    ``submit --dry-run`` says so in one line naming the keys; the script is still printed."""
+    from slurm_ddp.cli import main
+
+    doc = {"name": "unit", "slurm": {"nodes": 2}, "recovery": {"spare_nodes": 1}}
+    for key, value in sections.items():
+        doc[key] = {**doc.get(key, {}), **value}
+    job = str(write_job(doc))
+    argv = ["submit", job, "--backend", "sbatch", "--dry-run", "--no-check-task", "--run-dir", str(tmp_path / "run")]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.startswith("slurm-ddp: warning: recovery:")]
+    assert len(lines) == (1 if warned else 0), err
+    if warned:
+        assert "watchdog." in lines[0] and "train.pg_timeout_s" in lines[0], lines
+    assert "#SBATCH --no-kill" in out if doc["recovery"]["spare_nodes"] else "#SBATCH --no-kill" not in out
