@@ -28,7 +28,7 @@ from lib import wait_process
 from slurm_ddp.checkpoint import CheckpointManager
 from slurm_ddp.rundir import read_metrics
 
-pytestmark = pytest.mark.local
+pytestmark = [pytest.mark.local, pytest.mark.xdist_group("emergency_resume")]  # one reference run for both
 
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
@@ -78,12 +78,21 @@ def rank_pid(launcher: int, rank: int) -> int:
     raise AssertionError(f"no rank {rank} among the children {pids} of {launcher}")
 
 
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The run directory of an uninterrupted run of the job."""
+    base = tmp_path_factory.mktemp("uninterrupted")
+    ref = submit(base / "run", base / "submit.out")
+    assert ref.wait(timeout=400) == 0, (base / "submit.out").read_text()[-3000:]
+    return base / "run"
+
+
 @pytest.mark.parametrize("how", [signal.SIGKILL, signal.SIGSTOP], ids=["killed", "stopped"])
-def test_an_emergency_checkpoint_resumes_bitwise_exact_on_the_same_world_size(how: int, tmp_path: Path) -> None:
-    base, inter = tmp_path / "uninterrupted", tmp_path / "interrupted"
+def test_an_emergency_checkpoint_resumes_bitwise_exact_on_the_same_world_size(
+    how: int, uninterrupted: Path, tmp_path: Path
+) -> None:
+    base, inter = uninterrupted, tmp_path / "interrupted"
     outs = [tmp_path / f"submit-{i}.out" for i in range(3)]
-    ref = submit(base, outs[0])
-    assert ref.wait(timeout=400) == 0, outs[0].read_text()[-3000:]
 
     proc = submit(inter, outs[1])
     try:
