@@ -345,9 +345,12 @@ def test_a_stopped_rank_on_the_non_batch_node_is_left_out_by_an_in_job_restart(
         record_timing("steps redone (hang, emergency checkpoint)", last_before - resume["step"], "steps")
         assert resume["emergency"] and resume["world_size"] == 2, resume
         assert resume["step"] >= last_before - 1, (resume, last_before)
-        # rank 0's answer to its hang watchdog (rundir.hangs), in the step's reports, set aside by the restart
+        # rank 0's answer to its hang watchdog (rundir.hangs), in the step's reports, set aside by the restart;
+        # the stopped rank 1 may answer too once the step's end continues it (slurmstepd's SIGCONT before its
+        # SIGTERM), but never with a second commit
         answers = {p.name: p.read_text().splitlines() for p in job.run_dir.glob("hangs/*/rank-*.save")}
-        assert answers == {"rank-0.save": ["saving", f"committed step {resume['step']}"]}, answers
+        assert answers.get("rank-0.save") == ["saving", f"committed step {resume['step']}"], answers
+        assert all(not a[-1].startswith("committed") for n, a in answers.items() if n != "rank-0.save"), answers
         recoveries = read_recoveries(job.run_dir)
         assert len(recoveries) == 1 and recoveries[0]["action"] == "restart", recoveries
         assert recoveries[0]["bad"] == [victim] and victim not in recoveries[0]["nodes"], recoveries
