@@ -15,6 +15,7 @@ training script of one's own where a collective per step costs nothing that matt
 
 from __future__ import annotations
 
+import functools
 import signal
 import threading
 import time
@@ -166,6 +167,26 @@ def worker_signals(requeue_signal: SignalSpec) -> tuple[signal.Signals, ...]:
     worker's flag, and ``slurm_ddp.preemption.install()``'s default). The launch wrapper execs the worker
     with these blocked; ``PreemptionFlag.install`` unblocks them, so one sent earlier is not lost."""
     return tuple(dict.fromkeys((to_signal(requeue_signal), signal.SIGTERM)))
+
+
+def ignore_in_loader_workers(signals: Iterable[SignalSpec]) -> Callable[[int], None]:
+    """A DataLoader ``worker_init_fn`` (called with the worker id) that makes the loader's worker processes
+    ignore ``signals`` — the rank's stop signals (:func:`worker_signals`).
+
+    Why: Slurm sends a stop signal to every process of the step (``scancel``, preemption, ``KillWait``;
+    scancel(1), slurm.conf(5) ``PreemptMode``), and the local launcher to each rank's process group, so the
+    loader workers get it too. torch's worker handler (``torch.utils.data._utils.signal_handling``) lets a
+    SIGTERM that its rank did not send kill the worker, and the rank's next batch then raises "DataLoader
+    worker … is killed by signal: Terminated": the rank fails instead of saving at the step boundary.
+    Ignoring the signal leaves the stop to the rank, which ends its loader workers as it exits (and they
+    end on their own when it is gone: torch's worker loop watches its parent). A picklable callable
+    (``functools.partial``), so it also works with the ``spawn`` and ``forkserver`` start methods."""
+    return functools.partial(_ignore_signals, tuple(int(to_signal(s)) for s in signals))
+
+
+def _ignore_signals(signums: tuple[int, ...], worker_id: int) -> None:
+    for signum in signums:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:

@@ -55,7 +55,7 @@ from ..rundir import (
     write_peer_lost,
     write_preempted,
 )
-from ..signals import PreemptionFlag, worker_signals
+from ..signals import PreemptionFlag, ignore_in_loader_workers, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
 from .runtime import (
@@ -217,6 +217,8 @@ class Trainer:
             num_workers=tc.num_workers,
             pin_memory=tc.pin_memory and self.device.type == "cuda",
             persistent_workers=tc.persistent_workers and tc.num_workers > 0,
+            # the stop signal that reaches every process of the step is the rank's to act on
+            worker_init_fn=ignore_in_loader_workers(self.flag.signals) if tc.num_workers > 0 else None,
             # A dedicated generator: creating an iterator then draws nothing from the global
             # torch RNG, whose state is part of the checkpoint.
             generator=torch.Generator().manual_seed(tc.seed),

@@ -150,7 +150,16 @@ def test_max_requeues_is_honoured(slurm_sandbox, tmp_path: Path) -> None:
 
 
 def test_partition_preemption_requeues_and_resumes(slurm_sandbox, tmp_path: Path) -> None:
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=2", "slurm.tasks_per_node=1", "slurm.partition=debug")
+    # Two DataLoader workers per rank: slurmctld's SIGTERM reaches every process of the step, the loader
+    # workers too; they must leave the stop to their rank (signals.ignore_in_loader_workers).
+    job = submit(
+        slurm_sandbox,
+        tmp_path / "run",
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "slurm.partition=debug",
+        "train.num_workers=2",
+    )
     job.wait_step(40)
     t0 = time.time()
     # Needs every CPU of both nodes: the scheduler must preempt the training job.

@@ -1,0 +1,55 @@
+"""``signals.ignore_in_loader_workers``: a DataLoader's worker processes ignore the rank's stop signals, so the
+SIGTERM that Slurm sends to every process of a step (or the local launcher to a rank's process group) is the
+rank's to act on. End to end: the preemption soak (SIGTERM to the launcher, ``num_workers=2``) and the Slurm
+partition-preemption test (``train.num_workers=2``)."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+from pathlib import Path
+
+import torch
+from torch.utils.data import DataLoader
+
+from slurm_ddp.signals import ignore_in_loader_workers, worker_signals
+
+
+def _ignored(pid: int) -> int:
+    """The SigIgn mask of process ``pid`` (proc(5))."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("SigIgn:"):
+            return int(line.split()[1], 16)
+    raise AssertionError(f"no SigIgn line for {pid}")
+
+
+def _bit(sig: signal.Signals) -> int:
+    return 1 << (int(sig) - 1)
+
+
+def test_loader_workers_ignore_the_stop_signals_and_keep_loading_after_a_sigterm() -> None:
+    data = torch.arange(64, dtype=torch.float32)
+    loader = DataLoader(
+        data, batch_size=2, num_workers=2, worker_init_fn=ignore_in_loader_workers(worker_signals("USR2"))
+    )
+    it = iter(loader)
+    first = next(it)  # a batch came back: each worker that made one ran its init function
+    second = next(it)
+    pids = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    for pid in pids:
+        mask = _ignored(pid)
+        assert mask & _bit(signal.SIGTERM) and mask & _bit(signal.SIGUSR2), (pid, hex(mask))
+    # SIGTERM from another process (as slurmstepd sends it): ignored, so the rest still loads
+    subprocess.run(["kill", "-TERM", *map(str, pids)], check=True)
+    rest = list(it)
+    assert torch.cat([first, second, *rest]).tolist() == data.tolist()
+
+
+def test_without_it_the_workers_keep_torchs_sigterm_handling() -> None:
+    """The case the function is for: a plain loader's workers do not ignore SIGTERM."""
+    loader = DataLoader(torch.arange(8, dtype=torch.float32), batch_size=2, num_workers=1)
+    it = iter(loader)
+    next(it)
+    (pid,) = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    assert not _ignored(pid) & _bit(signal.SIGTERM)
+    del it
