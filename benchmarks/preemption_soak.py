@@ -6,7 +6,8 @@
 Local backend (2 gloo ranks on this machine, through ``slurm-ddp submit --backend local``, the launcher
 that stands in for srun). The digits job (``benchmarks/soak_task.py``: the digits task plus handshake
 hooks that are inert unless the harness arms them) with ``log_every=1``, ``eval_every=50``,
-``checkpoint.every_steps=10`` (async), ``keep_last=2``, random augmentation, and enough steps
+``checkpoint.every_steps=10`` (async), ``keep_last=2``, random augmentation loaded by two DataLoader workers
+(``num_workers=2``), and enough steps
 (``100·N + 500``) that the run cannot finish before its N-th interruption.
 
 Each interruption is one ``submit`` of the same run directory that is stopped by one of
@@ -87,7 +88,7 @@ def job_yaml(work: Path, max_steps: int) -> Path:
             "seed": 0,
             "log_every": 1,
             "eval_every": EVAL_EVERY,
-            "num_workers": 0,
+            "num_workers": 2,  # DataLoader workers: their seeding must resume exactly too
             "args": {"width": 8, "augment": True},
         },
         "checkpoint": {"every_steps": EVERY_STEPS, "keep_last": 2, "async_save": True},
