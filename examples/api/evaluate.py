@@ -33,7 +33,7 @@ def main(argv: list) -> int:
     run = slurm_ddp.Run(argv[0])
     weights = run.final().weights  # UserError when that run has not finished
     cfg = yaml.safe_load((run.path / "config.yaml").read_text())
-    model = DigitsNet(width=int((cfg["train"].get("args") or {}).get("width", 32)))
+    model = DigitsNet(width=int((cfg["train"].get("args") or {}).get("width", 16)))
     model.load_state_dict(torch.load(weights, map_location="cpu", weights_only=True))
     model.eval()
     _, _, x_eval, y_eval = load_split()

@@ -105,7 +105,7 @@ class DigitsNet(nn.Module):
     """[B, 1, 8, 8] → [B, 10] logits: three 3×3 conv+BatchNorm+ReLU blocks, one 2×2 max-pool, then
     dropout (probability ``dropout``, 0: none) before the linear head."""
 
-    def __init__(self, width: int = 32, dropout: float = 0.0):
+    def __init__(self, width: int = 16, dropout: float = 0.0):
         super().__init__()
 
         def block(cin: int, cout: int) -> nn.Sequential:
@@ -122,10 +122,10 @@ class DigitsNet(nn.Module):
 
 
 class DigitsTask(Task):
-    """``train.args``: ``width`` (default 32), ``augment`` (default true), ``dropout`` (default 0)."""
+    """``train.args``: ``width`` (default 16), ``augment`` (default true), ``dropout`` (default 0)."""
 
     def build_model(self) -> nn.Module:
-        return DigitsNet(width=int(self.args.get("width", 32)), dropout=float(self.args.get("dropout", 0.0)))
+        return DigitsNet(width=int(self.args.get("width", 16)), dropout=float(self.args.get("dropout", 0.0)))
 
     def build_datasets(self):
         x_tr, y_tr, x_ev, y_ev = load_split()

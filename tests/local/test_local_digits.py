@@ -111,7 +111,7 @@ def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
         sys.path.remove(str(JOB.parent))
     state = torch.load(run_dir / "final_model.pt", weights_only=True)
     assert not any(k.startswith("module.") for k in state)
-    DigitsNet(width=32).load_state_dict(state)
+    DigitsNet(width=16).load_state_dict(state)
 
     # provenance.json: both submits (what was submitted, with which versions) and both starts (where).
     prov = json.loads((run_dir / PROVENANCE_NAME).read_text())

@@ -33,7 +33,7 @@ def test_example_loads(example_job):
     assert cfg.slurm.time == "00:20:00" and cfg.slurm.time_s == 20 * 60
     assert cfg.train.task == "digits_task:DigitsTask"
     assert (cfg.train.max_steps, cfg.train.batch_size, cfg.train.lr) == (600, 32, 0.003)
-    assert dict(cfg.train.args) == {"width": 32, "augment": True}
+    assert dict(cfg.train.args) == {"width": 16, "augment": True}
     assert (cfg.checkpoint.every_steps, cfg.checkpoint.keep_last) == (100, 2)
     assert (cfg.requeue.signal_name, cfg.requeue.signal_delay_s, cfg.requeue.max_requeues) == ("USR2", 120, 3)
     # the default pythonpath is the YAML's own directory, made absolute
