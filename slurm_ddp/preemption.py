@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional
 
 from .constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from .errors import PeerFailure
-from .signals import PreemptionFlag, SignalSpec, worker_signals
+from .signals import PreemptionFlag, SignalSpec, ignore_in_loader_workers, worker_signals
 
 if TYPE_CHECKING:
     from .worker.runtime import StepAgreement
@@ -83,6 +83,16 @@ def install(signals: Optional[Iterable[SignalSpec]] = None) -> PreemptionFlag:
     _flag = PreemptionFlag(chosen).install()
     _agreement = None
     return _flag
+
+
+def loader_worker_init(worker_id: int) -> None:
+    """A DataLoader ``worker_init_fn``: the loader's worker processes ignore the stop signals :func:`install`
+    handles by default (``$SLURM_DDP_REQUEUE_SIGNAL``, else ``USR2``, and SIGTERM). Slurm sends them to every
+    process of the step; a loader worker killed by one makes the rank's next batch raise ("DataLoader worker
+    … is killed by signal: Terminated") before ``should_stop`` can see the flag. Use it as
+    ``DataLoader(..., num_workers=N, worker_init_fn=preemption.loader_worker_init)``; a script with its own
+    ``worker_init_fn`` calls this first in it. See :func:`slurm_ddp.signals.ignore_in_loader_workers`."""
+    ignore_in_loader_workers(worker_signals(os.environ.get(SIGNAL_VAR) or "USR2"))(worker_id)
 
 
 def flag() -> PreemptionFlag:

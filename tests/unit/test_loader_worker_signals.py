@@ -53,3 +53,21 @@ def test_without_it_the_workers_keep_torchs_sigterm_handling() -> None:
     (pid,) = [w.pid for w in it._workers]  # type: ignore[attr-defined]
     assert not _ignored(pid) & _bit(signal.SIGTERM)
     del it
+
+
+def test_preemption_loader_worker_init_ignores_the_jobs_requeue_signal_and_sigterm(monkeypatch) -> None:
+    """The own-script API's ``worker_init_fn``: the job's ``requeue.signal`` comes from the launch wrapper's
+    ``SLURM_DDP_REQUEUE_SIGNAL``."""
+    from slurm_ddp import preemption
+
+    monkeypatch.setenv(preemption.SIGNAL_VAR, "USR1")
+    loader = DataLoader(
+        torch.arange(8, dtype=torch.float32), batch_size=2, num_workers=1, worker_init_fn=preemption.loader_worker_init
+    )
+    it = iter(loader)
+    next(it)
+    (pid,) = [w.pid for w in it._workers]  # type: ignore[attr-defined]
+    mask = _ignored(pid)
+    assert mask & _bit(signal.SIGUSR1) and mask & _bit(signal.SIGTERM), hex(mask)
+    assert not mask & _bit(signal.SIGUSR2), hex(mask)
+    del it
