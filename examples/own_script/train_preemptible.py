@@ -90,7 +90,7 @@ def main() -> None:
 
     data = make_dataset()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
-    # with num_workers > 0 the loader's workers must ignore the stop signal Slurm sends to every process
+    # preemption: with num_workers > 0 the loader workers must ignore the stop signal Slurm sends to every process
     loader = DataLoader(data, batch_size=args.batch_size, sampler=sampler, worker_init_fn=preemption.loader_worker_init)
     host = socket.gethostname()
     print(f"[rank {rank}] host {host} local_rank {local_rank} of world {world}; {len(loader)} steps/epoch", flush=True)
