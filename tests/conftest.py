@@ -9,7 +9,9 @@ is a hint only: a test missing from it starts after the known ones, in collectio
 
 from __future__ import annotations
 
+import compileall
 import json
+import os
 from pathlib import Path
 from typing import Dict, List
 
@@ -27,6 +29,23 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         action="store_true",
         help=f"write each test's wall time (setup + call + teardown, s) to {DURATIONS.name}: the order later runs use",
     )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Write the checkout's bytecode once (the controller, before xdist starts its workers).
+
+    The suite starts ~2,000 Python processes (ranks, launchers, the batch script's helpers, CLI calls),
+    and with ``PYTHONDONTWRITEBYTECODE=1`` (set on this project's machine image) each compiled every
+    ``slurm_ddp`` module it imported from source again: ~0.5 CPU-s per rank, ~0.1 s per CLI call
+    (measured: 2.2 vs 2.7 CPU-s for ``import slurm_ddp.worker.train, slurm_ddp.cli``). Python still
+    reads ``__pycache__`` with that variable set; ``compileall`` writes it regardless (only what is
+    stale: a second run costs a stat per file). ``__pycache__/`` is git-ignored."""
+    if hasattr(config, "workerinput"):
+        return
+    root = Path(__file__).resolve().parents[1]
+    for name in ("slurm_ddp", "tests", "examples", "benchmarks"):
+        if (root / name).is_dir() and os.access(root / name, os.W_OK):
+            compileall.compile_dir(str(root / name), quiet=2)
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
