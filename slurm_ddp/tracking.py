@@ -357,12 +357,10 @@ class _MlflowSink:
                 op.wait()
             self.pending.clear()
 
-    def close(self, finished: bool) -> None:
+    def close(self, status: Optional[str]) -> None:
         self.sync()
-        if finished:  # else the run stays RUNNING: the next start of the run directory continues it
-            from mlflow.entities import RunStatus
-
-            self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
+        if status is not None:
+            self.client.set_terminated(self.run_id, status)
 
 
 #: W&B's transaction log (``RUN_DIR/wandb/*run-*-ID/run-ID.wandb``): LevelDB's log format (32 KiB
@@ -512,10 +510,10 @@ class _WandbSink:
     def sync(self) -> None:
         """Nothing to wait for: ``metrics.jsonl`` holds every row, and the next start logs what W&B lost."""
 
-    def close(self, finished: bool) -> None:
+    def close(self, status: Optional[str]) -> None:
         self.queue.put(None)
         self.thread.join()
-        self.run.finish(exit_code=0 if finished else 1)
+        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
 
 
 class Tracker:
@@ -571,7 +569,7 @@ class Tracker:
     def close(self) -> None:
         for name, sink in self.sinks.items():
             try:
-                sink.close(self.finished)
+                sink.close("FINISHED" if self.finished else None)
             except Exception as e:
                 log.warning("tracking.%s: closing the run failed (%s)", name, e)
         self.sinks = {}
