@@ -75,9 +75,12 @@ def hang_save_path(run_dir: PathLike, job_id: str, restart: int, rank: int) -> P
 
 
 def start_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int) -> None:
-    """The rank took its watchdog's report as a request to save: the first line. Raises ``OSError``."""
-    with open(hang_save_path(run_dir, job_id, restart, rank), "w", encoding="utf-8") as f:
-        f.write(HANG_SAVE_ACK + "\n")
+    """The rank took its watchdog's report as a request to save: the first line, written atomically (a
+    rank ended while it writes leaves no empty answer, which a reader would take for an acknowledgement
+    without an outcome). Raises ``OSError``."""
+    from ..checkpoint import atomic_write_text  # deferred: the checkpoint package reads the run directory
+
+    atomic_write_text(hang_save_path(run_dir, job_id, restart, rank), HANG_SAVE_ACK + "\n")
 
 
 def end_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int, outcome: str) -> None:
