@@ -357,10 +357,12 @@ class _MlflowSink:
                 op.wait()
             self.pending.clear()
 
-    def close(self, status: Optional[str]) -> None:
+    def close(self, finished: bool) -> None:
         self.sync()
-        if status is not None:
-            self.client.set_terminated(self.run_id, status)
+        if finished:  # else the run stays RUNNING: the next start of the run directory continues it
+            from mlflow.entities import RunStatus
+
+            self.client.set_terminated(self.run_id, RunStatus.to_string(RunStatus.FINISHED))
 
 
 #: W&B's transaction log (``RUN_DIR/wandb/*run-*-ID/run-ID.wandb``): LevelDB's log format (32 KiB
@@ -510,10 +512,10 @@ class _WandbSink:
     def sync(self) -> None:
         """Nothing to wait for: ``metrics.jsonl`` holds every row, and the next start logs what W&B lost."""
 
-    def close(self, status: Optional[str]) -> None:
+    def close(self, finished: bool) -> None:
         self.queue.put(None)
         self.thread.join()
-        self.run.finish(exit_code=0 if status == "FINISHED" else 1)
+        self.run.finish(exit_code=0 if finished else 1)
 
 
 class Tracker:
@@ -569,7 +571,7 @@ class Tracker:
     def close(self) -> None:
         for name, sink in self.sinks.items():
             try:
-                sink.close("FINISHED" if self.finished else None)
+                sink.close(self.finished)
             except Exception as e:
                 log.warning("tracking.%s: closing the run failed (%s)", name, e)
         self.sinks = {}

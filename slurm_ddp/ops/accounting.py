@@ -23,7 +23,7 @@ import subprocess
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
-from .slurm import PREEMPTED_STATE
+from ..rundir.local_end import PREEMPTED_STATE
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 

@@ -78,8 +78,8 @@ from ..rundir import (
     stop_dir,
 )
 from ..rundir import in_job_restarts as join_in_job_restarts
+from ..rundir.local_end import PREEMPTED_STATE
 from .accounting import Accounting, AccountingRow, Runner
-from .slurm import PREEMPTED_STATE
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
 PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "other")

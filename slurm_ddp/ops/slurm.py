@@ -14,6 +14,8 @@ import subprocess
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from ..rundir.local_end import PREEMPTED_STATE
+
 #: ``subprocess.run``'s signature: ``run(argv, capture_output=True, text=True, timeout=S)``.
 Runner = Callable[..., subprocess.CompletedProcess[str]]
 
@@ -33,8 +35,6 @@ FINAL_STATES = frozenset(
     }
 )
 #: States of a job that is waiting to run again.
-#: The Slurm job state of a preempted job (squeue(1) "JOB STATE CODES"; not the run directory's marker file).
-PREEMPTED_STATE = "PREEMPTED"
 REQUEUED_STATES = frozenset({"REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", PREEMPTED_STATE, "SPECIAL_EXIT"})
 #: The Reason of a pending job whose dependency can no longer be met (a job it is ``afterok`` of
 #: failed, ...): Slurm keeps it PENDING forever unless ``SchedulerParameters=kill_invalid_depend``

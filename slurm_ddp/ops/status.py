@@ -31,8 +31,9 @@ from typing import Any, Dict, List, Optional, Sequence
 from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
+from ..rundir.local_end import PREEMPTED_STATE
 from .runs import Run, is_run_dir, read_run
-from .slurm import NEVER_SATISFIED_REASON, PREEMPTED_STATE, Runner, SlurmAnswer, SlurmJob, query_jobs
+from .slurm import NEVER_SATISFIED_REASON, Runner, SlurmAnswer, SlurmJob, query_jobs
 
 
 def _proc_start_time(pid: int) -> Optional[float]:

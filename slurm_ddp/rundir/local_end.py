@@ -19,8 +19,11 @@ from .hangs import Hang
 from .requeue import RequeueDecision
 
 # --------------------------------------------------------------------------- how a local start ended
+#: The Slurm job state of a preempted job (squeue(1) "JOB STATE CODES"; not the run directory's marker file):
+#: the one spelling, which ``ops`` (squeue/sacct answers) uses too.
+PREEMPTED_STATE = "PREEMPTED"
 #: The states of a local start's end, Slurm's own names for the same endings (squeue(1) JOB STATE CODES).
-LOCAL_END_STATES = ("COMPLETED", "PREEMPTED", "CANCELLED", "FAILED")
+LOCAL_END_STATES = ("COMPLETED", PREEMPTED_STATE, "CANCELLED", "FAILED")
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,6 @@ def local_end(
     if decision is not None and decision.preempted:
         sig = marker.signal if marker is not None else stopped_by or requeue_signal
         what = f"{sig} (the requeue signal)" if sig == requeue_signal else sig
-        return end("PREEMPTED", f"stopped by {what}; {saved}", signal=sig)
+        return end(PREEMPTED_STATE, f"stopped by {what}; {saved}", signal=sig)
     why = f"the ranks ended with {status_words(status)}" + (f" after {stopped_by}" if stopped_by else "")
     return end("FAILED", f"{why} and the run did not finish", signal=stopped_by)
