@@ -6,16 +6,25 @@ on ``sys.path``, ``environment.env`` set) but in a child process, so that the CL
 never imports torch or the user's code. A task that does not import is a ``UserError``
 that says why, in one line, before anything is written or queued. (``sbatch --test-only``, which asks the
 real controller about the rendered script, is the sbatch backend's: ``backends.sbatch.sbatch_test_only``.)
+
+A task that imported is remembered (``ImportCache``, one small JSON file per interpreter, task, search path
+and import-relevant environment under ``$XDG_CACHE_HOME/slurm_ddp/preflight``): the next submit of the same
+task skips the child (``import torch`` costs seconds on a login node, tens of seconds on a cold parallel file
+system) as long as every file the import loaded and every directory on its ``sys.path`` is as it was (same
+mtime and size; a new file that could shadow a module changes its directory's mtime). A failed import is
+never remembered. ``SLURM_DDP_PREFLIGHT_CACHE=0`` turns the memory off.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
 import subprocess
 import sys
-from typing import Any, Callable, Dict, Optional
+from pathlib import Path
+from typing import Any, Callable, Dict, List, Optional
 
 from .config import JobConfig
 from .errors import UserError
@@ -42,9 +51,29 @@ for p in reversed(paths):
     if p not in sys.path:
         sys.path.insert(0, p)
 module_name, _, attr = task.partition(":")
+def stats():
+    files, dirs = {}, {}
+    for m in list(sys.modules.values()):
+        f = getattr(m, "__file__", None)
+        if isinstance(f, str) and f not in files:
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            files[f] = [st.st_mtime_ns, st.st_size]
+    for p in sys.path:
+        d = os.path.abspath(p or ".")
+        try:
+            dirs[d] = os.stat(d).st_mtime_ns
+        except OSError:
+            dirs[d] = None
+    return {"files": files, "dirs": dirs}
 def done(error=None, kind="import"):
     sys.stdout.flush()
-    print("\n" + MARK + json.dumps({"error": error, "kind": kind}), flush=True)
+    answer = {"error": error, "kind": kind}
+    if error is None:
+        answer["loaded"] = stats()
+    print("\n" + MARK + json.dumps(answer), flush=True)
     sys.exit(0)
 def why(e):
     text = " ".join(str(e).split())
@@ -79,6 +108,88 @@ def _python(cfg: JobConfig) -> str:
     return cfg.environment.python or sys.executable
 
 
+#: Environment variables that change what an import finds (besides ``environment.env``, which is the job's):
+#: the interpreter's (``PYTHON*``, python(1) ENVIRONMENT), the dynamic loader's (``LD_*``, ld.so(8)) and the
+#: environment managers'. Part of an ``ImportCache`` key.
+_IMPORT_ENV_PREFIXES = ("PYTHON", "LD_")
+_IMPORT_ENV_NAMES = ("PATH", "HOME", "VIRTUAL_ENV", "CONDA_PREFIX")
+#: ``SLURM_DDP_PREFLIGHT_CACHE=0``: every submit imports the task again.
+CACHE_ENV = "SLURM_DDP_PREFLIGHT_CACHE"
+#: Cache files kept (the oldest go first): one per task, interpreter and search path a user submits.
+CACHE_KEEP = 64
+
+
+class ImportCache:
+    """What task imports succeeded, and what they loaded: ``DIR/KEY.json``, ``KEY`` a SHA-256 of what
+    decides the import (interpreter, ``train.task``, ``train.pythonpath``, the current directory when it
+    is on the path, ``environment.env`` and the import-relevant variables of this environment).
+
+    ``hit`` is true while every file the remembered import loaded has its recorded ``st_mtime_ns`` and
+    ``st_size`` and every directory of its ``sys.path`` its recorded ``st_mtime_ns`` (stat(2); about a
+    millisecond per hundred files). Best effort: an unreadable or unwritable cache is a miss, never an
+    error.
+    """
+
+    def __init__(self, directory: Path) -> None:
+        self.directory = Path(directory)
+
+    @classmethod
+    def default(cls) -> Optional[ImportCache]:
+        """``$XDG_CACHE_HOME/slurm_ddp/preflight`` (``~/.cache`` when unset: XDG Base Directory
+        Specification); None under ``SLURM_DDP_PREFLIGHT_CACHE=0``."""
+        if os.environ.get(CACHE_ENV, "1").strip().lower() in ("0", "false", "no", "off"):
+            return None
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return cls(Path(base) / "slurm_ddp" / "preflight")
+
+    @staticmethod
+    def key(argv: List[str], env: Dict[str, str], cwd_on_path: bool) -> str:
+        decides = {k: v for k, v in env.items() if k.startswith(_IMPORT_ENV_PREFIXES) or k in _IMPORT_ENV_NAMES}
+        python = argv[0]
+        try:
+            python = os.path.realpath(python if os.sep in python else (_which(python) or python))
+        except OSError:
+            pass
+        record = [python, argv[1:], os.getcwd() if cwd_on_path else "", sorted(decides.items())]
+        return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:32]
+
+    def hit(self, key: str) -> bool:
+        try:
+            loaded = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+            for f, (mtime_ns, size) in loaded["files"].items():
+                st = os.stat(f)
+                if st.st_mtime_ns != mtime_ns or st.st_size != size:
+                    return False
+            for d, mtime_ns in loaded["dirs"].items():
+                try:
+                    now: Optional[int] = os.stat(d).st_mtime_ns
+                except FileNotFoundError:
+                    now = None
+                if now != mtime_ns:
+                    return False
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return True
+
+    def remember(self, key: str, loaded: Any) -> None:
+        from .checkpoint.durable import atomic_write_text
+
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            atomic_write_text(self.directory / f"{key}.json", json.dumps(loaded) + "\n")
+            kept = sorted(self.directory.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+            for old in kept[CACHE_KEEP:]:
+                old.unlink()
+        except (OSError, ValueError):
+            pass
+
+
+def _which(program: str) -> Optional[str]:
+    import shutil
+
+    return shutil.which(program)
+
+
 def _child_answer(proc: subprocess.CompletedProcess[str]) -> Optional[Dict[str, Any]]:
     """The JSON answer a check child printed after ``_MARK`` (its last such line); None when it
     died before answering or the line does not parse."""
@@ -99,11 +210,14 @@ def check_task_imports(
     cwd_on_path: bool = False,
     timeout_s: float = TIMEOUT_S,
     warn: Optional[Callable[[str], None]] = None,
+    cache: Optional[ImportCache] = None,
 ) -> None:
     """Import ``cfg.train.task`` in a child process of the job's interpreter.
 
     ``cwd_on_path``: the current directory is on the worker's ``sys.path`` (local backend: the
     ranks start here); under sbatch/submitit they start in the run directory, so it is not.
+    ``cache``: skip the child when the same import succeeded before and nothing it loaded changed
+    (``ImportCache``); remember a success.
 
     Raises ``UserError`` (``train.task '…': cannot import module 'm': ModuleNotFoundError: …``)
     when the import fails, the attribute is missing or it is not a ``Task`` subclass. When the
@@ -118,6 +232,12 @@ def check_task_imports(
     env = dict(os.environ)
     env.update(cfg.environment.env)
     argv = [python, "-c", _CHILD, tc.task, "1" if cwd_on_path else "0", *tc.pythonpath]
+    key = cache.key(argv, env, cwd_on_path) if cache is not None else ""
+    if cache is not None and cache.hit(key):
+        logging.getLogger("slurm_ddp.preflight").debug(
+            "train.task %r imported before and nothing it loaded changed (%s)", tc.task, cache.directory
+        )
+        return
     try:
         proc = run(argv, capture_output=True, text=True, timeout=timeout_s, env=env, stdin=subprocess.DEVNULL)
     except FileNotFoundError:
@@ -143,6 +263,8 @@ def check_task_imports(
                 f"{'' if python == sys.executable else ' on this machine'})"
             )
         raise UserError(f"train.task {tc.task!r}: {result['error']}{where}{skip}")
+    if cache is not None and isinstance(result.get("loaded"), dict):
+        cache.remember(key, result["loaded"])
 
 
 # Runs in the child: argv = [check_torchrun]. Prints one line "MARK {json}" last. It imports no

@@ -123,11 +123,11 @@ def render(
 
 
 def _preflight(cfg: JobConfig, backend: str, warn: Callable[[str], None]) -> None:
-    from ..preflight import check_command, check_task_imports
+    from ..preflight import ImportCache, check_command, check_task_imports
 
     check_command(cfg, warn=warn)  # train.command's script and program; torchrun's options
     if not cfg.train.command:
-        check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn)
+        check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn, cache=ImportCache.default())
 
 
 def load_job(job: Job, overrides: Sequence[str] = (), sweep: Sequence[str] = ()) -> Union[JobConfig, Sweep]:
