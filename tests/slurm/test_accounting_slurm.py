@@ -17,6 +17,7 @@ from typing import Iterator
 import pytest
 from lib import missing_prerequisite, wait_for
 
+from slurm_ddp.ops.report import sacct_epoch
 from slurm_ddp.rundir import read_metrics
 from slurm_ddp.sandbox import SlurmSandbox, _which, check_prerequisites
 from slurm_ddp.testing import running_sandbox
@@ -111,8 +112,21 @@ def test_a_run_stopped_twice_shows_three_rows_and_summed_node_hours(acct_sandbox
     assert [s["ended"] for s in rep["starts"]] == ["preempted", "preempted", "finished"], rep["starts"]
     assert [s["restart"] for s in rep["starts"]] == [0, 1, 2] and rep["restarts"] == 2
     assert rep["allocated_source"] == "sacct", rep
-    # sacct's whole seconds; a start's last record may come within its last second
-    assert rep["allocated_node_s"] == pytest.approx(sum(row["elapsed_s"] for row in acc["rows"]), abs=3)
+    # Each start is timed by accounting: from sacct's Start to its End (whole seconds; an end record within
+    # that second refines it), or to the start's last record when the ranks wrote after Slurm recorded the
+    # end (a stop's checkpoint and its event, written while the job was COMPLETING; on a busy machine seconds
+    # later): the node was still the run's until then (ops.report, "end").
+    events = [m for m in read_metrics(run) if isinstance(m.get("time"), (int, float))]
+    bounds = [s["start"] for s in rep["starts"][1:]] + [float("inf")]
+    for s, row, upto in zip(rep["starts"], acc["rows"], bounds):
+        assert s["start_source"] == "sacct" and s["end_source"] == "sacct", s
+        t0, t1 = sacct_epoch(row["start"]), sacct_epoch(row["end"])
+        assert t0 is not None and t1 is not None and t1 - t0 == pytest.approx(row["elapsed_s"], abs=1), row
+        assert s["start"] == pytest.approx(t0, abs=1e-3), (s, row)
+        last = max((m["time"] for m in events if s["start"] <= m["time"] < upto), default=t0)
+        assert last - 1e-3 <= s["end"] and t1 <= s["end"] <= max(t1 + 1, last) + 1e-3, (s, row, last)
+    assert rep["allocated_node_s"] == pytest.approx(sum(s["wall_s"] for s in rep["starts"]))  # one node
+    assert rep["allocated_node_s"] >= sum(row["elapsed_s"] for row in acc["rows"])
     for s in rep["starts"]:
         assert sum(s["phases_s"].values()) == pytest.approx(s["wall_s"], rel=0.02), s
         assert s["phases_s"]["startup"] > 0 and s["phases_s"]["train_kept"] > 0, s
