@@ -12,12 +12,18 @@ from __future__ import annotations
 import compileall
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 
 pytest_plugins = ["slurm_ddp.testing"]
+
+# pytest caches the test modules it rewrites (assert statements) only when bytecode may be written; under the
+# image's PYTHONDONTWRITEBYTECODE=1 each xdist worker rewrote every test module again on every run (~5 CPU-s a
+# worker). This process only: the processes the tests start keep the variable.
+sys.dont_write_bytecode = False
 
 DURATIONS = Path(__file__).with_name("durations.json")
 _seen: Dict[str, float] = {}

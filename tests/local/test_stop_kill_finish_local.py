@@ -31,9 +31,6 @@ from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.rundir import latest_checkpoint_step, read_metrics
 from slurm_ddp.tracking import wandb_history
 
-mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
-require_module("wandb", "pip install 'slurm-ddp[wandb]'")
-
 # one worker runs both tests, so the module fixture trains the run once
 pytestmark = [pytest.mark.local, pytest.mark.xdist_group("stop_kill_finish")]
 
@@ -136,6 +133,9 @@ class ThreeStarts(NamedTuple):
 
 @pytest.fixture(scope="module")
 def three_starts(tmp_path_factory: pytest.TempPathFactory) -> ThreeStarts:
+    # the run is tracked by both (imported here, not at collection: seconds every xdist worker paid)
+    require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
+    require_module("wandb", "pip install 'slurm-ddp[wandb]'")
     run_dir = tmp_path_factory.mktemp("stop_kill_finish") / "run"
     proc = submit(run_dir)
     try:
@@ -198,6 +198,7 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run(three_starts: Thr
         "kill -9 should have made steps after the checkpoint run twice"
     )
     record = json.loads((rd / "tracking.json").read_text())
+    mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
     client = mlflow.MlflowClient(record["mlflow"]["tracking_uri"])
     runs = client.search_runs([record["mlflow"]["experiment_id"]])
     assert [x.info.run_id for x in runs] == [record["mlflow"]["run_id"]]

@@ -19,7 +19,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import List
+from typing import Any, List
 
 import pytest
 from lib import require_module
@@ -27,9 +27,19 @@ from lib import require_module
 from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.tracking import wandb_history
 
-mlflow = require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
-require_module("wandb", "pip install 'slurm-ddp[wandb]'")
-require_module("torch")
+
+def _mlflow() -> Any:
+    return require_module("mlflow", "pip install 'slurm-ddp[mlflow]'")
+
+
+@pytest.fixture(autouse=True)
+def _trackers_installed() -> None:
+    """Both trackers' clients (and torch), imported when a test runs, not at collection (seconds every xdist
+    worker paid)."""
+    _mlflow()
+    require_module("wandb", "pip install 'slurm-ddp[wandb]'")
+    require_module("torch")
+
 
 pytestmark = pytest.mark.local
 
@@ -96,7 +106,7 @@ def test_own_script_with_no_arguments_requeued_twice_is_one_tracker_run(tmp_path
     assert [s["start"] for s in starts] == [0, 1, 2]
     assert {s["mlflow"] for s in starts} == {record["mlflow"]["run_id"]}
     assert {s["wandb"] for s in starts} == {record["wandb"]["run_id"]}
-    client = mlflow.MlflowClient(record["mlflow"]["tracking_uri"])
+    client = _mlflow().MlflowClient(record["mlflow"]["tracking_uri"])
     runs = client.search_runs([record["mlflow"]["experiment_id"]])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
     assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "start")] == [0, 1, 2]
@@ -120,7 +130,7 @@ def test_sweep_of_four_elements_is_four_grouped_tracker_runs(tmp_path: Path) -> 
     )
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     parent = json.loads((sd / "tracking.json").read_text())["mlflow"]
-    client = mlflow.MlflowClient(parent["tracking_uri"])
+    client = _mlflow().MlflowClient(parent["tracking_uri"])
     runs = client.search_runs([parent["experiment_id"]])
     children = [x for x in runs if x.info.run_id != parent["run_id"]]
     assert len(runs) == 5 and len(children) == 4

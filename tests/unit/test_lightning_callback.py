@@ -16,73 +16,26 @@ from lib import require_module
 
 from slurm_ddp.rundir import read_metrics
 
-require_module("lightning", "slurm_ddp.lightning")
 
-import lightning.pytorch as pl  # noqa: E402
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from lightning.fabric.plugins.environments import SLURMEnvironment  # noqa: E402
-from lightning.pytorch.callbacks import ModelCheckpoint  # noqa: E402
-from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
+@pytest.fixture(scope="module")
+def lt() -> Any:
+    """``lightning_tiny`` (Lightning imported when a test needs it, not at collection)."""
+    require_module("lightning", "slurm_ddp.lightning")
+    import lightning_tiny
 
-from slurm_ddp import lightning as sl  # noqa: E402
-
-
-class Tiny(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = torch.nn.Linear(4, 2)
-
-    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
-        x, y = batch
-        return F.cross_entropy(self.net(x), y)
-
-    def validation_step(self, batch: Any, batch_idx: int) -> None:
-        x, y = batch
-        logits = self.net(x)
-        self.log("val_loss", F.cross_entropy(logits, y))
-        self.log("val_accuracy", (logits.argmax(1) == y).float().mean())
-
-    def configure_optimizers(self) -> torch.optim.Optimizer:
-        return torch.optim.SGD(self.parameters(), lr=0.1)
-
-
-def loader() -> DataLoader:
-    g = torch.Generator().manual_seed(0)
-    x = torch.randn(40, 4, generator=g)
-    return DataLoader(TensorDataset(x, (x[:, 0] > 0).long()), batch_size=4)  # 10 steps per epoch
-
-
-def fit(run_dir: Path, epochs: int) -> pl.Trainer:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # Lightning's advice (srun, workers, no last checkpoint yet, ...)
-        return _fit(run_dir, epochs)
-
-
-def _fit(run_dir: Path, epochs: int) -> pl.Trainer:
-    trainer = pl.Trainer(
-        accelerator="cpu",
-        devices=1,
-        max_epochs=epochs,
-        log_every_n_steps=3,
-        logger=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        num_sanity_val_steps=1,
-        callbacks=[ModelCheckpoint(dirpath=run_dir / "lightning", save_last=True), sl.SlurmDDPCallback()],
-    )
-    trainer.fit(Tiny(), train_dataloaders=loader(), val_dataloaders=loader(), ckpt_path="last")
-    return trainer
+    return lightning_tiny
 
 
 def events(run_dir: Path, kind: str) -> List[Dict[str, Any]]:
     return [m for m in read_metrics(run_dir) if m.get("event") == kind]
 
 
-def test_metrics_lines_train_eval_checkpoint_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_metrics_lines_train_eval_checkpoint_and_resume(
+    lt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     monkeypatch.setenv("SLURM_DDP_RUN_DIR", str(tmp_path))
     monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
-    fit(tmp_path, epochs=2)
+    lt.fit(tmp_path, epochs=2)
     train = events(tmp_path, "train")
     assert [m["step"] for m in train] == [3, 6, 9, 12, 15, 18], train  # every log_every_n_steps optimizer steps
     assert all(isinstance(m["loss"], float) and m["lr"] == 0.1 and m["steps_per_s"] > 0 for m in train), train
@@ -95,7 +48,7 @@ def test_metrics_lines_train_eval_checkpoint_and_resume(tmp_path: Path, monkeypa
     assert events(tmp_path, "resume") == []
 
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
-    fit(tmp_path, epochs=3)  # a requeued job: fit(ckpt_path="last") resumes
+    lt.fit(tmp_path, epochs=3)  # a requeued job: lt.fit(ckpt_path="last") resumes
     (resume,) = events(tmp_path, "resume")
     assert resume["step"] == 20 and resume["restart"] == 1 and resume["world_size"] == 1, resume
     assert resume["checkpoint"] == str(tmp_path / "lightning" / "last.ckpt")
@@ -104,53 +57,53 @@ def test_metrics_lines_train_eval_checkpoint_and_resume(tmp_path: Path, monkeypa
 
 
 def test_outside_slurm_ddp_nothing_is_written_and_no_handlers_stay(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    lt: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import signal
 
     monkeypatch.delenv("SLURM_DDP_RUN_DIR", raising=False)
     before = signal.getsignal(signal.SIGTERM)
-    cb = sl.SlurmDDPCallback()
+    cb = lt.sl.SlurmDDPCallback()
     assert cb.stop_on_signal is False
-    fit(tmp_path, epochs=1)
+    lt.fit(tmp_path, epochs=1)
     assert not (tmp_path / "metrics.jsonl").exists()
     assert signal.getsignal(signal.SIGTERM) == before
 
 
-def test_eval_metric_names() -> None:
-    got = sl.eval_metrics(
+def test_eval_metric_names(lt: Any) -> None:
+    got = lt.sl.eval_metrics(
         {
-            "val_accuracy": torch.tensor(0.5),
-            "val/loss": torch.tensor(1.0),
+            "val_accuracy": lt.torch.tensor(0.5),
+            "val/loss": lt.torch.tensor(1.0),
             "eval_f1": 0.25,
-            "train_loss": torch.tensor(2.0),
-            "val_": torch.tensor(3.0),
-            "val_vector": torch.ones(3),
+            "train_loss": lt.torch.tensor(2.0),
+            "val_": lt.torch.tensor(3.0),
+            "val_vector": lt.torch.ones(3),
         }
     )
     assert got == {"eval_accuracy": 0.5, "eval_loss": 1.0, "eval_f1": 0.25}
 
 
-def test_cluster_plugins_turn_lightning_auto_requeue_off(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cluster_plugins_turn_lightning_auto_requeue_off(lt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     for k in [k for k in os.environ if k.startswith(("SLURM_", "TORCHELASTIC_"))]:
         monkeypatch.delenv(k)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "srun is available but not used" where srun is installed
-        assert sl.cluster_plugins() == []  # Lightning would not choose SLURMEnvironment
+        assert lt.sl.cluster_plugins() == []  # Lightning would not choose lt.SLURMEnvironment
         monkeypatch.setenv("SLURM_NTASKS", "2")
         monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "2")
         monkeypatch.setenv("SLURM_JOB_NAME", "job")
-        (env,) = sl.cluster_plugins()
-        assert isinstance(env, SLURMEnvironment) and env.auto_requeue is False
+        (env,) = lt.sl.cluster_plugins()
+        assert isinstance(env, lt.SLURMEnvironment) and env.auto_requeue is False
         monkeypatch.setenv("TORCHELASTIC_RUN_ID", "x")  # the torchrun launcher: TorchElasticEnvironment
-        assert sl.cluster_plugins() == []
+        assert lt.sl.cluster_plugins() == []
 
 
-def test_a_warning_when_lightning_auto_requeue_is_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(sl.SlurmDDPCallback, "_warned_auto_requeue", False)
+def test_a_warning_when_lightning_auto_requeue_is_on(lt: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(lt.sl.SlurmDDPCallback, "_warned_auto_requeue", False)
 
     class Strategy:
-        cluster_environment = SLURMEnvironment.__new__(SLURMEnvironment)
+        cluster_environment = lt.SLURMEnvironment.__new__(lt.SLURMEnvironment)
 
     Strategy.cluster_environment.auto_requeue = True
     Strategy.cluster_environment.requeue_signal = __import__("signal").SIGUSR1
@@ -161,7 +114,7 @@ def test_a_warning_when_lightning_auto_requeue_is_on(monkeypatch: pytest.MonkeyP
         is_global_zero = True
         checkpoint_callbacks: List[Any] = []
 
-    cb = sl.SlurmDDPCallback(stop_on_signal=False)
+    cb = lt.sl.SlurmDDPCallback(stop_on_signal=False)
     with pytest.warns(UserWarning, match=r"auto-requeue is on: it requeues the job itself on SIGUSR1.*cluster_plugins"):
         cb.setup(FakeTrainer(), None, "fit")  # type: ignore[arg-type]
     with warnings.catch_warnings():
