@@ -145,11 +145,10 @@ class ImportCache:
     @staticmethod
     def key(argv: List[str], env: Dict[str, str], cwd_on_path: bool) -> str:
         decides = {k: v for k, v in env.items() if k.startswith(_IMPORT_ENV_PREFIXES) or k in _IMPORT_ENV_NAMES}
+        # the interpreter as named, not resolved: a virtual environment's python is a symlink to the base
+        # interpreter, and the environment (its site-packages) is what the link's own path selects (venv(7))
         python = argv[0]
-        try:
-            python = os.path.realpath(python if os.sep in python else (_which(python) or python))
-        except OSError:
-            pass
+        python = os.path.abspath(python if os.sep in python else (_which(python) or python))
         record = [python, argv[1:], os.getcwd() if cwd_on_path else "", sorted(decides.items())]
         return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:32]
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import sys
 from pathlib import Path
 from typing import Any, List
 
@@ -99,6 +100,18 @@ def test_another_interpreter_environment_or_path_is_another_key() -> None:
     assert ImportCache.key(["/opt/venv/bin/python3", *argv[1:]], env, False) != key
     assert ImportCache.key([*argv[:-1], "/other"], env, False) != key  # train.pythonpath
     assert ImportCache.key([*argv[:3], "mytask:Other", *argv[4:]], env, False) != key
+
+
+def test_two_virtual_environments_of_one_interpreter_are_two_keys(tmp_path: Path) -> None:
+    """A venv's python links to the base interpreter; its own path selects the venv's site-packages."""
+    argv = ["-c", "code", "mytask:MyTask", "0"]
+    links = []
+    for name in ("venv-a", "venv-b"):
+        (tmp_path / name / "bin").mkdir(parents=True)
+        link = tmp_path / name / "bin" / "python3"
+        link.symlink_to(sys.executable)
+        links.append(str(link))
+    assert ImportCache.key([links[0], *argv], {}, False) != ImportCache.key([links[1], *argv], {}, False)
 
 
 def test_default_cache_follows_xdg_and_can_be_turned_off(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
