@@ -21,6 +21,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -148,7 +149,7 @@ class ImportCache:
         # the interpreter as named, not resolved: a virtual environment's python is a symlink to the base
         # interpreter, and the environment (its site-packages) is what the link's own path selects (venv(7))
         python = argv[0]
-        python = os.path.abspath(python if os.sep in python else (_which(python) or python))
+        python = os.path.abspath(python if os.sep in python else (shutil.which(python) or python))
         record = [python, argv[1:], os.getcwd() if cwd_on_path else "", sorted(decides.items())]
         return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:32]
 
@@ -166,6 +167,7 @@ class ImportCache:
                     now = None
                 if now != mtime_ns:
                     return False
+            os.utime(self.directory / f"{key}.json")  # kept by use, not by age (``remember`` prunes the oldest)
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
         return True
@@ -181,12 +183,6 @@ class ImportCache:
                 old.unlink()
         except (OSError, ValueError):
             pass
-
-
-def _which(program: str) -> Optional[str]:
-    import shutil
-
-    return shutil.which(program)
 
 
 def _child_answer(proc: subprocess.CompletedProcess[str]) -> Optional[Dict[str, Any]]:
@@ -317,8 +313,6 @@ def check_command(
     importing nothing heavy. Raises ``UserError`` naming the key; when the interpreter is not on
     this machine or does not answer within ``timeout_s`` it calls ``warn`` and returns.
     """
-    import shutil
-
     from .config import command_argv, command_script_index
 
     warn = warn or logging.getLogger("slurm_ddp.preflight").warning
