@@ -6,6 +6,7 @@ stops both ranks after the same optimizer step with ``last.ckpt`` written by Lig
 75 and the run is not finished; the next ``submit`` resumes from that step and trains every epoch;
 ``status`` shows the step, the eval accuracy and ``restarts: 1``; ``slurm-ddp plot`` draws the run.
 Ctrl-C (SIGINT to the launcher: SIGTERM to the ranks) is a stop too, never ``FINISHED``, and resumes.
+Both stops are made to one run, an epoch apart (each start of a Lightning rank costs ~7 CPU-s of imports).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from slurm_ddp.rundir import read_finished, read_metrics, read_preempted
 pytestmark = pytest.mark.local
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "lightning"
-EPOCHS = 3
+EPOCHS = 4
 STEPS_PER_EPOCH = 23  # 1,437 training images over 2 ranks, batch 32 per rank
 
 
@@ -48,16 +49,16 @@ def train_steps(run_dir: Path) -> List[int]:
     return [int(m["step"]) for m in read_metrics(run_dir) if m.get("event") == "train"]
 
 
-def stop_mid_run(job: Path, run_dir: Path, sig: int) -> str:
-    """Start the example, send ``sig`` to the launcher once it logged a step of the second epoch, and
-    return the launcher's stderr; it must exit 75 (preempted) with the run unfinished."""
+def stop_mid_run(job: Path, run_dir: Path, sig: int, epoch: int = 2) -> str:
+    """Start (or resume) the example, send ``sig`` to the launcher once it logged a step of epoch ``epoch``
+    (1-based), and return the launcher's stderr; it must exit 75 (preempted) with the run unfinished."""
     proc = subprocess.Popen(submit(job, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_process(
             proc,
-            lambda: any(s > STEPS_PER_EPOCH for s in train_steps(run_dir)),
+            lambda: any(s > (epoch - 1) * STEPS_PER_EPOCH for s in train_steps(run_dir)),
             300,
-            "a train event of the second epoch in metrics.jsonl",
+            f"a train event of epoch {epoch} in metrics.jsonl",
         )
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=300)
@@ -71,21 +72,21 @@ def stop_mid_run(job: Path, run_dir: Path, sig: int) -> str:
     return err
 
 
-def resume_and_finish(job: Path, run_dir: Path) -> int:
-    """Submit again: it must resume from last.ckpt and train every epoch; returns the resumed step."""
+def resume_and_finish(job: Path, run_dir: Path) -> List[int]:
+    """Submit again: it must resume from last.ckpt and train every epoch; returns the resumed steps."""
     again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
     assert again.returncode == 0, again.stdout + again.stderr
     assert read_finished(run_dir) is not None
     resumes = [m for m in read_metrics(run_dir) if m.get("event") == "resume"]
-    assert len(resumes) == 1, resumes
-    assert resumes[0]["checkpoint"].endswith("last.ckpt"), resumes
+    assert all(m["checkpoint"].endswith("last.ckpt") for m in resumes), resumes
     assert f"done: {EPOCHS} epochs, step {EPOCHS * STEPS_PER_EPOCH}" in again.stdout + again.stderr
-    return int(resumes[0]["step"])
+    return [int(m["step"]) for m in resumes]
 
 
-def test_requeue_signal_stops_at_a_step_and_the_next_submit_resumes_from_last_ckpt(tmp_path: Path) -> None:
+def test_requeue_signal_then_ctrl_c_stop_at_a_step_and_the_next_submit_resumes_from_last_ckpt(tmp_path: Path) -> None:
     job, run_dir = write_job(tmp_path), tmp_path / "run"
-    stop_mid_run(job, run_dir, signal.SIGUSR2)
+    # the requeue signal in epoch 2
+    stop_mid_run(job, run_dir, signal.SIGUSR2, epoch=2)
     marker = read_preempted(run_dir)
     assert marker is not None and marker.signal == "SIGUSR2", marker
     events = read_metrics(run_dir)
@@ -94,13 +95,20 @@ def test_requeue_signal_stops_at_a_step_and_the_next_submit_resumes_from_last_ck
     assert marker.step == stop_step and STEPS_PER_EPOCH < stop_step < EPOCHS * STEPS_PER_EPOCH, events
     assert {"event": "checkpoint", "step": stop_step, "reason": "preemption"}.items() <= events[-2].items()
 
-    assert resume_and_finish(job, run_dir) == stop_step  # from the stop's step, not the epoch's start
+    # the next submit resumes; Ctrl-C in epoch 3 (the launcher sends SIGTERM to the ranks) is a stop too
+    stop_mid_run(job, run_dir, signal.SIGINT, epoch=3)
+    marker = read_preempted(run_dir)
+    assert marker is not None and marker.signal == "SIGTERM", marker
+    assert 2 * STEPS_PER_EPOCH < marker.step < EPOCHS * STEPS_PER_EPOCH, marker
+
+    # each resume from its stop's step, not the epoch's start
+    assert resume_and_finish(job, run_dir) == [stop_step, marker.step]
     status = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "status", str(run_dir)], capture_output=True, text=True, timeout=60
     )
     assert status.returncode == 0, status.stdout + status.stderr
     assert re.search(rf"step:\s+{EPOCHS * STEPS_PER_EPOCH}\n", status.stdout), status.stdout
-    assert re.search(r"restarts:\s+1 \(resumed at step \d+\)\n", status.stdout), status.stdout
+    assert f"restarts:   2 (resumed at step {stop_step}, {marker.step})\n" in status.stdout, status.stdout
     assert re.search(r"last eval:\s+acc=0\.\d+ at step", status.stdout), status.stdout
 
     require_module("matplotlib", "slurm-ddp plot")
@@ -113,14 +121,6 @@ def test_requeue_signal_stops_at_a_step_and_the_next_submit_resumes_from_last_ck
     )
     assert plot.returncode == 0, plot.stdout + plot.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-
-
-def test_ctrl_c_is_a_stop_never_finished_and_resumes(tmp_path: Path) -> None:
-    job, run_dir = write_job(tmp_path), tmp_path / "run"
-    stop_mid_run(job, run_dir, signal.SIGINT)  # the launcher sends SIGTERM to the ranks
-    marker = read_preempted(run_dir)
-    assert marker is not None and marker.signal == "SIGTERM", marker
-    assert resume_and_finish(job, run_dir) == marker.step
 
 
 def test_a_hung_lightning_rank_is_caught_by_the_watchdog(tmp_path: Path) -> None:
