@@ -25,7 +25,9 @@ pytestmark = pytest.mark.local
 REPO = Path(__file__).resolve().parents[2]
 JOB = REPO / "examples" / "digits" / "job.yaml"
 FAST = ["slurm.tasks_per_node=2", "train.max_steps=40", "train.eval_every=20", "train.log_every=10"]
-SLOW = ["slurm.tasks_per_node=2", "train.max_steps=100000", "train.eval_every=0", "checkpoint.every_steps=20"]
+# one rank where the test is about the run's life (cancel, a chain), not its ranks: a rank start costs ~3 CPU-s
+FAST_1 = ["slurm.tasks_per_node=1", *FAST[1:]]
+SLOW = ["slurm.tasks_per_node=1", "train.max_steps=100000", "train.eval_every=0", "checkpoint.every_steps=20"]
 
 
 def test_submit_wait_metrics_final_and_reattach(tmp_path: Path) -> None:
@@ -67,7 +69,7 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert isinstance(first, slurm_ddp.Run)
     wait_for(lambda: read_jobs(tmp_path / "first"), 60, "the first run's launcher")
     second = slurm_ddp.submit(
-        JOB, overrides=FAST, run_dir=tmp_path / "second", backend="local", after=[f"{first.path}:afterany"]
+        JOB, overrides=FAST_1, run_dir=tmp_path / "second", backend="local", after=[f"{first.path}:afterany"]
     )
     assert isinstance(second, slurm_ddp.Run)
     wait_for(lambda: "waiting for" in _out(tmp_path / "second"), 60, "the second launcher to wait")
@@ -80,7 +82,7 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert "state:      PENDING (reason Dependency)" in shown and f"dependency: afterany:{first.path}\n" in shown, shown
     # cancel of a run still waiting: its launcher ends before starting a rank, the run is CANCELLED (scancel of a
     # pending job), and wait() returns it
-    waiter = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "waiter", backend="local", after=[first])
+    waiter = slurm_ddp.submit(JOB, overrides=FAST_1, run_dir=tmp_path / "waiter", backend="local", after=[first])
     assert isinstance(waiter, slurm_ddp.Run)
     wait_for(lambda: "waiting for" in _out(tmp_path / "waiter"), 60, "the waiting launcher")
     pid = slurm_ddp.Run(tmp_path / "waiter").status().slurm.job_id  # type: ignore[union-attr]
@@ -96,7 +98,7 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert "dependency:" not in _status_cli(tmp_path / "second")  # the wait is over once the ranks started
 
     # afterok of a run that did not finish: the dependent run never starts
-    third = slurm_ddp.submit(JOB, overrides=FAST, run_dir=tmp_path / "third", backend="local", after=[first])
+    third = slurm_ddp.submit(JOB, overrides=FAST_1, run_dir=tmp_path / "third", backend="local", after=[first])
     assert isinstance(third, slurm_ddp.Run)
     with pytest.raises(DependencyNeverSatisfied, match="DependencyNeverSatisfied"):
         third.wait(timeout_s=120, poll_s=0.5)

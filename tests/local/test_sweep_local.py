@@ -1,7 +1,9 @@
 """A sweep on the local backend, the README's one command: examples/digits/sweep.yaml runs its
 elements 2 at a time (its slurm.array_parallelism; kept short here: 2 elements x 200 steps), each in
 its own run directory; a signal stops both with a checkpoint and the next submit resumes both;
-submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep."""
+submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep. Elements run one rank
+each where the test is about the sweep, not its ranks (a rank start costs ~3 CPU-s); two elements of two
+ranks each start at once in the port test."""
 
 from __future__ import annotations
 
@@ -33,6 +35,7 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "runs" / "digits-sweep"
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(SWEEP), "--backend", "local", "--run-dir", str(sweep_dir)]
     cmd += ["--sweep", "train.lr=0.003", "--set", "train.max_steps=200", "--set", "train.eval_every=100"]
+    cmd += ["--set", "slurm.tasks_per_node=1"]
     cmd += ["--set", "checkpoint.every_steps=100", "--set", "train.log_every=1"]
     # slurm.array_parallelism: 2 in sweep.yaml: both elements run at once; a SIGTERM to the command
     # once both trained reaches both, which checkpoint and stop (75); the next submit resumes both
@@ -74,7 +77,7 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
         finished = json.loads((d / "FINISHED").read_text())
         assert finished["step"] == 200
         assert f"seed: {seed}" in (d / "config.yaml").read_text()
-        assert (d / "final_model.pt").exists() and (d / "logs" / "rank-1.log").exists()
+        assert (d / "final_model.pt").exists() and (d / "logs" / "rank-0.log").exists()
 
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=tmp_path)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
@@ -173,7 +176,7 @@ def test_a_signal_to_an_element_before_its_handlers_is_a_preemption_not_its_deat
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-c", _SIGNAL_AT_FORK_SUBMIT, "submit", str(SWEEP), "--backend", "local"]
     cmd += ["--run-dir", str(sweep_dir), "--sweep", "train.lr=0.003", "--set", "train.max_steps=20"]
-    cmd += ["--set", "train.eval_every=0", "--set", "checkpoint.every_steps=0"]
+    cmd += ["--set", "train.eval_every=0", "--set", "checkpoint.every_steps=0", "--set", "slurm.tasks_per_node=1"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     said = r.stderr
     assert re.search(rf"sweep element 1/2 \([^)]*\) ended with status {PREEMPTED_EXIT_CODE}\b", said), said[-3000:]
