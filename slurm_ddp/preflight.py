@@ -68,7 +68,9 @@ def stats():
             dirs[d] = os.stat(d).st_mtime_ns
         except OSError:
             dirs[d] = None
-    return {"files": files, "dirs": dirs}
+    top = sorted(n for n, m in list(sys.modules.items())
+                 if "." not in n and (getattr(m, "__file__", None) or getattr(m, "__path__", None)))
+    return {"files": files, "dirs": dirs, "cwd": os.getcwd() if keep_cwd else None, "top": top}
 def done(error=None, kind="import"):
     sys.stdout.flush()
     answer = {"error": error, "kind": kind}
@@ -122,13 +124,16 @@ CACHE_KEEP = 64
 
 class ImportCache:
     """What task imports succeeded, and what they loaded: ``DIR/KEY.json``, ``KEY`` a SHA-256 of what
-    decides the import (interpreter, ``train.task``, ``train.pythonpath``, the current directory when it
+    decides the import (interpreter, ``train.task``, ``train.pythonpath``, whether the current directory
     is on the path, ``environment.env`` and the import-relevant variables of this environment).
 
     ``hit`` is true while every file the remembered import loaded has its recorded ``st_mtime_ns`` and
     ``st_size`` and every directory of its ``sys.path`` its recorded ``st_mtime_ns`` (stat(2); about a
-    millisecond per hundred files). Best effort: an unreadable or unwritable cache is a miss, never an
-    error.
+    millisecond per hundred files). With the current directory on the path (the local backend), a submit
+    from another directory hits too when the import loaded nothing from the directory it ran in and this
+    one provides none of the top-level modules it loaded (``importlib.machinery.PathFinder.find_spec``
+    on this directory alone: what would shadow them, as the import system would find it). Best effort:
+    an unreadable or unwritable cache is a miss, never an error.
     """
 
     def __init__(self, directory: Path) -> None:
@@ -150,17 +155,24 @@ class ImportCache:
         # interpreter, and the environment (its site-packages) is what the link's own path selects (venv(7))
         python = argv[0]
         python = os.path.abspath(python if os.sep in python else (shutil.which(python) or python))
-        record = [python, argv[1:], os.getcwd() if cwd_on_path else "", sorted(decides.items())]
+        # which current directory is not part of the key: ``hit`` checks what another one would shadow
+        record = [python, argv[1:], "cwd" if cwd_on_path else "", sorted(decides.items())]
         return hashlib.sha256(json.dumps(record).encode()).hexdigest()[:32]
 
     def hit(self, key: str) -> bool:
         try:
             loaded = json.loads((self.directory / f"{key}.json").read_text(encoding="utf-8"))
+            was, here = loaded.get("cwd"), os.getcwd()
+            moved = isinstance(was, str) and was != here
+            if moved and not self._same_from(was, here, loaded["files"], loaded["top"]):
+                return False
             for f, (mtime_ns, size) in loaded["files"].items():
                 st = os.stat(f)
                 if st.st_mtime_ns != mtime_ns or st.st_size != size:
                     return False
             for d, mtime_ns in loaded["dirs"].items():
+                if moved and d == was:  # the directory the check ran in: not on this submit's path
+                    continue
                 try:
                     now: Optional[int] = os.stat(d).st_mtime_ns
                 except FileNotFoundError:
@@ -171,6 +183,18 @@ class ImportCache:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             return False
         return True
+
+    @staticmethod
+    def _same_from(was: str, here: str, files: Dict[str, Any], top: List[str]) -> bool:
+        """Whether an import that ran in directory ``was`` (on its ``sys.path``) finds the same modules
+        run in ``here``: it loaded no file from ``was``, and ``here`` provides none of its top-level
+        modules ``top`` (a ``name.py``, a package or an extension module there would come first)."""
+        from importlib.machinery import PathFinder
+
+        inside = os.path.join(was, "")
+        if any(f.startswith(inside) for f in files):
+            return False
+        return all(PathFinder.find_spec(name, [here]) is None for name in top)
 
     def remember(self, key: str, loaded: Any) -> None:
         from .checkpoint.durable import atomic_write_text

@@ -89,6 +89,46 @@ def test_a_new_file_that_could_shadow_a_module_is_a_miss(project: Path) -> None:
     assert not cache.hit(key)
 
 
+def test_local_submits_from_other_directories_hit_unless_one_would_shadow_or_held_the_task(
+    project: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The local backend: the submitting directory is on the ranks' path. Another directory is the same
+    import while it provides none of the modules the import loaded and nothing was loaded from the first."""
+    cache, run = ImportCache(project / "cache"), Counting()
+    cfg = load_config(project / "job.yaml")
+    first, second, third = (project / name for name in ("a", "b", "c"))
+    for d in (first, second, third):
+        d.mkdir()
+    monkeypatch.chdir(first)
+    check_task_imports(cfg, run=run, cache=cache, cwd_on_path=True)
+    monkeypatch.chdir(second)
+    check_task_imports(cfg, run=run, cache=cache, cwd_on_path=True)
+    assert len(run.calls) == 1  # the same import, asked from another directory
+    (second / "run").mkdir()  # a run directory written there: no module of that name was loaded
+    assert cache.hit(only_entry(cache))
+
+    # a package named like one the import loaded (torch, through slurm_ddp.task), in the directory
+    (third / "torch").mkdir()
+    (third / "torch" / "__init__.py").write_text("raise ImportError('the shadowing torch')\n")
+    monkeypatch.chdir(third)
+    assert not cache.hit(only_entry(cache))
+    with pytest.raises(UserError, match="the shadowing torch"):
+        check_task_imports(cfg, run=run, cache=cache, cwd_on_path=True)
+    assert len(run.calls) == 2
+
+    # the task's own module in the submitting directory: another directory would not find it at all
+    (first / "hereonly.py").write_text("from slurm_ddp.task import Task\n\nclass Here(Task):\n    pass\n")
+    job = project / "here.yaml"
+    job.write_text(yaml.safe_dump({"name": "here", "train": {"task": "hereonly:Here", "max_steps": 1}}))
+    monkeypatch.chdir(first)
+    check_task_imports(load_config(job), run=run, cache=cache, cwd_on_path=True)
+    assert len(run.calls) == 3
+    monkeypatch.chdir(second)
+    with pytest.raises(UserError, match="No module named 'hereonly'"):
+        check_task_imports(load_config(job), run=run, cache=cache, cwd_on_path=True)
+    assert len(run.calls) == 4
+
+
 def test_another_interpreter_environment_or_path_is_another_key() -> None:
     argv = ["/usr/bin/python3", "-c", "code", "mytask:MyTask", "0", "/src"]
     env = {"PATH": "/usr/bin", "SLURM_JOB_ID": "1", "OLDPWD": "/"}
