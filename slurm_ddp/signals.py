@@ -15,12 +15,13 @@ training script of one's own where a collective per step costs nothing that matt
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import signal
 import threading
 import time
 from types import FrameType
-from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Optional, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, Iterable, Iterator, Optional, Union
 
 if TYPE_CHECKING:  # torch only inside sync(), so that importing this module imports no torch
     import torch
@@ -180,13 +181,33 @@ def ignore_in_loader_workers(signals: Iterable[SignalSpec]) -> Callable[[int], N
     worker … is killed by signal: Terminated": the rank fails instead of saving at the step boundary.
     Ignoring the signal leaves the stop to the rank, which ends its loader workers as it exits (and they
     end on their own when it is gone: torch's worker loop watches its parent). A picklable callable
-    (``functools.partial``), so it also works with the ``spawn`` and ``forkserver`` start methods."""
+    (``functools.partial``), so it also works with the ``spawn`` and ``forkserver`` start methods.
+
+    A worker runs this some milliseconds after it was forked (more on a loaded machine); a signal in
+    between would still kill it. Create the loader's iterator (which forks the workers) inside
+    :func:`blocked` with the same signals: the workers start with them blocked (fork(2) and execve(2)
+    keep the signal mask), and this function unblocks them once they are ignored, which discards a
+    pending one (signal(7))."""
     return functools.partial(_ignore_signals, tuple(int(to_signal(s)) for s in signals))
 
 
 def _ignore_signals(signums: tuple[int, ...], worker_id: int) -> None:
     for signum in signums:
         signal.signal(signum, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)
+
+
+@contextlib.contextmanager
+def blocked(signals: Iterable[SignalSpec]) -> Iterator[None]:
+    """Block ``signals`` in the calling thread for the ``with`` body, then restore its mask
+    (pthread_sigmask(3)). One that arrives meanwhile stays pending and is delivered after (or to another
+    thread that does not block it); a process forked meanwhile starts with them blocked. See
+    :func:`ignore_in_loader_workers`."""
+    old = signal.pthread_sigmask(signal.SIG_BLOCK, {to_signal(s) for s in signals})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
 def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:

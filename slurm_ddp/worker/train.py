@@ -16,6 +16,7 @@ would only scatter that order.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import socket
@@ -55,7 +56,7 @@ from ..rundir import (
     write_peer_lost,
     write_preempted,
 )
-from ..signals import PreemptionFlag, ignore_in_loader_workers, worker_signals
+from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
 from .runtime import (
@@ -467,7 +468,10 @@ class Trainer:
         while True:
             self.batches.set_position(self.epoch, self.batch_in_epoch, self.epoch_base)
             group: list = []
-            for batch in self.loader:
+            # the loader's workers are forked here: with the stop signals blocked until they ignore them
+            with blocked(self.flag.signals) if self.tc.num_workers > 0 else contextlib.nullcontext():
+                epoch_batches = iter(self.loader)
+            for batch in epoch_batches:
                 group.append(batch)
                 if len(group) == self.accum:
                     yield group

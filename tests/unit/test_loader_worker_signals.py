@@ -5,14 +5,16 @@ partition-preemption test (``train.num_workers=2``)."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from slurm_ddp.signals import ignore_in_loader_workers, worker_signals
+from slurm_ddp.signals import blocked, ignore_in_loader_workers, worker_signals
 
 
 def _ignored(pid: int) -> int:
@@ -71,3 +73,35 @@ def test_preemption_loader_worker_init_ignores_the_jobs_requeue_signal_and_sigte
     assert mask & _bit(signal.SIGUSR1) and mask & _bit(signal.SIGTERM), hex(mask)
     assert not mask & _bit(signal.SIGUSR2), hex(mask)
     del it
+
+
+@pytest.mark.parametrize("mask", ["blocked", "not blocked"])
+def test_a_sigterm_between_the_fork_and_the_init_function(monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
+    """The window the worker's own ignoring leaves: Slurm's SIGTERM reaches a worker the loader has just
+    forked, before its init function ran (a loaded machine, an epoch's new workers). Made certain here: the
+    parent sends it the moment ``os.fork`` returns. An iterator created inside ``signals.blocked`` (as the
+    worker's trainer does) starts its workers with the signal blocked, and they load everything; without
+    it the worker dies of it."""
+    real_fork = os.fork
+
+    def fork() -> int:
+        pid = real_fork()
+        if pid > 0:
+            os.kill(pid, signal.SIGTERM)
+        return pid
+
+    sigs = worker_signals("USR2")
+    data = torch.arange(16, dtype=torch.float32)
+    loader = DataLoader(data, batch_size=2, num_workers=2, worker_init_fn=ignore_in_loader_workers(sigs))
+    monkeypatch.setattr(os, "fork", fork)
+    if mask == "blocked":
+        with blocked(sigs):
+            it = iter(loader)
+        monkeypatch.undo()
+        assert torch.cat(list(it)).tolist() == data.tolist()
+        assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(sigs)  # this thread's mask is back
+    else:
+        it = iter(loader)
+        monkeypatch.undo()
+        with pytest.raises(RuntimeError, match="DataLoader worker"):
+            list(it)
