@@ -5,6 +5,7 @@ partition-preemption test (``train.num_workers=2``)."""
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import subprocess
@@ -75,6 +76,9 @@ def test_preemption_loader_worker_init_ignores_the_jobs_requeue_signal_and_sigte
     del it
 
 
+# "not blocked": a worker killed while torch still builds the iterator leaves a half-made one, whose __del__
+# then fails (torch's, not ours): pytest reports that as an unraisable exception
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.parametrize("mask", ["blocked", "not blocked"])
 def test_a_sigterm_between_the_fork_and_the_init_function(monkeypatch: pytest.MonkeyPatch, mask: str) -> None:
     """The window the worker's own ignoring leaves: Slurm's SIGTERM reaches a worker the loader has just
@@ -100,8 +104,9 @@ def test_a_sigterm_between_the_fork_and_the_init_function(monkeypatch: pytest.Mo
         monkeypatch.undo()
         assert torch.cat(list(it)).tolist() == data.tolist()
         assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(sigs)  # this thread's mask is back
-    else:
-        it = iter(loader)
-        monkeypatch.undo()
+    else:  # torch's SIGCHLD handler may raise it as soon as the worker is gone, in any line of this block
         with pytest.raises(RuntimeError, match="DataLoader worker"):
+            it = iter(loader)
+            monkeypatch.undo()
             list(it)
+        gc.collect()  # a half-made iterator goes here, under this test's filter, not in a later test
