@@ -186,8 +186,8 @@ def ignore_in_loader_workers(signals: Iterable[SignalSpec]) -> Callable[[int], N
     A worker runs this some milliseconds after it was forked (more on a loaded machine); a signal in
     between would still kill it. Create the loader's iterator (which forks the workers) inside
     :func:`blocked` with the same signals: the workers start with them blocked (fork(2) and execve(2)
-    keep the signal mask), and this function unblocks them once they are ignored, which discards a
-    pending one (signal(7))."""
+    keep the signal mask: the ``fork`` and ``spawn`` start methods; not ``forkserver``, whose server forks
+    them), and this function unblocks them once they are ignored, which discards a pending one (signal(7))."""
     return functools.partial(_ignore_signals, tuple(int(to_signal(s)) for s in signals))
 
 
