@@ -43,6 +43,8 @@ _MARK = "SLURM_DDP_PREFLIGHT "
 # slurm_ddp.task (which imports torch) is only consulted when the user's module imported
 # it already: a class that is not a subclass of it cannot be a Task otherwise.
 _CHILD = r"""
+import gc
+gc.disable()  # a short-lived child that imports torch: see slurm_ddp.worker.runtime.end_startup_gc
 import importlib, json, os, sys, traceback
 MARK = "SLURM_DDP_PREFLIGHT "
 task, keep_cwd, paths = sys.argv[1], sys.argv[2] == "1", sys.argv[3:]

@@ -5,6 +5,7 @@ Exit statuses: 0 finished; 75 stopped for preemption (checkpoint committed); 2 b
 """
 
 import argparse
+import gc
 import os
 import socket
 import sys
@@ -22,6 +23,9 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
 
     def train() -> int:
+        # No cyclic garbage collection while the rank starts up (torch, DDP, the task's model and data):
+        # slurm_ddp.worker.runtime.end_startup_gc turns it back on (Trainer.run), and says why.
+        gc.disable()
         from .train import main as train_main
 
         return train_main(args.run_dir)

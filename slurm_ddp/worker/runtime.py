@@ -100,6 +100,30 @@ def shutdown_distributed() -> None:
     gc.collect()
 
 
+def end_startup_gc() -> bool:
+    """End a start-up run with Python's cyclic garbage collector off: collect once, move every object
+    that survived into the permanent generation (``gc.freeze``), and turn collection back on.
+
+    For a process that called ``gc.disable()`` before importing torch — ``python -m slurm_ddp.worker``
+    does, and calls this once the model is wrapped in DDP and the datasets are built (a script of one's
+    own may do the same). Start-up makes a few million objects that live as long as the process (torch's
+    modules; ``torch._dynamo``, which ``DistributedDataParallel.__init__`` imports; sympy; the task's model
+    and data), and each time allocations crossed the collector's thresholds it walked them all again,
+    freeing next to nothing: ~2 of a digits rank's ~6 CPU-s (``benchmarks/rank_startup.py``). Frozen, they
+    are not walked by the training loop's full collections either. The one collection first keeps the
+    start-up's own garbage from being frozen for good. Python's ``gc.freeze`` documentation describes the
+    same pattern for pre-fork servers.
+
+    Returns False, changing nothing, where the collector is on (the process did not pause it).
+    """
+    if gc.isenabled():
+        return False
+    gc.collect()
+    gc.freeze()
+    gc.enable()
+    return True
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python's ``random``, NumPy's global RNG and torch (CPU and CUDA)."""
     random.seed(seed)

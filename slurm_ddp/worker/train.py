@@ -66,6 +66,7 @@ from .runtime import (
     StepAgreement,
     broadcast_from_main,
     capture_rng,
+    end_startup_gc,
     evaluate,
     init_distributed,
     is_peer_failure,
@@ -722,6 +723,7 @@ class Trainer:
                     self.run_dir, self.cfg, job_id=str(denv.job_id), restart=denv.restart_count, host=host
                 )
             self.build()
+            end_startup_gc()  # python -m slurm_ddp.worker paused it for the start-up
             self.resume()
             status = self.train()
             if status == 0:
