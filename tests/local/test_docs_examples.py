@@ -18,7 +18,7 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from typing import List, NamedTuple
+from typing import List, NamedTuple, Optional
 
 import pytest
 import yaml
@@ -81,7 +81,7 @@ def test_every_marker_is_well_formed_and_every_run_by_test_exists():
 
 @pytest.fixture(scope="module")
 def docs_env(tmp_path_factory):
-    """PATH with this checkout's ``slurm-ddp``, and ``runs/digits``: one tiny finished digits run."""
+    """PATH with this checkout's ``slurm-ddp``: (the scratch root, the environment)."""
     root = tmp_path_factory.mktemp("docs")
     bin_dir = root / "bin"
     bin_dir.mkdir()
@@ -92,33 +92,49 @@ def docs_env(tmp_path_factory):
     env["PATH"] = f"{bin_dir}{os.pathsep}{env['PATH']}"
     env["PYTHONPATH"] = f"{REPO}{os.pathsep}{env.get('PYTHONPATH', '')}"
     env["MPLBACKEND"] = "Agg"
+    return root, env
+
+
+@pytest.fixture(scope="module")
+def digits_runs(docs_env) -> Path:
+    """``runs/digits`` under the scratch root: one tiny finished digits run, made once, for the blocks
+    that name ``runs/`` (one xdist group, so one worker trains it; the other blocks never wait on it)."""
+    root, env = docs_env
     runs = root / "runs"
     tiny = ["train.max_steps=20", "train.eval_every=10", "train.log_every=5", "checkpoint.every_steps=10"]
     cmd = ["slurm-ddp", "submit", str(REPO / "examples/digits/job.yaml"), "--backend", "local"]
     cmd += ["--run-dir", str(runs / "digits"), *[a for s in tiny for a in ("--set", s)]]
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    return root, env
+    return runs
 
 
-def scratch(root: Path, block: Block) -> Path:
-    """A directory with ``examples``; with the tiny run's ``runs`` only for a block that names ``runs/``
-    (others start with no run directory, as a reader would)."""
+def scratch(root: Path, block: Block, runs: Optional[Path]) -> Path:
+    """A directory with ``examples``, and ``runs`` (the tiny run's) where given: only for a block that
+    names ``runs/`` (others start with no run directory, as a reader would)."""
     d = root / re.sub(r"[^\w.-]", "_", block.id)
     d.mkdir()
     (d / "examples").symlink_to(REPO / "examples")
-    if "runs/" in block.text:
-        (d / "runs").symlink_to(root / "runs")
+    if runs is not None:
+        (d / "runs").symlink_to(runs)
     return d
 
 
-RUNNABLE = [b for b in BLOCKS if not b.marker and b.lang in ("bash", "python")]
+def _needs_runs(block: Block) -> bool:
+    return "runs/" in block.text
 
 
-@pytest.mark.parametrize("block", RUNNABLE, ids=[b.id for b in RUNNABLE])
-def test_runnable_example_runs(block, docs_env):
+RUNNABLE = [
+    pytest.param(b, id=b.id, marks=[pytest.mark.xdist_group("docs_runs")] if _needs_runs(b) else [])
+    for b in BLOCKS
+    if not b.marker and b.lang in ("bash", "python")
+]
+
+
+@pytest.mark.parametrize("block", RUNNABLE)
+def test_runnable_example_runs(block, docs_env, request):
     root, env = docs_env
-    cwd = scratch(root, block)
+    cwd = scratch(root, block, request.getfixturevalue("digits_runs") if _needs_runs(block) else None)
     argv = (
         ["bash", "-euo", "pipefail", "-c", block.text] if block.lang == "bash" else [sys.executable, "-c", block.text]
     )
