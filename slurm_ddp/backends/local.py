@@ -62,6 +62,10 @@ from ..signals import die_with_parent, forwarded_signals
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
+#: Seconds the launcher waits, after it first finds a failed rank, for others to end before it names them
+#: and stops the rest. The rank that failed first is often not the first to exit: a peer whose collective
+#: then fails (its connection closed) can exit while the failed rank's interpreter still shuts down.
+NAME_WINDOW_S = 2.0
 
 
 def rank_environ(
@@ -392,6 +396,8 @@ class LocalJob:
         """Wait for all ranks; kill the rest when one fails. Returns 0, 75 (preempted) or the failure's status."""
         self._install()  # done by start(); a test may wait() for ranks of its own
         failed: Optional[Tuple[int, int]] = None
+        bad: List[Tuple[int, int]] = []  # the failed ranks, in the order found (rank order within a poll)
+        name_at: Optional[float] = None
         kill_at: Optional[float] = None
         try:
             while True:
@@ -400,16 +406,22 @@ class LocalJob:
                 codes = [p.poll() for p in self.procs]
                 if failed is None:
                     # a rank that died of a stop signal passed on to it stopped, it did not fail
-                    bad = [
+                    seen = {rank for rank, _ in bad}
+                    bad += [
                         (rank, c)
                         for rank, c in enumerate(codes)
-                        if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and not self._stopped(c)
+                        if c is not None
+                        and c not in (0, PREEMPTED_EXIT_CODE)
+                        and not self._stopped(c)
+                        and rank not in seen
                     ]
-                    if bad:
-                        # several found at one poll: which exited first is not known (a peer of a
-                        # failed rank fails too, in its next collective), so each is named
-                        failed = bad[0]
+                    if bad and name_at is None:
+                        name_at = time.monotonic() + NAME_WINDOW_S
                         self.cancelled_first = self.cancelled is not None
+                    # which failed first is not known (a peer of a failed rank fails too, in its next
+                    # collective, and may exit first): every rank that failed within the window is named
+                    if name_at is not None and (time.monotonic() >= name_at or all(c is not None for c in codes)):
+                        failed = bad[0]
                         logs = Path(self.plan.run_dir) / LOGS_DIR
                         self.say(
                             "; ".join(f"rank {rank} exited with status {c}" for rank, c in bad)

@@ -83,6 +83,42 @@ def test_wait_names_every_rank_found_failed_at_one_poll(job, capsys):
     assert capsys.readouterr() == ("", "")
 
 
+class _OnExitSeen:
+    """A rank's ``Popen`` whose ``poll()`` calls ``on_exit`` the first time it reports the exit."""
+
+    def __init__(self, proc: subprocess.Popen, on_exit) -> None:
+        self._proc, self._on_exit = proc, on_exit
+
+    def poll(self):
+        code = self._proc.poll()
+        if code is not None and self._on_exit is not None:
+            self._on_exit, call = None, self._on_exit
+            call()
+        return code
+
+    def __getattr__(self, name):
+        return getattr(self._proc, name)
+
+
+def test_wait_names_a_rank_that_failed_shortly_after_the_first_one_found(job, capsys):
+    """The rank that failed first may exit last: its peer's collective fails as soon as its connection
+    closes, while its own interpreter still shuts down. Ended within NAME_WINDOW_S of the first rank
+    found failed, it is named too; the status is the first one found's."""
+    first = subprocess.Popen(["sh", "-c", "exit 1"])
+    first.wait()
+    later = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"], stdin=subprocess.PIPE)
+    # the second rank ends only once wait() has seen the first one's exit
+    job.procs.extend([_OnExitSeen(first, later.stdin.close), later])
+    assert job.wait() == 1
+    logs = f"{job.plan.run_dir}/logs"
+    expected = (
+        "rank 0 exited with status 1; rank 1 exited with status 3; stopping the other ranks "
+        f"(see {logs}/rank-0.log, {logs}/rank-1.log)"
+    )
+    assert job.failed == (0, 1) and job.said == [expected]
+    assert capsys.readouterr() == ("", "")
+
+
 def test_a_signal_blocked_before_exec_reaches_the_flag_when_it_is_installed() -> None:
     """slurm_ddp.launch blocks the requeue signal before it execs the worker; one that arrives before
     the worker's PreemptionFlag exists stays pending and is handled by install(), not by the default
