@@ -48,10 +48,32 @@ def pytest_configure(config: pytest.Config) -> None:
     stale: a second run costs a stat per file). ``__pycache__/`` is git-ignored."""
     if hasattr(config, "workerinput"):
         return
+    _check_groups_kept(config)
     root = Path(__file__).resolve().parents[1]
     for name in ("slurm_ddp", "tests", "examples", "benchmarks"):
         if (root / name).is_dir() and os.access(root / name, os.W_OK):
             compileall.compile_dir(str(root / name), quiet=2)
+
+
+def _check_groups_kept(config: pytest.Config) -> None:
+    """Refuse a pytest/pytest-xdist pair that would not keep ``xdist_group`` tests on one worker.
+
+    ``--dist loadgroup`` sends the tests whose node id ends in ``@GROUP`` to one worker; pytest-xdist up
+    to 3.8 adds that suffix by assigning ``item._nodeid``, which pytest 9.2 no longer reads (its node ids
+    became structured). Each test of a module that shares a private Slurm cluster or one reference run
+    (``test_node_recovery``, ``test_node_loss``, ``test_stop_kill_finish_local``, ``test_emergency_resume``)
+    then went to any worker, which built its own: silently, at several times the CPU (found in this
+    project's CI, where a fresh install had pytest 9.2.0). pyproject's ``test`` extra keeps pytest < 9.2."""
+    if config.getoption("dist", "no") != "loadgroup" or not config.getoption("numprocesses", None):
+        return
+    import xdist
+    from packaging.version import Version
+
+    if Version(pytest.__version__) >= Version("9.2") and Version(xdist.__version__) <= Version("3.8.0"):
+        raise pytest.UsageError(
+            f"pytest {pytest.__version__} with pytest-xdist {xdist.__version__} keeps no xdist_group on one "
+            "worker (--dist loadgroup); install pytest<9.2: pip install -e '.[test]'"
+        )
 
 
 def pytest_collection_modifyitems(items: List[pytest.Item]) -> None:
