@@ -74,7 +74,11 @@ def test_kill_minus_9_at_every_commit_step_and_spread_over_the_save(harness):
         f"{o.scenario} {o.how}: killed={o.killed} latest={o.found} problem={o.problem}" for o in outcomes
     )
     assert [o for o in outcomes if o.problem] == [], report
-    assert sum(o.killed for o in outcomes) >= 20, report
+    # every kill at a protocol event lands mid-save; of the kills spread in time (over the save's duration as
+    # measured before them: on a loaded machine a save can end sooner), at least one per kind of save does
+    assert all(o.killed for o in outcomes if o.how.startswith("after")), report
+    for name in {o.scenario for o in outcomes if o.how.startswith("t=")}:
+        assert any(o.killed for o in outcomes if o.scenario == name and o.how.startswith("t=")), report
     # the event kills land on both sides of the commit (the manifest's rename), deterministically
     for name in ("next-step", "same-step"):
         found = {o.found for o in outcomes if o.scenario == name and o.how.startswith("after")}
