@@ -14,6 +14,7 @@ import difflib
 import functools
 import math
 import os
+import re
 import shlex
 from dataclasses import fields
 from pathlib import Path
@@ -36,6 +37,32 @@ def _freeze(obj: Any) -> Any:
     if isinstance(obj, list):
         return tuple(_freeze(v) for v in obj)
     return obj
+
+
+#: A float written as text, as the YAML 1.2 core schema (10.3.2) and Python's ``float()`` both read it:
+#: a dot or an exponent (``1.5``, ``1.``, ``.5``, ``3e-4``, ``1E3``, ``1.0e-3``), digits optionally
+#: grouped by ``_`` (``1_000.5``; YAML 1.1 and Python), a sign; and YAML's ``.inf``/``.nan``. The job
+#: YAML's float resolver (``loading._YamlLoader``) and the number check of a string (``_coerce``).
+FLOAT_TEXT = re.compile(
+    r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9][0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+_INT_TEXT = re.compile(r"^[-+]?[0-9][0-9_]*$")
+
+
+def _number_from_text(text: str) -> Union[int, float, None]:
+    """The number a string such as ``'3e-4'`` or ``'1_000'`` writes (``FLOAT_TEXT``, or decimal digits), else
+    None. For a value that reached the number check as text (a mapping given to the Python API, JSON)."""
+    t = text.strip()
+    if _INT_TEXT.match(t):
+        return int(t.replace("_", ""))
+    if FLOAT_TEXT.match(t) and not t.lower().lstrip("+-").startswith((".inf", ".nan")):
+        return float(t.replace("_", ""))
+    return None
 
 
 # --------------------------------------------------------------------------- building
@@ -104,6 +131,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise _bad(key, value, "an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _number_from_text(value) is not None:  # '3e-4' from JSON or the API
+            value = _number_from_text(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
         if not math.isfinite(value):  # YAML's .nan/.inf, or 1e999
