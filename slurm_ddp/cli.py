@@ -73,7 +73,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=["auto", "sbatch", "submitit", "local"],
         default="auto",
-        help="auto = sbatch when it is on PATH, else local",
+        help="auto = sbatch when it is on PATH; else local, with a warning, for a job that asks for no cluster "
+        "(more nodes, a partition, ... are refused: pass --backend local to run them here)",
     )
     _add_sweep_arg(p)
     p.add_argument("--dry-run", action="store_true", help="print what would be submitted and do nothing else")

@@ -1,0 +1,93 @@
+"""The traps of a user's first hour (issue 43): what ``submit`` does where Slurm is not on PATH, what a
+dry run checks, and the shell syntax the launcher would not run. Real processes where the finding is
+about one (``slurm-ddp`` started with a PATH that has no Slurm commands)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import pytest
+import yaml
+
+SLURM_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "squeue", "scancel", "sacct", "sinfo")
+
+
+def path_without_slurm(tmp_path: Path) -> str:
+    """A PATH with this machine's commands except Slurm's (a login node before ``module load slurm``)."""
+    bindir = tmp_path / "bin-no-slurm"
+    bindir.mkdir(exist_ok=True)
+    for d in (os.path.dirname(sys.executable), "/usr/local/bin", "/usr/bin", "/bin"):
+        if not os.path.isdir(d):
+            continue
+        for name in os.listdir(d):
+            target = bindir / name
+            if name in SLURM_COMMANDS or target.exists() or target.is_symlink():
+                continue
+            target.symlink_to(os.path.join(d, name))
+    return str(bindir)
+
+
+def slurm_ddp(args: List[str], cwd: Path, path: Optional[str] = None) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    if path is not None:
+        env["PATH"] = path
+    return subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+def write_command_job(tmp_path: Path, slurm: dict, **train) -> Path:
+    (tmp_path / "train.py").write_text("open('started', 'w').write('a rank ran')\n")
+    job = tmp_path / "job.yaml"
+    data = {"name": "t", "slurm": {"time": "00:10:00", **slurm}, "train": {"command": "python train.py", **train}}
+    job.write_text(yaml.safe_dump(data))
+    return job
+
+
+# --------------------------------------------------------------------------- auto without Slurm
+
+
+@pytest.mark.parametrize(
+    "slurm, named",
+    [({"nodes": 2, "tasks_per_node": 4}, "slurm.nodes=2"), ({"partition": "gpu"}, "slurm.partition=gpu")],
+    ids=["two-nodes", "partition"],
+)
+@pytest.mark.parametrize("dry_run", [False, True], ids=["submit", "dry-run"])
+def test_auto_without_slurm_refuses_a_cluster_job(tmp_path, slurm, named, dry_run):
+    job = write_command_job(tmp_path, slurm)
+    args = ["submit", str(job), "--run-dir", str(tmp_path / "run")] + (["--dry-run"] if dry_run else [])
+    out = slurm_ddp(args, tmp_path, path_without_slurm(tmp_path))
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "--backend local" in lines[0] and named in lines[0], out.stderr
+    assert "Slurm was not found" in lines[0]
+    assert not (tmp_path / "started").exists() and not (tmp_path / "run").exists()
+
+
+def test_auto_without_slurm_runs_a_plain_job_here_and_says_so(tmp_path):
+    job = write_command_job(tmp_path, {"nodes": 1, "tasks_per_node": 1})
+    out = slurm_ddp(["submit", str(job), "--dry-run"], tmp_path, path_without_slurm(tmp_path))
+    assert out.returncode == 0, out.stderr
+    assert "Slurm was not found" in out.stderr and "--backend local" in out.stderr
+    assert "backend: local" in out.stdout
+
+
+def test_api_auto_without_slurm_refuses_a_cluster_job(tmp_path, monkeypatch):
+    import slurm_ddp
+    from slurm_ddp.errors import UserError
+
+    job = write_command_job(tmp_path, {"nodes": 2})
+    monkeypatch.setenv("PATH", path_without_slurm(tmp_path))
+    with pytest.raises(UserError, match="--backend local"):
+        slurm_ddp.submit(job, run_dir=tmp_path / "run", backend="auto")
+    assert not (tmp_path / "run").exists() and not (tmp_path / "started").exists()
