@@ -319,6 +319,8 @@ def submit_run(
     plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     for w in plan.warnings:
         report.warn(w)
+    if check_task:  # a dry run checks what submit checks
+        _preflight(cfg, backend, report.warn)
     if dry_run:
         report.out(plan.describe())
         return Submitted(plan.run_dir, backend, sweep=False, started=False)
@@ -328,8 +330,6 @@ def submit_run(
         note = refuse_active_run(Path(plan.run_dir))
         if note:
             report.warn(note)
-    if check_task:
-        _preflight(cfg, backend, report.warn)
     if test_only:
         from .sbatch import sbatch_test_only
 
@@ -422,6 +422,8 @@ def submit_sweep(
     if dry_run:
         for w in plan.warnings:
             report.warn(w)
+        if check_task:  # a dry run checks what submit checks
+            _preflight(sweep.elements[0].cfg, backend, report.warn)
         report.out(plan.describe())
         return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
     if not plan.todo:

@@ -22,7 +22,7 @@ from types import MappingProxyType
 from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import command_script_index
+from .command import WRAPPER_HINT, command_script_index, command_shell_syntax, command_word_problem
 from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
@@ -293,6 +293,10 @@ def _cross_checks(cfg: JobConfig) -> None:
         )
     if t.command and not t.command[0].strip():
         raise _bad("train.command[0]", t.command[0], "the program to run (e.g. python or train.py)")
+    for i, word in enumerate(t.command):
+        problem = command_word_problem(word)
+        if problem:
+            raise _bad(f"train.command[{i}]", word, problem, WRAPPER_HINT if "$(" in word else "")
     if r.signal_delay_s >= s.time_s:
         raise _bad(
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
@@ -467,12 +471,16 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
 
 
 def _split_command(data: Any) -> Any:
-    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words)."""
+    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words); shell syntax
+    outside quotes (``config.command_shell_syntax``: ``>``, ``|``, ``&&``, ``$(…)``) is a ``ConfigError``."""
     if not isinstance(data, Mapping) or not isinstance(data.get("train"), Mapping):
         return data
     command = data["train"].get("command")
     if not isinstance(command, str):
         return data
+    syntax = command_shell_syntax(command)
+    if syntax:
+        raise _bad("train.command", command, f"no shell syntax, found {syntax}", WRAPPER_HINT)
     try:
         argv = shlex.split(command)
     except ValueError as e:

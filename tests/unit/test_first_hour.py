@@ -91,3 +91,75 @@ def test_api_auto_without_slurm_refuses_a_cluster_job(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="--backend local"):
         slurm_ddp.submit(job, run_dir=tmp_path / "run", backend="auto")
     assert not (tmp_path / "run").exists() and not (tmp_path / "started").exists()
+
+
+# --------------------------------------------------------------------------- a dry run checks what submit checks
+
+BAD_COMMANDS = [
+    ({"train.command": "python trian.py"}, "script"),
+    ({"train.command": "pythn train.py"}, "'pythn' is not found"),
+    ({"environment.python": "/nonexistent/python"}, "/nonexistent/python"),
+    ({"train.command": "python train.py --name $(date)"}, "$("),
+    ({"train.command": "python train.py > log.txt 2>&1"}, "> (a redirection)"),
+]
+
+
+@pytest.mark.parametrize("sets, named", BAD_COMMANDS, ids=[str(s) for s, _ in BAD_COMMANDS])
+def test_dry_run_refuses_what_submit_refuses_in_one_line(tmp_path, sets, named):
+    job = write_command_job(tmp_path, {"nodes": 1})
+    flags = [f for k, v in sets.items() for f in ("--set", f"{k}={v}")]
+    out = slurm_ddp(["submit", str(job), "--backend", "sbatch", "--dry-run", *flags], tmp_path)
+    assert out.returncode == 2, out.stdout + out.stderr
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("slurm-ddp: error: ") and named in lines[0], out.stderr
+    assert out.stdout == "" and not (tmp_path / "runs").exists()
+    if "$(" in named or ">" in named:
+        assert "wrapper script" in lines[0] and "exec" in lines[0]
+        render = slurm_ddp(["render", str(job), *flags], tmp_path)  # render refuses it too
+        assert render.returncode == 2 and render.stderr.strip() == lines[0], render.stderr
+
+
+def test_dry_run_of_a_good_command_passes(tmp_path):
+    job = write_command_job(tmp_path, {"nodes": 1})
+    out = slurm_ddp(["submit", str(job), "--backend", "sbatch", "--dry-run"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert "#SBATCH" in out.stdout
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        "python train.py --out '>' x.txt",  # a quoted '>' is an argument
+        'python train.py --sep "a|b;c"',
+        "python train.py --ckpt $SLURM_DDP_RUN_DIR/ckpt --tag rank${RANK} --cost $$5",  # the launcher's $NAME
+        ["python", "train.py", ">", "x"],  # a list is argv as given
+    ],
+)
+def test_quoted_operators_and_variables_are_not_shell_syntax(command):
+    from slurm_ddp.config import config_from_dict
+
+    assert config_from_dict({"name": "x", "train": {"command": command}}).train.command[0] == "python"
+
+
+@pytest.mark.parametrize(
+    "command, named",
+    [
+        ("python a.py | tee log", "| (a pipe)"),
+        ("python a.py && echo done", "&& (a command list)"),
+        ("python a.py; echo x", "; (a command list)"),
+        ("python a.py || true", "|| (a command list)"),
+        ("python a.py `date`", "` (command substitution)"),
+        ('python a.py "--at $(date)"', "$( (command substitution)"),
+        ("python a.py < in.txt", "< (a redirection)"),
+        (["python", "a.py", "$(date)"], "$(...)"),
+        (["python", "a.py", "${A:-x}"], "$NAME or ${NAME}"),
+    ],
+)
+def test_shell_syntax_in_train_command_is_one_line(command, named):
+    from slurm_ddp.config import config_from_dict
+    from slurm_ddp.errors import ConfigError
+
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"name": "x", "train": {"command": command}})
+    msg = str(ei.value)
+    assert "\n" not in msg and named in msg and "train.command" in msg
