@@ -210,7 +210,8 @@ def test_a_number_written_as_a_string_passes_the_number_check(make_config):
 def test_yaml_12_floats_leave_other_scalars_alone(write_job):
     from slurm_ddp.config import _yaml_load
 
-    assert [_yaml_load(t) for t in ("1", "1_000", "1:30:00", "e3", "3e", "1.5")] == [1, 1000, "1:30:00", "e3", "3e", 1.5]
+    texts = ("1", "1_000", "1:30:00", "e3", "3e", "1.5")
+    assert [_yaml_load(t) for t in texts] == [1, 1000, "1:30:00", "e3", "3e", 1.5]
 
 
 def test_override_does_not_hide_a_top_level_that_is_not_a_mapping(write_job):
