@@ -322,7 +322,12 @@ def submit_run(
     if check_task:  # a dry run checks what submit checks
         _preflight(cfg, backend, report.warn)
     if dry_run:
-        report.out(plan.describe())
+        if backend == "submitit":  # submitit's own batch script, not the sbatch backend's
+            from .submitit_backend import describe
+
+            report.out(describe(plan))
+        else:
+            report.out(plan.describe())
         return Submitted(plan.run_dir, backend, sweep=False, started=False)
     if plan.resuming and not test_only:
         from ..ops import refuse_active_run
