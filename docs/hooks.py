@@ -1,7 +1,7 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): the pages generated from the code at build time.
 
 - ``reference/config.md``: every config key from the config's own field metadata (``slurm_ddp.jobschema``,
-  built from ``slurm_ddp/config/schema.py``) and the text of ``slurm-ddp config-keys`` (``describe_keys``);
+  built from ``slurm_ddp/config/schema.py``) and the text of ``slurm-ddp config-keys`` (``jobschema.config_keys_text``);
 - ``reference/cli.md``: every verb's ``--help`` from the parser (``slurm_ddp.cli.build_parser``);
 - ``benchmarks/details.md``: ``benchmarks/README.md``.
 
@@ -69,8 +69,7 @@ def _rows(props: Dict[str, Any], prefix: str, out: List[str]) -> None:
 
 
 def config_reference() -> str:
-    from slurm_ddp.config import describe_keys
-    from slurm_ddp.jobschema import job_schema
+    from slurm_ddp.jobschema import config_keys_text, job_schema
 
     schema = job_schema()
     lines = [
@@ -95,7 +94,7 @@ def config_reference() -> str:
         "## As `slurm-ddp config-keys` prints it",
         "",
         "```yaml",
-        describe_keys(),
+        config_keys_text(),
         "```",
         "",
     ]

@@ -317,9 +317,9 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def cmd_config_keys(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .config import describe_keys
+    from .jobschema import config_keys_text
 
-    print(describe_keys())
+    print(config_keys_text())
     return 0
 
 

@@ -19,7 +19,7 @@ import shlex
 from dataclasses import fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
 from .command import WRAPPER_HINT, command_script_index, command_shell_syntax, command_word_problem
@@ -265,6 +265,30 @@ def _check_gpus(s: SlurmConfig) -> None:
         )
 
 
+def _check_extra_conflicts(s: SlurmConfig) -> None:
+    """``slurm.extra`` options sbatch(1) refuses together with what slurm_ddp sets: ``--mem``,
+    ``--mem-per-cpu`` and ``--mem-per-gpu`` are mutually exclusive; ``--cpus-per-gpu`` is "not compatible
+    with the --cpus-per-task option", which every job script sets (``slurm.cpus_per_task``)."""
+    given = {k.replace("_", "-"): (k, v) for k, v in s.extra.items() if v is not False}
+    if "cpus-per-gpu" in given:
+        k, v = given["cpus-per-gpu"]
+        raise _bad(
+            f"slurm.extra.{k}",
+            v,
+            "no value: sbatch refuses --cpus-per-gpu with --cpus-per-task, which slurm.cpus_per_task always sets",
+            "DDP runs one rank per GPU: set slurm.cpus_per_task to the CPUs per GPU",
+        )
+    mem: List[Tuple[str, Any]] = [("slurm.mem_gb", s.mem_gb)] if s.mem_gb is not None else []
+    mem += [(f"slurm.extra.{given[f][0]}", given[f][1]) for f in ("mem-per-cpu", "mem-per-gpu") if f in given]
+    if len(mem) > 1:
+        raise _bad(
+            mem[1][0],
+            mem[1][1],
+            f"no value with {mem[0][0]} (sbatch: --mem, --mem-per-cpu and --mem-per-gpu are mutually exclusive)",
+            "keep one of them",
+        )
+
+
 def _default_tasks_per_node(cfg: JobConfig, data: Any) -> JobConfig:
     """A GPU job whose YAML does not set ``slurm.tasks_per_node`` gets one task per GPU of the node
     (``gpus_per_node``, or the gpu count of ``gres``); otherwise the key's default (1) stays."""
@@ -319,6 +343,7 @@ def _cross_checks(cfg: JobConfig) -> None:
             problem = _check_sbatch_token(v)
             if problem:
                 raise _bad(f"slurm.extra.{k}", v, problem)
+    _check_extra_conflicts(s)
     for k in cfg.environment.env:
         if not _ENV_NAME.match(k):
             raise _bad(f"environment.env.{k}", k, "a variable name of letters, digits and _")
