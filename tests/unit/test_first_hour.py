@@ -163,3 +163,110 @@ def test_shell_syntax_in_train_command_is_one_line(command, named):
         config_from_dict({"name": "x", "train": {"command": command}})
     msg = str(ei.value)
     assert "\n" not in msg and named in msg and "train.command" in msg
+
+
+# --------------------------------------------------------------------------- smaller surprises (item 8)
+
+REPO = Path(__file__).resolve().parents[2]
+DIGITS = REPO / "examples" / "digits" / "job.yaml"
+
+
+def test_render_says_the_script_runs_only_where_submit_prepared_it(tmp_path):
+    out = slurm_ddp(["render", str(DIGITS)], tmp_path)
+    assert out.returncode == 0, out.stderr
+    header = out.stdout.split("\nset -u\n", 1)[0]
+    assert "`slurm-ddp submit` prepares" in header and "cannot run alone" in header
+
+
+def test_submitit_dry_run_prints_submitits_own_script(tmp_path):
+    pytest.importorskip("submitit")
+    args = ["submit", str(DIGITS), "--backend", "submitit", "--dry-run", "--no-check-task"]
+    out = slurm_ddp([*args, "--run-dir", str(tmp_path / "run")], tmp_path)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.startswith("# backend: submitit")
+    assert "-m submitit.core._submit" in out.stdout and "#SBATCH --wckey=submitit" in out.stdout
+    assert "# Signal plan" not in out.stdout  # the sbatch backend's script is not what submitit runs
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize(
+    "slurm, key, named",
+    [
+        ({"mem_gb": 4, "extra": {"mem-per-gpu": "8G"}}, "slurm.extra.mem-per-gpu", "slurm.mem_gb"),
+        ({"mem_gb": 4, "extra": {"mem_per_cpu": "1G"}}, "slurm.extra.mem_per_cpu", "slurm.mem_gb"),
+        ({"extra": {"mem-per-cpu": "1G", "mem-per-gpu": "8G"}}, "slurm.extra.mem-per-gpu", "mem-per-cpu"),
+        ({"cpus_per_task": 4, "extra": {"cpus-per-gpu": 4}}, "slurm.extra.cpus-per-gpu", "--cpus-per-task"),
+    ],
+)
+def test_extra_options_sbatch_refuses_together_are_one_line(slurm, key, named):
+    from slurm_ddp.config import config_from_dict
+    from slurm_ddp.errors import ConfigError
+
+    with pytest.raises(ConfigError) as ei:
+        config_from_dict({"name": "x", "train": {"task": "m:T"}, "slurm": slurm})
+    msg = str(ei.value)
+    assert "\n" not in msg and f"'{key}'" in msg and named in msg
+    config_from_dict({"name": "x", "train": {"task": "m:T"}, "slurm": {"extra": {"mem-per-gpu": "8G"}}})  # alone: fine
+
+
+def test_no_requeue_hint_and_max_requeues_say_what_slurm_does(make_config):
+    from slurm_ddp.config import describe_keys
+    from slurm_ddp.errors import ConfigError
+
+    cfg = make_config({"requeue": {"max_requeues": 0}})
+    from slurm_ddp.render import sbatch_flags
+
+    assert "--requeue" in sbatch_flags(cfg)  # Slurm's requeue (preemption, node failure) stays on
+    with pytest.raises(ConfigError) as ei:
+        make_config({"slurm": {"extra": {"no-requeue": True}}})
+    msg = str(ei.value)
+    assert "always sets --requeue" in msg and "max_requeues: 0 keeps the job from requeueing itself" in msg
+    line = next(ln for ln in describe_keys().splitlines() if ln.strip().startswith("max_requeues:"))
+    assert "every restart counts" in line and "SLURM_RESTART_COUNT" in line
+
+
+def test_a_job_name_slurm_rewrites_is_said_in_one_line(tmp_path):
+    out = slurm_ddp(["render", str(DIGITS), "--set", "name=bert base"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = [ln for ln in out.stderr.splitlines() if "bert" in ln]
+    assert len(lines) == 1 and "'bert base' becomes 'bert_base'" in lines[0]
+    assert "#SBATCH --job-name=bert_base" in out.stdout
+    out = slurm_ddp(["render", str(DIGITS), "--set", "name=bert-base"], tmp_path)
+    assert "becomes" not in out.stderr
+
+
+def test_config_keys_lists_the_sweep_keys_and_marks_name_required(tmp_path):
+    out = slurm_ddp(["config-keys"], tmp_path)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("name:  # required:")
+    slurm_block = lines[lines.index("slurm:") + 1 : lines.index("environment:")]
+    assert any(ln.startswith("  array_parallelism: None  # ") for ln in slurm_block)
+    sweep = lines[lines.index("sweep:") :]
+    assert sweep[1].startswith("  grid: {}  # ") and sweep[2].startswith("  zip: {}  # ")
+
+
+def test_readme_is_under_150_lines_with_the_two_commands():
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) < 150
+    assert "slurm-ddp submit examples/digits/job.yaml --backend local" in text and "bash .ci/run" in text
+
+
+def test_env_explain_prints_the_threads_a_user_value_keeps(tmp_path):
+    env_cmd = ["env", str(DIGITS), "--explain", "--cpus-per-task", "8"]
+    child_env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "OMP_"))}
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", *env_cmd],
+        cwd=tmp_path,
+        env={**child_env, "OMP_NUM_THREADS": "1"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    rank0 = out.stdout.split("rank 0:", 1)[1].splitlines()
+    assert "threads=1" in rank0[0] and "kept (set by the user): OMP_NUM_THREADS=1" in "\n".join(rank0[:3])
+    plain = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", *env_cmd], cwd=tmp_path, env=child_env, capture_output=True, text=True
+    )
+    assert "threads=8" in plain.stdout.split("rank 0:", 1)[1].splitlines()[0]
