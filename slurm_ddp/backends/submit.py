@@ -319,7 +319,14 @@ def submit_run(
     plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     for w in plan.warnings:
         report.warn(w)
-    if check_task:  # a dry run checks what submit checks
+    # a dry run checks what submit checks: a resumed run that is still active, the task or command
+    if plan.resuming and not test_only:
+        from ..ops import refuse_active_run
+
+        note = refuse_active_run(Path(plan.run_dir))
+        if note:
+            report.warn(note)
+    if check_task:
         _preflight(cfg, backend, report.warn)
     if dry_run:
         if backend == "submitit":  # submitit's own batch script, not the sbatch backend's
@@ -329,12 +336,6 @@ def submit_run(
         else:
             report.out(plan.describe())
         return Submitted(plan.run_dir, backend, sweep=False, started=False)
-    if plan.resuming and not test_only:
-        from ..ops import refuse_active_run
-
-        note = refuse_active_run(Path(plan.run_dir))
-        if note:
-            report.warn(note)
     if test_only:
         from .sbatch import sbatch_test_only
 
@@ -424,17 +425,9 @@ def submit_sweep(
     plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     if backend in ("sbatch", "submitit"):
         check_array_size(plan.array_task_ids(), len(sweep.elements))
-    if dry_run:
-        for w in plan.warnings:
-            report.warn(w)
-        if check_task:  # a dry run checks what submit checks
-            _preflight(sweep.elements[0].cfg, backend, report.warn)
-        report.out(plan.describe())
-        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
-    if not plan.todo:
-        report.out(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})\n")
-        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
-    if plan.resuming:  # on every backend: a sweep run locally into the directories of a running array, too
+    # a dry run checks what submit checks. A resumed sweep with elements still pending or running is refused
+    # on every backend: a sweep run locally into the directories of a running array, too
+    if plan.resuming and plan.todo:
         from ..ops.sweeps import progress_kind, read_sweep, sweep_status
 
         active = [
@@ -447,8 +440,16 @@ def submit_sweep(
                 f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
                 f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
             )
-    if check_task:
+    if check_task and (plan.todo or dry_run):
         _preflight(sweep.elements[0].cfg, backend, report.warn)
+    if dry_run:
+        for w in plan.warnings:
+            report.warn(w)
+        report.out(plan.describe())
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
+    if not plan.todo:
+        report.out(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})\n")
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
     for w in plan.warnings:
         report.warn(w)
     n = len(sweep.elements)
