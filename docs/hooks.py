@@ -35,6 +35,8 @@ def _types(prop: Dict[str, Any]) -> str:
     listed = [t] if isinstance(t, str) else list(t)
     if listed[:2] == ["string", "number"]:
         listed = ["string"] + listed[2:]
+    if listed[:2] == ["number", "string"]:  # a float key: a number, also written as text ('3e-4')
+        listed = ["number"] + listed[2:]
     return " or ".join(names.get(x, x) for x in listed)
 
 

@@ -23,6 +23,7 @@ from typing import Any, Dict, List, Mapping, Tuple, Union, get_args, get_origin,
 
 from .config import JobConfig, describe_keys
 from .config.schema import _to_plain
+from .config.validate import NUMBER_TEXT
 from .sweep import PARALLELISM_DOC, PARALLELISM_KEY, SWEEP_DOCS, SWEEP_SECTION_KEYS
 
 #: ``$schema`` of the generated document
@@ -31,7 +32,8 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = "job.schema.json"
 
 # A field's Python type → JSON types. A ``str`` field also takes a number (the loader writes it as
-# text: ``time: 60``); a tuple of strings also takes one string (a list of one).
+# text: ``time: 60``), a ``float`` field a string that writes a number (``'3e-4'``); a tuple of strings
+# also takes one string (a list of one).
 _SCALARS: Dict[Any, List[str]] = {bool: ["boolean"], int: ["integer"], float: ["number"], str: ["string", "number"]}
 
 
@@ -61,6 +63,8 @@ def _type_schema(tp: Any) -> Dict[str, Any]:
         if vt is not Any:
             out["additionalProperties"] = {"type": _type_schema(vt)["type"]}
         return out
+    if tp is float:  # a number, or a string that writes one ('3e-4': the loader reads it, config.validate)
+        return {"type": ["number", "string"], "pattern": NUMBER_TEXT}
     return {"type": list(_SCALARS[tp])}
 
 

@@ -51,18 +51,24 @@ FLOAT_TEXT = re.compile(
     |\.(?:nan|NaN|NAN))$""",
     re.X,
 )
+#: A finite number written as text that a float key takes (``_number_from_text``): ``FLOAT_TEXT`` without
+#: ``.inf``/``.nan``, or decimal digits; blanks around it allowed. ECMA-262 syntax too: the job schema's
+#: ``pattern`` for such a string (``jobschema``), so that the schema is never stricter than the loader.
+NUMBER_TEXT = (
+    r"^\s*[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9][0-9_]*)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?)\s*$"
+)
+_NUMBER_TEXT = re.compile(NUMBER_TEXT)
 _INT_TEXT = re.compile(r"^[-+]?[0-9][0-9_]*$")
 
 
 def _number_from_text(text: str) -> Union[int, float, None]:
-    """The number a string such as ``'3e-4'`` or ``'1_000'`` writes (``FLOAT_TEXT``, or decimal digits), else
-    None. For a value that reached the number check as text (a mapping given to the Python API, JSON)."""
-    t = text.strip()
-    if _INT_TEXT.match(t):
-        return int(t.replace("_", ""))
-    if FLOAT_TEXT.match(t) and not t.lower().lstrip("+-").startswith((".inf", ".nan")):
-        return float(t.replace("_", ""))
-    return None
+    """The number a string such as ``'3e-4'`` or ``'1_000'`` writes (``NUMBER_TEXT``), else None. For a
+    value that reached the number check as text (a mapping given to the Python API, JSON, a quoted YAML
+    scalar); ``_`` between digits as Python and YAML 1.1 allow."""
+    if not _NUMBER_TEXT.match(text):
+        return None
+    t = text.strip().replace("_", "")
+    return int(t) if _INT_TEXT.match(t) else float(t)
 
 
 # --------------------------------------------------------------------------- building
