@@ -1,7 +1,7 @@
 """MkDocs hooks (mkdocs.yml ``hooks:``): the pages generated from the code at build time.
 
 - ``reference/config.md``: every config key from the config's own field metadata (``slurm_ddp.jobschema``,
-  built from ``slurm_ddp/config/schema.py``) and the text of ``slurm-ddp config-keys`` (``describe_keys``);
+  built from ``slurm_ddp/config/schema.py``) and the text of ``slurm-ddp config-keys`` (``jobschema.config_keys_text``);
 - ``reference/cli.md``: every verb's ``--help`` from the parser (``slurm_ddp.cli.build_parser``);
 - ``benchmarks/details.md``: ``benchmarks/README.md``.
 
@@ -35,6 +35,8 @@ def _types(prop: Dict[str, Any]) -> str:
     listed = [t] if isinstance(t, str) else list(t)
     if listed[:2] == ["string", "number"]:
         listed = ["string"] + listed[2:]
+    if listed[:2] == ["number", "string"]:  # a float key: a number, also written as text ('3e-4')
+        listed = ["number"] + listed[2:]
     return " or ".join(names.get(x, x) for x in listed)
 
 
@@ -69,8 +71,7 @@ def _rows(props: Dict[str, Any], prefix: str, out: List[str]) -> None:
 
 
 def config_reference() -> str:
-    from slurm_ddp.config import describe_keys
-    from slurm_ddp.jobschema import job_schema
+    from slurm_ddp.jobschema import config_keys_text, job_schema
 
     schema = job_schema()
     lines = [
@@ -95,7 +96,7 @@ def config_reference() -> str:
         "## As `slurm-ddp config-keys` prints it",
         "",
         "```yaml",
-        describe_keys(),
+        config_keys_text(),
         "```",
         "",
     ]

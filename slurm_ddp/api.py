@@ -305,7 +305,8 @@ def submit(
 
     ``job``: a YAML path, or the mapping such a file holds (relative paths from the current
     directory). ``overrides``: ``SECTION.KEY=VALUE`` strings (``--set``). ``run_dir``: default
-    ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH, else local), ``sbatch``,
+    ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH; else local, unless the job asks for a cluster:
+    ``UserError``), ``sbatch``,
     ``submitit`` or ``local`` — a local run starts in the background (its launcher's output in the
     run directory's ``launcher.out``) and this returns at once. ``sweep``: ``KEY=V1,V2`` strings
     (``--sweep``). ``after``: runs (``Run``, a run directory) or job ids, each optionally

@@ -5,7 +5,8 @@ error into an exit code and messages; the only place that does. Each verb's work
 
 A user mistake (``UserError``) prints one line ``slurm-ddp: error: …`` and exits 2;
 other ``SlurmDDPError``s print one line and exit with their code; with ``--verbose`` a
-traceback follows. Imports no torch: ``render`` and ``submit --dry-run`` work on a login
+traceback follows. Imports no torch (``submit``'s task check imports it in a child process, which
+``--no-check-task`` skips): ``render`` and ``submit --dry-run`` work on a login
 node without it.
 """
 
@@ -73,10 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--backend",
         choices=["auto", "sbatch", "submitit", "local"],
         default="auto",
-        help="auto = sbatch when it is on PATH, else local",
+        help="auto = sbatch when it is on PATH; else local, with a warning, for a job that asks for no cluster "
+        "(more nodes, a partition, ... are refused: pass --backend local to run them here)",
     )
     _add_sweep_arg(p)
-    p.add_argument("--dry-run", action="store_true", help="print what would be submitted and do nothing else")
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="run submit's checks, print what would be submitted and do nothing else (writes and queues nothing)",
+    )
     p.add_argument(
         "--test-only",
         action="store_true",
@@ -311,9 +317,9 @@ def cmd_sandbox(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
 
 def cmd_config_keys(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .config import describe_keys
+    from .jobschema import config_keys_text
 
-    print(describe_keys())
+    print(config_keys_text())
     return 0
 
 

@@ -178,7 +178,7 @@ def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = 
     lines = [
         f"rank {denv.rank}: local_rank={denv.local_rank}/{denv.local_world_size} node={denv.node_rank} "
         f"host={denv.hostname or '?'} cpus={format_cpulist(plan.cpus)} "
-        f"numa={','.join(map(str, plan.numa_nodes))} affinity={affinity} threads={plan.threads}",
+        f"numa={','.join(map(str, plan.numa_nodes))} affinity={affinity} threads={plan.effective_threads}",
         "  env: " + " ".join(f"{k}={shlex.quote(v)}" for k, v in plan.env.items() if k != "LD_PRELOAD"),
     ]
     if plan.kept:

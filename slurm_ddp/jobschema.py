@@ -21,9 +21,10 @@ from dataclasses import fields
 from importlib import resources
 from typing import Any, Dict, List, Mapping, Tuple, Union, get_args, get_origin, get_type_hints
 
-from .config import JobConfig
+from .config import JobConfig, describe_keys
 from .config.schema import _to_plain
-from .sweep import PARALLELISM_KEY, SWEEP_SECTION_KEYS
+from .config.validate import NUMBER_TEXT
+from .sweep import PARALLELISM_DOC, PARALLELISM_KEY, SWEEP_DOCS, SWEEP_SECTION_KEYS
 
 #: ``$schema`` of the generated document
 DIALECT = "https://json-schema.org/draft/2020-12/schema"
@@ -31,7 +32,8 @@ DIALECT = "https://json-schema.org/draft/2020-12/schema"
 SCHEMA_FILE = "job.schema.json"
 
 # A field's Python type → JSON types. A ``str`` field also takes a number (the loader writes it as
-# text: ``time: 60``); a tuple of strings also takes one string (a list of one).
+# text: ``time: 60``), a ``float`` field a string that writes a number (``'3e-4'``); a tuple of strings
+# also takes one string (a list of one).
 _SCALARS: Dict[Any, List[str]] = {bool: ["boolean"], int: ["integer"], float: ["number"], str: ["string", "number"]}
 
 
@@ -61,6 +63,8 @@ def _type_schema(tp: Any) -> Dict[str, Any]:
         if vt is not Any:
             out["additionalProperties"] = {"type": _type_schema(vt)["type"]}
         return out
+    if tp is float:  # a number, or a string that writes one ('3e-4': the loader reads it, config.validate)
+        return {"type": ["number", "string"], "pattern": NUMBER_TEXT}
     return {"type": list(_SCALARS[tp])}
 
 
@@ -111,7 +115,7 @@ def job_schema() -> Dict[str, Any]:
     top["type"] = "object"
     section, key = PARALLELISM_KEY.split(".")
     top["properties"][section]["properties"][key] = {
-        "description": "a sweep's throttle: how many elements run at once (sbatch --array=...%P, submitit's name)",
+        "description": PARALLELISM_DOC,
         "type": "integer",
         "minimum": 1,
     }
@@ -129,6 +133,15 @@ def job_schema() -> Dict[str, Any]:
         "title": "slurm_ddp job",
         **top,
     }
+
+
+def config_keys_text() -> str:
+    """``slurm-ddp config-keys``: every key of a job file with its default and meaning, the sweep's keys
+    (``slurm.array_parallelism``, ``sweep.grid``, ``sweep.zip``) included, as in the schema."""
+    extra: List[Tuple[str, Any, str]] = [(PARALLELISM_KEY, None, PARALLELISM_DOC)] + [
+        (f"sweep.{k}", {}, SWEEP_DOCS[k]) for k in SWEEP_SECTION_KEYS
+    ]
+    return describe_keys(extra)
 
 
 def schema_text() -> str:

@@ -149,7 +149,7 @@ def expand_command(words: Sequence[str], environ: Mapping[str, str]) -> List[str
     Raises ``UserError`` for a variable that is not set (an empty value would silently become a
     wrong path) and for a ``$`` followed by anything else.
     """
-    pattern = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S)
+    from .config.command import COMMAND_VAR as pattern  # the rule submit checks, too
 
     def one(word: str) -> str:
         def sub(m: re.Match[str]) -> str:

@@ -72,6 +72,18 @@ def sbatch_job_name(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.+-]", "_", name)[:128] or "job"
 
 
+def job_name_warning(cfg: JobConfig) -> Optional[str]:
+    """One line when ``name`` is not what Slurm will show (``sbatch_job_name``: ``bert base`` →
+    ``bert_base`` in ``--job-name``, squeue and sacct, and in the default run directory); else None."""
+    slurm_name = sbatch_job_name(cfg.name)
+    if slurm_name == cfg.name:
+        return None
+    return (
+        f"name {comment_safe(cfg.name)!r} becomes {slurm_name!r} for Slurm (--job-name; squeue, sacct) and the default "
+        "run directory: only letters, digits and _.+- are kept (at most 128); name the job so to see the same name"
+    )
+
+
 def _env() -> jinja2.Environment:
     env = jinja2.Environment(
         loader=jinja2.FileSystemLoader(_template_dir()),
@@ -329,7 +341,8 @@ class RenderedJob:
     #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
     #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
     shown: str = ""
-    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``, ``recovery_warning``); not in the script
+    #: lines ``render`` and ``submit`` print to stderr (``job_name_warning``, ``loader_cpu_warning``,
+    #: ``recovery_warning``); not in the script
     warnings: Tuple[str, ...] = ()
 
 
@@ -421,5 +434,5 @@ def render(
     script = text(env)
     shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    warnings = tuple(w for w in (loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
+    warnings = tuple(w for w in (job_name_warning(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
     return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=warnings)

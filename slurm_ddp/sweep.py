@@ -49,6 +49,12 @@ from .errors import ConfigError, UserError
 SWEEP_SECTION_KEYS = ("grid", "zip")
 #: the config key of the throttle (``sbatch --array=...%P``), read and removed before validation
 PARALLELISM_KEY = "slurm.array_parallelism"
+#: what the sweep keys mean (``slurm-ddp config-keys`` and ``slurm-ddp schema``)
+PARALLELISM_DOC = "a sweep's throttle: how many elements run at once (sbatch --array=...%P, submitit's name)"
+SWEEP_DOCS = {
+    "grid": "a sweep's cartesian product: {dotted.key: [values]}, every value with every other (one job array)",
+    "zip": "a sweep's lists varied together: {dotted.key: [values]}, equal lengths (one job array)",
+}
 #: config keys an element may vary: the batch script of a job array is shared by all elements
 _SCRIPT_FREE_SECTIONS = ("train", "checkpoint")
 _SCRIPT_KEYS = ("train.command", "train.workdir")

@@ -59,11 +59,39 @@ class Submitted:
     launcher: Optional[subprocess.Popen[bytes]] = field(default=None, compare=False)
 
 
-def resolve_backend(backend: str) -> str:
-    """``auto`` → ``sbatch`` when it is on PATH, else ``local``; any other name as given."""
-    if backend == "auto":
-        return "sbatch" if shutil.which("sbatch") else "local"
-    return backend
+def cluster_request(cfg: JobConfig) -> Optional[str]:
+    """What in ``cfg`` asks for a Slurm cluster (``slurm.nodes=2``, ``slurm.partition=gpu``, …), or None
+    when it could run as it is on one machine: more than one node, a partition, account, QoS, constraint,
+    GPU type, ``exclusive`` or any ``slurm.extra`` option (sbatch's words, which the local backend ignores)."""
+    s = cfg.slurm
+    asks = [f"slurm.nodes={s.nodes}"] if s.max_nodes > 1 else []
+    for key in ("partition", "account", "qos", "constraint", "gpu_type"):
+        if getattr(s, key):
+            asks.append(f"slurm.{key}={getattr(s, key)}")
+    if s.exclusive:
+        asks.append("slurm.exclusive=true")
+    asks += [f"slurm.extra.{k}" for k in s.extra]
+    return ", ".join(asks) or None
+
+
+def resolve_backend(backend: str, cfg: Optional[JobConfig] = None, warn: Optional[Callable[[str], None]] = None) -> str:
+    """``auto`` → ``sbatch`` when it is on PATH; else ``local`` for a job that asks for no cluster
+    (:func:`cluster_request`; with a ``warn`` line saying so), and ``UserError`` for one that does: a
+    login node before ``module load slurm`` must not train a multi-node or partition job on itself.
+    Any other name as given."""
+    if backend != "auto":
+        return backend
+    if shutil.which("sbatch"):
+        return "sbatch"
+    asks = cluster_request(cfg) if cfg is not None else None
+    if asks:
+        raise UserError(
+            f"Slurm was not found (no sbatch on PATH) and this job asks for a cluster ({asks}); load Slurm "
+            "(e.g. module load slurm) to submit it, or pass --backend local to run it on this machine"
+        )
+    if warn is not None:
+        warn("Slurm was not found (no sbatch on PATH): running the job on this machine; pass --backend local to say so")
+    return "local"
 
 
 def check_test_only(requested: str, backend: str, dry_run: bool) -> None:
@@ -173,7 +201,12 @@ def submit(
     (sbatch or submitit refused the job); nothing is submitted then.
     """
     loaded = load_job(job, overrides, sweep)
-    chosen = resolve_backend(backend)
+    if test_only and backend == "auto":
+        chosen = "sbatch"  # check_test_only says when it is not here
+    else:
+        chosen = resolve_backend(
+            backend, loaded if isinstance(loaded, JobConfig) else loaded.elements[0].cfg, report.warn
+        )
     if not isinstance(loaded, JobConfig):
         return submit_sweep(
             loaded,
@@ -286,9 +319,7 @@ def submit_run(
     plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     for w in plan.warnings:
         report.warn(w)
-    if dry_run:
-        report.out(plan.describe())
-        return Submitted(plan.run_dir, backend, sweep=False, started=False)
+    # a dry run checks what submit checks: a resumed run that is still active, the task or command
     if plan.resuming and not test_only:
         from ..ops import refuse_active_run
 
@@ -297,6 +328,14 @@ def submit_run(
             report.warn(note)
     if check_task:
         _preflight(cfg, backend, report.warn)
+    if dry_run:
+        if backend == "submitit":  # submitit's own batch script, not the sbatch backend's
+            from .submitit_backend import describe
+
+            report.out(describe(plan))
+        else:
+            report.out(plan.describe())
+        return Submitted(plan.run_dir, backend, sweep=False, started=False)
     if test_only:
         from .sbatch import sbatch_test_only
 
@@ -386,15 +425,9 @@ def submit_sweep(
     plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     if backend in ("sbatch", "submitit"):
         check_array_size(plan.array_task_ids(), len(sweep.elements))
-    if dry_run:
-        for w in plan.warnings:
-            report.warn(w)
-        report.out(plan.describe())
-        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
-    if not plan.todo:
-        report.out(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})\n")
-        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
-    if plan.resuming:  # on every backend: a sweep run locally into the directories of a running array, too
+    # a dry run checks what submit checks. A resumed sweep with elements still pending or running is refused
+    # on every backend: a sweep run locally into the directories of a running array, too
+    if plan.resuming and plan.todo:
         from ..ops.sweeps import progress_kind, read_sweep, sweep_status
 
         active = [
@@ -407,8 +440,16 @@ def submit_sweep(
                 f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
                 f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
             )
-    if check_task:
+    if check_task and (plan.todo or dry_run):
         _preflight(sweep.elements[0].cfg, backend, report.warn)
+    if dry_run:
+        for w in plan.warnings:
+            report.warn(w)
+        report.out(plan.describe())
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
+    if not plan.todo:
+        report.out(f"every element of sweep {sweep.name!r} has finished; nothing to submit ({plan.sweep_dir})\n")
+        return Submitted(plan.sweep_dir, backend, sweep=True, started=False)
     for w in plan.warnings:
         report.warn(w)
     n = len(sweep.elements)

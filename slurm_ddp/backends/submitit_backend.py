@@ -299,10 +299,10 @@ def _last_line(text: str) -> str:
     return lines[-1] if lines else "no message"
 
 
-def schedule(plan: SubmitPlan) -> str:
-    """Submit through ``submitit.SlurmExecutor``; returns the job id. Raises ``UserError`` (no
-    submitit, a config submitit cannot run) and ``ClusterError`` (no sbatch or srun here, sbatch
-    refused: ``submitting``)."""
+def _executor(plan: SubmitPlan, *, dry_run: bool = False) -> Any:
+    """The run's ``submitit.SlurmExecutor`` (folder ``RUN_DIR/submitit/%j``), its parameters set. Raises
+    ``UserError`` without submitit or for a config it cannot run (``check_config``); ``ClusterError``
+    where sbatch or srun is missing, unless ``dry_run`` (``new_executor``)."""
     try:
         import submitit
     except ImportError:
@@ -313,11 +313,44 @@ def schedule(plan: SubmitPlan) -> str:
     # the interpreter starts), which then execs submitit's own "python -u -m submitit.core._submit".
     executor = new_executor(
         submitit.SlurmExecutor,
+        dry_run=dry_run,
         folder=str(rd / SUBMITIT_DIR / "%j"),
         max_num_timeout=plan.cfg.requeue.max_requeues,
         python=task_launcher(plan.cfg, _q(str(rd))),
     )
     executor.update_parameters(**executor_parameters(plan))
+    return executor
+
+
+def describe(plan: SubmitPlan) -> str:
+    """``submit --backend submitit --dry-run``'s text: submitit's own batch script (what it writes into
+    ``RUN_DIR/submitit/<job id>`` and submits; the sbatch backend's ``job.sbatch`` is not what runs),
+    credential-looking ``environment.env`` values as ``***``. Writes nothing; needs no Slurm command."""
+    from submitit.slurm.slurm import _make_sbatch_string
+
+    from ..secrets import redact_text, secret_values
+
+    executor = _executor(plan, dry_run=True)
+    text: str = _make_sbatch_string(
+        command=executor._submitit_command_str, folder=executor.folder, **executor.parameters
+    )
+    body = redact_text(text, secret_values(plan.cfg.environment.env))
+    head = [
+        "# backend: submitit (submitit.SlurmExecutor writes its own batch script and submits it; every task",
+        "#   runs the pickled slurm_ddp callable through slurm_ddp.launch)",
+        f"# run directory: {plan.run_dir}" + (" (exists: resumes from its newest checkpoint)" if plan.resuming else ""),
+        f"# each rank runs, inside submitit's callable: {' '.join(plan.command[1:])}",
+        *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
+        f"# script (submitit writes it into {Path(plan.run_dir) / SUBMITIT_DIR}/<job id>):",
+    ]
+    return "\n".join(head) + "\n" + body + ("" if body.endswith("\n") else "\n")
+
+
+def schedule(plan: SubmitPlan) -> str:
+    """Submit through ``submitit.SlurmExecutor``; returns the job id. Raises ``UserError`` (no
+    submitit, a config submitit cannot run) and ``ClusterError`` (no sbatch or srun here, sbatch
+    refused: ``submitting``)."""
+    executor = _executor(plan)
     rd = prepare_run_dir(plan)
     private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
     # train.command's script and workdir in the code snapshot

@@ -66,12 +66,16 @@ class BindingPlan:
         out.update(self.env)
         return out
 
+    @property
+    def effective_threads(self) -> str:
+        """The rank's OMP_NUM_THREADS as it will be: the plan's, or the user's value it keeps."""
+        return self.env.get("OMP_NUM_THREADS") or self.kept.get("OMP_NUM_THREADS") or str(self.threads)
+
     def summary(self) -> str:
         """One line: ``cpus=0-3 numa=0 threads=4 bind=cores`` (what the wrapper records in APPLIED_VAR)."""
-        threads = self.env.get("OMP_NUM_THREADS") or self.kept.get("OMP_NUM_THREADS") or str(self.threads)
         return (
             f"cpus={format_cpulist(self.cpus)} numa={','.join(map(str, self.numa_nodes)) or '?'} "
-            f"threads={threads} bind={self.mode}"
+            f"threads={self.effective_threads} bind={self.mode}"
         )
 
 

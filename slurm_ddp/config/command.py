@@ -1,5 +1,7 @@
-"""``train.command``: where its script is (``command_script_index``) and the argv a rank runs
-(``command_argv``). Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
+"""``train.command``: where its script is (``command_script_index``), the argv a rank runs
+(``command_argv``), the ``$NAME`` rule of its words (``COMMAND_VAR``, ``command_word_problem``) and the shell
+syntax the launcher does not run (``command_shell_syntax``). Pure; imports no torch. Part of
+``slurm_ddp.config`` (import names from there).
 """
 
 from __future__ import annotations
@@ -9,6 +11,73 @@ import re
 from typing import List, Optional, Sequence
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
+
+#: A ``$`` in a ``train.command`` word: ``$$`` (group 1, a literal ``$``), ``${NAME}`` (2), ``$NAME`` (3),
+#: or anything else (4: an error). The launcher expands the first three from the rank's environment
+#: (``launch.expand_command``); nothing else of the shell's syntax.
+COMMAND_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S)
+
+#: What to do instead of shell syntax in ``train.command``.
+WRAPPER_HINT = (
+    "the launcher starts the program itself, without a shell; put the line in a wrapper script that ends in "
+    "exec (run.sh: exec python train.py ... > log.txt 2>&1) and set train.command: bash run.sh"
+)
+
+
+def command_word_problem(word: str) -> Optional[str]:
+    """What is wrong with the ``$`` of one ``train.command`` word (``COMMAND_VAR``), or None: a ``$(…)``
+    (command substitution) or a ``$`` not followed by a name, ``{NAME}`` or ``$``."""
+    for m in COMMAND_VAR.finditer(word):
+        if m.group(4) is not None:
+            if m.group(4) == "(":
+                return "no $(...): command substitution is shell syntax"
+            return "a '$' that starts $NAME or ${NAME} (write $$ for a literal $)"
+    return None
+
+
+_OPERATOR_CHARS = "|&;<>()"
+
+
+def command_shell_syntax(line: str) -> Optional[str]:
+    """The first piece of shell syntax outside quotes in ``train.command`` given as one string, or None:
+    a redirection (``>``, ``2>&1``, ``<``), a pipe, ``&&``/``||``/``;``/``&``, a subshell's ``(``, a
+    backquote or ``$(`` (also inside double quotes, where the shell would still run them). Quoting as
+    POSIX sh reads it (``shlex``): ``'>'`` or ``"a|b"`` are arguments, not operators."""
+    quote = ""
+    i = 0
+    while i < len(line):
+        c = line[i]
+        if quote == "'":
+            quote = "" if c == "'" else quote
+        elif c == "\\":
+            i += 2
+            continue
+        elif c == "`":
+            return "` (command substitution)"
+        elif c == "$" and line.startswith("$(", i):
+            return "$( (command substitution)"
+        elif quote == '"':
+            quote = "" if c == '"' else quote
+        elif c in "'\"":
+            quote = c
+        elif c in _OPERATOR_CHARS:
+            j = i
+            while j < len(line) and line[j] in _OPERATOR_CHARS:
+                j += 1
+            if "&" in line[i:j] or ">" in line[i:j]:
+                while j < len(line) and (line[j].isdigit() or line[j] == "-"):  # >&2, 2>&1, <&-
+                    j += 1
+            start = i
+            while start > 0 and line[start - 1].isdigit():  # 2>: the descriptor is part of it
+                start -= 1
+            if start > 0 and not line[start - 1].isspace():
+                start = i
+            op = line[start:j]
+            kinds = {"|": "a pipe", "||": "a command list", "&&": "a command list", ";": "a command list"}
+            kinds.update({"&": "a background job", "(": "a subshell", ")": "a subshell"})
+            return f"{op} ({kinds.get(op, 'a redirection' if any(ch in op for ch in '<>') else 'shell syntax')})"
+        i += 1
+    return None
 
 
 def command_script_index(argv: Sequence[str]) -> Optional[int]:

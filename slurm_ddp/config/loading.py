@@ -1,9 +1,10 @@
 """The job config in YAML: reading a job file (``read_yaml``, ``load_config``), ``--set`` overrides
 (``apply_overrides``) and writing a config back (``dump_config``).
 
-Side effects: ``read_yaml``/``load_config`` read one file; the rest is pure. Safe loading with two
-changes (``_YamlLoader``): a key given twice is an error, and base-60 numbers stay text. Part of
-``slurm_ddp.config`` (import names from there).
+Side effects: ``read_yaml``/``load_config`` read one file; the rest is pure. Safe loading with three
+changes (``_YamlLoader``): a key given twice is an error, base-60 numbers stay text, and a float is
+what YAML 1.2 and Python call one (``3e-4``, ``1E-3``, ``.5``). Every YAML text of a job (the file,
+``--set`` and ``--sweep`` values) is read here. Part of ``slurm_ddp.config`` (import names from there).
 """
 
 from __future__ import annotations
@@ -17,16 +18,37 @@ import yaml
 
 from ..errors import ConfigError
 from .schema import JobConfig
-from .validate import _printable, config_from_dict
+from .validate import FLOAT_TEXT, _printable, config_from_dict
 
 
 class _YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` without YAML 1.1's base-60 numbers.
+    """``yaml.SafeLoader`` without YAML 1.1's base-60 numbers, with YAML 1.2's floats.
 
     Under YAML 1.1 an unquoted ``time: 1:30:00`` is the integer 5400 and ``10:00`` is 600,
     which ``slurm.time`` would then read as that many *minutes*. YAML 1.2 dropped base-60
     numbers; here, as there, such a scalar stays the string it looks like.
+
+    YAML 1.1's float needs a dot and a signed exponent, so ``lr: 3e-4`` or ``1E-3`` would be the
+    *string* ``'3e-4'`` (PyYAML implements 1.1). Here a float is what the YAML 1.2 core schema
+    (10.3.2, "Tag Resolution") and Python's ``float()`` accept (``validate.FLOAT_TEXT``): ``3e-4``,
+    ``1E-3``, ``1e3``, ``.5``, ``-.5``, ``1_000.5``; integers (``1_000``) stay YAML 1.1's.
     """
+
+
+def _use_float_resolver(loader: type) -> None:
+    """Replace ``loader``'s implicit float resolver by ``FLOAT_TEXT``, at the same place in each list."""
+    tag = "tag:yaml.org,2002:float"
+    resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    for first in "-+0123456789.":
+        entries = resolvers.setdefault(first, [])
+        kept = [(t, r) for t, r in entries if t != tag]
+        at = next((i for i, (t, _) in enumerate(entries) if t == tag), 0)
+        kept.insert(at, (tag, FLOAT_TEXT))
+        resolvers[first] = kept
+    loader.yaml_implicit_resolvers = resolvers  # type: ignore[attr-defined]
+
+
+_use_float_resolver(_YamlLoader)
 
 
 def _construct_mapping_no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
@@ -72,7 +94,8 @@ def _yaml_load(text: str) -> Any:
 def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
     """Apply ``--set section.key=value`` overrides to parsed YAML (returns a new dict).
 
-    The value is parsed as YAML (``--set slurm.nodes=2`` gives an int, ``=true`` a bool).
+    The value is parsed as YAML (``--set slurm.nodes=2`` gives an int, ``=true`` a bool,
+    ``train.lr=3e-4`` a float: ``_YamlLoader``).
     Raises ``ConfigError`` for a malformed override.
     """
     out: Dict[str, Any] = json.loads(json.dumps(data if isinstance(data, Mapping) else {}, default=str))
@@ -101,7 +124,8 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
 
 
 def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
-    """Parse a YAML file (safe loading, base-60 numbers kept as text); errors name the file, line and column."""
+    """Parse a YAML file (safe loading, base-60 numbers kept as text, YAML 1.2 floats such as ``3e-4``);
+    errors name the file, line and column."""
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")

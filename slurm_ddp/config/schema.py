@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, get_type_hints
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
@@ -76,8 +76,11 @@ _MANAGED_FLAGS = {
     "constraint": "slurm.constraint",
     "exclusive": "slurm.exclusive",
     "signal": "requeue.signal and requeue.signal_delay_s",
-    "requeue": "requeue.max_requeues (always on)",
-    "no-requeue": "requeue.max_requeues: 0",
+    "requeue": "slurm_ddp (always on: a job Slurm preempts, or whose node fails, comes back and resumes; "
+    "requeue.max_requeues caps the job's own requeues)",
+    "no-requeue": "slurm_ddp, which always sets --requeue instead (scontrol requeue, the job's own requeue and "
+    "slurm-ddp requeue, refuses a job with --no-requeue; a job Slurm preempts, or whose node fails, comes back and "
+    "resumes); requeue.max_requeues: 0 keeps the job from requeueing itself",
     "open-mode": "slurm_ddp (append, so logs survive requeues)",
     "output": "slurm_ddp (RUN_DIR/logs)",
     "error": "slurm_ddp (RUN_DIR/logs)",
@@ -581,7 +584,15 @@ class RequeueConfig:
         ),
     )
     signal_delay_s: int = field(default=120, metadata=_meta("seconds before the time limit", min=1, max=65535))
-    max_requeues: int = field(default=3, metadata=_meta("times the job requeues itself", min=0))
+    max_requeues: int = field(
+        default=3,
+        metadata=_meta(
+            "restarts after which the job no longer requeues itself (after the time-limit signal, a preemption or "
+            "a hang); every restart counts (SLURM_RESTART_COUNT: its own requeues, Slurm's after a preemption or a "
+            "node failure, slurm-ddp requeue); 0 = never requeue itself",
+            min=0,
+        ),
+    )
 
     @property
     def signal_name(self) -> str:
@@ -778,17 +789,30 @@ def _to_plain(obj: Any) -> Any:
     return obj
 
 
-def describe_keys() -> str:
-    """A reference of every config key with its default and meaning (for the README/--help)."""
+def describe_keys(extra: Sequence[Tuple[str, Any, str]] = ()) -> str:
+    """A reference of every config key with its default and meaning (``slurm-ddp config-keys``). A key the
+    file must give says ``required`` instead of a default. ``extra``: (dotted key, default, meaning) of keys
+    another part reads from the same file (a sweep's, ``jobschema.config_keys_text``), printed at the end
+    of their section, or in a section of their own after the others."""
     lines: List[str] = []
     hints = get_type_hints(JobConfig)
+    more: Dict[str, List[Tuple[str, Any, str]]] = {}
+    for dotted, default, doc in extra:
+        section, _, key = dotted.partition(".")
+        more.setdefault(section, []).append((key, default, doc))
     for sect in fields(JobConfig):
         tp = hints[sect.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
             _describe_section(tp, "  ", lines)
+            lines += [f"  {k}: {d!r}  # {doc}" for k, d, doc in more.pop(sect.name, [])]
+        elif sect.metadata.get("required"):
+            lines.append(f"{sect.name}:  # required: {sect.metadata.get('doc', '')}")
         else:
-            lines.append(f"{sect.name}: ''  # {sect.metadata.get('doc', '')}")
+            lines.append(f"{sect.name}: {sect.default!r}  # {sect.metadata.get('doc', '')}")
+    for section, keys in more.items():
+        lines.append(f"{section}:")
+        lines += [f"  {k}: {d!r}  # {doc}" for k, d, doc in keys]
     return "\n".join(lines)
 
 

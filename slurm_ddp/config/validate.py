@@ -14,14 +14,15 @@ import difflib
 import functools
 import math
 import os
+import re
 import shlex
 from dataclasses import fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import command_script_index
+from .command import WRAPPER_HINT, command_script_index, command_shell_syntax, command_word_problem
 from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
@@ -36,6 +37,38 @@ def _freeze(obj: Any) -> Any:
     if isinstance(obj, list):
         return tuple(_freeze(v) for v in obj)
     return obj
+
+
+#: A float written as text, as the YAML 1.2 core schema (10.3.2) and Python's ``float()`` both read it:
+#: a dot or an exponent (``1.5``, ``1.``, ``.5``, ``3e-4``, ``1E3``, ``1.0e-3``), digits optionally
+#: grouped by ``_`` (``1_000.5``; YAML 1.1 and Python), a sign; and YAML's ``.inf``/``.nan``. The job
+#: YAML's float resolver (``loading._YamlLoader``) and the number check of a string (``_coerce``).
+FLOAT_TEXT = re.compile(
+    r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9][0-9_]*
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+#: A finite number written as text that a float key takes (``_number_from_text``): ``FLOAT_TEXT`` without
+#: ``.inf``/``.nan``, or decimal digits; blanks around it allowed. ECMA-262 syntax too: the job schema's
+#: ``pattern`` for such a string (``jobschema``), so that the schema is never stricter than the loader.
+NUMBER_TEXT = (
+    r"^\s*[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9][0-9_]*)?|\.[0-9][0-9_]*(?:[eE][-+]?[0-9][0-9_]*)?)\s*$"
+)
+_NUMBER_TEXT = re.compile(NUMBER_TEXT)
+_INT_TEXT = re.compile(r"^[-+]?[0-9][0-9_]*$")
+
+
+def _number_from_text(text: str) -> Union[int, float, None]:
+    """The number a string such as ``'3e-4'`` or ``'1_000'`` writes (``NUMBER_TEXT``), else None. For a
+    value that reached the number check as text (a mapping given to the Python API, JSON, a quoted YAML
+    scalar); ``_`` between digits as Python and YAML 1.1 allow."""
+    if not _NUMBER_TEXT.match(text):
+        return None
+    t = text.strip().replace("_", "")
+    return int(t) if _INT_TEXT.match(t) else float(t)
 
 
 # --------------------------------------------------------------------------- building
@@ -104,6 +137,8 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise _bad(key, value, "an integer")
         return value
     if tp is float:
+        if isinstance(value, str) and _number_from_text(value) is not None:  # '3e-4' from JSON or the API
+            value = _number_from_text(value)
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
         if not math.isfinite(value):  # YAML's .nan/.inf, or 1e999
@@ -236,6 +271,30 @@ def _check_gpus(s: SlurmConfig) -> None:
         )
 
 
+def _check_extra_conflicts(s: SlurmConfig) -> None:
+    """``slurm.extra`` options sbatch(1) refuses together with what slurm_ddp sets: ``--mem``,
+    ``--mem-per-cpu`` and ``--mem-per-gpu`` are mutually exclusive; ``--cpus-per-gpu`` is "not compatible
+    with the --cpus-per-task option", which every job script sets (``slurm.cpus_per_task``)."""
+    given = {k.replace("_", "-"): (k, v) for k, v in s.extra.items() if v is not False}
+    if "cpus-per-gpu" in given:
+        k, v = given["cpus-per-gpu"]
+        raise _bad(
+            f"slurm.extra.{k}",
+            v,
+            "no value: sbatch refuses --cpus-per-gpu with --cpus-per-task, which slurm.cpus_per_task always sets",
+            "DDP runs one rank per GPU: set slurm.cpus_per_task to the CPUs per GPU",
+        )
+    mem: List[Tuple[str, Any]] = [("slurm.mem_gb", s.mem_gb)] if s.mem_gb is not None else []
+    mem += [(f"slurm.extra.{given[f][0]}", given[f][1]) for f in ("mem-per-cpu", "mem-per-gpu") if f in given]
+    if len(mem) > 1:
+        raise _bad(
+            mem[1][0],
+            mem[1][1],
+            f"no value with {mem[0][0]} (sbatch: --mem, --mem-per-cpu and --mem-per-gpu are mutually exclusive)",
+            "keep one of them",
+        )
+
+
 def _default_tasks_per_node(cfg: JobConfig, data: Any) -> JobConfig:
     """A GPU job whose YAML does not set ``slurm.tasks_per_node`` gets one task per GPU of the node
     (``gpus_per_node``, or the gpu count of ``gres``); otherwise the key's default (1) stays."""
@@ -264,6 +323,10 @@ def _cross_checks(cfg: JobConfig) -> None:
         )
     if t.command and not t.command[0].strip():
         raise _bad("train.command[0]", t.command[0], "the program to run (e.g. python or train.py)")
+    for i, word in enumerate(t.command):
+        problem = command_word_problem(word)
+        if problem:
+            raise _bad(f"train.command[{i}]", word, problem, WRAPPER_HINT if "$(" in word else "")
     if r.signal_delay_s >= s.time_s:
         raise _bad(
             "requeue.signal_delay_s", r.signal_delay_s, f"fewer seconds than slurm.time ({s.time} = {s.time_s} s)"
@@ -286,6 +349,7 @@ def _cross_checks(cfg: JobConfig) -> None:
             problem = _check_sbatch_token(v)
             if problem:
                 raise _bad(f"slurm.extra.{k}", v, problem)
+    _check_extra_conflicts(s)
     for k in cfg.environment.env:
         if not _ENV_NAME.match(k):
             raise _bad(f"environment.env.{k}", k, "a variable name of letters, digits and _")
@@ -438,12 +502,16 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
 
 
 def _split_command(data: Any) -> Any:
-    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words)."""
+    """``train.command`` given as one string → its argv (``shlex.split``, POSIX shell words); shell syntax
+    outside quotes (``config.command_shell_syntax``: ``>``, ``|``, ``&&``, ``$(…)``) is a ``ConfigError``."""
     if not isinstance(data, Mapping) or not isinstance(data.get("train"), Mapping):
         return data
     command = data["train"].get("command")
     if not isinstance(command, str):
         return data
+    syntax = command_shell_syntax(command)
+    if syntax:
+        raise _bad("train.command", command, f"no shell syntax, found {syntax}", WRAPPER_HINT)
     try:
         argv = shlex.split(command)
     except ValueError as e:

@@ -451,14 +451,19 @@ def test_no_check_task_skips_the_import_check(
     assert len(fake_sbatch.read_text().splitlines()) == 1
 
 
-def test_dry_run_does_not_import_the_task(
+def test_dry_run_checks_the_task_as_submit_does(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture, fake_sbatch: Path
 ) -> None:
-    """--dry-run stays what it was: print, nothing else (no task import, no sbatch, no files)."""
+    """--dry-run runs submit's checks (issue 43): a task that does not import is the same one line, exit 2;
+    with --no-check-task it prints. Either way no sbatch and no files."""
     monkeypatch.chdir(tmp_path)
     job = Case([], {"train": {"task": "nosuchmodule_xyz:Task"}}).write(tmp_path)
     before = _snapshot(tmp_path)
     rc = _submit(["submit", str(job), "--backend", "sbatch", "--dry-run"])
+    out, err = capsys.readouterr()
+    assert rc == 2 and out == ""
+    assert err.count("\n") == 1 and "nosuchmodule_xyz" in err and "--no-check-task" in err, err
+    rc = _submit(["submit", str(job), "--backend", "sbatch", "--dry-run", "--no-check-task"])
     out, err = capsys.readouterr()
     assert rc == 0, err
     assert out.startswith("# backend: sbatch")

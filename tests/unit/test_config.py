@@ -182,6 +182,38 @@ def test_bad_override_value(example_job, override, key):
     assert "\n" not in msg and f"'{key}" in msg
 
 
+# How papers and configs write a learning rate: YAML 1.1 (PyYAML) reads 3e-4 and 1E-3 as strings;
+# the job's YAML reads every float YAML 1.2 and Python read, in the file, --set and --sweep alike.
+FLOATS = [("3e-4", 3e-4), ("1E-3", 1e-3), (".5", 0.5), ("1_000", 1000.0), ("1.0e-3", 1e-3), ("1e3", 1000.0)]
+
+
+@pytest.mark.parametrize("text, value", FLOATS, ids=[f[0] for f in FLOATS])
+def test_floats_as_yaml_12_and_python_write_them(write_job, example_job, text, value):
+    from slurm_ddp.sweep import parse_sweep_flag
+
+    path = write_job(text=f"name: x\ntrain: {{task: 'm:T', lr: {text}, clip_grad_norm: {text}}}\n")
+    cfg = load_config(path)
+    assert (cfg.train.lr, cfg.train.clip_grad_norm) == (value, value)
+    assert load_config(example_job, [f"train.lr={text}"]).train.lr == value
+    assert parse_sweep_flag(f"train.lr=1e-4,{text}") == ("train.lr", [1e-4, value])
+
+
+def test_a_number_written_as_a_string_passes_the_number_check(make_config):
+    # a mapping from JSON or the Python API: '3e-4' is as good a learning rate as 3e-4
+    assert make_config({"train": {"lr": "3e-4"}}).train.lr == 3e-4
+    assert make_config({"slurm": {"mem_gb": "1_000"}}).slurm.mem_gb == 1000.0
+    for bad in ("3e", "abc", ".nan", "1e3x"):
+        with pytest.raises(ConfigError, match="expected a number"):
+            make_config({"train": {"lr": bad}})
+
+
+def test_yaml_12_floats_leave_other_scalars_alone(write_job):
+    from slurm_ddp.config import _yaml_load
+
+    texts = ("1", "1_000", "1:30:00", "e3", "3e", "1.5")
+    assert [_yaml_load(t) for t in texts] == [1, 1000, "1:30:00", "e3", "3e", 1.5]
+
+
 def test_override_does_not_hide_a_top_level_that_is_not_a_mapping(write_job):
     path = write_job(text="- name: x\n")
     with pytest.raises(ConfigError) as ei:

@@ -867,6 +867,8 @@ def test_submit_refuses_a_run_directory_whose_job_still_runs(tmp_path, slurm, ca
         slurm.job("4242", state)
         rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
         one_error(rc, err, f"already has job 4242 in state {state}", f"slurm-ddp cancel {run_dir}", "--run-dir")
+        rc, out, err = cli(["submit", str(job), "--no-check-task", "--dry-run"], capsys)  # submit's checks, too
+        one_error(rc, err, f"already has job 4242 in state {state}")
     assert len(slurm.calls("sbatch")) == 1  # nothing more was submitted
     slurm.job("4242", "CANCELLED")
     slurm.set("sbatch", stdout="4243\n", when=["--parsable"])

@@ -76,6 +76,8 @@ GOOD = [
     with_("slurm.partition", None),
     with_("checkpoint", None),
     {**OK, "sweep": {"grid": {"train.lr": [0.1, 0.2]}}, "slurm": {"array_parallelism": 2}},
+    with_("train.lr", "3e-4"),  # a float written as text: the loader reads it (issue 43)
+    with_("slurm.mem_gb", " 1_000 "),
 ]
 
 BAD = {
@@ -88,6 +90,8 @@ BAD = {
     "nodes a word": with_("slurm.nodes", "two"),
     "tasks_per_node 0": with_("slurm.tasks_per_node", 0),
     "integer as text": with_("train.batch_size", "32"),
+    "float as a word": with_("train.lr", "fast"),
+    "float as .nan text": with_("train.lr", ".nan"),
     "bool for an int": with_("train.max_steps", True),
     "cpu_bind not a choice": with_("environment.cpu_bind", "sockets"),
     "amp not a choice": with_("train.amp", "fp8"),
@@ -113,6 +117,8 @@ LOADER_ONLY = {
     "tasks_per_node != gpus_per_node": {**OK, "slurm": {"gpus_per_node": 4, "tasks_per_node": 2}},
     "nccl on a CPU job": with_("train.backend", "nccl"),
     "an sbatch flag slurm_ddp sets": with_("slurm.extra", {"time": "10"}),
+    "sbatch options sbatch refuses together": {**OK, "slurm": {"mem_gb": 4, "extra": {"mem-per-gpu": "8G"}}},
+    "shell syntax in train.command": {"name": "x", "train": {"command": "python t.py > log.txt"}},
 }
 
 
