@@ -116,6 +116,7 @@ def test_no_snapshot_copies_a_run_or_sweep_directory(tmp_path: Path) -> None:
     plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
     assert plan is not None and files() == ["train.py"]
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    subprocess.run(["git", "-C", str(proj), "add", "sweep.yaml"], check=True)  # tracked; train.py untracked code
     plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
     assert plan is not None and plan.git_roots and files() == ["sweep.yaml", "train.py"]
 
