@@ -1,12 +1,21 @@
-"""``train.command``: where its script is (``command_script_index``) and the argv a rank runs
-(``command_argv``). Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
+"""``train.command``: where its script is (``command_script_index``), the argv a rank runs
+(``command_argv``) and how ``train.args`` reach it (``command_arg_flags``). Pure; imports no torch.
+Part of ``slurm_ddp.config`` (import names from there).
+
+``train.args`` of a ``train.command`` job are the script's parameters, one run's (a sweep element's)
+own: at rank start (``slurm_ddp.launch``, from the run's ``config.yaml``) a word ``${args.NAME}`` of
+the command becomes ``train.args.NAME``'s value, and every entry the command does not place that way
+is appended as ``--NAME=VALUE`` (in the mapping's order; the spelling argparse, click and
+``HfArgumentParser`` read, and W&B sweeps' ``${args}``). So ``--sweep train.args.lr=0.001,0.01`` over
+``python train.py`` runs ``python train.py --lr=0.001`` in element 0 and ``--lr=0.01`` in element 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
 
@@ -77,3 +86,28 @@ def command_argv(command: Sequence[str], python: str) -> List[str]:
     if "/" not in argv[0] and _PYTHON_NAME.match(argv[0]):
         return [python, *argv[1:]]
     return argv
+
+
+#: a ``train.args`` name a script parameter can have: ``lr``, ``learning_rate``, ``batch-size``
+ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def command_arg_text(value: Any) -> str:
+    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number
+    as Python writes it (``0.001``, ``1e-05``), ``null``, a list or mapping as compact JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def command_arg_flags(args: Mapping[str, Any], placed: Iterable[str] = ()) -> List[str]:
+    """``--NAME=VALUE`` for each ``train.args`` entry not in ``placed`` (the names the command's
+    words place themselves with ``${args.NAME}``), in the mapping's order."""
+    skip = set(placed)
+    return [f"--{k}={command_arg_text(v)}" for k, v in args.items() if k not in skip]

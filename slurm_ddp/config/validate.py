@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import command_script_index
+from .command import ARG_NAME, command_script_index
 from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
@@ -257,6 +257,15 @@ def _cross_checks(cfg: JobConfig) -> None:
             "config keys 'train.task' and 'train.command' are both set; set exactly one: train.task (a "
             "slurm_ddp Task, 'module:Class') or train.command (your own script, e.g. [python, train.py])"
         )
+    if t.command:  # train.args are the script's parameters: --NAME=VALUE or ${args.NAME} (config.command)
+        for name in t.args:
+            if not ARG_NAME.match(str(name)):
+                raise _bad(
+                    f"train.args.{name}",
+                    name,
+                    "a parameter name (letters, digits, '_', '-'; not starting with a digit or '-')",
+                    "train.command's script gets each train.args entry as --NAME=VALUE",
+                )
     if not t.task and not t.command:
         raise ConfigError(
             "config key 'train.task' is missing, and so is 'train.command'; set exactly one: train.task (an "

@@ -346,7 +346,7 @@ def test_a_command_sweeps_array_script_runs_the_script_from_the_snapshot(tmp_pat
     git(repo, "commit", "-qm", "script")
     d = yaml.safe_load((repo / "job.yaml").read_text())
     d["train"] = {"command": ["python", str(repo / "train.py")]}
-    d["sweep"] = {"grid": {"train.seed": [1, 2]}}
+    d["sweep"] = {"grid": {"train.args.seed": [1, 2]}}
     (repo / "cmd.yaml").write_text(yaml.safe_dump(d))
     sw = load_sweep(repo / "cmd.yaml")
     assert sw is not None

@@ -68,7 +68,7 @@ def command_project(root: Path, script: str = "import os\nprint('ran', os.enviro
                 "name": "cs",
                 "slurm": SLURM,
                 "train": {"command": ["python", "train.py"]},
-                "sweep": {"grid": {"train.seed": [1, 2]}},
+                "sweep": {"grid": {"train.args.seed": [1, 2]}},
             }
         )
     )
@@ -154,7 +154,7 @@ def test_no_element_starts_after_a_stop_signal(tmp_path: Path, parallel: int) ->
     from lib import wait_process
 
     proj = command_project(tmp_path, SLEEPER)
-    grid = {"train.seed": [1, 2, 3]}
+    grid = {"train.args.seed": [1, 2, 3]}
     d = yaml.safe_load((proj / "sweep.yaml").read_text())
     d["sweep"] = {"grid": grid}
     if parallel > 1:
