@@ -80,7 +80,8 @@ def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, bool, List[str]
     ``--rank-log``: send this rank's stdout and stderr to ``RUN_DIR/logs/rank-RANK.log`` (appended),
     as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it.
     ``--no-watchdog``: CMD is not the rank but starts it through this wrapper again (submitit's Python
-    running ``train.command``): the inner start makes the rank's one hang watchdog, this one none."""
+    running ``train.command``): the inner start makes the rank's one hang watchdog, expands the
+    command's words and ``train.args`` and enters a sweep element's working directory; this one none."""
     argv = list(argv)
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
@@ -245,7 +246,9 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         from .tracking import rank_env
 
         env.update(rank_env(run_dir))
-    if cfg.train.command:  # the run's (a sweep element's) train.args: ${args.NAME} and --NAME=VALUE
+    # the rank's train.command (not submitit's Python that starts it through this wrapper again: --no-watchdog):
+    # the run's (a sweep element's) train.args as ${args.NAME} and --NAME=VALUE, its working directory
+    if cfg.train.command and not no_watchdog:
         cmd = expand_command(cmd, env, cfg.train.args)
         run_dir = env[RUN_DIR_VAR]  # absolute: the paths below must not follow the chdir
         work = Path(run_dir) / ELEMENT_WORKDIR
