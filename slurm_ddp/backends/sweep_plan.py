@@ -30,6 +30,7 @@ from ..rundir import (
     is_finished,
     is_job_dir,
     private_dir,
+    was_accepted,
     write_sweep_manifest,
 )
 from ..secrets import redact_argv
@@ -205,7 +206,9 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
     rd = Path(plan.element_dir(e.index))
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
-    if e.cfg.train.command:  # the element's own working directory (rundir.ELEMENT_WORKDIR)
+    # the element's own working directory (rundir.ELEMENT_WORKDIR); an element that already ran without one
+    # (submitted by an older slurm_ddp) keeps running where its outputs are
+    if e.cfg.train.command and ((rd / ELEMENT_WORKDIR).is_dir() or not was_accepted(rd)):
         _make_workdir(plan, rd)
     target = rd / CONFIG_NAME
     text = dump_config(e.cfg)
