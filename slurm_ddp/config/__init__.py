@@ -18,6 +18,7 @@ from .command import (
     command_arg_text,
     command_argv,
     command_module_index,
+    command_placeholders,
     command_script_index,
 )
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
@@ -75,6 +76,7 @@ __all__ = [
     "command_arg_text",
     "command_argv",
     "command_module_index",
+    "command_placeholders",
     "command_script_index",
     "config_from_dict",
     "describe_keys",

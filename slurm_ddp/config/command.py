@@ -92,6 +92,15 @@ def command_argv(command: Sequence[str], python: str) -> List[str]:
 ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
 
 
+_PLACEHOLDER = re.compile(r"\$(?:\$|\{args\.([A-Za-z_][A-Za-z0-9_-]*)\})")
+
+
+def command_placeholders(words: Sequence[str]) -> List[str]:
+    """The ``train.args`` names the words of ``train.command`` place with ``${args.NAME}`` (``$$`` is a
+    literal ``$``, so ``$${args.x}`` places nothing), in order of appearance."""
+    return [m.group(1) for w in words for m in _PLACEHOLDER.finditer(w) if m.group(1)]
+
+
 def command_arg_text(value: Any) -> str:
     """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number
     as Python writes it (``0.001``, ``1e-05``), ``null``, a list or mapping as compact JSON."""

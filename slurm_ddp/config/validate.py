@@ -21,7 +21,7 @@ from types import MappingProxyType
 from typing import Any, Dict, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import ARG_NAME, command_script_index
+from .command import ARG_NAME, command_placeholders, command_script_index
 from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
@@ -265,6 +265,14 @@ def _cross_checks(cfg: JobConfig) -> None:
                     name,
                     "a parameter name (letters, digits, '_', '-'; not starting with a digit or '-')",
                     "train.command's script gets each train.args entry as --NAME=VALUE",
+                )
+        for name in command_placeholders(t.command):
+            if name not in t.args:
+                raise _bad(
+                    "train.command",
+                    " ".join(t.command),
+                    f"a train.args entry for each ${{args.NAME}} it names (train.args has no {name!r})",
+                    f"set train.args.{name}, or sweep it",
                 )
     if not t.task and not t.command:
         raise ConfigError(

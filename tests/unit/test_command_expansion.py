@@ -55,3 +55,16 @@ def test_a_placeholder_train_args_lacks_is_a_one_line_error() -> None:
         expand_command(["python", "t.py", "--lr", "${args.lr}"], ENV, {"seed": 1})
     assert "names ${args.lr}, which train.args does not set (train.args has: seed)" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_a_placeholder_without_its_train_args_entry_is_refused_at_submit() -> None:
+    from slurm_ddp.config import command_placeholders, config_from_dict
+    from slurm_ddp.errors import ConfigError
+
+    assert command_placeholders(["lr=${args.lr}", "$${args.x}", "${args.b-s}${HOME}"]) == ["lr", "b-s"]
+    job = {"name": "p", "slurm": {"time": "00:10:00"}, "train": {"command": "python t.py --lr ${args.lr}"}}
+    with pytest.raises(ConfigError, match=r"train.args has no 'lr'.*set train.args.lr"):
+        config_from_dict(job)
+    config_from_dict({**job, "train": {**job["train"], "args": {"lr": 0.1}}})
+    with pytest.raises(ConfigError, match=r"config key 'train.args.--lr'"):
+        config_from_dict({**job, "train": {"command": "python t.py", "args": {"--lr": 0.1}}})
