@@ -230,10 +230,10 @@ def _git_files(top: str, keep_files: Sequence[str] = ()) -> List[str]:
     ``.gitignore`` does not exclude that are code (:func:`is_code`, or ``keep_files``): a run's own
     outputs in the working tree (checkpoints, logs, ``trainer_state.json``) never change the digest."""
     tracked = set(_git_list(top, "--cached"))
-    others = [
+    others = [  # credential files too: plan_snapshot leaves them out by name (SnapshotPlan.skipped, which submit names)
         p
         for p in _git_list(top, "--others", "--exclude-standard")
-        if os.path.join(top, p) in keep_files or is_code(os.path.join(top, p))
+        if os.path.join(top, p) in keep_files or is_code(os.path.join(top, p)) or is_credential_file(p)
     ]
     return sorted(tracked.union(others))
 
