@@ -14,7 +14,11 @@ directory as ``SLURM_DDP_RUN_DIR`` and the requeue signal as ``SLURM_DDP_REQUEUE
 and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
 
 A ``train.command`` rank is different in two ways. Its words have ``$VAR``/``${VAR}`` of the
-rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`). And the wrapper
+rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`), ``${args.NAME}``
+replaced by the run's ``train.args.NAME``, and the other ``train.args`` entries appended as
+``--NAME=VALUE`` (``slurm_ddp.config.command``): how a sweep element's values reach the script. A
+sweep element's rank runs in the element's own working directory, ``RUN_DIR/work``
+(``rundir.ELEMENT_WORKDIR``), made at submit. And the wrapper
 does not replace itself: it forks the command (binding, rank log and hang watchdog as above) and
 stays as its parent, so that it sees the signals its rank is sent — Slurm signals every process
 of a task (``proctrack``), torchrun the worker's pid, the local launcher the rank's process
@@ -39,7 +43,7 @@ import signal
 import socket
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
 from .entrypoint import run_main
 from .errors import CommandNotRunnable, UserError
@@ -76,7 +80,8 @@ def parse_options(argv: Sequence[str]) -> Tuple[str, bool, bool, bool, List[str]
     ``--rank-log``: send this rank's stdout and stderr to ``RUN_DIR/logs/rank-RANK.log`` (appended),
     as srun's ``--output`` does for the srun launcher; the torchrun launcher starts ranks through it.
     ``--no-watchdog``: CMD is not the rank but starts it through this wrapper again (submitit's Python
-    running ``train.command``): the inner start makes the rank's one hang watchdog, this one none."""
+    running ``train.command``): the inner start makes the rank's one hang watchdog, expands the
+    command's words and ``train.args`` and enters a sweep element's working directory; this one none."""
     argv = list(argv)
     if "--" not in argv:
         raise UserError(f"no command after '--'; {USAGE}")
@@ -141,21 +146,40 @@ def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
     )
 
 
-def expand_command(words: Sequence[str], environ: Mapping[str, str]) -> List[str]:
-    """``words`` with ``$NAME`` and ``${NAME}`` replaced by ``environ[NAME]`` and ``$$`` by ``$``.
+def expand_command(
+    words: Sequence[str], environ: Mapping[str, str], args: Optional[Mapping[str, Any]] = None
+) -> List[str]:
+    """``words`` with ``$NAME`` and ``${NAME}`` replaced by ``environ[NAME]`` and ``$$`` by ``$``;
+    with ``args`` (``train.args``), ``${args.NAME}`` by ``args[NAME]`` (``config.command_arg_text``) and
+    every entry no word places that way appended as ``--NAME=VALUE`` (``config.command_arg_flags``).
 
     The rule of ``train.command`` at rank start (the rank's own environment: ``SLURM_DDP_RUN_DIR``,
-    ``RANK``, ``SLURM_JOB_ID``, ...). No other shell syntax: no ``~``, ``$(...)``, ``${NAME:-x}``.
-    Raises ``UserError`` for a variable that is not set (an empty value would silently become a
-    wrong path) and for a ``$`` followed by anything else.
+    ``RANK``, ``SLURM_JOB_ID``, ...; the run's ``train.args``, a sweep element's own). No other shell
+    syntax: no ``~``, ``$(...)``, ``${NAME:-x}``. Raises ``UserError`` for a variable that is not set
+    (an empty value would silently become a wrong path), an ``${args.NAME}`` that ``train.args`` lacks,
+    and a ``$`` followed by anything else.
     """
-    from .config.command import COMMAND_VAR as pattern  # the rule submit checks, too
+    from .config import COMMAND_VAR as pattern  # the rule submit checks, too
+    from .config import command_arg_flags, command_arg_text
+
+    given = dict(args or {})
+    placed: Set[str] = set()
 
     def one(word: str) -> str:
         def sub(m: re.Match[str]) -> str:
             if m.group(1):
                 return "$"
-            name = m.group(2) or m.group(3)
+            arg = m.group(2)
+            if arg is not None:
+                if arg not in given:
+                    have = ", ".join(sorted(given)) or "none"
+                    raise UserError(
+                        f"train.command word {word!r} names ${{args.{arg}}}, which train.args does not set "
+                        f"(train.args has: {have}); set train.args.{arg} or sweep it"
+                    )
+                placed.add(arg)
+                return command_arg_text(given[arg])
+            name = m.group(3) or m.group(4)
             if name is None:
                 raise UserError(
                     f"train.command word {word!r}: a '$' must start $NAME or ${{NAME}}; write $$ for a literal $"
@@ -169,7 +193,8 @@ def expand_command(words: Sequence[str], environ: Mapping[str, str]) -> List[str
 
         return pattern.sub(sub, word)
 
-    return [one(w) for w in words]
+    out = [one(w) for w in words]
+    return out + command_arg_flags(given, placed)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
@@ -183,7 +208,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     from .binding import APPLIED_VAR, format_cpulist
     from .config import load_config
     from .env import DistEnv, container_step_env
-    from .rundir import CONFIG_NAME, LOGS_DIR, rank_log_name
+    from .rundir import CONFIG_NAME, ELEMENT_WORKDIR, LOGS_DIR, rank_log_name
 
     run_dir, dry, rank_log, no_watchdog, cmd = parse_options(argv)
     path = Path(run_dir) / CONFIG_NAME
@@ -218,8 +243,17 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         from .tracking import rank_env
 
         env.update(rank_env(run_dir))
-    if cfg.train.command:
-        cmd = expand_command(cmd, env)
+    # the rank's train.command (not submitit's Python that starts it through this wrapper again: --no-watchdog):
+    # the run's (a sweep element's) train.args as ${args.NAME} and --NAME=VALUE, its working directory
+    if cfg.train.command and not no_watchdog:
+        cmd = expand_command(cmd, env, cfg.train.args)
+        run_dir = env[RUN_DIR_VAR]  # absolute: the paths below must not follow the chdir
+        work = Path(run_dir) / ELEMENT_WORKDIR
+        if work.is_dir():  # a sweep element: its relative outputs are its own (made at submit)
+            try:
+                os.chdir(work)
+            except OSError as err:
+                raise UserError(f"cannot enter the sweep element's working directory {work}: {err}") from None
     full = plan.command(cmd)
     if dry:
         print(

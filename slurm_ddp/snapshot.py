@@ -6,13 +6,18 @@ Side effects: :func:`take` and :func:`write_record` copy files into and write th
 What is copied (``train.snapshot: true``, the default):
 
 - ``train.task``: every ``train.pythonpath`` directory (default: the YAML's directory). One inside
-  a git repository brings the whole repository's files as git lists them (``git ls-files --cached
-  --others --exclude-standard``: tracked files and untracked ones ``.gitignore`` does not exclude,
-  as they are in the working tree now); one outside a repository contributes its Python code
-  (``CODE_SUFFIXES``: ``*.py``, ``*.pyi``, compiled extensions) in its directory tree (hidden
-  directories and ``__pycache__`` left out) — data, logs and outputs stay out. Run and sweep
-  directories (``rundir.is_job_dir``: this run's, a sweep's with its ``code/`` copy, any other) are
-  never copied, git-listed or not.
+  a git repository brings the repository's files as git lists them: every tracked file, and the
+  untracked ones ``.gitignore`` does not exclude that are code (below), as they are in the working
+  tree now; one outside a repository contributes its code in its directory tree (hidden
+  directories and ``__pycache__`` left out). Code is ``is_code``: ``CODE_SUFFIXES`` (``*.py``,
+  ``*.pyi``, compiled extensions) and ``.pth`` path-configuration files, told from a ``torch.save``
+  ``.pth`` by content (``is_path_config``: small UTF-8 text, not a zip or pickle) — data, logs and
+  outputs stay out. Weights and training state (``is_state_file``: ``STATE_SUFFIXES`` such as
+  ``.pt``, ``.bin``, ``.safetensors``, ``.ckpt``, and a ``.pth`` that is no path-configuration file)
+  are never copied, tracked or not. So what a run writes into the project (a checkpoint, HF's
+  ``rng_state_0.pth``, a log) never changes the snapshot's digest, and a resubmit resumes. Run and
+  sweep directories (``rundir.is_job_dir``: this run's, a sweep's with its ``code/`` copy, any other)
+  are never copied, git-listed or not.
 - ``train.command``: the same for the directory of the script (``train.py`` in ``python
   train.py``; the script itself is copied whatever its name), or of ``train.workdir`` when the
   command names no script (``python -m pkg``).
@@ -60,9 +65,67 @@ _SKIP_DIRS = ("__pycache__",)
 #: the module that runs ``python -m MODULE`` with the snapshot, not the working directory, first on sys.path
 RUNMODULE = "slurm_ddp.runmodule"
 #: what a directory outside a git repository contributes: Python code (sources, stubs, compiled
-#: extensions), and train.command's script whatever its name; data, logs and outputs stay out
+#: extensions, path-configuration files: ``is_code``), and train.command's script whatever its name;
+#: data, logs and outputs stay out
 CODE_SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pth")
+#: weights and training state (PyTorch's ``torch.save`` files, Hugging Face's ``pytorch_model.bin``,
+#: ``model.safetensors``, Lightning's ``.ckpt``, NumPy/HDF5/ONNX/GGUF arrays, pickles): never code,
+#: tracked by git or not; a ``.pth`` is one unless it is a path-configuration file (``is_code``)
+STATE_SUFFIXES = (
+    ".pt",
+    ".bin",
+    ".safetensors",
+    ".ckpt",
+    ".npy",
+    ".npz",
+    ".h5",
+    ".hdf5",
+    ".onnx",
+    ".gguf",
+    ".msgpack",
+    ".pkl",
+    ".pickle",
+)
+#: the largest ``.pth`` read as a path-configuration file (``site``: one directory or ``import`` line each)
+PTH_MAX_BYTES = 64 * 1024
 _MB = 1_000_000
+
+
+def is_path_config(path: str) -> bool:
+    """True when the ``.pth`` file at ``path`` is a Python path-configuration file (``site``: text
+    lines, each a directory to add to ``sys.path``, an ``import`` statement, or a ``#`` comment), not
+    a ``torch.save`` file that shares the suffix (a zip archive or a pickle: binary).
+
+    Decided by content: at most ``PTH_MAX_BYTES``, no NUL byte, UTF-8 text (``site`` reads it as
+    ``utf-8-sig``). An unreadable file is not one (it is left out, as data)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(PTH_MAX_BYTES + 1)
+    except OSError:
+        return False
+    if len(head) > PTH_MAX_BYTES or b"\0" in head:
+        return False
+    try:
+        head.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return False
+    return True
+
+
+def is_code(path: str) -> bool:
+    """True when the file at ``path`` counts as code outside git's list (``CODE_SUFFIXES``; a ``.pth``
+    only when it is a path-configuration file: :func:`is_path_config`)."""
+    if path.endswith(".pth"):
+        return is_path_config(path)
+    return path.endswith(CODE_SUFFIXES)
+
+
+def is_state_file(path: str) -> bool:
+    """True when the file at ``path`` holds weights or training state (``STATE_SUFFIXES``, or a
+    ``.pth`` that is not a path-configuration file): never part of a code snapshot."""
+    if path.endswith(".pth"):
+        return not is_path_config(path)
+    return path.endswith(STATE_SUFFIXES)
 
 
 @dataclass(frozen=True)
@@ -152,18 +215,27 @@ def _git_toplevel(d: str) -> Optional[str]:
     return str(Path(top).resolve()) if out.returncode == 0 and top else None
 
 
-def _git_files(top: str) -> List[str]:
-    out = subprocess.run(
-        ["git", "-C", top, "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
-        capture_output=True,
-        timeout=60,
-    )
+def _git_list(top: str, *which: str) -> List[str]:
+    out = subprocess.run(["git", "-C", top, "ls-files", "-z", *which], capture_output=True, timeout=60)
     if out.returncode != 0:
         msg = out.stderr.decode(errors="replace").strip().splitlines()
         raise UserError(
             f"git ls-files failed in {top} ({msg[-1] if msg else out.returncode}); set train.snapshot: false"
         )
-    return sorted({p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p})
+    return [p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p]
+
+
+def _git_files(top: str, keep_files: Sequence[str] = ()) -> List[str]:
+    """The files of the git repository ``top`` in the snapshot: the tracked ones, and the untracked ones
+    ``.gitignore`` does not exclude that are code (:func:`is_code`, or ``keep_files``): a run's own
+    outputs in the working tree (checkpoints, logs, ``trainer_state.json``) never change the digest."""
+    tracked = set(_git_list(top, "--cached"))
+    others = [  # credential files too: plan_snapshot leaves them out by name (SnapshotPlan.skipped, which submit names)
+        p
+        for p in _git_list(top, "--others", "--exclude-standard")
+        if os.path.join(top, p) in keep_files or is_code(os.path.join(top, p)) or is_credential_file(p)
+    ]
+    return sorted(tracked.union(others))
 
 
 def _in_job_dir(root: str, rel: str, cache: Dict[str, bool]) -> bool:
@@ -193,7 +265,7 @@ def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) 
         dirnames[:] = keep
         for name in filenames:
             full = os.path.join(dirpath, name)
-            if name.endswith(CODE_SUFFIXES) or full in keep_files:
+            if full in keep_files or is_code(full):
                 out.append(os.path.relpath(full, root))
     return sorted(out)
 
@@ -268,12 +340,15 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
     skipped: List[str] = []
     job_dirs: Dict[str, bool] = {}
     for i, root in enumerate(roots):
-        rels = _git_files(root) if root in git_roots else _walk_files(root, skip, _script(cfg))
+        script = _script(cfg)
+        rels = _git_files(root, script) if root in git_roots else _walk_files(root, skip, script)
         for rel in rels:
             if is_credential_file(rel):  # .env, *.pem, ...: never copied, tracked or not
                 skipped.append(rel)
                 continue
             full = os.path.join(root, rel)
+            if full not in script and is_state_file(full):
+                continue  # weights and training state (model.pth, rng_state_0.pth, *.safetensors): never code
             if any(full == s or full.startswith(s + "/") for s in skip) or _in_job_dir(root, rel, job_dirs):
                 continue  # this run's directory, slurm_ddp itself, another run or sweep directory
             try:
@@ -426,10 +501,15 @@ def run_pythonpath(run_dir: str, pythonpath: Iterable[str]) -> List[str]:
 
 
 __all__ = [
+    "CODE_SUFFIXES",
     "SNAPSHOTS_DIR",
+    "STATE_SUFFIXES",
     "SnapshotFile",
     "SnapshotPlan",
     "check_resubmit",
+    "is_code",
+    "is_path_config",
+    "is_state_file",
     "plan_snapshot",
     "read_record",
     "remap_config",

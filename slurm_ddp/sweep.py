@@ -21,6 +21,11 @@ flags, over dotted config keys (``train.lr``, ``train.args.width``, ``checkpoint
 lists last) and named from their values: ``lr=0.001,seed=1`` (the key's last part, or the
 whole key where two keys share it).
 
+A ``train.command`` script (your own) sees only ``train.args.NAME``: each element's ranks get
+``--NAME=VALUE`` appended to the command (or the value where a word says ``${args.NAME}``;
+``slurm_ddp.config.command``), and run in the element's own working directory ``RUN_DIR/work``
+(``rundir.ELEMENT_WORKDIR``), so relative outputs are per element; any other key is refused.
+
 Every element of one job array shares one batch script and one code snapshot, so a sweep may
 vary only keys that neither depends on: ``train.*`` (except ``train.command``/``train.workdir``
 and the snapshot's ``train.pythonpath``/``train.snapshot``/``train.snapshot_max_mb``) and
@@ -160,10 +165,29 @@ def _check_key(key: str) -> None:
             "(one snapshot per sweep); set it once for the sweep, or submit separate jobs"
         )
     if parts[0] not in _SCRIPT_FREE_SECTIONS or key in _SCRIPT_KEYS or (len(parts) == 1):
+        hint = (
+            f"; for a train.command script sweep train.args.{parts[-1]} (it gets --{parts[-1]}=VALUE)"
+            if key.startswith("environment.env.") or key == "train.command"
+            else ""
+        )
         raise UserError(
             f"sweep key {key!r} changes the batch script, which every element of one job array shares; "
-            "sweep train.* and checkpoint.* keys (not train.command/train.workdir), or submit separate jobs"
+            f"sweep train.* and checkpoint.* keys (not train.command/train.workdir), or submit separate jobs{hint}"
         )
+
+
+def _check_command_key(key: str) -> None:
+    """Raise ``UserError`` unless a ``train.command`` script sees ``key``: only ``train.args.NAME``
+    reaches it (``config.command``: ``--NAME=VALUE`` or ``${args.NAME}``); the shared worker's keys
+    (``train.lr``, ``checkpoint.*``) change nothing the script runs."""
+    if key.startswith("train.args.") and len(key.split(".")) == 3:
+        return
+    name = key.split(".")[-1]
+    raise UserError(
+        f"sweep key {key!r} does not reach a train.command script (every element would run the same "
+        f"command); sweep train.args.{name} instead: each element's script gets --{name}=VALUE "
+        f"(or the value where the command says ${{args.{name}}})"
+    )
 
 
 def _check_values(key: str, values: Any, where: str) -> List[Any]:
@@ -306,6 +330,10 @@ def expand(
     if not grid and not zipped:
         raise UserError("sweep: no keys to sweep; give sweep.grid or sweep.zip lists, or --sweep KEY=V1,V2")
     keys = [k for k, _ in grid] + [k for k, _ in zipped]
+    train = plain.get("train")
+    if isinstance(train, Mapping) and train.get("command"):
+        for key in keys:
+            _check_command_key(key)
     label_of = _labels(keys)
     axes: List[List[Tuple[Tuple[str, Any], ...]]] = [[((k, v),) for v in vs] for k, vs in grid]
     if zipped:

@@ -39,7 +39,7 @@ from ..sweep import Sweep, array_spec
 from ..tracking import check_installed
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
 from .submitit_sweep import SubmititSweepPlan
-from .sweep_plan import SweepPlan, prepare_sweep_dir
+from .sweep_plan import SweepPlan, prepare_sweep_dir, project_links
 
 
 def render_sweep(
@@ -164,6 +164,17 @@ def plan_sweep(
         argv = ("slurm-ddp", "local launcher", f"{len(todo)} elements one after another")
     elif backend == "submitit":  # one submitit job array (backends.submitit_sweep); task k runs todo[k]
         argv = ("submitit.SlurmExecutor.batch", f"{len(todo)} array tasks")
+    linked: Tuple[str, ...] = ()
+    not_linked: Tuple[str, ...] = ()
+    notes: List[str] = []
+    if sweep.base_cfg.train.command:  # each element runs in its own RUN_DIR/work (sweep_plan.project_links)
+        linked, not_linked = project_links(sweep.base_cfg.train.workdir or os.getcwd(), sweep_dir)
+        if not_linked:
+            notes.append(
+                f"not linked into the sweep elements' working directories (they hold saved checkpoints, which "
+                f"every element would resume from and overwrite): {', '.join(not_linked)}; each element "
+                "writes its own. A script that reads one should give its absolute path"
+            )
     plan_type = SubmititSweepPlan if backend == "submitit" else SweepPlan
     return plan_type(
         sweep=sweep,
@@ -174,9 +185,11 @@ def plan_sweep(
         resuming=resuming,
         command=argv,
         snapshot=snap,
-        warnings=(*secret, *rendered.warnings, *((warning,) if warning else ())),
+        warnings=(*secret, *rendered.warnings, *notes, *((warning,) if warning else ())),
         accept_new_code=accept_new_code,
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
+        linked=linked,
+        not_linked=not_linked,
     )
 
 

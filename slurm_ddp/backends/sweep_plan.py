@@ -8,10 +8,11 @@ and ``submitit_sweep`` (one submitit job array). The directory layout's names ar
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 from ..checkpoint import atomic_write_text
 from ..config import dump_config
@@ -22,15 +23,18 @@ from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CHECKPOINTS_DIR,
     CONFIG_NAME,
+    ELEMENT_WORKDIR,
     LOGS_DIR,
     SNAPSHOTS_DIR,
     element_dir_name,
     is_finished,
+    is_job_dir,
     private_dir,
+    was_accepted,
     write_sweep_manifest,
 )
 from ..secrets import redact_argv
-from ..snapshot import SnapshotPlan, take, write_record
+from ..snapshot import SnapshotPlan, is_state_file, take, write_record
 from ..sweep import Sweep, SweepElement
 from ..tracking import prepare_sweep
 
@@ -52,6 +56,10 @@ class SweepPlan:
     warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
     accept_new_code: bool = False  #: ``--accept-new-code`` (the local backend checks each element again)
     submit_argv: Tuple[str, ...] = ()  #: the submit command, for the sweep's ``provenance.json``
+    #: a ``train.command`` sweep: the project directory's entries linked into each element's working
+    #: directory (``project_links``), and the ones left out because they hold checkpoints
+    linked: Tuple[str, ...] = ()
+    not_linked: Tuple[str, ...] = ()
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -76,9 +84,85 @@ class SweepPlan:
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
+            *(
+                [
+                    f"# working directory of each element: its own RUN_DIR/{ELEMENT_WORKDIR}, "
+                    f"with {len(self.linked)} entries of {self.sweep.base_cfg.train.workdir} linked in"
+                    + (f" (not linked: {', '.join(self.not_linked)})" if self.not_linked else "")
+                ]
+                if self.sweep.base_cfg.train.command
+                else []
+            ),
             f"# script ({self.script_path}):",
         ]
         return "\n".join(head) + "\n" + self.rendered.shown
+
+
+#: HF Trainer's checkpoint directories (``checkpoint-500``) and the suffixes of saved weights/state
+_CHECKPOINT_DIR = re.compile(r"^checkpoint-\d+$")
+_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
+_SCAN_LIMIT = 2000  #: entries looked at per project entry (a dataset directory is not walked through)
+
+
+def _holds_checkpoints(path: str) -> bool:
+    """True when ``path`` is (or, up to 3 levels down and ``_SCAN_LIMIT`` entries, holds) a saved
+    checkpoint: an earlier run's output, which a sweep element must not read or overwrite."""
+    if os.path.isfile(path):
+        return path.endswith(_CHECKPOINT_SUFFIXES) and is_state_file(path)
+    seen = 0
+    for dirpath, dirnames, filenames in os.walk(path):
+        rel = os.path.relpath(dirpath, path)
+        depth = 0 if rel == "." else rel.count(os.sep) + 1
+        if any(_CHECKPOINT_DIR.match(d) for d in dirnames):
+            return True
+        for name in filenames:
+            seen += 1
+            full = os.path.join(dirpath, name)
+            if name.endswith(_CHECKPOINT_SUFFIXES) and is_state_file(full):
+                return True
+            if seen > _SCAN_LIMIT:
+                return False
+        if depth >= 3:
+            dirnames[:] = []
+    return False
+
+
+def project_links(project: str, sweep_dir: str) -> Tuple[Tuple[str, ...], Tuple[str, ...]]:
+    """(names linked, names left out) of the entries of ``project`` (``train.workdir``) in a
+    ``train.command`` sweep element's working directory (``RUN_DIR/work``).
+
+    Every entry is linked (a symbolic link to it: the script reads ``data/…`` by the same relative
+    path) except the one holding ``sweep_dir`` (``runs/``), run and sweep directories, and an entry
+    that holds a saved checkpoint (``checkpoint.pt``, ``out/checkpoint-500/``: an earlier run's
+    outputs, which every element would resume from and overwrite; left out, it is each element's own,
+    new). A relative path the script writes that no link covers lands in the element's own directory.
+    """
+    linked: List[str] = []
+    skipped: List[str] = []
+    sweep_dir = os.path.realpath(sweep_dir)
+    try:
+        names = sorted(os.listdir(project))
+    except OSError:
+        return (), ()
+    for name in names:
+        full = os.path.join(project, name)
+        real = os.path.realpath(full)
+        if sweep_dir == real or sweep_dir.startswith(real.rstrip("/") + "/") or is_job_dir(full):
+            continue
+        (skipped if _holds_checkpoints(full) else linked).append(name)
+    return tuple(linked), tuple(skipped)
+
+
+def _make_workdir(plan: SweepPlan, rd: Path) -> None:
+    """``rd/work`` with the project's entries linked in (``plan.linked``); a name already there (the
+    element's own output, an earlier link) is kept."""
+    work = rd / ELEMENT_WORKDIR
+    work.mkdir(exist_ok=True)
+    project = plan.sweep.base_cfg.train.workdir or os.getcwd()
+    for name in plan.linked:
+        link = work / name
+        if not os.path.lexists(link):
+            os.symlink(os.path.join(project, name), link)
 
 
 def prepare_sweep_dir(plan: SweepPlan) -> Path:
@@ -122,6 +206,10 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
     rd = Path(plan.element_dir(e.index))
     (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
     (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
+    # the element's own working directory (rundir.ELEMENT_WORKDIR); an element that already ran without one
+    # (submitted by an older slurm_ddp) keeps running where its outputs are
+    if e.cfg.train.command and ((rd / ELEMENT_WORKDIR).is_dir() or not was_accepted(rd)):
+        _make_workdir(plan, rd)
     target = rd / CONFIG_NAME
     text = dump_config(e.cfg)
     # new, left by a submit that never submitted (a stale config binds nothing: _check_sweep_dir),

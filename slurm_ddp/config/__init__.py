@@ -12,7 +12,16 @@ The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a map
 and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.config``.
 """
 
-from .command import command_argv, command_module_index, command_script_index
+from .command import (
+    ARG_NAME,
+    COMMAND_VAR,
+    command_arg_flags,
+    command_arg_text,
+    command_argv,
+    command_module_index,
+    command_placeholders,
+    command_script_index,
+)
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .loading import apply_overrides, dump_config, load_config, read_yaml
 from .schema import (
@@ -63,8 +72,13 @@ __all__ = [
     "apply_overrides",
     "image_is_path",
     "check_gpu_bind",
+    "ARG_NAME",
+    "COMMAND_VAR",
+    "command_arg_flags",
+    "command_arg_text",
     "command_argv",
     "command_module_index",
+    "command_placeholders",
     "command_script_index",
     "config_from_dict",
     "describe_keys",

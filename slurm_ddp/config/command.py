@@ -1,21 +1,32 @@
 """``train.command``: where its script is (``command_script_index``), the argv a rank runs
-(``command_argv``), the ``$NAME`` rule of its words (``COMMAND_VAR``, ``command_word_problem``) and the shell
-syntax the launcher does not run (``command_shell_syntax``). Pure; imports no torch. Part of
-``slurm_ddp.config`` (import names from there).
+(``command_argv``), the ``$NAME`` rule of its words (``COMMAND_VAR``, ``command_word_problem``), the shell
+syntax the launcher does not run (``command_shell_syntax``) and how ``train.args`` reach it
+(``command_arg_flags``). Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
+
+
+``train.args`` of a ``train.command`` job are the script's parameters, one run's (a sweep element's)
+own: at rank start (``slurm_ddp.launch``, from the run's ``config.yaml``) a word ``${args.NAME}`` of
+the command becomes ``train.args.NAME``'s value, and every entry the command does not place that way
+is appended as ``--NAME=VALUE`` (in the mapping's order; the spelling argparse, click and
+``HfArgumentParser`` read, and W&B sweeps' ``${args}``). So ``--sweep train.args.lr=0.001,0.01`` over
+``python train.py`` runs ``python train.py --lr=0.001`` in element 0 and ``--lr=0.01`` in element 1.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import Any, Iterable, List, Mapping, Optional, Sequence
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
 
-#: A ``$`` in a ``train.command`` word: ``$$`` (group 1, a literal ``$``), ``${NAME}`` (2), ``$NAME`` (3),
-#: or anything else (4: an error). The launcher expands the first three from the rank's environment
-#: (``launch.expand_command``); nothing else of the shell's syntax.
-COMMAND_VAR = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S)
+#: A ``$`` in a ``train.command`` word: ``$$`` (group 1, a literal ``$``), ``${args.NAME}`` (2: ``train.args``'
+#: entry), ``${NAME}`` (3), ``$NAME`` (4), or anything else (5: an error). The launcher expands the first four at
+#: rank start (``launch.expand_command``); nothing else of the shell's syntax.
+COMMAND_VAR = re.compile(
+    r"\$(?:(\$)|\{args\.([A-Za-z_][A-Za-z0-9_-]*)\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S
+)
 
 #: What to do instead of shell syntax in ``train.command``.
 WRAPPER_HINT = (
@@ -28,8 +39,8 @@ def command_word_problem(word: str) -> Optional[str]:
     """What is wrong with the ``$`` of one ``train.command`` word (``COMMAND_VAR``), or None: a ``$(…)``
     (command substitution) or a ``$`` not followed by a name, ``{NAME}`` or ``$``."""
     for m in COMMAND_VAR.finditer(word):
-        if m.group(4) is not None:
-            if m.group(4) == "(":
+        if m.group(5) is not None:
+            if m.group(5) == "(":
                 return "no $(...): command substitution is shell syntax"
             return "a '$' that starts $NAME or ${NAME} (write $$ for a literal $)"
     return None
@@ -146,3 +157,34 @@ def command_argv(command: Sequence[str], python: str) -> List[str]:
     if "/" not in argv[0] and _PYTHON_NAME.match(argv[0]):
         return [python, *argv[1:]]
     return argv
+
+
+#: a ``train.args`` name a script parameter can have: ``lr``, ``learning_rate``, ``batch-size``
+ARG_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*\Z")
+
+
+def command_placeholders(words: Sequence[str]) -> List[str]:
+    """The ``train.args`` names the words of ``train.command`` place with ``${args.NAME}`` (``$$`` is a
+    literal ``$``, so ``$${args.x}`` places nothing), in order of appearance."""
+    return [m.group(2) for w in words for m in COMMAND_VAR.finditer(w) if m.group(2)]
+
+
+def command_arg_text(value: Any) -> str:
+    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number
+    as Python writes it (``0.001``, ``1e-05``), ``null``, a list or mapping as compact JSON."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)):
+        return str(value)
+    return json.dumps(value, separators=(",", ":"), default=str)
+
+
+def command_arg_flags(args: Mapping[str, Any], placed: Iterable[str] = ()) -> List[str]:
+    """``--NAME=VALUE`` for each ``train.args`` entry not in ``placed`` (the names the command's
+    words place themselves with ``${args.NAME}``), in the mapping's order."""
+    skip = set(placed)
+    return [f"--{k}={command_arg_text(v)}" for k, v in args.items() if k not in skip]

@@ -555,7 +555,13 @@ class TrainConfig:
     profile_first_step: int = field(default=0, metadata=_meta("first step traced by torch.profiler; 0 = off", min=0))
     profile_last_step: int = field(default=0, metadata=_meta("last step traced by torch.profiler", min=0))
     nan_check: bool = field(default=False, metadata=_meta("stop with an error when the loss is NaN/inf"))
-    args: Mapping[str, Any] = field(default_factory=_empty_mapping, metadata=_meta("task-specific arguments"))
+    args: Mapping[str, Any] = field(
+        default_factory=_empty_mapping,
+        metadata=_meta(
+            "task-specific arguments; for train.command, the script's parameters: each reaches it as "
+            "--NAME=VALUE appended to the command, or where a word says ${args.NAME} (sweep train.args.NAME)"
+        ),
+    )
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,14 @@ from types import MappingProxyType
 from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import WRAPPER_HINT, command_script_index, command_shell_syntax, command_word_problem
+from .command import (
+    ARG_NAME,
+    WRAPPER_HINT,
+    command_placeholders,
+    command_script_index,
+    command_shell_syntax,
+    command_word_problem,
+)
 from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
 
 
@@ -316,6 +323,23 @@ def _cross_checks(cfg: JobConfig) -> None:
             "config keys 'train.task' and 'train.command' are both set; set exactly one: train.task (a "
             "slurm_ddp Task, 'module:Class') or train.command (your own script, e.g. [python, train.py])"
         )
+    if t.command:  # train.args are the script's parameters: --NAME=VALUE or ${args.NAME} (config.command)
+        for name in t.args:
+            if not ARG_NAME.match(str(name)):
+                raise _bad(
+                    f"train.args.{name}",
+                    name,
+                    "a parameter name (letters, digits, '_', '-'; not starting with a digit or '-')",
+                    "train.command's script gets each train.args entry as --NAME=VALUE",
+                )
+        for name in command_placeholders(t.command):
+            if name not in t.args:
+                raise _bad(
+                    "train.command",
+                    " ".join(t.command),
+                    f"a train.args entry for each ${{args.NAME}} it names (train.args has no {name!r})",
+                    f"set train.args.{name}, or sweep it",
+                )
     if not t.task and not t.command:
         raise ConfigError(
             "config key 'train.task' is missing, and so is 'train.command'; set exactly one: train.task (an "

@@ -88,6 +88,10 @@ HANGS_DIR = "hangs"
 #: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``
 STOPS_DIR = "stops"
 SWEEP_NAME = "sweep.json"
+#: a ``train.command`` sweep element's working directory, ``RUN_DIR/work``: the element's relative
+#: outputs (``checkpoint.pt``, HF's ``output_dir``) are its own; the project's files are linked in
+#: (``backends.sweep_plan.project_links``). Made at submit; the launch wrapper enters it.
+ELEMENT_WORKDIR = "work"
 ARRAY_SCRIPT_NAME = "array.sbatch"
 SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
 

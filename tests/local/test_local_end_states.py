@@ -182,7 +182,7 @@ def test_a_local_sweep_shows_each_elements_end(tmp_path: Path) -> None:
     job.write_text(
         "name: ending-sweep\nslurm: {nodes: 1, tasks_per_node: 2, time: '00:10:00'}\n"
         f"train: {{command: 'python {TASK.name} by-element'}}\n"
-        "sweep: {grid: {train.seed: [0, 1, 2]}}\n"  # element N's mode from its directory (ending_task.py)
+        "sweep: {grid: {train.args.seed: [0, 1, 2]}}\n"  # element N's mode from its directory (ending_task.py)
     )
     sweep_dir = tmp_path / "sweep"
     proc = start_until(

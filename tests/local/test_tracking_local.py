@@ -122,7 +122,7 @@ def test_sweep_of_four_elements_is_four_grouped_tracker_runs(tmp_path: Path) -> 
     job, sd = own_job(tmp_path, "tsweep"), tmp_path / "sweep"
     sets = [f"train.command=python {SCRIPT} 0"]
     r = subprocess.run(
-        submit(job, sd, sets, "--sweep", "train.seed=1,2,3,4"),
+        submit(job, sd, sets, "--sweep", "train.args.seed=1,2,3,4"),
         capture_output=True,
         text=True,
         timeout=600,

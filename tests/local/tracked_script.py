@@ -27,4 +27,5 @@ if rank == 0:
     run.finish()
     with open(seen_path, "a") as f:
         f.write(json.dumps(seen) + "\n")
-    sys.exit(0 if start >= int(sys.argv[1] if len(sys.argv) > 1 else 2) else 75)
+    given = [a for a in sys.argv[1:] if not a.startswith("--")]  # a sweep's train.args come as --NAME=VALUE
+    sys.exit(0 if start >= int(given[0] if given else 2) else 75)

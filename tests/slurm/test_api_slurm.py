@@ -214,7 +214,7 @@ def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandb
         # (squeue without --array: ID_[0-1]); Sweep.wait() raises too (squeue --array names each task)
         sweep = slurm_ddp.submit(
             tmp_path / "code2" / "job.yaml",
-            sweep=["train.seed=1,2"],
+            sweep=["train.args.seed=1,2"],
             run_dir=tmp_path / "sweep",
             backend="sbatch",
             after=[first],

@@ -52,3 +52,32 @@ def test_submitit_sweep_is_one_array_and_every_element_finishes(slurm_sandbox, t
     wait_for(lambda: all(is_finished(e) for e in elems), 240, "both elements finished", lambda: _logs(sweep_dir))
     again = cli(slurm_sandbox, *args)
     assert again.returncode == 0 and "nothing to submit" in again.stdout, again.stdout + again.stderr
+
+
+SEEN = "import json, os, sys\njson.dump({'argv': sys.argv[1:], 'cwd': os.getcwd()}, open('seen.json', 'w'))\n"
+
+
+def test_a_submitit_sweep_of_an_own_script_gives_each_element_its_args_and_workdir(
+    slurm_sandbox, tmp_path: Path
+) -> None:
+    """``--sweep train.args.lr`` over a plain ``python seen.py`` (no torch: cheap starts): each element's
+    script gets its own ``--lr=VALUE`` and runs in its own ``RUN_DIR/work``, where it writes ``seen.json``."""
+    require_module("submitit", "the submitit backend")
+    import json
+
+    import yaml
+
+    (tmp_path / "seen.py").write_text(SEEN)
+    job = {"name": "seen", "slurm": {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00", "array_parallelism": 2}}
+    job["train"] = {"command": "python seen.py --epochs 1"}
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job))
+    sweep_dir = tmp_path / "sweep"
+    args = ["submit", str(tmp_path / "job.yaml"), "--backend", "submitit", "--run-dir", str(sweep_dir)]
+    r = cli(slurm_sandbox, *args, "--sweep", "train.args.lr=0.1,0.2")
+    assert r.returncode == 0, r.stdout + r.stderr
+    elems = [sweep_dir / f"{i:03d}" for i in range(2)]
+    wait_for(lambda: all(is_finished(e) for e in elems), 240, "both elements finished", lambda: _logs(sweep_dir))
+    for lr, e in zip(("0.1", "0.2"), elems):
+        seen = json.loads((e / "work" / "seen.json").read_text())
+        assert seen == {"argv": ["--epochs", "1", f"--lr={lr}"], "cwd": str(e / "work")}, seen
+    assert not (tmp_path / "seen.json").exists()

@@ -603,7 +603,7 @@ def _script_body(out: str) -> list:
         ("digits/job.yaml", []),
         ("own_script/job.yaml", []),
         ("own_script/job.yaml", ["--set", "train.command=python -m train --epochs 5"]),
-        ("own_script/job.yaml", ["--sweep", "checkpoint.keep_last=1,2"]),
+        ("own_script/job.yaml", ["--sweep", "train.args.lr=0.01,0.05"]),
     ],
     ids=["task", "script", "module", "sweep"],
 )

@@ -117,10 +117,11 @@ def test_identical_code_is_stored_once_changed_code_is_refused_unless_accepted(t
 
 def test_snapshot_over_the_cap_is_one_line_naming_the_largest_files_and_submits_nothing(tmp_path, sbatch, capsys):
     repo = make_repo(tmp_path)
-    (repo / "src" / "weights.npy").write_bytes(b"x" * 3_000_000)  # not ignored
+    (repo / "src" / "vocab.txt").write_bytes(b"x" * 3_000_000)  # tracked: part of the code
+    git(repo, "add", "src/vocab.txt")
     run = tmp_path / "run"
     rc, out, err = submit(repo, run, capsys, "--set", "train.snapshot_max_mb=1")
-    one_error(rc, err, "over train.snapshot_max_mb=1", "weights.npy (3.0 MB)", "train.snapshot: false")
+    one_error(rc, err, "over train.snapshot_max_mb=1", "vocab.txt (3.0 MB)", "train.snapshot: false")
     assert not run.exists() and not sbatch.exists()
     rc, out, err = submit(repo, run, capsys, "--set", "train.snapshot=false")  # the opt-out
     assert rc == 0 and not (run / "code").exists() and not (run / "snapshot.json").exists(), err
@@ -158,6 +159,53 @@ def test_outside_a_repository_the_python_code_of_the_directory_is_copied(tmp_pat
         "0/mytask.py",
         "0/pkg/__init__.py",
     ]
+
+
+def _torch_like_save(path: Path) -> None:
+    """A file shaped like ``torch.save``'s: a zip archive holding a pickle (PK header, binary)."""
+    import zipfile
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02}q\x00." + bytes(range(256)))
+
+
+def test_weights_and_state_are_never_code_and_a_pth_is_told_by_content(tmp_path, sbatch, capsys):
+    """Outside git: a path-configuration .pth (text lines) is code; model.pth, HF's rng_state_0.pth
+    and *.pt/*.bin/*.safetensors are not, and writing them (as a run does) leaves the digest alone."""
+    d = tmp_path / "plain"
+    d.mkdir()
+    (d / "mytask.py").write_text(TASK)
+    (d / "extra.pth").write_text("# path configuration\nvendor\nimport os\n")
+    (d / "job.yaml").write_text(
+        yaml.safe_dump({"name": "p", "slurm": {"time": "00:10:00"}, "train": {"task": "mytask:T"}})
+    )
+    cfg = load_config(d / "job.yaml")
+    before = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert before is not None and sorted(f.rel for f in before.files) == ["extra.pth", "mytask.py"]
+    _torch_like_save(d / "model.pth")
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "optimizer.pt", "training_args.bin", "model.safetensors"):
+        _torch_like_save(d / "out" / "checkpoint-5" / name)
+    (d / "big.pth").write_text("x\n" * 40_000)  # text, but no path-configuration file is 80 kB
+    after = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert after is not None and after.digest == before.digest and len(after.files) == 2
+
+
+def test_in_a_git_repository_untracked_outputs_and_tracked_weights_stay_out(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    cfg = load_config(repo / "job.yaml")
+    before = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert before is not None
+    out = repo / "out" / "checkpoint-5"  # written by a run: no .gitignore entry covers it
+    _torch_like_save(out / "rng_state_0.pth")
+    (out / "trainer_state.json").write_text("{}")
+    (repo / "train.log").write_text("step 1\n")
+    _torch_like_save(repo / "src" / "weights.pt")
+    git(repo, "add", "-f", "src/weights.pt")  # tracked, yet state, not code
+    after = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert after is not None and after.digest == before.digest, [f.rel for f in after.files]
+    (repo / "src" / "helper.py").write_text("X = 1\n")  # new untracked code counts
+    assert "src/helper.py" in [f.rel for f in plan_snapshot(cfg, str(tmp_path / "run")).files]
 
 
 def test_command_script_is_remapped_into_the_snapshot_and_runs_in_the_users_workdir(tmp_path, sbatch, capsys):
@@ -298,7 +346,7 @@ def test_a_command_sweeps_array_script_runs_the_script_from_the_snapshot(tmp_pat
     git(repo, "commit", "-qm", "script")
     d = yaml.safe_load((repo / "job.yaml").read_text())
     d["train"] = {"command": ["python", str(repo / "train.py")]}
-    d["sweep"] = {"grid": {"train.seed": [1, 2]}}
+    d["sweep"] = {"grid": {"train.args.seed": [1, 2]}}
     (repo / "cmd.yaml").write_text(yaml.safe_dump(d))
     sw = load_sweep(repo / "cmd.yaml")
     assert sw is not None

@@ -215,3 +215,47 @@ def test_sweep_status_is_one_squeue_call_for_all_elements(tmp_path):
     assert rows[0].split()[:4] == ["0", "lr=0.003,seed=0", "77_0", "COMPLETED"]
     assert rows[1].split() == ["1", "lr=0.003,seed=1", "77_1", "RUNNING", "200/300", "0.95", "0.95", "0"]
     assert (sweep_dir / "000" / FINISHED_NAME).exists()
+
+
+OWN_SCRIPT = REPO / "examples" / "own_script" / "job.yaml"
+
+
+@pytest.mark.parametrize(
+    "flag, expected",
+    [
+        ("train.lr=0.1,0.2", "sweep key 'train.lr' does not reach a train.command script"),
+        ("checkpoint.every_steps=5,10", "sweep key 'checkpoint.every_steps' does not reach a train.command script"),
+        ("environment.env.LR=0.1,0.2", "for a train.command script sweep train.args.LR (it gets --LR=VALUE)"),
+        ("train.args.2lr=0.1,0.2", "config key 'train.args.2lr'"),
+    ],
+)
+def test_a_key_an_own_script_cannot_see_is_refused_naming_train_args(tmp_path, capsys, flag: str, expected: str):
+    run_dir = tmp_path / "sweep"
+    rc = cli.main(["submit", str(OWN_SCRIPT), "--backend", "sbatch", "--run-dir", str(run_dir), "--sweep", flag])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and expected in err, err
+    assert "train.args" in err and not run_dir.exists()
+
+
+def test_an_own_script_sweep_gives_each_element_its_args_and_working_directory(tmp_path):
+    """train.args.lr over python train.py: each element's config holds its own lr (the launch wrapper
+    appends --lr=VALUE from it), and each element has its own RUN_DIR/work linking the project's files,
+    but not an earlier run's checkpoints."""
+    proj = tmp_path / "proj"
+    (proj / "data").mkdir(parents=True)
+    (proj / "old_out" / "checkpoint-5").mkdir(parents=True)
+    (proj / "train.py").write_text("print('hi')\n")
+    (proj / "data" / "x.csv").write_text("1\n")
+    job = read_yaml(OWN_SCRIPT)
+    job["train"] = {"command": "python train.py --epochs 5"}
+    (proj / "job.yaml").write_text(json.dumps(job))
+    sw = load_sweep(proj / "job.yaml", flags=["train.args.lr=0.001,0.01"])
+    assert sw is not None and [dict(e.cfg.train.args) for e in sw.elements] == [{"lr": 0.001}, {"lr": 0.01}]
+    plan = plan_sweep(sw, "sbatch", str(proj / "runs" / "s"))
+    assert plan.linked == ("data", "job.yaml", "train.py") and plan.not_linked == ("old_out",)
+    assert any("not linked into the sweep elements' working directories" in w for w in plan.warnings)
+    prepare_sweep_dir(plan)
+    for i in range(2):
+        work = proj / "runs" / "s" / f"{i:03d}" / "work"
+        assert sorted(p.name for p in work.iterdir()) == ["data", "job.yaml", "train.py"]
+        assert (work / "data" / "x.csv").read_text() == "1\n"

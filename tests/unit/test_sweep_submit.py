@@ -68,7 +68,7 @@ def command_project(root: Path, script: str = "import os\nprint('ran', os.enviro
                 "name": "cs",
                 "slurm": SLURM,
                 "train": {"command": ["python", "train.py"]},
-                "sweep": {"grid": {"train.seed": [1, 2]}},
+                "sweep": {"grid": {"train.args.seed": [1, 2]}},
             }
         )
     )
@@ -116,6 +116,7 @@ def test_no_snapshot_copies_a_run_or_sweep_directory(tmp_path: Path) -> None:
     plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
     assert plan is not None and files() == ["train.py"]
     subprocess.run(["git", "init", "-q", str(proj)], check=True)
+    subprocess.run(["git", "-C", str(proj), "add", "sweep.yaml"], check=True)  # tracked; train.py untracked code
     plan = plan_snapshot(cfg, str(proj / "runs" / "other"))
     assert plan is not None and plan.git_roots and files() == ["sweep.yaml", "train.py"]
 
@@ -153,7 +154,7 @@ def test_no_element_starts_after_a_stop_signal(tmp_path: Path, parallel: int) ->
     from lib import wait_process
 
     proj = command_project(tmp_path, SLEEPER)
-    grid = {"train.seed": [1, 2, 3]}
+    grid = {"train.args.seed": [1, 2, 3]}
     d = yaml.safe_load((proj / "sweep.yaml").read_text())
     d["sweep"] = {"grid": grid}
     if parallel > 1:
