@@ -729,3 +729,40 @@ def test_recovery_that_cannot_name_a_hung_node_is_warned_in_one_line(sections, w
     if warned:
         assert "watchdog." in lines[0] and "train.pg_timeout_s" in lines[0], lines
     assert "#SBATCH --no-kill" in out if doc["recovery"]["spare_nodes"] else "#SBATCH --no-kill" not in out
+
+
+# --------------------------------------------------------------------------- environment.setup, executed
+
+
+def test_setup_lines_run_without_set_u_and_a_failing_line_stops_the_job(make_config, tmp_path):
+    """conda's and Lmod's shell functions read unset variables: a setup line sourcing such a script runs as
+    in a batch script of one's own (no ``set -u``), and the ranks start; a line that fails stops the job."""
+    activate = tmp_path / "activate.sh"  # what `conda activate` does: reads a variable nobody set
+    activate.write_text('if [ -n "$SLURM_DDP_TEST_NEVER_SET" ]; then :; fi\nexport ACTIVATED="yes${PS1_UNSET}"\n')
+    seen = tmp_path / "seen"
+    cfg = make_config(
+        {
+            "environment": {
+                "setup": [f"source {shlex.quote(str(activate))}", f'echo "$ACTIVATED" > {shlex.quote(str(seen))}'],
+            }
+        }
+    )
+    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
+    bash_n(rendered.script, tmp_path)
+    stubs = make_stubs(tmp_path)
+    out = run_script(rendered.script, tmp_path, stubs)
+    output = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == 0, output
+    assert seen.read_text() == "yes\n"  # every line ran, the sourced script to its end
+    assert (stubs / "srun.argv").exists(), output  # and the ranks started
+
+    failing = make_config({"environment": {"setup": ["module_that_is_not_there load cuda", "touch NOT_REACHED"]}})
+    rendered = render(failing, str(tmp_path / "run2"), **{**FIXED, "python": sys.executable})
+    stubs2 = make_stubs(tmp_path / "second")
+    out = run_script(rendered.script, tmp_path, stubs2)
+    output = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == 1, output
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, output
+    assert "environment.setup line 1 failed with status 127; not starting the ranks: module_that_is_not_there" in errors[0]
+    assert not (tmp_path / "NOT_REACHED").exists() and not (stubs2 / "srun.argv").exists()
