@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 from . import container as _container
-from .config import JobConfig, command_argv
+from .config import JobConfig, command_argv, unused_settings
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
 from .launch import TORCHRUN_OMP_VAR
@@ -207,6 +207,13 @@ def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> O
     )
 
 
+def job_warnings(cfg: JobConfig) -> Tuple[str, ...]:
+    """The lines ``render`` and ``submit`` (``--dry-run`` too, and the Python API) print about ``cfg`` before
+    anything runs: settings that do nothing (``config.unused_settings``), a GPU rank short of CPUs
+    (``loader_cpu_warning``), in-job recovery that cannot name a hung node (``recovery_warning``)."""
+    return tuple(w for w in (*unused_settings(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
+
+
 def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
     name (deterministic, golden-testable)."""
@@ -329,7 +336,7 @@ class RenderedJob:
     #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
     #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
     shown: str = ""
-    #: lines ``render`` and ``submit`` print to stderr (``loader_cpu_warning``, ``recovery_warning``); not in the script
+    #: lines ``render`` and ``submit`` print to stderr (``job_warnings``); not in the script
     warnings: Tuple[str, ...] = ()
 
 
@@ -421,5 +428,4 @@ def render(
     script = text(env)
     shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    warnings = tuple(w for w in (loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
-    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=warnings)
+    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=job_warnings(cfg))

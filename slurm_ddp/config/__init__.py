@@ -36,12 +36,14 @@ from .schema import (
     WatchdogConfig,
     check_gpu_bind,
     describe_keys,
+    key_fields,
     node_range,
     parse_time_s,
 )
-from .validate import config_from_dict, image_is_path
+from .validate import COMMAND_TRAIN_KEYS, config_from_dict, image_is_path, unused_settings
 
 __all__ = [
+    "COMMAND_TRAIN_KEYS",
     "CONTAINER_RUNTIMES",
     "ContainerConfig",
     "GPU_BIND_FORMS",
@@ -68,9 +70,11 @@ __all__ = [
     "command_script_index",
     "config_from_dict",
     "describe_keys",
+    "key_fields",
     "dump_config",
     "load_config",
     "node_range",
     "parse_time_s",
     "read_yaml",
+    "unused_settings",
 ]

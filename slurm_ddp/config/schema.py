@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Tuple, Union, get_type_hints
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Tuple, Union, get_type_hints
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
@@ -123,6 +123,12 @@ def parse_time_s(value: Union[str, int]) -> int:
 
 def _meta(doc: str, **kw: Any) -> Dict[str, Any]:
     return {"doc": doc, **kw}
+
+
+def key_fields(cls: type) -> List[dataclasses.Field[Any]]:
+    """The fields of a config section that are config keys: all but those marked ``internal``
+    (``JobConfig.given_keys``), which no YAML file sets and no reference lists."""
+    return [f for f in fields(cls) if not f.metadata.get("internal")]
 
 
 # "json_schema" in a field's metadata: what its "check" says that a JSON Schema can say (ECMA-262 regular
@@ -708,6 +714,10 @@ class JobConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: The dotted keys the job's mapping gave (its YAML, ``--set``, ``--sweep``; a mapping-valued key such as
+    #: ``environment.env`` as a whole), as opposed to defaults: what ``config.unused_settings`` warns about.
+    #: Not a config key: no YAML sets it, and ``to_dict``, the hashes, equality and the key reference leave it out.
+    given_keys: FrozenSet[str] = field(default=frozenset(), compare=False, repr=False, metadata={"internal": True})
 
     @property
     def in_job_recovery(self) -> bool:
@@ -770,7 +780,7 @@ UNHASHED_SECTIONS = ("tracking", "recovery")
 
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in fields(obj)}
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in key_fields(type(obj))}
     if isinstance(obj, Mapping):
         return {k: _to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -782,7 +792,7 @@ def describe_keys() -> str:
     """A reference of every config key with its default and meaning (for the README/--help)."""
     lines: List[str] = []
     hints = get_type_hints(JobConfig)
-    for sect in fields(JobConfig):
+    for sect in key_fields(JobConfig):
         tp = hints[sect.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
@@ -794,7 +804,7 @@ def describe_keys() -> str:
 
 def _describe_section(cls: type, indent: str, lines: List[str]) -> None:
     hints = get_type_hints(cls)
-    for f in fields(cls):
+    for f in key_fields(cls):
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a sub-section (tracking.mlflow)
             lines.append(f"{indent}{f.name}:")

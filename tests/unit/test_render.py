@@ -764,5 +764,7 @@ def test_setup_lines_run_without_set_u_and_a_failing_line_stops_the_job(make_con
     assert out.returncode == 1, output
     errors = [line for line in output.splitlines() if "ERROR" in line]
     assert len(errors) == 1, output
-    assert "environment.setup line 1 failed with status 127; not starting the ranks: module_that_is_not_there" in errors[0]
+    assert (
+        "environment.setup line 1 failed with status 127; not starting the ranks: module_that_is_not_there" in errors[0]
+    )
     assert not (tmp_path / "NOT_REACHED").exists() and not (stubs2 / "srun.argv").exists()
