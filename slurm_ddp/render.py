@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 from . import container as _container
-from .config import JobConfig, command_argv, unused_settings
+from .config import JobConfig, command_argv, env_as_written, unused_settings
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
 from .launch import TORCHRUN_OMP_VAR
@@ -365,7 +365,7 @@ def render(
     if array is not None:
         flags = sorted([*flags, f"--array={array.spec}"], key=lambda f: f.split("=", 1)[0])
     output_in_script = any(f.startswith("--output=") for f in flags)
-    env = cfg.environment.env
+    env = env_as_written(cfg.environment.env)  # values with $NAME: set by the launch wrapper at rank start
     py = python or cfg.environment.python or sys.executable
     # the header's command line never holds a credential value (--set environment.env.X=...): it is a comment
     made_by = redact_argv(command if command is not None else ["slurm-ddp", *sys.argv[1:]], env)
@@ -395,6 +395,7 @@ def render(
             run_dir=run_dir,
             python=py,
             env=sorted(values.items()),
+            env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
             setup=list(cfg.environment.setup),
             srun_flags=srun_flags(cfg),

@@ -12,7 +12,15 @@ The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a map
 and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.config``.
 """
 
-from .command import command_argv, command_module_index, command_script_index
+from .command import (
+    command_argv,
+    command_module_index,
+    command_script_index,
+    env_as_written,
+    expand_env,
+    expand_variables,
+    variables_problem,
+)
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .loading import apply_overrides, dump_config, load_config, read_yaml
 from .schema import (
@@ -68,6 +76,10 @@ __all__ = [
     "command_argv",
     "command_module_index",
     "command_script_index",
+    "env_as_written",
+    "expand_env",
+    "expand_variables",
+    "variables_problem",
     "config_from_dict",
     "describe_keys",
     "key_fields",

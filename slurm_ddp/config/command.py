@@ -1,12 +1,16 @@
 """``train.command``: where its script is (``command_script_index``) and the argv a rank runs
-(``command_argv``). Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
+(``command_argv``); and the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s
+values at rank start (``expand_variables``). Pure; imports no torch. Part of ``slurm_ddp.config``
+(import names from there).
 """
 
 from __future__ import annotations
 
 import os
 import re
-from typing import List, Optional, Sequence
+from typing import Dict, List, Mapping, Optional, Sequence
+
+from ..errors import UserError
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
 
@@ -77,3 +81,64 @@ def command_argv(command: Sequence[str], python: str) -> List[str]:
     if "/" not in argv[0] and _PYTHON_NAME.match(argv[0]):
         return [python, *argv[1:]]
     return argv
+
+
+#: ``$$``, ``${NAME}``, ``$NAME``, or a ``$`` followed by anything else (the error).
+_VARIABLE = re.compile(r"\$(?:(\$)|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S)
+_LONE_DOLLAR = "a '$' must start $NAME or ${NAME}; write $$ for a literal $"
+
+
+def expand_variables(text: str, environ: Mapping[str, str], what: str, hint: str = "set it in environment.env") -> str:
+    """``text`` with ``$NAME`` and ``${NAME}`` replaced by ``environ[NAME]`` and ``$$`` by ``$``.
+
+    The one rule of ``train.command``'s words and ``environment.env``'s values, applied at rank start in
+    the rank's environment (``slurm_ddp.launch``). No other shell syntax: no ``~``, ``$(...)``,
+    ``${NAME:-x}``. ``what`` names the text in errors (``train.command word '…'``). Raises ``UserError``
+    (one line) for a variable that is not set (an empty value would silently become a wrong path; ``hint``
+    says where to set it) and for a ``$`` followed by anything else.
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1):
+            return "$"
+        name = m.group(2) or m.group(3)
+        if name is None:
+            raise UserError(f"{what}: {_LONE_DOLLAR}")
+        if name not in environ:
+            raise UserError(
+                f"{what} names ${name}, which is not set in the rank's environment ({hint}, or write $$ for a literal $)"
+            )
+        return environ[name]
+
+    return _VARIABLE.sub(sub, text)
+
+
+def variables_problem(text: str) -> Optional[str]:
+    """What ``expand_variables`` would refuse in ``text`` whatever the environment (a ``$`` that starts
+    no name), or None: for checking a config before any rank starts."""
+    for m in _VARIABLE.finditer(text):
+        if not m.group(1) and not (m.group(2) or m.group(3)):
+            return _LONE_DOLLAR
+    return None
+
+
+def env_as_written(env: Mapping[str, str]) -> Dict[str, str]:
+    """``environment.env``'s values without a ``$``: what the batch script (the local launcher, submitit's
+    script) exports as written before the ranks start, ``environment.setup`` included. A value with a ``$``
+    is set by the launch wrapper at rank start only, expanded (``expand_env``)."""
+    return {k: v for k, v in env.items() if "$" not in v}
+
+
+def expand_env(env: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """``environment.env``'s values with a ``$``, expanded in ``environ`` (the rank's environment) by
+    ``expand_variables``; raises ``UserError`` naming the key for an unset name."""
+    return {
+        k: expand_variables(
+            v,
+            environ,
+            f"environment.env.{k}",
+            "set it in the node's environment: environment.setup, environment.pass_env or the submitting shell",
+        )
+        for k, v in env.items()
+        if "$" in v
+    }

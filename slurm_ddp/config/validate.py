@@ -20,7 +20,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
-from .command import command_script_index
+from .command import command_script_index, variables_problem
 from .schema import (
     _ENV_NAME,
     _MANAGED_FLAGS,
@@ -416,6 +416,9 @@ def _cross_checks(cfg: JobConfig) -> None:
     for k, v in cfg.environment.env.items():
         if not isinstance(v, str):
             raise _bad(f"environment.env.{k}", v, "a string")
+        problem = variables_problem(v)
+        if problem:  # the value is not shown: it may be a credential
+            raise ConfigError(f"config key 'environment.env.{k}': {problem} ($NAME is expanded at rank start)")
     _check_pass_env(cfg)
     _check_container(cfg)
 
