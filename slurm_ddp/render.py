@@ -308,6 +308,8 @@ def _container_env(box: Optional[_container.ContainerPlan]) -> str:
     if box is None:
         return ""
     clear = "SLURM_PROCID= SLURM_LOCALID= SLURM_NODEID= SLURMD_NODENAME= " if box.runtime == "oci" else ""
+    if box.clean_env:  # apptainer --cleanenv: the copy alone, none of the host's PYTHONPATH
+        return f"PYTHONPATH={shlex.quote(box.python_dir)} "
     return f'{clear}PYTHONPATH={shlex.quote(box.python_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}" '
 
 
