@@ -207,6 +207,21 @@ def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> O
     )
 
 
+def setup_lines(setup: Sequence[str], say: str) -> List[str]:
+    """``environment.setup`` as a batch script runs it: each line as written, then a check that stops the job
+    (exit 1, before any rank starts) when the line ended with a non-zero status, saying so with ``say`` (a
+    shell command that prints its words: the batch script's ``log``). The batch script runs them without
+    ``set -u``; the sbatch template and submitit's script both take their lines from here."""
+    out: List[str] = []
+    for i, line in enumerate(setup, 1):
+        out.append(line)
+        out.append(
+            f'SETUP_STATUS=$?; [ "$SETUP_STATUS" -eq 0 ] || {{ {say} "ERROR: environment.setup line {i} failed with '
+            f'status $SETUP_STATUS; not starting the ranks:" {shlex.quote(line)}; exit 1; }}'
+        )
+    return out
+
+
 def job_warnings(cfg: JobConfig) -> Tuple[str, ...]:
     """The lines ``render`` and ``submit`` (``--dry-run`` too, and the Python API) print about ``cfg`` before
     anything runs: settings that do nothing (``config.unused_settings``), a GPU rank short of CPUs
@@ -399,7 +414,7 @@ def render(
             env=sorted(values.items()),
             env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
-            setup=list(cfg.environment.setup),
+            setup=setup_lines(cfg.environment.setup, "log"),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,
             torchrun_flags=torchrun_flags(cfg),

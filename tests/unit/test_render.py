@@ -772,3 +772,18 @@ def test_setup_lines_run_without_set_u_and_a_failing_line_stops_the_job(make_con
         "environment.setup line 1 failed with status 127; not starting the ranks: module_that_is_not_there" in errors[0]
     )
     assert not (tmp_path / "NOT_REACHED").exists() and not (stubs2 / "srun.argv").exists()
+
+
+def test_submitits_script_runs_setup_lines_by_the_same_rule(make_config, tmp_path):
+    """submitit's batch script takes its setup lines from the same place (render.setup_lines): a line that
+    fails stops it, one line on stderr naming it."""
+    from slurm_ddp.backends.submitit_backend import config_parameters
+
+    cfg = make_config({"environment": {"setup": ['[ -z "$NEVER_SET_X" ]', "false", "touch NOT_REACHED"]}})
+    setup = config_parameters(cfg)["setup"]
+    out = subprocess.run(["bash", "-c", "\n".join(setup)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out
+    assert out.stderr.splitlines() == [
+        "slurm_ddp: ERROR: environment.setup line 2 failed with status 1; not starting the ranks: false"
+    ], out.stderr
+    assert not (tmp_path / "NOT_REACHED").exists()
