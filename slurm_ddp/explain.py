@@ -242,6 +242,9 @@ def environment_lines(cfg: JobConfig, environ: Mapping[str, str]) -> List[str]:
     parts = []
     if e.env:
         parts.append("env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(e.env).items())))
+        later = sorted(k for k, v in e.env.items() if "$" in v)
+        if later:
+            parts[-1] += f" ({', '.join(later)}: $NAME expanded in each rank's environment at its start)"
     if e.pass_env:
         parts.append(
             "pass_env (from the submitting shell, written nowhere) "

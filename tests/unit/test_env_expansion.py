@@ -100,3 +100,12 @@ def test_the_local_backend_and_submitit_leave_dollar_values_to_the_wrapper(tmp_p
     assert env["B"] == "b" and "A" not in env
     setup = config_parameters(cfg)["setup"]
     assert "export B=b" in setup and not any(line.startswith("export A=") for line in setup)
+
+
+def test_env_explain_says_which_values_are_expanded_at_rank_start(make_config: Any) -> None:
+    from slurm_ddp.explain import environment_lines
+
+    cfg = make_config({"environment": {"env": {"HF_HOME": "$SCRATCH/hf", "A": "b"}}})
+    assert environment_lines(cfg, {}) == [
+        "environment: env A=b HF_HOME='$SCRATCH/hf' (HF_HOME: $NAME expanded in each rank's environment at its start)"
+    ]
