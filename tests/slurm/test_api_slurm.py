@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import pytest
 
 import slurm_ddp
-from slurm_ddp.errors import DependencyNeverSatisfied
+from slurm_ddp.errors import DependencyNeverSatisfied, SlurmDDPWarning
 from slurm_ddp.testing import wait_for
 
 pytestmark = pytest.mark.slurm
@@ -212,13 +212,16 @@ def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandb
 
         # a sweep after= the failed job: its job array stays one pending record, never split into tasks
         # (squeue without --array: ID_[0-1]); Sweep.wait() raises too (squeue --array names each task)
-        sweep = slurm_ddp.submit(
-            tmp_path / "code2" / "job.yaml",
-            sweep=["train.seed=1,2"],
-            run_dir=tmp_path / "sweep",
-            backend="sbatch",
-            after=[first],
-        )
+        # (train.seed is the shared worker's: for this train.command job it only makes two elements, and the API
+        # says so as a SlurmDDPWarning)
+        with pytest.warns(SlurmDDPWarning, match=r"^train\.seed does nothing for a train\.command job"):
+            sweep = slurm_ddp.submit(
+                tmp_path / "code2" / "job.yaml",
+                sweep=["train.seed=1,2"],
+                run_dir=tmp_path / "sweep",
+                backend="sbatch",
+                after=[first],
+            )
         assert isinstance(sweep, slurm_ddp.Sweep)
         array_id = sweep.runs[0].job_ids[-1].split("_")[0]
         arrays.append(array_id)
