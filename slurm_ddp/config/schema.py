@@ -450,9 +450,19 @@ class ContainerConfig:
 class EnvironmentConfig:
     """What runs before the ranks start, and the variables they get."""
 
-    setup: Tuple[str, ...] = field(default=(), metadata=_meta("shell lines run in the batch script before srun"))
+    setup: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "shell lines run in the batch script before srun, as written and without set -u; a line that fails "
+            "stops the job"
+        ),
+    )
     env: Mapping[str, str] = field(
-        default_factory=_empty_mapping, metadata=_meta("environment variables exported to every rank")
+        default_factory=_empty_mapping,
+        metadata=_meta(
+            "environment variables of every rank; $NAME/${NAME} in a value: the rank's environment at its start "
+            "($$: a literal $)"
+        ),
     )
     python: Optional[str] = field(
         default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
