@@ -174,6 +174,8 @@ CONTAINERS = {
     "apptainer": {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data:/data:ro"]},
     "pyxis": {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data"]},
     "oci": {"runtime": "oci", "image": "/images/bundle", "python": "/opt/venv/bin/python"},
+    # containers.md's example: the host's environment stays out, the rank variables go in as APPTAINERENV_<NAME>
+    "apptainer_cleanenv": {"runtime": "apptainer", "image": "/images/train.sif", "options": ["--cleanenv"]},
 }
 
 
@@ -206,6 +208,10 @@ CONTAINER_CASES = {
         for device in ("cpu", "gpu")
     },
     "oci_task_cpu.sbatch": (lambda: container_config("oci", "task", "cpu"), "/scratch/runs/in-container"),
+    "apptainer_cleanenv_command_gpu.sbatch": (
+        lambda: container_config("apptainer_cleanenv", "command", "gpu"),
+        "/scratch/runs/in-container",
+    ),
     "oci_command_gpu_torchrun.sbatch": (
         lambda: container_config("oci", "command", "gpu", launcher="torchrun"),
         "/scratch/runs/in-container",
