@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import Final, Run, Sweep, submit
+    from .errors import SlurmDDPWarning
 
 from .constants import PREEMPTED_EXIT_CODE, __version__
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "Sweep", "__version__", "submit"]
+__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "SlurmDDPWarning", "Sweep", "__version__", "submit"]
 
 _API = ("submit", "Run", "Sweep", "Final")
 
@@ -27,4 +28,8 @@ def __getattr__(name: str) -> Any:  # PEP 562: the API on first use
         from . import api
 
         return getattr(api, name)
+    if name == "SlurmDDPWarning":  # the category of the API's warnings (slurm_ddp.errors)
+        from .errors import SlurmDDPWarning
+
+        return SlurmDDPWarning
     raise AttributeError(f"module 'slurm_ddp' has no attribute {name!r}")

@@ -23,12 +23,14 @@ from __future__ import annotations
 import io
 import os
 import subprocess
+import sys
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
-from .errors import DependencyNeverSatisfied, SlurmDDPError, UserError, WaitTimeout
+from .errors import DependencyNeverSatisfied, SlurmDDPError, SlurmDDPWarning, UserError, WaitTimeout
 from .ops.runs import read_run, resolve_run
 from .ops.slurm import NEVER_SATISFIED_REASON, REQUEUED_STATES
 from .ops.status import RunStatus, never_starts_note, run_status
@@ -312,7 +314,9 @@ def submit(
     (``--sweep``). ``after``: runs (``Run``, a run directory) or job ids, each optionally
     ``:afterok`` (default), ``:afterany`` or ``:afternotok`` (``--after``, sbatch's ``--dependency``).
     ``check_task``: import ``train.task`` in a child process first. ``say``: where the submit's
-    lines go (default: nowhere; warnings are in them too).
+    status lines go (default: nowhere). Its warnings (a setting that does nothing, a GPU rank with
+    a single CPU, ...) are issued through Python's ``warnings`` as :class:`~slurm_ddp.errors.SlurmDDPWarning`,
+    attributed to the line that called ``submit``: shown by default, filtered like any warning.
 
     Raises ``UserError`` (config, run directory, arguments, dependencies), ``ClusterError``
     (Slurm refused the job); never ``SystemExit``.
@@ -321,13 +325,26 @@ def submit(
     from .backends.submit import submit as submit_job
 
     lines: Callable[[str], None] = say or (lambda _line: None)
+    caller = sys._getframe(1)  # the user's line: where the warnings point, as warnings.warn(stacklevel=2) would
 
     def out(text: str) -> None:
         for line in text.splitlines():
             if line.strip():
                 lines(line)
 
-    report = Reporter(out=out, warn=lambda line: lines(f"warning: {line}"), say=lines)
+    def warn(line: str) -> None:
+        g = caller.f_globals
+        warnings.warn_explicit(
+            line,
+            SlurmDDPWarning,
+            caller.f_code.co_filename,
+            caller.f_lineno,
+            module=g.get("__name__", "__main__"),
+            registry=g.setdefault("__warningregistry__", {}),
+            module_globals=g,
+        )
+
+    report = Reporter(out=out, warn=warn, say=lines)
     afters = [f"{a.path}" if isinstance(a, Run) else str(a) for a in after]
     done = submit_job(
         job if isinstance(job, Mapping) else os.fspath(job),

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
-from dataclasses import fields
 from pathlib import Path
 from typing import Any, List, get_type_hints
 
@@ -29,13 +28,13 @@ PROG = "slurm-ddp"
 
 def config_keys() -> List[str]:
     """Every dotted config key (``slurm.nodes``, ``tracking.mlflow.enabled``), in the schema's order."""
-    from .config import JobConfig
+    from .config import JobConfig, key_fields
 
     out: List[str] = []
 
     def walk(cls: type, prefix: str) -> None:
         hints = get_type_hints(cls)
-        for f in fields(cls):
+        for f in key_fields(cls):
             tp = hints[f.name]
             if isinstance(tp, type) and dataclasses.is_dataclass(tp):
                 walk(tp, prefix + f.name + ".")

@@ -87,11 +87,62 @@ class ContainerPlan:
     python_dir: str  #: the copy of slurm_ddp, first on the ranks' PYTHONPATH
     srun_flags: Tuple[str, ...]  #: more srun options (pyxis, oci)
     exec_argv: Tuple[str, ...]  #: the runtime's words before the rank's interpreter, unquoted (apptainer exec …)
+    #: apptainer with a clean environment (``--cleanenv``, ``--containall``: ``clean_env_option``): the names
+    #: (and ``CLEAN_ENV_PREFIX``) passed in as ``APPTAINERENV_<NAME>`` (``passed_environ``); else empty
+    passed_names: Tuple[str, ...] = ()
+
+    @property
+    def clean_env(self) -> bool:
+        """The runtime starts the rank without the host's environment (``passed_names`` reach it)."""
+        return bool(self.passed_names)
 
     @property
     def prefix(self) -> Tuple[str, ...]:
-        """``exec_argv`` shell-quoted, for the batch script."""
-        return tuple(shlex.quote(w) for w in self.exec_argv)
+        """``exec_argv`` shell-quoted, for the batch script; with a clean environment after a ``bash -c`` that
+        sets ``APPTAINERENV_<NAME>`` in each task's own environment (``passed_environ``'s rule)."""
+        words = self.exec_argv
+        if self.clean_env:
+            names = " ".join(f"${{!{CLEAN_ENV_PREFIX}@}}" if n == CLEAN_ENV_PREFIX else n for n in self.passed_names)
+            snippet = f'for n in {names}; do [ -n "${{!n+x}}" ] && export "APPTAINERENV_$n=${{!n}}"; done; exec "$@"'
+            words = ("bash", "-c", snippet, "slurm-ddp-passenv", *words)
+        return tuple(shlex.quote(w) for w in words)
+
+
+#: Apptainer options that start the rank without the host's environment (apptainer exec: ``-e``/``--cleanenv``;
+#: ``-C``/``--containall`` implies it): the rank variables then reach it only as ``APPTAINERENV_<NAME>``.
+CLEAN_ENV_OPTIONS = ("-e", "--cleanenv", "-C", "--containall")
+#: What a rank needs from the host under a clean environment, besides ``environment.env``/``pass_env``: every
+#: ``SLURM_*`` variable (srun's task variables, slurm_ddp's own ``SLURM_DDP_*``), the rendezvous, the copy of
+#: slurm_ddp on ``PYTHONPATH``, the GPUs Slurm gave the task.
+CLEAN_ENV_PREFIX = "SLURM_"
+CLEAN_ENV_NAMES = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "PYTHONPATH",
+    "PYTHONUNBUFFERED",
+    "CUDA_VISIBLE_DEVICES",
+    "ROCR_VISIBLE_DEVICES",
+    "GPU_DEVICE_ORDINAL",
+)
+
+
+def clean_env_option(options: Sequence[str]) -> Optional[str]:
+    """The first of ``options`` (``environment.container.options``) that makes Apptainer start the rank with a
+    clean environment (``CLEAN_ENV_OPTIONS``, also as ``--cleanenv=true``), or None."""
+    for o in options:
+        name, _, value = o.partition("=")
+        if name in CLEAN_ENV_OPTIONS and value.lower() in ("", "true"):
+            return o
+    return None
+
+
+def passed_environ(p: ContainerPlan, env: Mapping[str, str]) -> Dict[str, str]:
+    """``APPTAINERENV_<NAME>`` for each of ``p.passed_names`` set in ``env`` (the rank's host environment;
+    ``CLEAN_ENV_PREFIX``: every name with it): what reaches the rank under ``--cleanenv``
+    (Apptainer docs, "Environment and Metadata"). The batch script does the same in bash (``prefix``)."""
+    names = [n for n in env if n.startswith(CLEAN_ENV_PREFIX)] if CLEAN_ENV_PREFIX in p.passed_names else []
+    names += [n for n in p.passed_names if n != CLEAN_ENV_PREFIX and n in env]
+    return {f"APPTAINERENV_{n}": env[n] for n in dict.fromkeys(names)}
 
 
 def _mounts(cfg: JobConfig, run_dir: str) -> Tuple[Mount, ...]:
@@ -129,10 +180,14 @@ def plan(cfg: JobConfig, run_dir: str) -> Optional[ContainerPlan]:
     opts = tuple(q(o) for o in c.options)
     srun: Tuple[str, ...] = ()
     exec_argv: Tuple[str, ...] = ()
+    passed: Tuple[str, ...] = ()
     if c.runtime == "apptainer":  # the batch script and the local backend both wrap the rank in these words
         binds = ",".join(m.spec() for m in mounts)
         exec_argv = ("apptainer", "exec", *(("--nv",) if cfg.slurm.gpu_job else ()), "--bind", binds)
         exec_argv += ("--pwd", workdir, *c.options, c.image)
+        if clean_env_option(c.options):
+            e = cfg.environment
+            passed = tuple(dict.fromkeys((CLEAN_ENV_PREFIX, *CLEAN_ENV_NAMES, *sorted(e.env), *e.pass_env)))
     elif c.runtime == "pyxis":
         srun = (
             f"--container-image={q(c.image)}",
@@ -152,6 +207,7 @@ def plan(cfg: JobConfig, run_dir: str) -> Optional[ContainerPlan]:
         python_dir=os.path.join(run_dir, CONTAINER_PYTHON_DIR),
         srun_flags=srun,
         exec_argv=exec_argv,
+        passed_names=passed,
     )
 
 
@@ -177,6 +233,12 @@ def describe(cfg: JobConfig, run_dir: str) -> List[str]:
         "mounted at the same paths: " + ", ".join(m.spec() for m in p.mounts),
         f"working directory: {p.workdir}; slurm_ddp from {p.python_dir} (copied at submit, first on PYTHONPATH)",
     ]
+    if p.clean_env:
+        lines.append(
+            f"{clean_env_option(cfg.environment.container.options)}: the host's environment stays out; the rank gets "
+            + ", ".join(f"{n}*" if n == CLEAN_ENV_PREFIX else n for n in p.passed_names)
+            + " as APPTAINERENV_<NAME>"
+        )
     if p.runtime == "oci":
         lines.append(
             "Slurm's OCI support runs one task per node per step, as PID 1, without SLURM_PROCID/LOCALID: "
@@ -367,10 +429,12 @@ def check_local(p: ContainerPlan, which: Callable[[str], Optional[str]] = shutil
 
 
 def rank_environ(p: ContainerPlan, env: Mapping[str, str]) -> Dict[str, str]:
-    """``env`` with the run directory's copy of slurm_ddp first on ``PYTHONPATH``, as the batch script
-    gives the ranks (``render._container_env``)."""
-    old = env.get("PYTHONPATH", "")
-    return {**env, "PYTHONPATH": p.python_dir + (":" + old if old else "")}
+    """``env`` with the run directory's copy of slurm_ddp first on ``PYTHONPATH`` (under a clean environment
+    alone), as the batch script gives the ranks (``render._container_env``), and under a clean environment
+    the names that reach the rank as ``APPTAINERENV_<NAME>`` (``passed_environ``)."""
+    old = "" if p.clean_env else env.get("PYTHONPATH", "")
+    out = {**env, "PYTHONPATH": p.python_dir + (":" + old if old else "")}
+    return {**out, **passed_environ(p, out)} if p.clean_env else out
 
 
 def oci_rank_config(

@@ -7,6 +7,14 @@ turn an error into an exit code and a one-line message. A user's mistake is a
 """
 
 
+class SlurmDDPWarning(UserWarning):
+    """What slurm_ddp warns about without stopping (a setting that does nothing, a rank with a single
+    CPU): the Python API issues ``submit``'s warnings in this category through Python's ``warnings``,
+    so that they show by default (once per message and place, as ``UserWarning``);
+    ``warnings.simplefilter("error", SlurmDDPWarning)`` turns them into errors. The CLI prints them
+    as ``slurm-ddp: warning: …`` lines on stderr."""
+
+
 class SlurmDDPError(Exception):
     """Base class of every error slurm_ddp raises on purpose."""
 

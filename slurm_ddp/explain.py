@@ -27,7 +27,7 @@ from .binding import (
     needed_libraries,
     plan_for_task,
 )
-from .config import JobConfig, command_argv, command_module_index, command_script_index
+from .config import JobConfig, command_argv, command_module_index, command_script_index, unused_settings
 from .constants import PREEMPTED_EXIT_CODE
 from .container import describe as container_lines
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
@@ -242,6 +242,9 @@ def environment_lines(cfg: JobConfig, environ: Mapping[str, str]) -> List[str]:
     parts = []
     if e.env:
         parts.append("env " + " ".join(f"{k}={shlex.quote(v)}" for k, v in sorted(redact_env(e.env).items())))
+        later = sorted(k for k, v in e.env.items() if "$" in v)
+        if later:
+            parts[-1] += f" ({', '.join(later)}: $NAME expanded in each rank's environment at its start)"
     if e.pass_env:
         parts.append(
             "pass_env (from the submitting shell, written nowhere) "
@@ -300,9 +303,8 @@ def explain_job(
         code_line(cfg),
         *environment_lines(cfg, environ),
     ]
-    warning = loader_cpu_warning(cfg, cpt)
-    if warning:
-        out.insert(1, f"warning: {warning}")
+    warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt)]
+    out[1:1] = [f"warning: {w}" for w in warnings if w]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus
 

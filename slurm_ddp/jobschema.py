@@ -17,12 +17,11 @@ from __future__ import annotations
 import collections.abc
 import dataclasses
 import json
-from dataclasses import fields
 from importlib import resources
 from typing import Any, Dict, List, Mapping, Tuple, Union, get_args, get_origin, get_type_hints
 
 from .config import JobConfig, describe_keys
-from .config.schema import _to_plain
+from .config.schema import _to_plain, key_fields
 from .config.validate import NUMBER_TEXT
 from .sweep import PARALLELISM_DOC, PARALLELISM_KEY, SWEEP_DOCS, SWEEP_SECTION_KEYS
 
@@ -90,7 +89,7 @@ def _section_schema(cls: type, description: str) -> Dict[str, Any]:
     hints = get_type_hints(cls)
     props: Dict[str, Any] = {}
     required: List[str] = []
-    for f in fields(cls):
+    for f in key_fields(cls):
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             props[f.name] = _section_schema(tp, (tp.__doc__ or "").strip())

@@ -13,6 +13,9 @@ WORLD_SIZE, LOCAL_WORLD_SIZE, GROUP_RANK/NODE_RANK, MASTER_ADDR, MASTER_PORT), t
 directory as ``SLURM_DDP_RUN_DIR`` and the requeue signal as ``SLURM_DDP_REQUEUE_SIGNAL``. Imports no torch; with ``cpu_bind: none``, ``allocator: system``
 and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
 
+``environment.env``'s values that hold a ``$`` are set here, ``$VAR``/``${VAR}`` expanded in the rank's
+environment (``config.expand_env``; the batch script exports only the others).
+
 A ``train.command`` rank is different in two ways. Its words have ``$VAR``/``${VAR}`` of the
 rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`), ``${args.NAME}``
 replaced by the run's ``train.args.NAME``, and the other ``train.args`` entries appended as
@@ -37,7 +40,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import shutil
 import signal
 import socket
@@ -64,6 +66,10 @@ SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
 #: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the
 #: user's choice, so the wrapper plans the rank's own value instead of keeping that one.
 TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
+#: Set for CMD once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``), to the rank
+#: (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through this wrapper a second time (submitit's
+#: ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice.
+ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
@@ -154,46 +160,16 @@ def expand_command(
     every entry no word places that way appended as ``--NAME=VALUE`` (``config.command_arg_flags``).
 
     The rule of ``train.command`` at rank start (the rank's own environment: ``SLURM_DDP_RUN_DIR``,
-    ``RANK``, ``SLURM_JOB_ID``, ...; the run's ``train.args``, a sweep element's own). No other shell
-    syntax: no ``~``, ``$(...)``, ``${NAME:-x}``. Raises ``UserError`` for a variable that is not set
-    (an empty value would silently become a wrong path), an ``${args.NAME}`` that ``train.args`` lacks,
-    and a ``$`` followed by anything else.
+    ``RANK``, ``SLURM_JOB_ID``, ...; the run's ``train.args``, a sweep element's own), by
+    ``config.expand_variables``, the rule of ``environment.env``'s values too. Raises ``UserError`` for a
+    variable that is not set, an ``${args.NAME}`` that ``train.args`` lacks, and a ``$`` followed by
+    anything else.
     """
-    from .config import COMMAND_VAR as pattern  # the rule submit checks, too
-    from .config import command_arg_flags, command_arg_text
+    from .config import command_arg_flags, expand_variables  # the one rule, environment.env's values too
 
     given = dict(args or {})
     placed: Set[str] = set()
-
-    def one(word: str) -> str:
-        def sub(m: re.Match[str]) -> str:
-            if m.group(1):
-                return "$"
-            arg = m.group(2)
-            if arg is not None:
-                if arg not in given:
-                    have = ", ".join(sorted(given)) or "none"
-                    raise UserError(
-                        f"train.command word {word!r} names ${{args.{arg}}}, which train.args does not set "
-                        f"(train.args has: {have}); set train.args.{arg} or sweep it"
-                    )
-                placed.add(arg)
-                return command_arg_text(given[arg])
-            name = m.group(3) or m.group(4)
-            if name is None:
-                raise UserError(
-                    f"train.command word {word!r}: a '$' must start $NAME or ${{NAME}}; write $$ for a literal $"
-                )
-            if name not in environ:
-                raise UserError(
-                    f"train.command word {word!r} names ${name}, which is not set in the rank's environment "
-                    "(set it in environment.env, or write $$ for a literal $)"
-                )
-            return environ[name]
-
-        return pattern.sub(sub, word)
-
-    out = [one(w) for w in words]
+    out = [expand_variables(w, environ, f"train.command word {w!r}", args=given, placed=placed) for w in words]
     return out + command_arg_flags(given, placed)
 
 
@@ -206,7 +182,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 def _bind_and_exec(argv: Sequence[str]) -> int:
     from .binding import APPLIED_VAR, format_cpulist
-    from .config import load_config
+    from .config import expand_env, load_config
     from .env import DistEnv, container_step_env
     from .rundir import CONFIG_NAME, ELEMENT_WORKDIR, LOGS_DIR, rank_log_name
 
@@ -227,6 +203,13 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     denv = DistEnv.from_environ(environ)
     if environ.pop(TORCHRUN_OMP_VAR, "") == "1" and denv.launcher == "torchrun":
         environ.pop("OMP_NUM_THREADS", None)  # torchrun's default of 1, not the user's
+    this_rank = f"{Path(run_dir).resolve()}:{denv.job_id}:{denv.restart_count}:{denv.rank}"
+    if environ.get(ENV_EXPANDED_VAR) != this_rank:  # not again in a start through this wrapper (submitit's command)
+        # environment.env's values with $NAME, in the rank's environment (the torchrun variables and the run
+        # directory too), as train.command's words; before the binding plan, which reads OMP_*/KMP_*
+        seen = {**environ, **denv.torch_env(), RUN_DIR_VAR: str(Path(run_dir).resolve())}
+        environ.update(expand_env(cfg.environment.env, seen))
+        environ[ENV_EXPANDED_VAR] = this_rank
     plan = plan_here(cfg, environ)
     env = plan.environ(environ)
     env[APPLIED_VAR] = plan.summary()

@@ -22,7 +22,7 @@ from typing import Dict, List, Mapping, Optional, Sequence, Tuple
 import jinja2
 
 from . import container as _container
-from .config import JobConfig, command_argv
+from .config import JobConfig, command_argv, env_as_written, unused_settings
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
 from .launch import TORCHRUN_OMP_VAR
@@ -219,6 +219,31 @@ def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> O
     )
 
 
+def setup_lines(setup: Sequence[str], say: str) -> List[str]:
+    """``environment.setup`` as a batch script runs it: each line as written, then a check that stops the job
+    (exit 1, before any rank starts) when the line ended with a non-zero status, saying so with ``say`` (a
+    shell command that prints its words: the batch script's ``log``). The batch script runs them without
+    ``set -u``; the sbatch template and submitit's script both take their lines from here."""
+    out: List[str] = []
+    for i, line in enumerate(setup, 1):
+        out.append(line)
+        out.append(
+            f'SETUP_STATUS=$?; [ "$SETUP_STATUS" -eq 0 ] || {{ {say} "ERROR: environment.setup line {i} failed with '
+            f'status $SETUP_STATUS; not starting the ranks:" {shlex.quote(line)}; exit 1; }}'
+        )
+    return out
+
+
+def job_warnings(cfg: JobConfig) -> Tuple[str, ...]:
+    """The lines ``render`` and ``submit`` (``--dry-run`` too, and the Python API) print about ``cfg`` before
+    anything runs: settings that do nothing (``config.unused_settings``), a job name Slurm rewrites
+    (``job_name_warning``), a GPU rank short of CPUs (``loader_cpu_warning``), in-job recovery that cannot
+    name a hung node (``recovery_warning``)."""
+    return tuple(
+        w for w in (*unused_settings(cfg), job_name_warning(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w
+    )
+
+
 def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
     """The ``#SBATCH`` options for ``cfg`` (``sbatch_options`` as ``--kebab-case``), sorted by flag
     name (deterministic, golden-testable)."""
@@ -313,6 +338,8 @@ def _container_env(box: Optional[_container.ContainerPlan]) -> str:
     if box is None:
         return ""
     clear = "SLURM_PROCID= SLURM_LOCALID= SLURM_NODEID= SLURMD_NODENAME= " if box.runtime == "oci" else ""
+    if box.clean_env:  # apptainer --cleanenv: the copy alone, none of the host's PYTHONPATH
+        return f"PYTHONPATH={shlex.quote(box.python_dir)} "
     return f'{clear}PYTHONPATH={shlex.quote(box.python_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}" '
 
 
@@ -341,8 +368,7 @@ class RenderedJob:
     #: ``script`` as printed (``render``, ``submit --dry-run``): credential-looking values of
     #: ``environment.env`` shown as ``***`` (``slurm_ddp.secrets``); equal to ``script`` when there are none
     shown: str = ""
-    #: lines ``render`` and ``submit`` print to stderr (``job_name_warning``, ``loader_cpu_warning``,
-    #: ``recovery_warning``); not in the script
+    #: lines ``render`` and ``submit`` print to stderr (``job_warnings``); not in the script
     warnings: Tuple[str, ...] = ()
 
 
@@ -371,7 +397,7 @@ def render(
     if array is not None:
         flags = sorted([*flags, f"--array={array.spec}"], key=lambda f: f.split("=", 1)[0])
     output_in_script = any(f.startswith("--output=") for f in flags)
-    env = cfg.environment.env
+    env = env_as_written(cfg.environment.env)  # values with $NAME: set by the launch wrapper at rank start
     py = python or cfg.environment.python or sys.executable
     # the header's command line never holds a credential value (--set environment.env.X=...): it is a comment
     made_by = redact_argv(command if command is not None else ["slurm-ddp", *sys.argv[1:]], env)
@@ -401,8 +427,9 @@ def render(
             run_dir=run_dir,
             python=py,
             env=sorted(values.items()),
+            env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
-            setup=list(cfg.environment.setup),
+            setup=setup_lines(cfg.environment.setup, "log"),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,
             torchrun_flags=torchrun_flags(cfg),
@@ -434,5 +461,4 @@ def render(
     script = text(env)
     shown = text(redact_env(env)) if secret_values(env) else script
     extra = () if output_in_script else (f"--output={log_dir}/{LOGS_DIR}/{batch_log_name('%j')}",)
-    warnings = tuple(w for w in (job_name_warning(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w)
-    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=warnings)
+    return RenderedJob(script=script, run_dir=run_dir, sbatch_args=extra, shown=shown, warnings=job_warnings(cfg))

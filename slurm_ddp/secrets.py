@@ -83,8 +83,10 @@ def redact_argv(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
 
 
 def literal_warning(env: Mapping[str, str]) -> Optional[str]:
-    """One warning line when ``env`` (``environment.env``) sets a credential-looking name; else None."""
-    names = sorted(k for k in env if is_credential_name(k))
+    """One warning line when ``env`` (``environment.env``) sets a credential-looking name to a literal value;
+    else None. A value that names a variable (``HF_TOKEN: $NODE_TOKEN``, expanded at rank start) holds no
+    credential itself and is not warned about (``$$`` is a literal ``$``)."""
+    names = sorted(k for k, v in env.items() if is_credential_name(k) and "$" not in v.replace("$$", ""))
     if not names:
         return None
     return (

@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import JobConfig, apply_overrides, config_from_dict, read_yaml
+from .config import JobConfig, apply_overrides, config_from_dict, key_fields, read_yaml
 from .errors import ConfigError, UserError
 
 #: keys of the ``sweep:`` section
@@ -147,7 +147,7 @@ def _check_key(key: str) -> None:
     for depth, part in enumerate(parts):
         if not (isinstance(cls, type) and dataclasses.is_dataclass(cls)):
             break  # a mapping (train.args, environment.env): any name is valid there
-        names = [f.name for f in fields(cls)]
+        names = [f.name for f in key_fields(cls)]
         if part not in names:
             where = ".".join(parts[:depth]) or "the top level"
             raise UserError(

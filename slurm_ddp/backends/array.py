@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO, Callable, Dict, List, Optional, Sequence, Set, Tuple, cast
 
 from ..errors import ClusterError, SlurmDDPError, UserError
-from ..render import ArrayJob, RenderedJob, loader_cpu_warning, recovery_warning, render
+from ..render import ArrayJob, RenderedJob, job_warnings, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CONFIG_NAME,
@@ -63,9 +63,10 @@ def render_sweep(
     )
     cfg = remap_config(sweep.base_cfg, snapshot)
     rendered = render(cfg, sweep_dir, command=command, python=python, array=job)
-    # an element may sweep train.num_workers or a timeout: each element's warnings, once
+    # an element may sweep train.num_workers or a timeout: each element's warnings, once; under the sweep's
+    # name (the job array's --job-name), not the element's generated NAME[label]
     warnings = dict.fromkeys(
-        w for e in sweep.elements for w in [loader_cpu_warning(e.cfg), recovery_warning(e.cfg)] if w
+        w for e in sweep.elements for w in job_warnings(dataclasses.replace(e.cfg, name=sweep.name))
     )
     return dataclasses.replace(rendered, warnings=tuple(warnings))
 

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
 from .. import container
-from ..config import command_argv
+from ..config import command_argv, env_as_written
 from ..constants import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..errors import UserError
@@ -72,10 +72,11 @@ def rank_environ(
     plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int, base: Optional[Dict[str, str]] = None
 ) -> Dict[str, str]:
     """The environment of ``rank``: ``base`` (default os.environ) without its SLURM_* variables,
-    plus the config's ``environment.env`` and srun's task variables."""
+    plus the config's ``environment.env`` (values with ``$NAME`` are set by the launch wrapper) and srun's
+    task variables."""
     s = plan.cfg.slurm
     env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
-    env.update(plan.cfg.environment.env)
+    env.update(env_as_written(plan.cfg.environment.env))  # values with $NAME: the launch wrapper's, expanded
     env.update(
         synthetic_slurm_env(
             rank=rank,

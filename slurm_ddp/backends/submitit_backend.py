@@ -30,9 +30,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
-from ..config import JobConfig, command_argv
+from ..config import JobConfig, command_argv, env_as_written
 from ..errors import ClusterError, UserError
-from ..render import sbatch_options
+from ..render import sbatch_options, setup_lines
 from ..rundir import (
     SUBMITIT_DIR,
     RequeueDecision,
@@ -192,8 +192,8 @@ def config_parameters(cfg: JobConfig) -> Dict[str, Any]:
         "signal_delay_s": r.signal_delay_s,
         "stderr_to_stdout": True,
         "setup": [
-            *cfg.environment.setup,
-            *[f"export {k}={_q(v)}" for k, v in sorted(cfg.environment.env.items())],
+            *setup_lines(cfg.environment.setup, 'echo "slurm_ddp:" >&2'),
+            *[f"export {k}={_q(v)}" for k, v in sorted(env_as_written(cfg.environment.env).items())],
             f'read -r MASTER_ADDR MASTER_PORT <<< "$({_q(python)} -m slurm_ddp.rendezvous)"',
             "export MASTER_ADDR MASTER_PORT",
             "export SLURM_DDP_BACKEND=submitit",  # rank 0's hang watchdog then takes the requeue decision

@@ -21,6 +21,9 @@ from .command import (
     command_module_index,
     command_placeholders,
     command_script_index,
+    env_as_written,
+    expand_env,
+    expand_variables,
 )
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .loading import apply_overrides, dump_config, load_config, read_yaml
@@ -45,12 +48,14 @@ from .schema import (
     WatchdogConfig,
     check_gpu_bind,
     describe_keys,
+    key_fields,
     node_range,
     parse_time_s,
 )
-from .validate import config_from_dict, image_is_path
+from .validate import COMMAND_TRAIN_KEYS, config_from_dict, image_is_path, unused_settings
 
 __all__ = [
+    "COMMAND_TRAIN_KEYS",
     "CONTAINER_RUNTIMES",
     "ContainerConfig",
     "GPU_BIND_FORMS",
@@ -80,11 +85,16 @@ __all__ = [
     "command_module_index",
     "command_placeholders",
     "command_script_index",
+    "env_as_written",
+    "expand_env",
+    "expand_variables",
     "config_from_dict",
     "describe_keys",
+    "key_fields",
     "dump_config",
     "load_config",
     "node_range",
     "parse_time_s",
     "read_yaml",
+    "unused_settings",
 ]

@@ -1,8 +1,8 @@
 """``train.command``: where its script is (``command_script_index``), the argv a rank runs
-(``command_argv``), the ``$NAME`` rule of its words (``COMMAND_VAR``, ``command_word_problem``), the shell
-syntax the launcher does not run (``command_shell_syntax``) and how ``train.args`` reach it
-(``command_arg_flags``). Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
-
+(``command_argv``), the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s values
+at rank start (``COMMAND_VAR``, ``expand_variables``, ``variables_problem``), the shell syntax the launcher
+does not run (``command_shell_syntax``) and how ``train.args`` reach the script (``command_arg_flags``).
+Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
 
 ``train.args`` of a ``train.command`` job are the script's parameters, one run's (a sweep element's)
 own: at rank start (``slurm_ddp.launch``, from the run's ``config.yaml``) a word ``${args.NAME}`` of
@@ -17,7 +17,9 @@ from __future__ import annotations
 import json
 import os
 import re
-from typing import Any, Iterable, List, Mapping, Optional, Sequence
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Set
+
+from ..errors import UserError
 
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
 
@@ -28,6 +30,8 @@ COMMAND_VAR = re.compile(
     r"\$(?:(\$)|\{args\.([A-Za-z_][A-Za-z0-9_-]*)\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S
 )
 
+_LONE_DOLLAR = "a '$' must start $NAME or ${NAME}; write $$ for a literal $"
+
 #: What to do instead of shell syntax in ``train.command``.
 WRAPPER_HINT = (
     "the launcher starts the program itself, without a shell; put the line in a wrapper script that ends in "
@@ -36,13 +40,14 @@ WRAPPER_HINT = (
 
 
 def command_word_problem(word: str) -> Optional[str]:
-    """What is wrong with the ``$`` of one ``train.command`` word (``COMMAND_VAR``), or None: a ``$(…)``
-    (command substitution) or a ``$`` not followed by a name, ``{NAME}`` or ``$``."""
+    """What ``expand_variables`` would refuse in one ``train.command`` word or ``environment.env`` value
+    whatever the environment, or None: a ``$(…)`` (command substitution) or a ``$`` not followed by a name,
+    ``{NAME}`` or ``$``. For checking a config before any rank starts."""
     for m in COMMAND_VAR.finditer(word):
         if m.group(5) is not None:
             if m.group(5) == "(":
-                return "no $(...): command substitution is shell syntax"
-            return "a '$' that starts $NAME or ${NAME} (write $$ for a literal $)"
+                return f"{_LONE_DOLLAR} (no $(...): command substitution is shell syntax)"
+            return _LONE_DOLLAR
     return None
 
 
@@ -188,3 +193,73 @@ def command_arg_flags(args: Mapping[str, Any], placed: Iterable[str] = ()) -> Li
     words place themselves with ``${args.NAME}``), in the mapping's order."""
     skip = set(placed)
     return [f"--{k}={command_arg_text(v)}" for k, v in args.items() if k not in skip]
+
+
+def expand_variables(
+    text: str,
+    environ: Mapping[str, str],
+    what: str,
+    hint: str = "set it in environment.env",
+    args: Optional[Mapping[str, Any]] = None,
+    placed: Optional[Set[str]] = None,
+) -> str:
+    """``text`` with ``$NAME`` and ``${NAME}`` replaced by ``environ[NAME]`` and ``$$`` by ``$``; with
+    ``args`` (``train.args``, for ``train.command``'s words), ``${args.NAME}`` by ``args[NAME]``
+    (``command_arg_text``), each name so placed added to ``placed``.
+
+    The one rule (``COMMAND_VAR``) of ``train.command``'s words and ``environment.env``'s values, applied at
+    rank start in the rank's environment (``slurm_ddp.launch``). No other shell syntax: no ``~``, ``$(...)``,
+    ``${NAME:-x}``. ``what`` names the text in errors (``train.command word '…'``). Raises ``UserError``
+    (one line) for a variable that is not set (an empty value would silently become a wrong path; ``hint``
+    says where to set it), an ``${args.NAME}`` that ``args`` lacks (or outside ``train.command``), and a
+    ``$`` followed by anything else.
+    """
+
+    def sub(m: re.Match[str]) -> str:
+        if m.group(1):
+            return "$"
+        arg = m.group(2)
+        if arg is not None:
+            if args is None:
+                raise UserError(f"{what}: ${{args.{arg}}} is for train.command's words only")
+            if arg not in args:
+                have = ", ".join(sorted(args)) or "none"
+                raise UserError(
+                    f"{what} names ${{args.{arg}}}, which train.args does not set "
+                    f"(train.args has: {have}); set train.args.{arg} or sweep it"
+                )
+            if placed is not None:
+                placed.add(arg)
+            return command_arg_text(args[arg])
+        name = m.group(3) or m.group(4)
+        if name is None:
+            raise UserError(f"{what}: {_LONE_DOLLAR}")
+        if name not in environ:
+            raise UserError(
+                f"{what} names ${name}, which is not set in the rank's environment ({hint}, or write $$ for a literal $)"
+            )
+        return environ[name]
+
+    return COMMAND_VAR.sub(sub, text)
+
+
+def env_as_written(env: Mapping[str, str]) -> Dict[str, str]:
+    """``environment.env``'s values without a ``$``: what the batch script (the local launcher, submitit's
+    script) exports as written before the ranks start, ``environment.setup`` included. A value with a ``$``
+    is set by the launch wrapper at rank start only, expanded (``expand_env``)."""
+    return {k: v for k, v in env.items() if "$" not in v}
+
+
+def expand_env(env: Mapping[str, str], environ: Mapping[str, str]) -> Dict[str, str]:
+    """``environment.env``'s values with a ``$``, expanded in ``environ`` (the rank's environment) by
+    ``expand_variables``; raises ``UserError`` naming the key for an unset name."""
+    return {
+        k: expand_variables(
+            v,
+            environ,
+            f"environment.env.{k}",
+            "set it in the node's environment: environment.setup, environment.pass_env or the submitting shell",
+        )
+        for k, v in env.items()
+        if "$" in v
+    }

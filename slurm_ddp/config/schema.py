@@ -18,7 +18,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
+from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
@@ -126,6 +126,12 @@ def parse_time_s(value: Union[str, int]) -> int:
 
 def _meta(doc: str, **kw: Any) -> Dict[str, Any]:
     return {"doc": doc, **kw}
+
+
+def key_fields(cls: type) -> List[dataclasses.Field[Any]]:
+    """The fields of a config section that are config keys: all but those marked ``internal``
+    (``JobConfig.given_keys``), which no YAML file sets and no reference lists."""
+    return [f for f in fields(cls) if not f.metadata.get("internal")]
 
 
 # "json_schema" in a field's metadata: what its "check" says that a JSON Schema can say (ECMA-262 regular
@@ -447,9 +453,19 @@ class ContainerConfig:
 class EnvironmentConfig:
     """What runs before the ranks start, and the variables they get."""
 
-    setup: Tuple[str, ...] = field(default=(), metadata=_meta("shell lines run in the batch script before srun"))
+    setup: Tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "shell lines run in the batch script before srun, as written and without set -u; a line that fails "
+            "stops the job"
+        ),
+    )
     env: Mapping[str, str] = field(
-        default_factory=_empty_mapping, metadata=_meta("environment variables exported to every rank")
+        default_factory=_empty_mapping,
+        metadata=_meta(
+            "environment variables of every rank; $NAME/${NAME} in a value: the rank's environment at its start "
+            "($$: a literal $)"
+        ),
     )
     python: Optional[str] = field(
         default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
@@ -725,6 +741,10 @@ class JobConfig:
     watchdog: WatchdogConfig = field(default_factory=WatchdogConfig)
     recovery: RecoveryConfig = field(default_factory=RecoveryConfig)
     tracking: TrackingConfig = field(default_factory=TrackingConfig)
+    #: The dotted keys the job's mapping gave (its YAML, ``--set``, ``--sweep``; a mapping-valued key such as
+    #: ``environment.env`` as a whole), as opposed to defaults: what ``config.unused_settings`` warns about.
+    #: Not a config key: no YAML sets it, and ``to_dict``, the hashes, equality and the key reference leave it out.
+    given_keys: FrozenSet[str] = field(default=frozenset(), compare=False, repr=False, metadata={"internal": True})
 
     @property
     def in_job_recovery(self) -> bool:
@@ -787,7 +807,7 @@ UNHASHED_SECTIONS = ("tracking", "recovery")
 
 def _to_plain(obj: Any) -> Any:
     if dataclasses.is_dataclass(obj):
-        return {f.name: _to_plain(getattr(obj, f.name)) for f in fields(obj)}
+        return {f.name: _to_plain(getattr(obj, f.name)) for f in key_fields(type(obj))}
     if isinstance(obj, Mapping):
         return {k: _to_plain(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
@@ -806,7 +826,7 @@ def describe_keys(extra: Sequence[Tuple[str, Any, str]] = ()) -> str:
     for dotted, default, doc in extra:
         section, _, key = dotted.partition(".")
         more.setdefault(section, []).append((key, default, doc))
-    for sect in fields(JobConfig):
+    for sect in key_fields(JobConfig):
         tp = hints[sect.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):
             lines.append(f"{sect.name}:")
@@ -824,7 +844,7 @@ def describe_keys(extra: Sequence[Tuple[str, Any, str]] = ()) -> str:
 
 def _describe_section(cls: type, indent: str, lines: List[str]) -> None:
     hints = get_type_hints(cls)
-    for f in fields(cls):
+    for f in key_fields(cls):
         tp = hints[f.name]
         if isinstance(tp, type) and dataclasses.is_dataclass(tp):  # a sub-section (tracking.mlflow)
             lines.append(f"{indent}{f.name}:")

@@ -16,10 +16,9 @@ import math
 import os
 import re
 import shlex
-from dataclasses import fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Dict, List, Mapping, Sequence, Tuple, Union, get_args, get_origin, get_type_hints
+from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
 from .command import (
@@ -30,7 +29,16 @@ from .command import (
     command_shell_syntax,
     command_word_problem,
 )
-from .schema import _ENV_NAME, _MANAGED_FLAGS, _SBATCH_FLAG, JobConfig, SlurmConfig, _check_mount, _check_sbatch_token
+from .schema import (
+    _ENV_NAME,
+    _MANAGED_FLAGS,
+    _SBATCH_FLAG,
+    JobConfig,
+    SlurmConfig,
+    _check_mount,
+    _check_sbatch_token,
+    key_fields,
+)
 
 
 def _printable(text: object) -> str:
@@ -185,12 +193,12 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     if not isinstance(data, Mapping):
         raise _bad(prefix or "<top level>", data, "a mapping of keys")
     hints = _type_hints(cls)
-    known = [f.name for f in fields(cls)]
+    known = [f.name for f in key_fields(cls)]
     for k in data:
         if k not in known:
             raise _unknown(prefix, str(k), known)
     kwargs = {}
-    for f in fields(cls):
+    for f in key_fields(cls):
         if f.name not in data:
             continue
         key = f"{prefix}.{f.name}" if prefix else f.name
@@ -213,6 +221,122 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
                 raise _bad(key, value, problem)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def _given_keys(cls: type, data: Any, prefix: str = "") -> Set[str]:
+    """The dotted keys of ``cls`` that ``data`` (a checked mapping) gives; a mapping-valued key as a whole."""
+    out: Set[str] = set()
+    if not isinstance(data, Mapping):
+        return out
+    hints = _type_hints(cls)
+    for f in key_fields(cls):
+        if f.name not in data:
+            continue
+        tp = hints[f.name]
+        if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+            out |= _given_keys(tp, data[f.name], f"{prefix}{f.name}.")
+        else:
+            out.add(prefix + f.name)
+    return out
+
+
+# --------------------------------------------------------------------------- settings that do nothing
+
+#: ``train`` keys a ``train.command`` job uses: the script, where it runs, its code snapshot, and
+#: ``num_workers`` (the binding pins OpenMP threads only without loader workers); every other ``train``
+#: key, and ``checkpoint``, is the shared worker's (own-script.md).
+COMMAND_TRAIN_KEYS = ("task", "command", "args", "workdir", "snapshot", "snapshot_max_mb", "num_workers")
+
+#: Settings that take effect only when a switch turns their feature on: (the settings, the switch keys, whether
+#: the feature is on, what the user gets without it, how to turn it on). ``unused_settings`` warns about a
+#: setting given with its feature off, unless a switch key was given too (the feature is off on purpose).
+_SWITCHED: Tuple[Tuple[Tuple[str, ...], Tuple[str, ...], Callable[[JobConfig], bool], str, str], ...] = (
+    (
+        ("tracking.mlflow.tracking_uri", "tracking.mlflow.experiment"),
+        ("tracking.mlflow.enabled",),
+        lambda c: c.tracking.mlflow.enabled,
+        "nothing is logged to MLflow",
+        "set tracking.mlflow.enabled: true",
+    ),
+    (
+        ("tracking.wandb.project", "tracking.wandb.entity", "tracking.wandb.mode"),
+        ("tracking.wandb.enabled",),
+        lambda c: c.tracking.wandb.enabled,
+        "nothing is logged to W&B",
+        "set tracking.wandb.enabled: true",
+    ),
+    (
+        ("environment.container.python",),
+        ("environment.container.runtime",),
+        lambda c: c.environment.container.runtime != "none",
+        "the ranks run on the node without a container",
+        "set environment.container.runtime (apptainer, pyxis or oci) and image",
+    ),
+    (
+        ("recovery.max_restarts",),
+        ("recovery.spare_nodes", "recovery.min_nodes"),
+        lambda c: c.in_job_recovery,
+        "no in-job restart after a lost node",
+        "set recovery.spare_nodes > 0 or recovery.min_nodes below slurm.nodes to recover in the job",
+    ),
+)
+
+
+def unused_settings(cfg: JobConfig) -> Tuple[str, ...]:
+    """One line per group of settings ``cfg`` gives (``JobConfig.given_keys``) that do nothing: the
+    shared worker's keys in a ``train.command`` job (``train.lr``, ``checkpoint.*``, ...), and a setting
+    whose feature is off without its switch (``_SWITCHED``: ``tracking.wandb.project`` without
+    ``tracking.wandb.enabled: true``, ``environment.container.python`` without a runtime,
+    ``recovery.max_restarts`` without spares or ``min_nodes``). Shown as warnings by ``render``, ``submit``
+    (``--dry-run`` too), ``env --explain`` and the Python API; empty when nothing is unused."""
+    given = cfg.given_keys
+    out: List[str] = []
+    if cfg.train.command:
+        worker = sorted(
+            (
+                k
+                for k in given
+                if k.startswith("checkpoint.") or (k.startswith("train.") and k[6:] not in COMMAND_TRAIN_KEYS)
+            ),
+            key=_key_order,
+        )
+        if worker:
+            out.append(
+                f"{', '.join(worker)} {'does' if len(worker) == 1 else 'do'} nothing for a train.command job (the "
+                "shared worker's keys, for train.task); pass such values to your script in train.command, or remove "
+                + ("it" if len(worker) == 1 else "them")
+            )
+    for keys, switches, on, without, fix in _SWITCHED:
+        set_here = [k for k in keys if k in given]
+        if set_here and not on(cfg) and not any(s in given for s in switches):
+            one = len(set_here) == 1
+            out.append(
+                f"{', '.join(set_here)} {'does' if one else 'do'} nothing without {' or '.join(switches)}: "
+                f"{without}; {fix}, or remove {'it' if one else 'them'}"
+            )
+    return tuple(out)
+
+
+@functools.cache
+def _key_order_map() -> Dict[str, int]:
+    """Every dotted config key → its place in the schema (for messages listing keys)."""
+    order: Dict[str, int] = {}
+
+    def walk(cls: type, prefix: str) -> None:
+        hints = _type_hints(cls)
+        for f in key_fields(cls):
+            tp = hints[f.name]
+            if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+                walk(tp, f"{prefix}{f.name}.")
+            else:
+                order[prefix + f.name] = len(order)
+
+    walk(JobConfig, "")
+    return order
+
+
+def _key_order(key: str) -> int:
+    return _key_order_map().get(key, len(_key_order_map()))
 
 
 def _check_gpus(s: SlurmConfig) -> None:
@@ -380,6 +504,9 @@ def _cross_checks(cfg: JobConfig) -> None:
     for k, v in cfg.environment.env.items():
         if not isinstance(v, str):
             raise _bad(f"environment.env.{k}", v, "a string")
+        problem = command_word_problem(v)
+        if problem:  # the value is not shown: it may be a credential
+            raise ConfigError(f"config key 'environment.env.{k}': {problem} ($NAME is expanded at rank start)")
     _check_pass_env(cfg)
     _check_container(cfg)
 
@@ -501,6 +628,7 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
             }
     data = _split_command(data)
     cfg: JobConfig = _build(JobConfig, data, "")
+    cfg = dataclasses.replace(cfg, given_keys=frozenset(_given_keys(JobConfig, data)))
     cfg = _default_tasks_per_node(cfg, data)
     _cross_checks(cfg)
     if base_dir is not None:

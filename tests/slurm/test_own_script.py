@@ -124,6 +124,8 @@ def test_plain_script_srun_two_nodes_time_limit_signal_requeues_and_resumes(slur
 
 
 def test_plain_script_torchrun_two_nodes_two_processes(slurm_sandbox, tmp_path: Path) -> None:
+    """Also (issue 43): a setup line that reads an unset variable runs (no ``set -u``), and an
+    ``environment.env`` value's ``$NAME`` is the rank's environment at rank start (``$$`` a literal ``$``)."""
     job = submit(
         slurm_sandbox,
         "job.yaml",
@@ -131,10 +133,14 @@ def test_plain_script_torchrun_two_nodes_two_processes(slurm_sandbox, tmp_path: 
         "slurm.nodes=2",
         "slurm.tasks_per_node=2",
         "slurm.launcher=torchrun",
-        "train.command=python train.py --epochs 2",
+        "environment.setup=echo ${SLURM_DDP_TEST_NEVER_SET}setup-ran",
+        "environment.env.SNAPSHOT_FILE=$SLURM_DDP_RUN_DIR/snap$$shot.pt",
+        "train.command=python train.py --epochs 2 --snapshot $SNAPSHOT_FILE",
     )
     assert job.wait_ended() == "COMPLETED", job.why()
     assert (job.run_dir / "FINISHED").exists()
+    assert "\nsetup-ran\n" in batch_log(job.run_dir), job.why()
+    assert (job.run_dir / "snap$shot.pt").exists(), job.why()
     for rank in range(4):
         text = rank_log(job.run_dir, rank)
         assert f"[rank {rank}] done: 2 epochs" in text, logs(job.run_dir)

@@ -159,7 +159,7 @@ CASES: Dict[str, Case] = {
     ),
     "script missing": Case(
         ["train.command", "missing_script.py", "does not exist", "--no-check-task"],
-        {"train": {"task": "", "command": "python missing_script.py --epochs 2"}},
+        data={**BASE, "train": {"command": "python missing_script.py --epochs 2"}},  # no worker keys: no warning
     ),
     "command is not a list of strings": Case(
         ["train.command[1]", "got 3", "a string"], {"train": {"task": "", "command": ["python", 3]}}
@@ -167,7 +167,7 @@ CASES: Dict[str, Case] = {
     "command is a mapping": Case(["train.command", "a list of strings"], {"train": {"task": "", "command": {"a": 1}}}),
     "command program not found": Case(
         ["train.command", "'no-such-program-xyz'", "not found"],
-        {"train": {"task": "", "command": ["no-such-program-xyz", "x"]}},
+        data={**BASE, "train": {"command": ["no-such-program-xyz", "x"]}},
     ),
     "launcher unknown": Case(["slurm.launcher", "'mpirun'", "srun, torchrun"], {"slurm": {"launcher": "mpirun"}}),
     "torchrun launcher with a torch that lacks --signals-to-handle": Case(

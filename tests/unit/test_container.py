@@ -277,21 +277,50 @@ def test_backends_that_cannot_run_the_container_refuse_it_in_one_line(
 
 
 #: A stand-in for ``apptainer``: records its argv, then does what ``apptainer exec [--nv] --bind B --pwd D
-#: IMAGE CMD...`` does for the ranks here: runs CMD in D with the same environment (same pid: exec).
-FAKE_APPTAINER = """#!/bin/sh
-printf '%s\\n' "$@" > "{log}/argv-$$"
-[ "$1" = exec ] && shift
-while [ $# -gt 0 ]; do
-    case "$1" in
-        --nv) shift ;;
-        --bind) shift 2 ;;
-        --pwd) cd "$2" || exit 1; shift 2 ;;
-        -*) shift ;;
-        *) shift; break ;;
-    esac
-done
-exec "$@"
+#: [--env K=V] [options] IMAGE CMD...`` does for the ranks here: runs CMD in D (same pid: exec) with the host's
+#: environment, or under ``-e``/``--cleanenv``/``-C``/``--containall`` with only HOME, LANG, TERM and the image's
+#: PATH; either way ``APPTAINERENV_NAME`` sets NAME and ``--env K=V`` sets K (Apptainer docs, "Environment and
+#: Metadata").
+FAKE_APPTAINER = """#!PYTHON
+import os, sys
+args = sys.argv[1:]
+with open(os.path.join(LOG, "argv-%d" % os.getpid()), "w") as f:
+    f.write("".join(a + "\\n" for a in args))
+if args and args[0] == "exec":
+    args = args[1:]
+clean, cwd, given = False, None, {}
+while args:
+    a = args.pop(0)
+    if a == "--bind":
+        args.pop(0)
+    elif a == "--pwd":
+        cwd = args.pop(0)
+    elif a == "--env":
+        k, _, v = args.pop(0).partition("=")
+        given[k] = v
+    elif a.split("=")[0] in ("-e", "--cleanenv", "-C", "--containall"):
+        clean = True
+    elif not a.startswith("-"):
+        break  # the image
+host = dict(os.environ)
+env = {k: v for k, v in host.items() if k in ("HOME", "LANG", "TERM")} if clean else dict(host)
+if clean:
+    env["PATH"] = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+env.update({k[len("APPTAINERENV_"):]: v for k, v in host.items() if k.startswith("APPTAINERENV_")})
+env.update(given)
+if cwd:
+    os.chdir(cwd)
+os.execvpe(args[0], args, env)
 """
+
+
+def write_fake_apptainer(bin_dir: Path, log: Path) -> Path:
+    """``bin_dir/apptainer``: :data:`FAKE_APPTAINER`, its argv recorded in ``log/argv-PID``."""
+    fake = bin_dir / "apptainer"
+    fake.write_text(FAKE_APPTAINER.replace("PYTHON", sys.executable, 1).replace("LOG", repr(str(log)), 1))
+    fake.chmod(0o755)
+    return fake
+
 
 #: The rank's program (train.command): says where it runs, then waits for the requeue signal and stops with 75.
 RANK_SCRIPT = """import os, signal, sys, time
@@ -313,9 +342,7 @@ def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_
     bin_dir, log, work, out, jobs = (tmp_path / d for d in ("bin", "log", "work", "out", "jobs"))
     for d in (bin_dir, log, work, out, jobs):
         d.mkdir()
-    fake = bin_dir / "apptainer"
-    fake.write_text(FAKE_APPTAINER.format(log=log))
-    fake.chmod(0o755)
+    write_fake_apptainer(bin_dir, log)
     (work / "rank.py").write_text(RANK_SCRIPT)
     sif = tmp_path / "img.sif"
     sif.write_text("")
@@ -403,3 +430,96 @@ def test_oci_bundle_refuses_a_directory_with_other_files(tmp_path: Path, capsys:
     assert main(["sandbox", "oci-bundle", str(tmp_path)]) != 0
     assert "is not an OCI bundle made by slurm-ddp" in capsys.readouterr().err
     assert (tmp_path / "notes.txt").read_text() == "mine"
+
+
+#: The rank's program under --cleanenv: writes the variables it got, then ends (the run finishes).
+ENV_RANK_SCRIPT = """import json, os, sys
+names = ["RANK", "WORLD_SIZE", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT", "SLURM_DDP_RUN_DIR", "PYTHONPATH",
+         "MY_SECRET", "GREETING", "HF_HOME", "HOST_ONLY"]
+out = os.path.join(sys.argv[1], "rank-" + os.environ["RANK"] + ".json")
+with open(out + ".tmp", "w") as f:
+    json.dump({k: os.environ.get(k) for k in names}, f)
+os.replace(out + ".tmp", out)
+"""
+
+
+@pytest.mark.parametrize("option", ["--cleanenv", "--containall"])
+def test_apptainer_cleanenv_ranks_get_the_rank_variables_and_nothing_else_of_the_host(
+    tmp_path: Path, option: str
+) -> None:
+    """containers.md's --cleanenv: the host environment stays out of the container, and the rank variables
+    (SLURM_*, MASTER_*, the copy of slurm_ddp on PYTHONPATH, pass_env, environment.env) reach it as
+    APPTAINERENV_<NAME>; real ranks through the local backend and a fake apptainer that honours --cleanenv."""
+    bin_dir, log, work, out, jobs = (tmp_path / d for d in ("bin", "log", "work", "out", "jobs"))
+    for d in (bin_dir, log, work, out, jobs):
+        d.mkdir()
+    write_fake_apptainer(bin_dir, log)
+    (work / "rank.py").write_text(ENV_RANK_SCRIPT)
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    run_dir = tmp_path / "run"
+    job = {
+        "name": "cleanenv",
+        "slurm": {"nodes": 1, "tasks_per_node": 2},
+        "train": {"command": f"python {work / 'rank.py'} {out}", "workdir": str(work), "snapshot": False},
+        "environment": {
+            "container": {"runtime": "apptainer", "image": str(sif), "python": sys.executable, "options": [option]},
+            "pass_env": ["MY_SECRET"],
+            "env": {"GREETING": "hello", "HF_HOME": "$SLURM_DDP_RUN_DIR/hf"},
+        },
+    }
+    (jobs / "job.yaml").write_text(json.dumps(job))
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MY_SECRET": "s3cret", "HOST_ONLY": "leak"}
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(jobs / "job.yaml"), "--backend", "local"]
+    proc = subprocess.run([*cmd, "--run-dir", str(run_dir)], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for r in (0, 1):
+        got = json.loads((out / f"rank-{r}.json").read_text())
+        assert got["HOST_ONLY"] is None, got  # the host's environment stayed out
+        assert (got["RANK"], got["WORLD_SIZE"], got["SLURM_PROCID"]) == (str(r), "2", str(r)), got
+        assert got["MASTER_ADDR"] == "127.0.0.1" and got["MASTER_PORT"], got
+        assert got["PYTHONPATH"] == f"{run_dir}/container/python", got  # the copy alone
+        assert got["SLURM_DDP_RUN_DIR"] == str(run_dir), got
+        assert (got["MY_SECRET"], got["GREETING"]) == ("s3cret", "hello"), got  # pass_env, environment.env
+        assert got["HF_HOME"] == f"{run_dir}/hf", got  # $NAME expanded at rank start, inside
+
+
+def test_apptainer_cleanenv_batch_script_words_pass_each_tasks_variables(tmp_path: Path) -> None:
+    """The srun line's words under --cleanenv (``ContainerPlan.prefix``), run by bash as a task would be: the
+    task's own SLURM_* variables (and the other rank variables) reach the command inside; the rest does not."""
+    bin_dir, log = tmp_path / "bin", tmp_path / "log"
+    bin_dir.mkdir()
+    log.mkdir()
+    write_fake_apptainer(bin_dir, log)
+    sif = tmp_path / "img.sif"
+    sif.write_text("")
+    plain = cfg_with({"runtime": "apptainer", "image": str(sif), "options": ["-e"]}).to_dict()
+    plain["train"]["workdir"] = str(tmp_path)
+    cfg = config_from_dict({**plain, "environment": {**plain["environment"], "pass_env": ["TOKEN"]}})
+    box = container.plan(cfg, str(tmp_path / "run"))
+    assert box is not None and box.clean_env
+    show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % [
+        "SLURM_PROCID",
+        "SLURM_DDP_RUN_DIR",
+        "MASTER_ADDR",
+        "TOKEN",
+        "HOST_ONLY",
+    ]
+    line = " ".join(box.prefix) + f" {sys.executable} -c {show!r}"
+    env = {
+        "PATH": f"{bin_dir}:{os.environ['PATH']}",
+        "SLURM_PROCID": "3",
+        "SLURM_DDP_RUN_DIR": "/r",
+        "MASTER_ADDR": "node1",
+        "TOKEN": "t",
+        "HOST_ONLY": "leak",
+    }
+    r = subprocess.run(["bash", "-c", line], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == {
+        "SLURM_PROCID": "3",
+        "SLURM_DDP_RUN_DIR": "/r",
+        "MASTER_ADDR": "node1",
+        "TOKEN": "t",
+        "HOST_ONLY": None,
+    }

@@ -174,6 +174,8 @@ CONTAINERS = {
     "apptainer": {"runtime": "apptainer", "image": "/images/train.sif", "mounts": ["/data:/data:ro"]},
     "pyxis": {"runtime": "pyxis", "image": "nvcr.io#nvidia/pytorch:24.05-py3", "mounts": ["/data"]},
     "oci": {"runtime": "oci", "image": "/images/bundle", "python": "/opt/venv/bin/python"},
+    # containers.md's example: the host's environment stays out, the rank variables go in as APPTAINERENV_<NAME>
+    "apptainer_cleanenv": {"runtime": "apptainer", "image": "/images/train.sif", "options": ["--cleanenv"]},
 }
 
 
@@ -206,6 +208,10 @@ CONTAINER_CASES = {
         for device in ("cpu", "gpu")
     },
     "oci_task_cpu.sbatch": (lambda: container_config("oci", "task", "cpu"), "/scratch/runs/in-container"),
+    "apptainer_cleanenv_command_gpu.sbatch": (
+        lambda: container_config("apptainer_cleanenv", "command", "gpu"),
+        "/scratch/runs/in-container",
+    ),
     "oci_command_gpu_torchrun.sbatch": (
         lambda: container_config("oci", "command", "gpu", launcher="torchrun"),
         "/scratch/runs/in-container",
@@ -422,10 +428,13 @@ def no_marker(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("hostile", list(HOSTILE.values()), ids=list(HOSTILE))
 def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, hostile):
+    # environment.env: a value with a '$' is the launch wrapper's, set at rank start (test_env_expansion.py);
+    # the batch shell exports the others, here the hostile text without its '$'s
+    exported = hostile.replace("$", "")
     cfg = make_config(
         {
             "name": "job " + hostile.replace("\n", " "),  # a newline in the name is a config error (below)
-            "environment": {"env": {"HOSTILE_VALUE": hostile}},
+            "environment": {"env": {"HOSTILE_VALUE": exported, "HOSTILE_AT_RANK_START": hostile.replace("$", "$$")}},
             "train": {"args": {"note": hostile, hostile: hostile}},
         }
     )
@@ -439,7 +448,8 @@ def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, h
     assert out.returncode == 0, out.stdout.decode() + out.stderr.decode()
     no_marker(tmp_path)
     assert (run_dir / "logs").is_dir()  # the run directory arrived byte-identical
-    assert (stubs / "hostile.env").read_bytes() == hostile.encode() + b"\n"
+    assert (stubs / "hostile.env").read_bytes() == exported.encode() + b"\n"
+    assert ("HOSTILE_AT_RANK_START=" in rendered.script) == ("$" not in hostile)
     assert (stubs / "run_dir.env").read_bytes() == str(run_dir).encode() + b"\n"
     argv = (stubs / "srun.argv").read_bytes().split(b"\0")[:-1]
     assert argv[0] == b"--kill-on-bad-exit=1"
@@ -729,3 +739,57 @@ def test_recovery_that_cannot_name_a_hung_node_is_warned_in_one_line(sections, w
     if warned:
         assert "watchdog." in lines[0] and "train.pg_timeout_s" in lines[0], lines
     assert "#SBATCH --no-kill" in out if doc["recovery"]["spare_nodes"] else "#SBATCH --no-kill" not in out
+
+
+# --------------------------------------------------------------------------- environment.setup, executed
+
+
+def test_setup_lines_run_without_set_u_and_a_failing_line_stops_the_job(make_config, tmp_path):
+    """conda's and Lmod's shell functions read unset variables: a setup line sourcing such a script runs as
+    in a batch script of one's own (no ``set -u``), and the ranks start; a line that fails stops the job."""
+    activate = tmp_path / "activate.sh"  # what `conda activate` does: reads a variable nobody set
+    activate.write_text('if [ -n "$SLURM_DDP_TEST_NEVER_SET" ]; then :; fi\nexport ACTIVATED="yes${PS1_UNSET}"\n')
+    seen = tmp_path / "seen"
+    cfg = make_config(
+        {
+            "environment": {
+                "setup": [f"source {shlex.quote(str(activate))}", f'echo "$ACTIVATED" > {shlex.quote(str(seen))}'],
+            }
+        }
+    )
+    rendered = render(cfg, str(tmp_path / "run"), **{**FIXED, "python": sys.executable})
+    bash_n(rendered.script, tmp_path)
+    stubs = make_stubs(tmp_path)
+    out = run_script(rendered.script, tmp_path, stubs)
+    output = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == 0, output
+    assert seen.read_text() == "yes\n"  # every line ran, the sourced script to its end
+    assert (stubs / "srun.argv").exists(), output  # and the ranks started
+
+    failing = make_config({"environment": {"setup": ["module_that_is_not_there load cuda", "touch NOT_REACHED"]}})
+    rendered = render(failing, str(tmp_path / "run2"), **{**FIXED, "python": sys.executable})
+    stubs2 = make_stubs(tmp_path / "second")
+    out = run_script(rendered.script, tmp_path, stubs2)
+    output = out.stdout.decode() + out.stderr.decode()
+    assert out.returncode == 1, output
+    errors = [line for line in output.splitlines() if "ERROR" in line]
+    assert len(errors) == 1, output
+    assert (
+        "environment.setup line 1 failed with status 127; not starting the ranks: module_that_is_not_there" in errors[0]
+    )
+    assert not (tmp_path / "NOT_REACHED").exists() and not (stubs2 / "srun.argv").exists()
+
+
+def test_submitits_script_runs_setup_lines_by_the_same_rule(make_config, tmp_path):
+    """submitit's batch script takes its setup lines from the same place (render.setup_lines): a line that
+    fails stops it, one line on stderr naming it."""
+    from slurm_ddp.backends.submitit_backend import config_parameters
+
+    cfg = make_config({"environment": {"setup": ['[ -z "$NEVER_SET_X" ]', "false", "touch NOT_REACHED"]}})
+    setup = config_parameters(cfg)["setup"]
+    out = subprocess.run(["bash", "-c", "\n".join(setup)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out
+    assert out.stderr.splitlines() == [
+        "slurm_ddp: ERROR: environment.setup line 2 failed with status 1; not starting the ranks: false"
+    ], out.stderr
+    assert not (tmp_path / "NOT_REACHED").exists()

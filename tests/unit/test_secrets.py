@@ -123,6 +123,9 @@ def test_redaction_helpers() -> None:
     line = literal_warning(env)
     assert line is not None and "\n" not in line and "environment.pass_env: [WANDB_API_KEY]" in line
     assert literal_warning({"A": "b"}) is None
+    # a value naming a variable (expanded at rank start) is no literal credential; $$ is a literal $
+    assert literal_warning({"HF_TOKEN": "$NODE_TOKEN", "A": "b"}) is None
+    assert "HF_TOKEN" in (literal_warning({"HF_TOKEN": "abc$$def"}) or "")
 
 
 # ---------------------------------------------------------------------------------- pass_env checks
