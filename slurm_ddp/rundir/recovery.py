@@ -263,8 +263,10 @@ def record_recovery(run_dir: PathLike, **record: Any) -> None:
 def give_back(job_id: str, keep: Sequence[str], run: Runner = subprocess.run) -> Tuple[bool, str]:
     """Shrink job ``job_id`` to the nodes ``keep`` (``scontrol update JobId= NodeList=``), giving the others
     back to the cluster: (True, "") when Slurm took it, else (False, scontrol's last error line).
-    ``SLURM_JOB_NODELIST`` is stale afterwards. Slurm 22.05 refuses a second shrink of a job until the
-    accounting database has indexed the first ("the DB index is being set"): without slurmdbd, never."""
+    ``SLURM_JOB_NODELIST`` is stale afterwards. Slurm before 24.11 (22.05 seen) refuses a second shrink of a
+    job until the accounting database has indexed the first ("the DB index is being set"): without slurmdbd,
+    never; 24.11 and later take it (``slurm_ddp.slurmversion.REPEATED_SHRINK``). Either way the caller goes on:
+    a node not given back stays excluded from the job's next steps."""
     r = run(
         ["scontrol", "update", f"JobId={job_id}", f"NodeList={','.join(keep)}"],
         capture_output=True,

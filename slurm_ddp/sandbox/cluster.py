@@ -20,7 +20,7 @@ from typing import Any, Callable, Dict, List, Union
 
 from slurm_ddp.errors import SandboxUnavailable
 
-from .conf import SandboxConf
+from .conf import ACCOUNTING_DB, SandboxConf
 from .layout import _CONTROLLER_HOST, STATE_FILE
 from .network import SandboxNetwork
 from .oci import runtime_root
@@ -197,10 +197,19 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
             )  # fmt: skip
             if res.returncode != 0:
                 raise SandboxUnavailable(f"mariadb-install-db failed: {(res.stderr or res.stdout).strip()[-300:]}")
+        # The database slurmdbd uses, made by mariadbd before it listens: slurmdbd's own way (connect, fail
+        # with ER_BAD_DB_ERROR, create it on a second connection, connect again on the first handle) fails
+        # with MariaDB Connector/C 3.4 (Debian 13 and sid): the handle reused after the failed connect
+        # negotiates TLS and its first query ends in error 5027 ("Number of columns in result (=1) ...
+        # exceeds maximum allowed number of columns (=0)"), which slurmdbd 24.11+ reports as
+        # "_check_mysql_concat_is_sane: null result" and stops. A first connect that succeeds avoids it.
+        init_sql = self.root / "mysql-init.sql"
+        init_sql.write_text(f"CREATE DATABASE IF NOT EXISTS {ACCOUNTING_DB};\n")
         self._spawn(
             "mariadbd",
             [
                 _executable("mariadbd"), "--no-defaults", f"--datadir={datadir}", "--user=root",
+                f"--init-file={init_sql}",
                 f"--socket={self.short_dir}/mysql.sock", f"--port={ports['mysql']}", "--bind-address=127.0.0.1",
                 f"--pid-file={datadir}/mariadbd.pid", f"--log-error={self.log_dir}/mariadbd.err",
                 "--skip-grant-tables", "--skip-name-resolve",

@@ -19,6 +19,9 @@ from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
 from .oci import oci_conf_text, runtime_root
 from .procs import _executable
 
+#: The accounting database (slurmdbd.conf ``StorageLoc``), made before slurmdbd starts (``cluster``).
+ACCOUNTING_DB = "slurm_acct_db"
+
 
 class SandboxConf(SandboxLayout):
     """The files a sandbox's daemons read, written before they start."""
@@ -181,7 +184,7 @@ class SandboxConf(SandboxLayout):
                     "StorageHost=127.0.0.1",
                     f"StoragePort={ports['mysql']}",
                     "StorageUser=root",
-                    "StorageLoc=slurm_acct_db",
+                    f"StorageLoc={ACCOUNTING_DB}",
                 ]
             )
             + "\n"

@@ -17,6 +17,8 @@ import subprocess
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Union
 
+from slurm_ddp.slurmversion import SlurmVersion, slurm_version
+
 #: Name of the state file inside the sandbox root.
 STATE_FILE = "sandbox.json"
 
@@ -148,6 +150,10 @@ class SandboxLayout:
         """``subprocess.run`` with :attr:`env` merged into the environment (``env=`` or os.environ)."""
         kw["env"] = self.client_env(kw.get("env"))
         return subprocess.run(*args, **kw)
+
+    def slurm_version(self) -> SlurmVersion:
+        """The version of the Slurm the sandbox runs (``slurm_ddp.slurmversion``, through :meth:`run`)."""
+        return slurm_version(run=self.run)
 
     # ------------------------------------------------------------------ state file
 

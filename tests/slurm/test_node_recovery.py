@@ -41,6 +41,7 @@ from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, record_timing
 
 from slurm_ddp.rundir import read_finished, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.slurmversion import REPEATED_SHRINK
 from slurm_ddp.testing import running_sandbox, wait_for
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_recovery")]
@@ -392,8 +393,14 @@ def test_a_second_lost_node_is_handled_in_the_same_job_too(cluster: SlurmSandbox
             record_timing(f"node lost ({k + 1}. loss) → resumed step in the same job", resumes[-1]["time"] - t_loss)
         wait_for(lambda: "the run finished: nothing to requeue" in job.batch_log(), 180, "the run to finish", job.diag)
         # Slurm 22.05 refuses a second shrink until slurmdbd has indexed the first, never without accounting
-        # (as here): the job still holds the second lost node and stays COMPLETING until Slurm marks it DOWN
-        assert "could not give node " + lost[1] + " back" in job.batch_log(), job.batch_log()
+        # (as here): the job still holds the second lost node and stays COMPLETING until Slurm marks it DOWN;
+        # 24.11 and later take it (slurmversion.REPEATED_SHRINK)
+        if cluster.slurm_version() >= REPEATED_SHRINK:
+            assert f"gave node {lost[1]} back to the cluster (job NodeList={batch_host})" in job.batch_log(), (
+                job.batch_log()
+            )
+        else:
+            assert "could not give node " + lost[1] + " back" in job.batch_log(), job.batch_log()
         wait_for(lambda: job.state() in ("COMPLETING", "COMPLETED"), 60, "the job to end", job.diag)
         assert job.restarts() == 0 and (read_finished(job.run_dir) or {}).get("step") == IDS_MAX_STEPS, job.show()
         recoveries = read_recoveries(job.run_dir)
