@@ -449,6 +449,32 @@ COMMANDS = {
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``slurm-ddp``: run the command ``argv`` names and return its exit status.
+
+    Whatever the command wrote to stdout is flushed here, before the status is returned: a reader that
+    went away (``slurm-ddp config-keys | head -1``) then shows as a ``BrokenPipeError`` this function
+    handles (status 141, nothing on stderr), not at the interpreter's exit, where Python would print
+    "Exception ignored ... BrokenPipeError" and exit 120 (stdout to a pipe is block-buffered unless
+    ``PYTHONUNBUFFERED`` is set). ``--help`` and argparse's usage errors, which end in ``SystemExit``,
+    are flushed the same way.
+    """
+    try:
+        try:
+            status = _run(argv)
+        except SystemExit:
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:
+        # the reader went away (``slurm-ddp runs | head``): not an error of ours. Point stdout at
+        # /dev/null so the interpreter's final flush cannot fail again, and exit as a process killed
+        # by SIGPIPE would (128 + 13; Python's docs, "Note on SIGPIPE" in the signal module).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 128 + signal.SIGPIPE
+
+
+def _run(argv: Optional[Sequence[str]]) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = build_parser()
     from .completion import autocomplete
@@ -465,12 +491,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except KeyboardInterrupt:
         print("slurm-ddp: interrupted", file=sys.stderr)
         return 130
-    except BrokenPipeError:
-        # the reader went away (``slurm-ddp runs | head``): not an error of ours. Point stdout at
-        # /dev/null so the interpreter's final flush cannot fail again, and exit as a process killed
-        # by SIGPIPE would (128 + 13; Python's docs, "Note on SIGPIPE" in the signal module).
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 128 + signal.SIGPIPE
 
 
 if __name__ == "__main__":

@@ -16,8 +16,8 @@ rank log, watchdog):
   namespaces: Slurm's signals, variables and GPUs (enroot's hooks) reach them as without a container.
 * ``oci``: ``srun --container=RUN_DIR/container/bundle [options] PYTHON …`` (Slurm's containers
   guide, oci.conf(5)). The bundle is made at submit (``prepare``) from the image's: the image's root
-  is bound onto "/", its own mounts kept, the mounts below added and ``process.cwd`` set to the
-  working directory. Slurm 22.05 runs the step's command as PID 1 of the container, passes the
+  is bound in, one top-level entry at a time, onto a skeleton of it (``oci_bundle_config``), its own
+  mounts kept, the mounts below added and ``process.cwd`` set to the working directory. Slurm 22.05 runs the step's command as PID 1 of the container, passes the
   environment but not ``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID`` and runs one task per node
   per step; ``slurm_ddp.launch`` fills those in from the host name (``env.container_step_env``).
   A signal to the step reaches PID 1 through ``runc run``, which forwards the signals it gets, when
@@ -299,21 +299,48 @@ def _in_bundle(path: str, rootfs: Path, mounts: Sequence[Dict[str, Any]], made: 
     return os.path.lexists(os.path.join(str(rootfs), path.lstrip("/")))
 
 
+def _root_entries(rootfs: Path) -> List[Tuple[str, str]]:
+    """``(name, kind)`` of each top-level entry of the image's root ``rootfs``, sorted: ``kind`` is ``dir``,
+    ``file`` or ``symlink`` (other kinds, and ``lost+found``, are left out)."""
+    out: List[Tuple[str, str]] = []
+    for entry in sorted(rootfs.iterdir()):
+        if entry.is_symlink():
+            out.append((entry.name, "symlink"))
+        elif entry.name == "lost+found":
+            continue
+        elif entry.is_dir():
+            out.append((entry.name, "dir"))
+        elif entry.is_file():
+            out.append((entry.name, "file"))
+    return out
+
+
 def oci_bundle_config(spec: Dict[str, Any], rootfs: Path, p: ContainerPlan) -> Dict[str, Any]:
-    """The run's bundle (OCI runtime spec): the image's ``spec`` with its root ``rootfs`` bound onto "/"
-    (read-only as the image's ``root.readonly`` says), its mounts, then ``p``'s, and ``process.cwd``
-    = the working directory. Slurm 22.05 takes the root from ``BUNDLE/rootfs`` whatever ``root.path``
-    says and refuses a symlink there, hence the bind (seen with runc 1.1; runc makes it before the
-    image's own mounts, so those land inside the image's root)."""
+    """The run's bundle (OCI runtime spec): the image's ``spec`` with its root ``rootfs`` bound in one
+    top-level entry at a time onto the run bundle's ``rootfs`` skeleton (:func:`make_root_skeleton`;
+    read-only as the image's ``root.readonly`` says; not those the image's own mounts replace), its
+    mounts, then ``p``'s, and ``process.cwd`` = the working directory.
+
+    Why entry by entry: Slurm 22.05 takes the root from ``BUNDLE/rootfs`` whatever ``root.path`` says
+    (its ``_modify_config``; 24.11 and 26.05 use ``root.path``) and refuses a symlink there, and runc
+    since 1.2.8/1.3.3 (the fix of CVE-2025-52881) refuses a mount on "/" ("mountpoint … is on the top of
+    rootfs"; runc 1.3.6 in Debian sid), so neither a symlink nor one bind of the whole root works
+    everywhere. runc makes these binds before the image's own mounts, so those land inside them."""
     out = copy.deepcopy(spec)
     readonly = bool(spec.get("root", {}).get("readonly", False))
     out["root"] = {"path": "rootfs", "readonly": readonly}
-    root_mount = {
-        "destination": "/",
-        "type": "bind",
-        "source": str(rootfs),
-        "options": ["rbind", "ro" if readonly else "rw"],
-    }
+    image_mounts = list(spec.get("mounts", []))
+    replaced = {str(m.get("destination", "")).rstrip("/") for m in image_mounts if isinstance(m, dict)}
+    root_binds = [
+        {
+            "destination": f"/{name}",
+            "type": "bind",
+            "source": str(rootfs / name),
+            "options": ["rbind", "ro" if readonly else "rw"],
+        }
+        for name, kind in _root_entries(rootfs)
+        if kind != "symlink" and f"/{name}" not in replaced
+    ]
     ours = [
         {
             "destination": m.target,
@@ -323,12 +350,30 @@ def oci_bundle_config(spec: Dict[str, Any], rootfs: Path, p: ContainerPlan) -> D
         }
         for m in p.mounts
     ]
-    out["mounts"] = [root_mount, *spec.get("mounts", []), *ours]
+    out["mounts"] = [*root_binds, *image_mounts, *ours]
     process = dict(out.get("process") or {})
     process["cwd"] = p.workdir
     process["terminal"] = False
     out["process"] = process
     return out
+
+
+def make_root_skeleton(rootfs: Path, skeleton: Path) -> None:
+    """Make ``skeleton`` (the run bundle's ``rootfs``) the mount points of :func:`oci_bundle_config`'s
+    root binds: an empty directory or file for each top-level directory or file of the image's root
+    ``rootfs``, and a copy of each top-level symlink (``bin -> usr/bin``). What exists is kept (a
+    resubmit). Raises ``OSError`` when ``skeleton`` cannot be written."""
+    skeleton.mkdir(parents=True, exist_ok=True)
+    for name, kind in _root_entries(rootfs):
+        at = skeleton / name
+        if os.path.lexists(at):
+            continue
+        if kind == "symlink":
+            os.symlink(os.readlink(rootfs / name), at)
+        elif kind == "dir":
+            at.mkdir(mode=0o755)
+        else:
+            at.touch(mode=0o644)
 
 
 def check(cfg: JobConfig, run_dir: str, run: Callable[..., Any] = subprocess.run) -> List[str]:
@@ -389,7 +434,7 @@ def prepare(cfg: JobConfig, run_dir: str) -> None:
     if p.runtime == "oci":
         spec, rootfs = _load_bundle(p.image)
         bundle = Path(run_dir) / CONTAINER_BUNDLE_DIR
-        (bundle / "rootfs").mkdir(parents=True, exist_ok=True)
+        make_root_skeleton(rootfs, bundle / "rootfs")
         tmp = bundle / "config.json.tmp"
         tmp.write_text(json.dumps(oci_bundle_config(spec, rootfs, p), indent=1) + "\n")
         os.replace(tmp, bundle / "config.json")

@@ -9,7 +9,7 @@ The record is one JSON object ``{"submits": [...], "starts": [...]}``, rewritten
 
 - a submit (``slurm-ddp submit``, before the job is handed over): ``time``, ``argv`` (the submit
   command, credential-looking values as ``***``: ``slurm_ddp.secrets``), ``cwd``, ``backend``,
-  ``versions`` (slurm_ddp, Python, torch, CUDA, NCCL),
+  ``versions`` (slurm_ddp, Python, torch as ``torch.__version__`` has it, CUDA, NCCL),
   ``packages_sha256`` (of every installed distribution's ``name-version``, sorted) and
   ``packages`` (their count), ``script_sha256`` (the rendered batch script), ``snapshot`` (the code
   snapshot's digest or None) and ``git``: per repository of the snapshot, ``commit``, ``dirty`` and,
@@ -52,26 +52,38 @@ def _dist_version(name: str) -> Optional[str]:
         return None
 
 
-def _torch_cuda() -> Optional[str]:
-    """``torch.version.cuda`` read from ``torch/version.py``'s text (no torch import); None: CPU build."""
+def _torch_version_py() -> Dict[str, Optional[str]]:
+    """``torch.__version__`` and ``torch.version.cuda`` read from ``torch/version.py``'s text (no torch
+    import): ``{"torch": ..., "cuda": ...}``, a value None where it is missing (``cuda``: a CPU build);
+    ``{}`` when torch is not found."""
     try:
         spec = find_spec("torch")
     except (ImportError, ValueError):
-        return None
+        return {}
     locations = list(spec.submodule_search_locations or []) if spec else []
     for loc in locations:
         try:
             text = (Path(loc) / "version.py").read_text()
         except OSError:
             continue
-        m = re.search(r"^cuda\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.M)
-        return m.group(1) if m else None
-    return None
+        found: Dict[str, Optional[str]] = {}
+        for key, name in (("torch", "__version__"), ("cuda", "cuda")):
+            m = re.search(rf"^{name}\b[^=]*=\s*['\"]([^'\"]+)['\"]", text, re.M)
+            found[key] = m.group(1) if m else None
+        return found
+    return {}
 
 
 def versions() -> Dict[str, Optional[str]]:
     """slurm_ddp, Python, torch, CUDA (torch's build) and NCCL (the ``nvidia-nccl-cu*`` wheel) versions;
-    None for what is not installed."""
+    None for what is not installed.
+
+    torch's is ``torch.__version__`` (with its local part: ``2.13.0+cu130``, ``2.13.0+cpu``), the version
+    the checkpoint manifest records (``torch_version``) and :func:`torch_mismatch` compares, not the
+    distribution's metadata version: PyPI's CUDA wheel of torch 2.13.0 declares ``2.13.0`` there while
+    its ``torch.__version__`` is ``2.13.0+cu130``. The metadata version only where ``torch/version.py``
+    has none."""
+    torch_py = _torch_version_py()
     nccl = None
     for name in ("nvidia-nccl-cu12", "nvidia-nccl-cu13", "nvidia-nccl-cu11"):
         nccl = _dist_version(name)
@@ -80,8 +92,8 @@ def versions() -> Dict[str, Optional[str]]:
     return {
         "slurm_ddp": __version__,
         "python": platform.python_version(),
-        "torch": _dist_version("torch"),
-        "cuda": _torch_cuda(),
+        "torch": torch_py.get("torch") or _dist_version("torch"),
+        "cuda": torch_py.get("cuda"),
         "nccl": nccl,
     }
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -183,11 +184,24 @@ def ignore_in_loader_workers(signals: Iterable[SignalSpec]) -> Callable[[int], N
     end on their own when it is gone: torch's worker loop watches its parent). A picklable callable
     (``functools.partial``), so it also works with the ``spawn`` and ``forkserver`` start methods.
 
-    A worker runs this some milliseconds after it was forked (more on a loaded machine); a signal in
-    between would still kill it. Create the loader's iterator (which forks the workers) inside
-    :func:`blocked` with the same signals: the workers start with them blocked (fork(2) and execve(2)
-    keep the signal mask: the ``fork`` and ``spawn`` start methods; not ``forkserver``, whose server forks
-    them), and this function unblocks them once they are ignored, which discards a pending one (signal(7))."""
+    A worker runs this some milliseconds after it started (more on a loaded machine); a signal in between
+    would still kill it. Create the loader's iterator (which starts the workers) inside :func:`blocked`
+    with the same signals: the workers then start with them blocked, and this function unblocks them once
+    they are ignored, which discards a pending one (signal(7)). How each start method of
+    ``multiprocessing`` (Python's docs, "Contexts and start methods") keeps the mask: ``fork`` — the
+    child has the forking thread's mask (fork(2)); ``spawn`` — a fork and an exec, both keep it
+    (execve(2)); ``forkserver`` (Linux's default since Python 3.14) — the worker is forked by the fork
+    server, so it has the *server's* mask, the one of the thread that started the server: the server
+    starts at the first worker start of the process, so a rank whose first loader iterator is created
+    inside :func:`blocked` (the shared worker's trainer) has a server, and workers, with the signals
+    blocked; a server started earlier outside it leaves the window open. The server itself then keeps
+    them blocked (pending, harmless) and ends with its last client, as Python's docs say.
+
+    It also ends the worker when the process that started it is gone or has let go of it
+    (``multiprocessing.parent_process()``'s sentinel, watched by a daemon thread): torch's own check
+    watches the worker's parent process, which under ``forkserver`` is the fork server, not the rank,
+    and ``terminate()`` sends the SIGTERM the worker now ignores; without this a worker of a rank that
+    died (SIGKILL, OOM) would wait for work forever and keep the fork server alive with it."""
     return functools.partial(_ignore_signals, tuple(int(to_signal(s)) for s in signals))
 
 
@@ -195,6 +209,25 @@ def _ignore_signals(signums: tuple[int, ...], worker_id: int) -> None:
     for signum in signums:
         signal.signal(signum, signal.SIG_IGN)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, signums)
+    _end_with_parent_process()
+
+
+def _end_with_parent_process() -> None:
+    """In a ``multiprocessing`` child: a daemon thread that ends this process (``os._exit(0)``) once its
+    parent process (the one that started it, whatever the start method) is gone or has closed its end of
+    the child's sentinel pipe (it dropped the child's ``Process`` object). A no-op in a main process."""
+    import multiprocessing
+    import os
+
+    parent = multiprocessing.parent_process()
+    if parent is None:
+        return
+
+    def watch() -> None:
+        parent.join()
+        os._exit(0)
+
+    threading.Thread(target=watch, name="slurm-ddp-parent-watch", daemon=True).start()
 
 
 @contextlib.contextmanager
@@ -202,12 +235,49 @@ def blocked(signals: Iterable[SignalSpec]) -> Iterator[None]:
     """Block ``signals`` in the calling thread for the ``with`` body, then restore its mask
     (pthread_sigmask(3)). One that arrives meanwhile stays pending and is delivered after (or to another
     thread that does not block it); a process forked meanwhile starts with them blocked. See
-    :func:`ignore_in_loader_workers`."""
+    :func:`ignore_in_loader_workers`.
+
+    On Python < 3.13 it first makes sure ``multiprocessing``'s resource tracker runs: starting it (the
+    first ``spawn``/``forkserver`` process of a program does) unblocks SIGINT and SIGTERM in the calling
+    thread there (``resource_tracker.ensure_running``; 3.13 restores the previous mask instead), which
+    inside the ``with`` body would start a fork server or a spawned loader worker with SIGTERM unblocked
+    (seen with Python 3.11.2)."""
+    if sys.version_info < (3, 13):
+        from multiprocessing import resource_tracker
+
+        resource_tracker.ensure_running()
     old = signal.pthread_sigmask(signal.SIG_BLOCK, {to_signal(s) for s in signals})
     try:
         yield
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, old)
+
+
+def loader_context(signals: Iterable[SignalSpec], preload: Iterable[str] = ()) -> Any:
+    """The ``multiprocessing`` context (``DataLoader(multiprocessing_context=…)``) for loader workers that
+    ignore ``signals`` (:func:`ignore_in_loader_workers`): the platform's default start method, and for
+    ``forkserver`` (Linux's default since Python 3.14) a fork server started now, inside :func:`blocked`,
+    with ``torch`` and the modules ``preload`` names (the dataset's: the task's module) imported in it.
+
+    Why: a fork server without them makes every worker import torch and the task anew, about 2.5 s per
+    epoch's new workers on a loaded 2-core machine (Python 3.14, digits example), and a rank that must
+    stop waits that long at an epoch boundary — past Slurm's ``KillWait`` when the stop is a preemption
+    (the partition-preemption test timed out on Python 3.14 waiting for the checkpoint). Forked from a
+    server that has them, a worker starts in milliseconds. Started here, inside :func:`blocked`, the
+    server and every worker it forks have ``signals`` blocked until the worker ignores them. A server
+    already running (something of the process's own started one) is used as it is: neither its
+    modules nor its mask change. ``preload`` is Python's ``set_forkserver_preload``, process-wide;
+    a module that fails to import there is skipped (Python's forkserver does so)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context()
+    if ctx.get_start_method() == "forkserver":
+        from multiprocessing import forkserver
+
+        ctx.set_forkserver_preload(list(dict.fromkeys(["__main__", "torch", *preload])))
+        with blocked(signals):
+            forkserver.ensure_running()
+    return ctx
 
 
 def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:

@@ -35,7 +35,8 @@ def sbatch_test_only(
     plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] = subprocess.run, *, timeout_s: float = 60.0
 ) -> str:
     """``sbatch --test-only`` of ``plan``'s script against the real controller; returns its answer
-    (``sbatch: Job N to start at … on nodes … in partition …``).
+    (``sbatch: Job N to start at … on nodes … in partition …``, passed on as it is: its wording differs
+    between Slurm versions).
 
     Nothing is submitted and no run directory is written: the script goes to a temporary
     directory, which is removed. Raises ``ClusterError`` when sbatch is missing, does not

@@ -10,7 +10,8 @@ is in the project's SLURM-FACTS notes: crun 1.8 refuses a cgroup-v1 ("hybrid") m
 The root here is an empty skeleton (one empty directory per top-level directory of ``/``, the
 top-level symlinks such as ``bin -> usr/bin`` copied) with each host directory bind-mounted onto it
 read-only by the runtime (``/tmp`` read-write, ``/sys`` read-only, ``/proc``, ``/dev`` and
-``/dev/shm`` the runtime's own). The binds are made by runc inside the step's own mount namespace,
+``/dev/shm`` the runtime's own, ``/run`` an empty tmpfs, where Slurm 24.11 and later mount the step's
+spool directory: ``/var/run/slurm``). The binds are made by runc inside the step's own mount namespace,
 so the bundle works whatever mount namespace slurmd runs in (the sandbox's nodes each have a private
 one, made before the bundle): a host ``mount --bind / rootfs`` would not be seen there.
 """
@@ -83,7 +84,9 @@ def host_bundle_config(host_root: Union[str, os.PathLike[str]] = "/") -> Dict[st
     """The ``config.json`` (OCI runtime spec 1.0) of a bundle whose root is ``host_root``'s directories
     bound onto the skeleton ``rootfs``: what ``runc spec`` writes, minus the network, UTS and user
     namespaces (the ranks use the node's network and hostname), minus ``hostname`` and the cgroup
-    mount, with ``/sys`` a read-only bind and ``terminal: false`` (a batch step has no terminal)."""
+    mount, with ``/sys`` a read-only bind, a tmpfs on ``/run`` (writable: Slurm 24.11 and later mount
+    the step's spool at ``/var/run/slurm``, oci.conf(5) ``MountSpoolDir``) and ``terminal: false``
+    (a batch step has no terminal)."""
     root = Path(host_root)
     mounts: List[Dict[str, Any]] = [
         {"destination": "/proc", "type": "proc", "source": "proc"},
@@ -97,6 +100,10 @@ def host_bundle_config(host_root: Union[str, os.PathLike[str]] = "/") -> Dict[st
         # torch's DataLoader and gloo use shared memory: the host's size, not runc's 64 MiB
         {"destination": "/dev/shm", "type": "bind", "source": "/dev/shm", "options": ["rbind", "rw"]},
         _bind("/sys", writable=False),
+        # a writable, empty /run: Slurm 24.11 and later bind the step's spool directory at
+        # /var/run/slurm (oci.conf's MountSpoolDir default; /var/run -> /run) in every container, and
+        # runc cannot make that mount point in the read-only root
+        {"destination": "/run", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=755"]},
     ]
     for entry in sorted(root.iterdir()):
         if entry.is_symlink() or not entry.is_dir() or entry.name in _NOT_BOUND:

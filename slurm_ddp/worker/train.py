@@ -56,7 +56,7 @@ from ..rundir import (
     write_peer_lost,
     write_preempted,
 )
-from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, worker_signals
+from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, loader_context, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
 from .runtime import (
@@ -221,6 +221,12 @@ class Trainer:
             persistent_workers=tc.persistent_workers and tc.num_workers > 0,
             # the stop signal that reaches every process of the step is the rank's to act on
             worker_init_fn=ignore_in_loader_workers(self.flag.signals) if tc.num_workers > 0 else None,
+            # forkserver (Python >= 3.14): a server with torch and the task imported, the signals blocked
+            multiprocessing_context=(
+                loader_context(self.flag.signals, preload=[type(self.task).__module__, SeededDataset.__module__])
+                if tc.num_workers > 0
+                else None
+            ),
             # A dedicated generator: creating an iterator then draws nothing from the global
             # torch RNG, whose state is part of the checkpoint.
             generator=torch.Generator().manual_seed(tc.seed),

@@ -160,9 +160,22 @@ def fake_bundle(tmp_path: Path, mounts: List[Dict[str, Any]]) -> Path:
 
 
 def test_run_bundle_binds_the_image_root_then_its_mounts_then_ours(tmp_path: Path) -> None:
+    """The image's root goes in one top-level entry at a time, onto a skeleton in the run bundle's rootfs:
+    no mount on "/" (runc >= 1.2.8 refuses one: "mountpoint … is on the top of rootfs"), and the root
+    Slurm 22.05 forces (``BUNDLE/rootfs``) is the skeleton. Entries the image's own mounts replace
+    (``/proc`` here) are not bound; symlinks are copied."""
     host = tmp_path / "host"
     (host / "w").mkdir(parents=True)
-    image = fake_bundle(tmp_path, [{"destination": str(host), "type": "bind", "source": str(host)}])
+    image = fake_bundle(
+        tmp_path,
+        [
+            {"destination": "/proc", "type": "proc", "source": "proc"},
+            {"destination": str(host), "type": "bind", "source": str(host)},
+        ],
+    )
+    (image / "rootfs" / "proc").mkdir()
+    (image / "rootfs" / "bin").symlink_to("usr/bin")
+    (image / "rootfs" / ".marker").write_text("x")
     w = str(host / "w")
     cfg = config_from_dict(
         {
@@ -174,19 +187,25 @@ def test_run_bundle_binds_the_image_root_then_its_mounts_then_ours(tmp_path: Pat
     run_dir = str(host / "run")
     assert container.check(cfg, run_dir) and not Path(run_dir).exists()  # checks write nothing
     container.prepare(cfg, run_dir)
-    spec = json.loads((Path(run_dir) / "container" / "bundle" / "config.json").read_text())
+    bundle = Path(run_dir) / "container" / "bundle"
+    spec = json.loads((bundle / "config.json").read_text())
     assert spec["root"] == {"path": "rootfs", "readonly": True}
-    assert spec["mounts"][0] == {
-        "destination": "/",
-        "type": "bind",
-        "source": str((image / "rootfs").resolve()),
-        "options": ["rbind", "ro"],
-    }
-    assert [m["destination"] for m in spec["mounts"][1:]] == [str(host), run_dir, w, w]
+    assert "/" not in [m["destination"] for m in spec["mounts"]]
+    image_root = (image / "rootfs").resolve()
+    assert spec["mounts"][:2] == [
+        {"destination": f"/{n}", "type": "bind", "source": str(image_root / n), "options": ["rbind", "ro"]}
+        for n in (".marker", "usr")
+    ]
+    assert [m["destination"] for m in spec["mounts"][2:]] == ["/proc", str(host), run_dir, w, w]
     assert spec["mounts"][-1]["options"] == ["rbind", "ro"]
     assert spec["process"]["cwd"] == w and spec["process"]["terminal"] is False
-    assert (Path(run_dir) / "container" / "bundle" / "rootfs").is_dir()
+    skeleton = bundle / "rootfs"
+    assert sorted(p.name for p in skeleton.iterdir()) == [".marker", "bin", "proc", "usr"]
+    assert os.readlink(skeleton / "bin") == "usr/bin" and (skeleton / "usr").is_dir()
+    assert (skeleton / ".marker").is_file() and (skeleton / ".marker").read_text() == ""
     assert (Path(run_dir) / "container" / "python" / "slurm_ddp" / "launch.py").is_file()
+    container.prepare(cfg, run_dir)  # a resubmit: the skeleton is kept
+    assert sorted(p.name for p in skeleton.iterdir()) == [".marker", "bin", "proc", "usr"]
 
 
 def test_oci_mount_point_missing_in_a_read_only_root_is_refused(tmp_path: Path) -> None:
@@ -421,6 +440,9 @@ def test_host_bundle_shares_the_nodes_network_and_hostname(tmp_path: Path) -> No
     assert "hostname" not in spec
     binds = {m["destination"]: m["options"] for m in spec["mounts"] if m["type"] == "bind"}
     assert binds["/usr"][-1] == "ro" and binds["/tmp"][-1] == "rw" and "/proc" not in binds and "/bin" not in binds
+    # Slurm >= 24.11 mounts the step's spool at /var/run/slurm: a writable /run, whatever the root's
+    (run,) = [m for m in spec["mounts"] if m["destination"] == "/run"]
+    assert run["type"] == "tmpfs" and spec["root"]["readonly"] is True
     out = make_host_bundle(tmp_path / "b", host_root=tmp_path)
     assert (out / "rootfs" / "bin").is_symlink() and (out / "rootfs" / "usr").is_dir()
 

@@ -1027,15 +1027,27 @@ def test_a_dependency_that_can_never_be_met_is_shown_and_wait_raises_instead_of_
         run.wait(timeout_s=60, poll_s=0.1)
 
 
-def test_a_reader_that_goes_away_is_not_a_traceback(tmp_path):
+@pytest.mark.parametrize("unbuffered", ["", "1"])
+def test_a_reader_that_goes_away_is_not_a_traceback(unbuffered):
     """``slurm-ddp config-keys | head -1``: the pipe's reader is gone before the first write (the read
     end is closed here before the process starts, so the write fails every time): no traceback,
-    the exit status of a process killed by SIGPIPE (141), as a shell pipeline expects."""
+    the exit status of a process killed by SIGPIPE (141), as a shell pipeline expects. Both with
+    stdout block-buffered (a user's shell: the write happens at the flush, after the command returned;
+    exit 120 and "Exception ignored ... BrokenPipeError" before cli.main flushed it itself) and
+    unbuffered (``PYTHONUNBUFFERED=1``, as in some CI images: the write fails inside the command)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    if unbuffered:
+        env["PYTHONUNBUFFERED"] = unbuffered
     r, w = os.pipe()
     os.close(r)
     try:
         proc = subprocess.run(
-            [sys.executable, "-m", "slurm_ddp", "config-keys"], stdout=w, stderr=subprocess.PIPE, text=True, timeout=60
+            [sys.executable, "-m", "slurm_ddp", "config-keys"],
+            stdout=w,
+            stderr=subprocess.PIPE,
+            text=True,
+            timeout=60,
+            env=env,
         )
     finally:
         os.close(w)

@@ -290,6 +290,40 @@ def test_provenance_changes_between_starts_and_the_torch_mismatch_warning(tmp_pa
     assert "written by torch 2.1.0 and this job runs torch 2.2.0" in (torch_mismatch(m, "2.2.0") or "")
 
 
+def _fake_torch(site: Path, metadata_version: str, version_py: str | None) -> None:
+    """A torch distribution in ``site``: its metadata version and (when given) its ``torch/version.py``."""
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("")
+    if version_py is not None:
+        (site / "torch" / "version.py").write_text(version_py)
+    info = site / f"torch-{metadata_version}.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: torch\nVersion: {metadata_version}\n")
+
+
+def test_provenance_records_torch_as_torch_version_has_it(tmp_path, monkeypatch):
+    """PyPI's CUDA wheel of torch 2.13.0: metadata version ``2.13.0``, ``torch.__version__``
+    ``2.13.0+cu130``. Provenance records the latter, as the checkpoint manifest does (``torch_version``),
+    so a resume with the same torch is no mismatch; the metadata version only without a ``version.py``."""
+    from slurm_ddp.provenance import versions
+
+    cuda = tmp_path / "cuda"
+    _fake_torch(cuda, "2.13.0", "__version__ = '2.13.0+cu130'\ncuda: Optional[str] = '13.0'\n")
+    monkeypatch.delitem(sys.modules, "torch", raising=False)  # find_spec asks sys.modules first
+    monkeypatch.syspath_prepend(str(cuda))
+    v = versions()
+    assert (v["torch"], v["cuda"]) == ("2.13.0+cu130", "13.0"), v
+    manifest = tmp_path / "step.json"
+    manifest.write_text(json.dumps({"torch_version": "2.13.0+cu130"}))  # torch.__version__ at the save
+    assert torch_mismatch(manifest, v["torch"] or "") is None
+
+    bare = tmp_path / "bare"
+    _fake_torch(bare, "2.13.0", None)
+    monkeypatch.syspath_prepend(str(bare))
+    v = versions()
+    assert (v["torch"], v["cuda"]) == ("2.13.0", None), v
+
+
 def test_plan_is_none_when_off_and_the_package_itself_is_never_copied(tmp_path):
     repo_root = Path(__file__).resolve().parents[2]
     cfg = load_config(repo_root / "examples" / "digits" / "job.yaml")
