@@ -17,7 +17,7 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from slurm_ddp.checkpoint import CheckpointManager
 from slurm_ddp.rundir import (
@@ -48,11 +48,9 @@ def train_steps(run_dir: Path) -> List[int]:
     return [m["step"] for m in read_metrics(run_dir) if m["event"] == "train"]
 
 
-def committed_steps(run_dir: Path, before: Optional[float] = None) -> List[int]:
-    """Steps of the checkpoints whose manifest is committed (before ``before``, a ``time.time()``, if given),
-    oldest first."""
-    infos = CheckpointManager(checkpoint_dir(run_dir)).committed(quiet=True)
-    return [i.step for i in infos if before is None or i.created < before]
+def committed_steps(run_dir: Path) -> List[int]:
+    """Steps of the checkpoints whose manifest is committed, oldest first."""
+    return [i.step for i in CheckpointManager(checkpoint_dir(run_dir)).committed(quiet=True)]
 
 
 def logs(run_dir: Path, tail_chars: int = 3000) -> str:
