@@ -26,7 +26,8 @@ set, except the watchdog reports, which are no-ops elsewhere anyway):
   save (``reason`` ``"transformers"``, or ``"preemption"`` and then ``preempted`` at a stop): the
   worker's events, read by ``slurm-ddp status``, ``runs``, ``report`` and ``plot``.
 - **Hang watchdog**: every optimizer step (``progress.step``), ``eval`` while the Trainer evaluates,
-  ``checkpoint`` while it saves.
+  ``checkpoint`` while it saves, and ``eval`` (``watchdog.eval_s``) after ``train`` returns, for what the
+  script does next (an evaluation, ``save_model``).
 - **Preemption**: from ``on_train_begin`` the job's requeue signal (``$SLURM_DDP_REQUEUE_SIGNAL``) and
   SIGTERM set the flag of ``slurm_ddp.preemption``; after each optimizer step the ranks agree on it
   (``preemption.should_stop``), and when set the callback sets ``control.should_save`` and
@@ -250,6 +251,8 @@ class SlurmDDPCallback(TrainerCallback):
     def on_train_end(
         self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any
     ) -> None:
+        # what the script does after train() (an evaluation, save_model) gets watchdog.eval_s, not a step's allowance
+        self._progress.mark(state.global_step, _progress.EVAL)
         self._uninstall()
 
 

@@ -18,6 +18,7 @@ it gets: it dies of the signal and resumes from its last ``checkpoint-N``).
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import time
 
@@ -94,7 +95,12 @@ def main() -> None:
     result = trainer.train(resume_from_checkpoint=last)  # a requeued job resumes from the newest checkpoint-N
     if trainer.is_world_process_zero():
         print(f"done: step {trainer.state.global_step}, loss {result.training_loss:.4f}", flush=True)
-    if torch.distributed.is_initialized():  # before interpreter teardown, which can abort with a live gloo group
+    # the DDP model goes before its process group, and the group before interpreter teardown: left to teardown,
+    # a gloo rank can abort ("terminate called without an active exception") or hang in the model's destructor
+    trainer.accelerator.free_memory()
+    del trainer, model
+    gc.collect()
+    if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
 
 
