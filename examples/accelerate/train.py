@@ -19,6 +19,7 @@ The data are a fixed random linear regression problem (no download).
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import re
@@ -99,6 +100,7 @@ def main() -> None:
             with metrics.open("a") as f:
                 f.write(json.dumps({"event": "resume", "step": step, "time": time.time()}) + "\n")
     per_epoch = len(loader)
+    mean, batches = float("nan"), None  # a start at the last step trains nothing
     while step < args.steps:
         epoch, done_in_epoch = divmod(step, per_epoch)
         loader.set_epoch(epoch)
@@ -126,7 +128,12 @@ def main() -> None:
             if step == args.steps:
                 break
     accelerator.print(f"done: step {step}, loss {mean:.6f}")
-    accelerator.end_training()  # destroys the process group before interpreter teardown
+    # the DDP model goes before its process group, and the group before interpreter teardown (see
+    # examples/transformers/train.py): end_training destroys the group
+    accelerator.free_memory()
+    del model, optimizer, loader, scheduler, batches
+    gc.collect()
+    accelerator.end_training()
 
 
 if __name__ == "__main__":
