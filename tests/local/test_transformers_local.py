@@ -8,6 +8,9 @@ by Ctrl-C (SIGTERM to the ranks: a stop too, never ``FINISHED``) and the last on
 resumes at its stop's step: every step is trained (and logged) exactly once, and the loss of every step
 equals that of the same script without the callback (the Trainer's ``log_history``, full precision).
 
+With ``report_to=["mlflow"]`` and ``tracking.mlflow`` on, the Trainer's own ``MLflowCallback`` logs every
+step's loss once into the run directory's one MLflow run, across the three starts.
+
 Without the callback (``--plain``, the unchanged script): SIGUSR2 kills the ranks, the run is not finished,
 and the next ``submit`` resumes from the newest ``checkpoint-N`` (the steps after it are redone).
 One run of each (each start of a Transformers rank costs ~5 CPU-s of imports).
@@ -35,14 +38,14 @@ pytestmark = [pytest.mark.local, pytest.mark.xdist_group("transformers_local")] 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "transformers"
 MAX_STEPS = 60
 SAVE_STEPS = 20
-ARGS = f"--max-steps {MAX_STEPS} --save-steps {SAVE_STEPS} --logging-steps 1 --step-sleep 0.1"
+ARGS = f"--max-steps {MAX_STEPS} --save-steps {SAVE_STEPS} --logging-steps 1 --step-sleep 0.2"  # 12 s of steps: room for a stop under load
 
 
-def write_job(tmp_path: Path, extra: str = "") -> Path:
+def write_job(tmp_path: Path, extra: str = "", tail: str = "") -> Path:
     require_module("transformers", "the Transformers example")
     shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
     job = tmp_path / "job.yaml"
-    job.write_text((EXAMPLE / "job.yaml").read_text().replace("--max-steps 300", f"{ARGS} {extra}".strip()))
+    job.write_text((EXAMPLE / "job.yaml").read_text().replace("--max-steps 300", f"{ARGS} {extra}".strip()) + tail)
     assert ARGS in job.read_text()
     return job
 
@@ -81,11 +84,11 @@ def losses(run_dir: Path) -> Dict[int, float]:
 
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
-    """The unchanged script (no callback): SIGUSR2 after its second checkpoint, then a resubmit that finishes."""
+    """The unchanged script (no callback): SIGUSR2 after its first checkpoint, then a resubmit that finishes."""
     tmp_path = tmp_path_factory.mktemp("plain")
     job, run_dir = write_job(tmp_path, "--plain"), tmp_path / "run"
     stopped = stop_when(
-        job, run_dir, lambda: len(checkpoints(run_dir)) >= 2, "checkpoint-40 of the plain script", signal.SIGUSR2
+        job, run_dir, lambda: len(checkpoints(run_dir)) >= 1, "checkpoint-20 of the plain script", signal.SIGUSR2
     )
     newest = checkpoints(run_dir)[-1]
     again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
@@ -112,7 +115,10 @@ def test_without_the_callback_the_script_dies_of_the_signal_and_resumes_from_its
 def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes_there(
     tmp_path: Path, plain_run: Dict[str, object]
 ) -> None:
-    job, run_dir = write_job(tmp_path), tmp_path / "run"
+    mlflow = require_module("mlflow", "the Trainer's report_to=mlflow")
+    # the Trainer's own MLflowCallback, with the run directory's tracker run (tracking.mlflow)
+    job = write_job(tmp_path, "--report-to mlflow", "tracking: {mlflow: {enabled: true}}\n")
+    run_dir = tmp_path / "run"
     # the requeue signal between two checkpoints of the Trainer's own
     first = stop_when(
         job, run_dir, lambda: any(s > SAVE_STEPS + 2 for s in train_steps(run_dir)), "step 23", signal.SIGUSR2
@@ -163,3 +169,12 @@ def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes
     )
     assert re.search(rf"step:\s+{MAX_STEPS}\n", status.stdout), status.stdout
     assert f"restarts:   2 (resumed at step {stop1}, {stop2})\n" in status.stdout, status.stdout
+
+    # report_to=mlflow joined the run directory's one MLflow run on every start: each step's loss once, the same
+    record = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
+    client = mlflow.MlflowClient(record["tracking_uri"])
+    (run,) = client.search_runs([record["experiment_id"]])
+    assert run.info.run_id == record["run_id"], run.info
+    history = {m.step: m.value for m in client.get_metric_history(record["run_id"], "loss")}
+    assert len(client.get_metric_history(record["run_id"], "loss")) == MAX_STEPS, "a step logged twice"
+    assert history == pytest.approx({s: mine[s] for s in history}) and sorted(history) == sorted(mine)
