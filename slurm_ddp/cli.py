@@ -182,7 +182,15 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
         help="keep printing new lines (across requeues too) until the run ends, or Ctrl-C",
     )
 
-    p = sub.add_parser("cancel", help="scancel the run's current job (its ranks checkpoint first)")
+    p = sub.add_parser(
+        "cancel",
+        help="scancel the run's current job (SIGTERM: ranks that handle it checkpoint first)",
+        description="scancel the run's current job: SIGTERM to every rank (locally: to the launcher). The shared "
+        "worker's ranks, and a train.command script that uses slurm_ddp.preemption or the SlurmDDPCallback of "
+        "slurm_ddp.lightning or slurm_ddp.transformers, stop at a step the ranks agree on and save it first; a script "
+        "without a handler dies of the signal wherever it is (it resumes from its own last save). A cancelled job is not "
+        "requeued: `slurm-ddp requeue RUN` starts it again.",
+    )
     p.add_argument("run", help=run_help + ", a sweep or one element (SWEEP/N)")
     p = sub.add_parser("requeue", help="scontrol requeue the run's current job (it resumes from its checkpoint)")
     p.add_argument("run", help=run_help + ", a sweep or one element (SWEEP/N)")

@@ -1,0 +1,180 @@
+"""The Hugging Face Transformers example (``examples/transformers``, ``slurm_ddp.transformers.SlurmDDPCallback``)
+on the local backend: 2 gloo ranks on CPU, the real ``Trainer`` (a 2-layer GPT-2 on random tokens).
+
+Covers, with the callback: the requeue signal (SIGUSR2 to the local launcher, which forwards it to the
+ranks as srun does) stops both ranks after the same optimizer step with the Trainer's ``checkpoint-<step>``,
+``submit`` exits 75 and the run is not finished, ``status`` shows that step; the next ``submit`` is stopped
+by Ctrl-C (SIGTERM to the ranks: a stop too, never ``FINISHED``) and the last one finishes. Each start
+resumes at its stop's step: every step is trained (and logged) exactly once, and the loss of every step
+equals that of the same script without the callback (the Trainer's ``log_history``, full precision).
+
+With ``report_to=["mlflow"]`` and ``tracking.mlflow`` on, the Trainer's own ``MLflowCallback`` logs every
+step's loss once into the run directory's one MLflow run, across the three starts.
+
+Without the callback (``--plain``, the unchanged script): SIGUSR2 kills the ranks, the run is not finished,
+and the next ``submit`` resumes from the newest ``checkpoint-N`` (the steps after it are redone).
+One run of each (each start of a Transformers rank costs ~5 CPU-s of imports).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import pytest
+from lib import require_module, wait_process
+
+from slurm_ddp import PREEMPTED_EXIT_CODE
+from slurm_ddp.rundir import read_finished, read_metrics, read_preempted
+
+pytestmark = [pytest.mark.local, pytest.mark.xdist_group("transformers_local")]  # one plain run for both
+
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "transformers"
+MAX_STEPS = 60
+SAVE_STEPS = 20
+ARGS = f"--max-steps {MAX_STEPS} --save-steps {SAVE_STEPS} --logging-steps 1 --step-sleep 0.2"  # 12 s of steps: room for a stop under load
+
+
+def write_job(tmp_path: Path, extra: str = "", tail: str = "") -> Path:
+    require_module("transformers", "the Transformers example")
+    shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
+    job = tmp_path / "job.yaml"
+    job.write_text((EXAMPLE / "job.yaml").read_text().replace("--max-steps 300", f"{ARGS} {extra}".strip()) + tail)
+    assert ARGS in job.read_text()
+    return job
+
+
+def submit(job: Path, run_dir: Path) -> List[str]:
+    return [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "local", "--run-dir", str(run_dir)]
+
+
+def checkpoints(run_dir: Path) -> List[int]:
+    return sorted(int(p.name.split("-")[1]) for p in (run_dir / "hf").glob("checkpoint-*"))
+
+
+def train_steps(run_dir: Path) -> List[int]:
+    return [int(m["step"]) for m in read_metrics(run_dir) if m.get("event") == "train"]
+
+
+def stop_when(job: Path, run_dir: Path, ready: Callable[[], bool], what: str, sig: int) -> subprocess.CompletedProcess:
+    """Start (or resume) the example, send ``sig`` to the launcher once ``ready()``, wait for its end."""
+    proc = subprocess.Popen(submit(job, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_process(proc, ready, 300, what)
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def losses(run_dir: Path) -> Dict[int, float]:
+    """Step → training loss of the final checkpoint's ``log_history`` (the Trainer's own, carried across resumes)."""
+    state = json.loads((run_dir / "hf" / f"checkpoint-{MAX_STEPS}" / "trainer_state.json").read_text())
+    return {int(h["step"]): float(h["loss"]) for h in state["log_history"] if "loss" in h}
+
+
+@pytest.fixture(scope="module")
+def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
+    """The unchanged script (no callback): SIGUSR2 after its first checkpoint, then a resubmit that finishes."""
+    tmp_path = tmp_path_factory.mktemp("plain")
+    job, run_dir = write_job(tmp_path, "--plain"), tmp_path / "run"
+    stopped = stop_when(
+        job, run_dir, lambda: len(checkpoints(run_dir)) >= 1, "checkpoint-20 of the plain script", signal.SIGUSR2
+    )
+    newest = checkpoints(run_dir)[-1]
+    again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
+    return {"stopped": stopped, "newest": newest, "again": again, "run_dir": run_dir}
+
+
+def test_without_the_callback_the_script_dies_of_the_signal_and_resumes_from_its_last_checkpoint(
+    plain_run: Dict[str, object],
+) -> None:
+    stopped, again, run_dir = plain_run["stopped"], plain_run["again"], plain_run["run_dir"]
+    assert isinstance(stopped, subprocess.CompletedProcess) and isinstance(again, subprocess.CompletedProcess)
+    assert isinstance(run_dir, Path)
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stdout + stopped.stderr
+    assert read_preempted(run_dir) is None  # no handler: no step agreed, no marker of the script's
+    assert not (run_dir / "metrics.jsonl").exists() or not train_steps(run_dir)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert read_finished(run_dir) is not None
+    out = again.stdout + again.stderr
+    assert f"resuming from {run_dir}/hf/checkpoint-{plain_run['newest']}\n" in out, out
+    assert f"done: step {MAX_STEPS}," in out, out
+    assert sorted(losses(run_dir)) == list(range(1, MAX_STEPS + 1))
+
+
+def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes_there(
+    tmp_path: Path, plain_run: Dict[str, object]
+) -> None:
+    mlflow = require_module("mlflow", "the Trainer's report_to=mlflow")
+    # the Trainer's own MLflowCallback, with the run directory's tracker run (tracking.mlflow)
+    job = write_job(tmp_path, "--report-to mlflow", "tracking: {mlflow: {enabled: true}}\n")
+    run_dir = tmp_path / "run"
+    # the requeue signal between two checkpoints of the Trainer's own
+    first = stop_when(
+        job, run_dir, lambda: any(s > SAVE_STEPS + 2 for s in train_steps(run_dir)), "step 23", signal.SIGUSR2
+    )
+    assert first.returncode == PREEMPTED_EXIT_CODE, first.stdout + first.stderr
+    assert read_finished(run_dir) is None, "a stopped run was marked finished"
+    marker = read_preempted(run_dir)
+    assert marker is not None and marker.signal == "SIGUSR2", marker
+    events = read_metrics(run_dir)
+    (preempted,) = [m for m in events if m.get("event") == "preempted"]
+    stop1 = preempted["step"]
+    assert marker.step == stop1 and SAVE_STEPS < stop1 < MAX_STEPS, events
+    assert {"event": "checkpoint", "step": stop1, "reason": "preemption"}.items() <= events[-2].items()
+    assert stop1 in checkpoints(run_dir), checkpoints(run_dir)
+    status = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert re.search(rf"step:\s+{stop1}\b", status.stdout), status.stdout
+    assert re.search(rf"checkpoint:\s+step {stop1}\b", status.stdout), status.stdout
+
+    # the next submit resumes; Ctrl-C (the launcher sends SIGTERM to the ranks) is a stop too
+    second = stop_when(
+        job, run_dir, lambda: any(s > stop1 + 3 for s in train_steps(run_dir)), f"step {stop1 + 4}", signal.SIGINT
+    )
+    assert second.returncode == PREEMPTED_EXIT_CODE, second.stdout + second.stderr
+    assert f"resuming from {run_dir}/hf/checkpoint-{stop1}\n" in second.stdout + second.stderr
+    marker = read_preempted(run_dir)
+    assert marker is not None and marker.signal == "SIGTERM", marker
+    stop2 = marker.step
+    assert stop1 < stop2 < MAX_STEPS and read_finished(run_dir) is None, marker
+
+    last = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
+    assert last.returncode == 0, last.stdout + last.stderr
+    assert read_finished(run_dir) is not None
+    assert f"resuming from {run_dir}/hf/checkpoint-{stop2}\n" in last.stdout + last.stderr
+    resumes = [m for m in read_metrics(run_dir) if m.get("event") == "resume"]
+    assert [m["step"] for m in resumes] == [stop1, stop2], resumes
+    # no step redone: each logged once, in order; and each the plain run's loss at that step
+    assert train_steps(run_dir) == list(range(1, MAX_STEPS + 1))
+    plain_dir = plain_run["run_dir"]
+    assert isinstance(plain_dir, Path)
+    mine, reference = losses(run_dir), losses(plain_dir)
+    assert sorted(mine) == sorted(reference) == list(range(1, MAX_STEPS + 1))
+    differ = {s: (mine[s], reference[s]) for s in mine if mine[s] != pytest.approx(reference[s], rel=1e-5)}
+    assert not differ, (stop1, stop2, differ)
+    status = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp", "status", str(run_dir)], capture_output=True, text=True, timeout=60
+    )
+    assert re.search(rf"step:\s+{MAX_STEPS}\n", status.stdout), status.stdout
+    assert f"restarts:   2 (resumed at step {stop1}, {stop2})\n" in status.stdout, status.stdout
+
+    # report_to=mlflow joined the run directory's one MLflow run on every start: each step's loss once, the same
+    record = json.loads((run_dir / "tracking.json").read_text())["mlflow"]
+    client = mlflow.MlflowClient(record["tracking_uri"])
+    (run,) = client.search_runs([record["experiment_id"]])
+    assert run.info.run_id == record["run_id"], run.info
+    history = {m.step: m.value for m in client.get_metric_history(record["run_id"], "loss")}
+    assert len(client.get_metric_history(record["run_id"], "loss")) == MAX_STEPS, "a step logged twice"
+    assert history == pytest.approx({s: mine[s] for s in history}) and sorted(history) == sorted(mine)

@@ -1,0 +1,145 @@
+"""``slurm_ddp.transformers``: the callback's metrics lines with the real ``Trainer`` (in process, one CPU rank,
+a 2-layer GPT-2), its no-op outside slurm-ddp, the ``eval_*`` names, and what a stop signal does to the
+``Trainer``'s control. The stop with real ranks (the save, exit 75, the resume) is in
+tests/local/test_transformers_local.py and tests/slurm/test_transformers_slurm.py."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+from lib import require_module
+
+from slurm_ddp import preemption
+from slurm_ddp.rundir import read_metrics
+
+
+@pytest.fixture(scope="module")
+def hf() -> Any:
+    require_module("transformers", "slurm_ddp.transformers")
+    import transformers
+
+    from slurm_ddp import transformers as sdt
+
+    return transformers, sdt
+
+
+class Tokens:
+    """16 random sequences; labels = inputs."""
+
+    def __init__(self) -> None:
+        import torch
+
+        self.x = torch.randint(0, 64, (16, 8), generator=torch.Generator().manual_seed(0))
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i: int) -> Dict[str, Any]:
+        return {"input_ids": self.x[i], "labels": self.x[i]}
+
+
+def trainer(hf: Any, out: Path, max_steps: int, callbacks: List[Any]) -> Any:
+    transformers, _ = hf
+    import torch
+
+    torch.manual_seed(0)
+    config = transformers.GPT2Config(vocab_size=64, n_positions=8, n_embd=16, n_layer=2, n_head=2)
+    args = transformers.TrainingArguments(
+        output_dir=str(out),
+        max_steps=max_steps,
+        per_device_train_batch_size=4,
+        logging_steps=2,
+        save_steps=3,
+        report_to="none",
+        use_cpu=True,
+        disable_tqdm=True,
+    )
+    return transformers.Trainer(
+        model=transformers.GPT2LMHeadModel(config), args=args, train_dataset=Tokens(), callbacks=callbacks
+    )
+
+
+def events(run_dir: Path, kind: str) -> List[Dict[str, Any]]:
+    return [m for m in read_metrics(run_dir) if m.get("event") == kind]
+
+
+def test_metrics_lines_train_checkpoint_and_resume(hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, sdt = hf
+    monkeypatch.setenv("SLURM_DDP_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "0")
+    trainer(hf, tmp_path / "hf", 6, [sdt.SlurmDDPCallback(stop_on_signal=False)]).train()
+    train = events(tmp_path, "train")
+    assert [m["step"] for m in train] == [2, 4, 6], train  # the Trainer's logging_steps
+    assert all({"loss", "lr", "grad_norm", "epoch", "steps_per_s"} <= m.keys() for m in train), train
+    saved = events(tmp_path, "checkpoint")
+    assert [(m["step"], m["reason"]) for m in saved] == [(3, "transformers"), (6, "transformers")], saved
+    assert saved[-1]["path"] == str(tmp_path / "hf" / "checkpoint-6")
+    assert not events(tmp_path, "resume")
+
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    trainer(hf, tmp_path / "hf", 8, [sdt.SlurmDDPCallback(stop_on_signal=False)]).train(
+        resume_from_checkpoint=str(tmp_path / "hf" / "checkpoint-6")
+    )
+    (resume,) = events(tmp_path, "resume")
+    assert resume["step"] == 6 and resume["restart"] == 1 and resume["world_size"] == 1, resume
+    assert resume["checkpoint"] == str(tmp_path / "hf" / "checkpoint-6")
+    assert [m["step"] for m in events(tmp_path, "train")] == [2, 4, 6, 8]
+
+
+def test_outside_slurm_ddp_the_callback_writes_nothing_and_handles_no_signal(
+    hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers, sdt = hf
+    monkeypatch.delenv("SLURM_DDP_RUN_DIR", raising=False)
+    monkeypatch.chdir(tmp_path)
+    seen: List[Any] = []
+
+    class Look(transformers.TrainerCallback):
+        def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            seen.append(signal.getsignal(signal.SIGUSR2))
+
+    before = signal.getsignal(signal.SIGUSR2)
+    callback = sdt.SlurmDDPCallback()
+    assert callback.stop_on_signal is False and callback.run_dir is None
+    trainer(hf, tmp_path / "hf", 3, [callback, Look()]).train()
+    assert seen == [before] * 3  # the default action all along: the callback installed nothing
+    assert not list(tmp_path.rglob("metrics.jsonl"))
+
+
+def test_a_stop_signal_makes_the_trainer_save_and_stop_after_the_step(
+    hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers, sdt = hf
+    monkeypatch.setenv("SLURM_DDP_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_DDP_REQUEUE_SIGNAL", "USR2")
+    args = transformers.TrainingArguments(output_dir=str(tmp_path / "hf"), report_to="none", use_cpu=True)
+    state, control = transformers.TrainerState(), transformers.TrainerControl()
+    callback = sdt.SlurmDDPCallback()
+    assert callback.stop_on_signal
+    try:
+        callback.on_train_begin(args, state, control)
+        state.global_step = 1
+        callback.on_step_end(args, state, control)
+        assert not (control.should_save or control.should_training_stop)
+        os.kill(os.getpid(), signal.SIGUSR2)  # the handler only sets the flag
+        state.global_step = 2
+        control.should_evaluate = True  # the default flow asked for an evaluation at this step
+        callback.on_step_end(args, state, control)
+        assert control.should_save and control.should_training_stop and not control.should_evaluate
+        assert preemption.flag().received == signal.SIGUSR2
+    finally:
+        callback.on_train_end(args, state, control)
+        preemption._reset_for_tests()
+
+
+def test_eval_metrics_keep_numbers_and_drop_timings(hf: Any) -> None:
+    _, sdt = hf
+    got = sdt.eval_metrics(
+        {"eval_loss": 1.5, "eval_accuracy": 0.75, "eval_runtime": 2.0, "eval_samples_per_second": 9.0, "epoch": 1.0}
+    )
+    assert got == {"eval_loss": 1.5, "eval_accuracy": 0.75}
+    assert sdt.eval_metrics({"test_accuracy": 0.5, "test_note": "x"}) == {"eval_test_accuracy": 0.5}
