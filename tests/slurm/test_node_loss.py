@@ -88,7 +88,8 @@ def test_node_lost_requeues_and_resumes_on_healthy_nodes(cluster: SlurmSandbox, 
     try:
         wait_for(
             lambda: (
-                committed_steps(job.run_dir) and max(train_steps(job.run_dir)) >= committed_steps(job.run_dir)[-1] + 10
+                committed_steps(job.run_dir)
+                and max(train_steps(job.run_dir), default=-1) >= committed_steps(job.run_dir)[-1] + 10
             ),
             180,
             "a committed periodic checkpoint and 10 steps after it",
