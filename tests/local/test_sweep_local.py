@@ -1,5 +1,5 @@
 """A sweep on the local backend, the README's one command: examples/digits/sweep.yaml runs its
-elements 2 at a time (its slurm.array_parallelism; kept short here: 2 elements x 200 steps), each in
+elements 2 at a time (its slurm.array_parallelism; kept short here: 2 elements x 600 steps), each in
 its own run directory; a signal stops both with a checkpoint and the next submit resumes both;
 submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep. The signal-at-fork
 test's elements run one rank each (it is about the element's launcher, not its ranks; a rank start costs
@@ -31,10 +31,15 @@ def trained(run_dir: Path) -> int:
     return max((r["step"] for r in read_metrics(run_dir) if r.get("event") == "train"), default=0)
 
 
+# enough steps that neither element ends before both trained 3: with 200, element 1 finished before element 0
+# had trained 3 (its ranks started later on a loaded machine)
+MAX_STEPS = 600
+
+
 def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     sweep_dir = tmp_path / "runs" / "digits-sweep"
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(SWEEP), "--backend", "local", "--run-dir", str(sweep_dir)]
-    cmd += ["--sweep", "train.lr=0.003", "--set", "train.max_steps=200", "--set", "train.eval_every=100"]
+    cmd += ["--sweep", "train.lr=0.003", "--set", f"train.max_steps={MAX_STEPS}", "--set", "train.eval_every=100"]
     cmd += ["--set", "checkpoint.every_steps=100", "--set", "train.log_every=1"]
     # slurm.array_parallelism: 2 in sweep.yaml: both elements run at once; a SIGTERM to the command
     # once both trained reaches both, which checkpoint and stop (75); the next submit resumes both
@@ -74,7 +79,7 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     for i, seed in enumerate((0, 1)):
         d = sweep_dir / f"{i:03d}"
         finished = json.loads((d / "FINISHED").read_text())
-        assert finished["step"] == 200
+        assert finished["step"] == MAX_STEPS
         assert f"seed: {seed}" in (d / "config.yaml").read_text()
         assert (d / "final_model.pt").exists() and (d / "logs" / "rank-1.log").exists()
 
@@ -89,9 +94,10 @@ def test_local_sweep_runs_every_element_then_nothing(tmp_path: Path) -> None:
     )
     assert st.returncode == 0, st.stderr
     assert "2 done, 0 running, 0 pending, 0 failed" in st.stdout, st.stdout
-    assert len(re.findall(r"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+200/200", st.stdout, re.M)) == 2, (
-        st.stdout
-    )
+    assert (
+        len(re.findall(rf"^\d\s+lr=0\.003,seed=\d\s+local:\d+\s+COMPLETED\s+{MAX_STEPS}/{MAX_STEPS}", st.stdout, re.M))
+        == 2
+    ), st.stdout
 
     runs = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "runs", str(tmp_path / "runs")], capture_output=True, text=True, timeout=60

@@ -32,7 +32,9 @@ from slurm_ddp.testing import running_sandbox, wait_for
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_loss")]
 
 EVERY_STEPS = 20  # checkpoint.every_steps: bounds the steps a node loss costs
-MAX_STEPS = 120
+# enough steps that the test sees a committed checkpoint and kills a node before the run ends: 120 steps took
+# ~1 s on an idle machine (the job finished before the first poll saw a checkpoint and 10 steps after it)
+MAX_STEPS = 600
 # A dead node is DOWN after two failed pings (every SlurmdTimeout/3 s); each fails after about
 # MessageTimeout s (slurmctld retries a refused connection once a second): ~11 s here, ~80 s by default.
 SLURMD_TIMEOUT_S = 4
