@@ -49,6 +49,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import time
@@ -86,6 +87,12 @@ STATE_SUFFIXES = (
     ".pkl",
     ".pickle",
 )
+#: of ``STATE_SUFFIXES`` (and a ``.pth`` that is no path-configuration file), those a training run saves its
+#: checkpoints as (``torch.save``'s ``.pt``/``.pth``, Lightning's ``.ckpt``, Hugging Face's ``.safetensors``):
+#: ``is_checkpoint_file``; data arrays (``.npy``, ``.h5``, ...) are state, not checkpoints
+CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
+#: a Hugging Face ``Trainer`` checkpoint directory (``checkpoint-500``: ``transformers.trainer_utils.PREFIX_CHECKPOINT_DIR``)
+CHECKPOINT_DIR = re.compile(r"^checkpoint-\d+$")
 #: the largest ``.pth`` read as a path-configuration file (``site``: one directory or ``import`` line each)
 PTH_MAX_BYTES = 64 * 1024
 _MB = 1_000_000
@@ -126,6 +133,12 @@ def is_state_file(path: str) -> bool:
     if path.endswith(".pth"):
         return not is_path_config(path)
     return path.endswith(STATE_SUFFIXES)
+
+
+def is_checkpoint_file(path: str) -> bool:
+    """True when the file at ``path`` is a saved checkpoint (``CHECKPOINT_SUFFIXES``, and weights or state by
+    :func:`is_state_file`): an earlier run's output, which a sweep element must not resume from or overwrite."""
+    return path.endswith(CHECKPOINT_SUFFIXES) and is_state_file(path)
 
 
 @dataclass(frozen=True)
@@ -339,8 +352,8 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
     files: List[SnapshotFile] = []
     skipped: List[str] = []
     job_dirs: Dict[str, bool] = {}
+    script = _script(cfg)
     for i, root in enumerate(roots):
-        script = _script(cfg)
         rels = _git_files(root, script) if root in git_roots else _walk_files(root, skip, script)
         for rel in rels:
             if is_credential_file(rel):  # .env, *.pem, ...: never copied, tracked or not
@@ -507,6 +520,9 @@ __all__ = [
     "SnapshotFile",
     "SnapshotPlan",
     "check_resubmit",
+    "CHECKPOINT_DIR",
+    "CHECKPOINT_SUFFIXES",
+    "is_checkpoint_file",
     "is_code",
     "is_path_config",
     "is_state_file",

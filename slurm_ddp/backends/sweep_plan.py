@@ -8,7 +8,6 @@ and ``submitit_sweep`` (one submitit job array). The directory layout's names ar
 from __future__ import annotations
 
 import os
-import re
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +33,7 @@ from ..rundir import (
     write_sweep_manifest,
 )
 from ..secrets import redact_argv
-from ..snapshot import SnapshotPlan, is_state_file, take, write_record
+from ..snapshot import CHECKPOINT_DIR, SnapshotPlan, is_checkpoint_file, take, write_record
 from ..sweep import Sweep, SweepElement
 from ..tracking import prepare_sweep
 
@@ -98,9 +97,6 @@ class SweepPlan:
         return "\n".join(head) + "\n" + self.rendered.shown
 
 
-#: HF Trainer's checkpoint directories (``checkpoint-500``) and the suffixes of saved weights/state
-_CHECKPOINT_DIR = re.compile(r"^checkpoint-\d+$")
-_CHECKPOINT_SUFFIXES = (".pt", ".pth", ".ckpt", ".safetensors")
 _SCAN_LIMIT = 2000  #: entries looked at per project entry (a dataset directory is not walked through)
 
 
@@ -108,17 +104,16 @@ def _holds_checkpoints(path: str) -> bool:
     """True when ``path`` is (or, up to 3 levels down and ``_SCAN_LIMIT`` entries, holds) a saved
     checkpoint: an earlier run's output, which a sweep element must not read or overwrite."""
     if os.path.isfile(path):
-        return path.endswith(_CHECKPOINT_SUFFIXES) and is_state_file(path)
+        return is_checkpoint_file(path)
     seen = 0
     for dirpath, dirnames, filenames in os.walk(path):
         rel = os.path.relpath(dirpath, path)
         depth = 0 if rel == "." else rel.count(os.sep) + 1
-        if any(_CHECKPOINT_DIR.match(d) for d in dirnames):
+        if any(CHECKPOINT_DIR.match(d) for d in dirnames):
             return True
         for name in filenames:
             seen += 1
-            full = os.path.join(dirpath, name)
-            if name.endswith(_CHECKPOINT_SUFFIXES) and is_state_file(full):
+            if is_checkpoint_file(os.path.join(dirpath, name)):
                 return True
             if seen > _SCAN_LIMIT:
                 return False

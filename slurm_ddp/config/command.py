@@ -1,6 +1,6 @@
 """``train.command``: where its script is (``command_script_index``), the argv a rank runs
 (``command_argv``), the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s values
-at rank start (``COMMAND_VAR``, ``expand_variables``, ``variables_problem``), the shell syntax the launcher
+at rank start (``COMMAND_VAR``, ``expand_variables``, ``command_word_problem``), the shell syntax the launcher
 does not run (``command_shell_syntax``) and how ``train.args`` reach the script (``command_arg_flags``).
 Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
 

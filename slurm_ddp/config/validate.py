@@ -152,8 +152,9 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
             raise _bad(key, value, "an integer")
         return value
     if tp is float:
-        if isinstance(value, str) and _number_from_text(value) is not None:  # '3e-4' from JSON or the API
-            value = _number_from_text(value)
+        if isinstance(value, str):  # '3e-4' from JSON or the API
+            number = _number_from_text(value)
+            value = value if number is None else number
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise _bad(key, value, "a number")
         if not math.isfinite(value):  # YAML's .nan/.inf, or 1e999

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import pytest
 import yaml
+from lib import require_module
 
 SLURM_COMMANDS = ("sbatch", "srun", "salloc", "scontrol", "squeue", "scancel", "sacct", "sinfo")
 
@@ -179,7 +180,7 @@ def test_render_says_the_script_runs_only_where_submit_prepared_it(tmp_path):
 
 
 def test_submitit_dry_run_prints_submitits_own_script(tmp_path):
-    pytest.importorskip("submitit")
+    require_module("submitit", "the submitit backend's dry run")
     args = ["submit", str(DIGITS), "--backend", "submitit", "--dry-run", "--no-check-task"]
     out = slurm_ddp([*args, "--run-dir", str(tmp_path / "run")], tmp_path)
     assert out.returncode == 0, out.stderr
