@@ -219,14 +219,34 @@ def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> O
     )
 
 
+#: a here-document's start in a setup line (bash(1), "Here Documents") (``cat > f <<EOF``, ``<<-'EOF'``): its word, the line that ends it
+_HEREDOC = re.compile(r"(?<!<)<<-?\s*(['\"]?)([A-Za-z_][A-Za-z0-9_]*)\1")  # not a here-string (<<<)
+
+
 def setup_lines(setup: Sequence[str], say: str) -> List[str]:
     """``environment.setup`` as a batch script runs it: each line as written, then a check that stops the job
     (exit 1, before any rank starts) when the line ended with a non-zero status, saying so with ``say`` (a
     shell command that prints its words: the batch script's ``log``). The batch script runs them without
-    ``set -u``; the sbatch template and submitit's script both take their lines from here."""
+    ``set -u``; the sbatch template and submitit's script both take their lines from here.
+
+    A command that goes on over more lines is checked once, after its last line: a line ending in ``\\``
+    (bash joins the next one to it) and a here-document (``<<EOF`` up to the line ``EOF``) get no check
+    inside them, which would change the command or the document's text."""
     out: List[str] = []
+    heredoc: Optional[str] = None
     for i, line in enumerate(setup, 1):
         out.append(line)
+        if heredoc is not None:
+            if line.strip() != heredoc:
+                continue
+            heredoc = None
+        else:
+            m = _HEREDOC.search(line)
+            if m:
+                heredoc = m.group(2)
+                continue
+        if line.endswith("\\"):
+            continue
         out.append(
             f'SETUP_STATUS=$?; [ "$SETUP_STATUS" -eq 0 ] || {{ {say} "ERROR: environment.setup line {i} failed with '
             f'status $SETUP_STATUS; not starting the ranks:" {shlex.quote(line)}; exit 1; }}'

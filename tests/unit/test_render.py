@@ -780,6 +780,39 @@ def test_setup_lines_run_without_set_u_and_a_failing_line_stops_the_job(make_con
     assert not (tmp_path / "NOT_REACHED").exists() and not (stubs2 / "srun.argv").exists()
 
 
+def test_setup_lines_that_go_on_over_more_lines_are_checked_once_after_their_last(tmp_path):
+    """A line ending in a backslash and a here-document run as bash reads them: no check inside (it would
+    become an argument of the command, or text of the document); the command's status is checked after its
+    last line, and a here-string (<<<) is one line."""
+    from slurm_ddp.render import setup_lines
+
+    setup = [
+        "printf '%s %s\\n' \\",
+        "  joined words > joined.txt",
+        "cat > doc.txt <<'EOF'",
+        "first",
+        "EOF",
+        'read -r word <<< "here-string"; echo "$word" > here.txt',
+        "cat <<-END > tabbed.txt",
+        "\tindented",
+        "\tEND",
+        "false \\",
+        "  ignored-argument",
+        "touch NOT_REACHED",
+    ]
+    lines = setup_lines(setup, 'echo "slurm_ddp:" >&2')
+    out = subprocess.run(["bash", "-c", "\n".join(lines)], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert (tmp_path / "joined.txt").read_text() == "joined words\n"
+    assert (tmp_path / "doc.txt").read_text() == "first\n"
+    assert (tmp_path / "here.txt").read_text() == "here-string\n"
+    assert (tmp_path / "tabbed.txt").read_text() == "indented\n"
+    assert out.returncode == 1, out
+    assert out.stderr.splitlines() == [
+        "slurm_ddp: ERROR: environment.setup line 11 failed with status 1; not starting the ranks:   ignored-argument"
+    ], out.stderr
+    assert not (tmp_path / "NOT_REACHED").exists()
+
+
 def test_submitits_script_runs_setup_lines_by_the_same_rule(make_config, tmp_path):
     """submitit's batch script takes its setup lines from the same place (render.setup_lines): a line that
     fails stops it, one line on stderr naming it."""
