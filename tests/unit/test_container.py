@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Sequence, Tuple
 
 import pytest
 from lib import wait_process
@@ -357,22 +357,33 @@ sys.exit(75)
 """
 
 
-def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_reaches_it(tmp_path: Path) -> None:
+def fake_apptainer_job(
+    tmp_path: Path, name: str, rank_script: str, options: Sequence[str] = (), **environment: Any
+) -> Tuple[Path, Path, Path, Path, Path, Path]:
+    """A 2-rank ``train.command`` job in ``tmp_path/jobs/job.yaml`` whose ranks run ``rank_script`` (with the
+    ``out`` directory as its argument) in an apptainer container of the fake apptainer (``bin``, logging its argv
+    to ``log``); ``options``: ``environment.container.options``, ``environment``: more ``environment`` keys.
+    Returns (bin, log, work, out, jobs, run directory)."""
     bin_dir, log, work, out, jobs = (tmp_path / d for d in ("bin", "log", "work", "out", "jobs"))
     for d in (bin_dir, log, work, out, jobs):
         d.mkdir()
     write_fake_apptainer(bin_dir, log)
-    (work / "rank.py").write_text(RANK_SCRIPT)
+    (work / "rank.py").write_text(rank_script)
     sif = tmp_path / "img.sif"
     sif.write_text("")
-    run_dir = tmp_path / "run"
+    box = {"runtime": "apptainer", "image": str(sif), "python": sys.executable}
     job = {
-        "name": "fake-apptainer",
+        "name": name,
         "slurm": {"nodes": 1, "tasks_per_node": 2},
         "train": {"command": f"python {work / 'rank.py'} {out}", "workdir": str(work), "snapshot": False},
-        "environment": {"container": {"runtime": "apptainer", "image": str(sif), "python": sys.executable}},
+        "environment": {"container": {**box, **({"options": list(options)} if options else {})}, **environment},
     }
     (jobs / "job.yaml").write_text(json.dumps(job))
+    return bin_dir, log, work, out, jobs, tmp_path / "run"
+
+
+def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_reaches_it(tmp_path: Path) -> None:
+    bin_dir, log, work, out, jobs, run_dir = fake_apptainer_job(tmp_path, "fake-apptainer", RANK_SCRIPT)
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}"}
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(jobs / "job.yaml"), "--backend", "local"]
     proc = subprocess.Popen(
@@ -399,7 +410,9 @@ def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_
     assert len(ranks) == 2, ranks
     binds = f"{run_dir}:{run_dir},{work}:{work},{jobs}:{jobs}"  # the run, train.workdir, train.pythonpath
     for argv in ranks:  # the batch script's words (ContainerPlan.exec_argv), then the rank's launch wrapper
-        assert argv[:7] == ["exec", "--bind", binds, "--pwd", str(work), str(sif), sys.executable], argv
+        assert argv[:7] == ["exec", "--bind", binds, "--pwd", str(work), str(tmp_path / "img.sif"), sys.executable], (
+            argv
+        )
         assert argv[7:11] == ["-m", "slurm_ddp.launch", "--run-dir", str(run_dir)], argv
     for r in (0, 1):
         cwd, pid, pythonpath = (out / f"rank-{r}").read_text().splitlines()
@@ -472,25 +485,14 @@ def test_apptainer_cleanenv_ranks_get_the_rank_variables_and_nothing_else_of_the
     """containers.md's --cleanenv: the host environment stays out of the container, and the rank variables
     (SLURM_*, MASTER_*, the copy of slurm_ddp on PYTHONPATH, pass_env, environment.env) reach it as
     APPTAINERENV_<NAME>; real ranks through the local backend and a fake apptainer that honours --cleanenv."""
-    bin_dir, log, work, out, jobs = (tmp_path / d for d in ("bin", "log", "work", "out", "jobs"))
-    for d in (bin_dir, log, work, out, jobs):
-        d.mkdir()
-    write_fake_apptainer(bin_dir, log)
-    (work / "rank.py").write_text(ENV_RANK_SCRIPT)
-    sif = tmp_path / "img.sif"
-    sif.write_text("")
-    run_dir = tmp_path / "run"
-    job = {
-        "name": "cleanenv",
-        "slurm": {"nodes": 1, "tasks_per_node": 2},
-        "train": {"command": f"python {work / 'rank.py'} {out}", "workdir": str(work), "snapshot": False},
-        "environment": {
-            "container": {"runtime": "apptainer", "image": str(sif), "python": sys.executable, "options": [option]},
-            "pass_env": ["MY_SECRET"],
-            "env": {"GREETING": "hello", "HF_HOME": "$SLURM_DDP_RUN_DIR/hf"},
-        },
-    }
-    (jobs / "job.yaml").write_text(json.dumps(job))
+    bin_dir, log, work, out, jobs, run_dir = fake_apptainer_job(
+        tmp_path,
+        "cleanenv",
+        ENV_RANK_SCRIPT,
+        options=[option],
+        pass_env=["MY_SECRET"],
+        env={"GREETING": "hello", "HF_HOME": "$SLURM_DDP_RUN_DIR/hf"},
+    )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MY_SECRET": "s3cret", "HOST_ONLY": "leak"}
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(jobs / "job.yaml"), "--backend", "local"]
     proc = subprocess.run([*cmd, "--run-dir", str(run_dir)], env=env, capture_output=True, text=True, timeout=300)
