@@ -326,11 +326,11 @@ def describe(plan: SubmitPlan) -> str:
     """``submit --backend submitit --dry-run``'s text: submitit's own batch script (what it writes into
     ``RUN_DIR/submitit/<job id>`` and submits; the sbatch backend's ``job.sbatch`` is not what runs),
     credential-looking ``environment.env`` values as ``***``. Writes nothing; needs no Slurm command."""
-    from submitit.slurm.slurm import _make_sbatch_string
-
     from ..secrets import redact_text, secret_values
 
-    executor = _executor(plan, dry_run=True)
+    executor = _executor(plan, dry_run=True)  # first: without submitit, its one-line UserError
+    from submitit.slurm.slurm import _make_sbatch_string
+
     text: str = _make_sbatch_string(
         command=executor._submitit_command_str, folder=executor.folder, **executor.parameters
     )

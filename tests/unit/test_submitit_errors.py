@@ -112,3 +112,16 @@ def test_submit_without_srun_is_one_line_and_writes_nothing(no_srun, tmp_path: P
     assert rc == ClusterError.exit_code, err
     _one_error_line(err, "srun is not on PATH")
     assert not run_dir.exists()
+
+
+def test_submitit_dry_run_without_submitit_is_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """``--backend submitit --dry-run`` on a machine without submitit: the backend's one-line error (what
+    to install), not a traceback of the import of submitit's script writer; nothing written."""
+    for name in [m for m in sys.modules if m == "submitit" or m.startswith("submitit.")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "submitit", None)  # `import submitit` raises ImportError
+    argv = ["submit", str(JOB_YAML), "--backend", "submitit", "--dry-run", "--no-check-task"]
+    assert cli.main([*argv, "--run-dir", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["slurm-ddp: error: --backend submitit needs submitit: pip install 'slurm-ddp[submitit]'"], err
+    assert not (tmp_path / "run").exists()
