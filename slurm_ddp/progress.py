@@ -149,6 +149,10 @@ class _Off:
     steps_reported = 0
 
 
+#: A recorder that drops every report: a process the watchdog must not judge yet (a warm spare waiting to be
+#: called in, ``slurm_ddp.worker.inprocess``, takes :func:`recorder` only once it trains).
+DISABLED = _Off()
+
 _recorder: Optional[Progress | _Off] = None
 
 

@@ -666,6 +666,13 @@ class RecoveryConfig:
     max_restarts: int = field(
         default=2, metadata=_meta("in-job restarts before falling back to a requeue (requeue.max_requeues)", min=0)
     )
+    in_process: bool = field(
+        default=False,
+        metadata=_meta(
+            "the shared worker's survivors keep their processes and state on a lost node, spares wait warm "
+            "(slurm_ddp.worker.inprocess); else every rank starts again"
+        ),
+    )
 
 
 _TRACKING_URI = re.compile(r"^[^\s'\"`\\]*\Z")

@@ -576,6 +576,18 @@ def _check_recovery(cfg: JobConfig) -> None:
             f"at most slurm.nodes ({s.nodes})",
             "it is the fewest nodes the survivors may continue on; leave it unset to never shrink",
         )
+    if r.in_process:
+        why = (
+            "train.command (a script of one's own restarts with its step; only the shared worker keeps its state)"
+            if cfg.train.command
+            else "slurm.launcher: torchrun (the ranks must be Slurm tasks)"
+            if s.launcher == "torchrun"
+            else "no in-job recovery (set recovery.spare_nodes > 0 or recovery.min_nodes below slurm.nodes)"
+            if not cfg.in_job_recovery
+            else ""
+        )
+        if why:
+            raise _bad("recovery.in_process", True, f"false with {why}", "set recovery.in_process: false")
     if r.spare_nodes and s.min_nodes != s.max_nodes:
         raise _bad(
             "recovery.spare_nodes",

@@ -101,6 +101,8 @@ from .files import (
     SCRIPT_NAME,
     SNAPSHOT_NAME,
     SNAPSHOTS_DIR,
+    STEP_END_VAR,
+    STEP_NODES_VAR,
     STOPS_DIR,
     SUBMITIT_DIR,
     SWEEP_JOBS_NAME,
@@ -149,6 +151,7 @@ from .files import (
     write_finished,
     write_peer_lost,
     write_preempted,
+    write_step_end,
     write_sweep_manifest,
 )
 from .hangs import (
@@ -193,6 +196,8 @@ __all__ = [
     "record_waiting",
     "stop_precedence",
     "PEER_LOST_VAR",
+    "STEP_END_VAR",
+    "STEP_NODES_VAR",
     "RECOVERIES_NAME",
     "RECOVERY_DIR",
     "RecoveryDecision",
@@ -202,6 +207,7 @@ __all__ = [
     "read_in_job_restarts",
     "read_recoveries",
     "write_peer_lost",
+    "write_step_end",
     "survivor_claim_path",
     "WANDB_DIR_NAME",
     "MLFLOW_DB_NAME",

@@ -33,6 +33,13 @@ RECOVERY_DIR = "recovery"
 #: the variable naming a step's peer-lost marker: a rank that saw a peer vanish creates that file, so the
 #: batch script stops waiting for a step Slurm keeps alive until it marks the node DOWN
 PEER_LOST_VAR = "SLURM_DDP_PEER_LOST"
+#: in-process recovery (``recovery.in_process``): the variable naming the step's training nodes, a comma list,
+#: batch host first (node rank order); the step's other nodes hold the warm spares
+STEP_NODES_VAR = "SLURM_DDP_STEP_NODES"
+#: in-process recovery: the variable naming the file rank 0 writes its exit status to as it ends
+#: (:func:`write_step_end`): srun, which waits for a lost node's tasks until Slurm marks the node DOWN, is
+#: then ended by the batch script
+STEP_END_VAR = "SLURM_DDP_STEP_END"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
@@ -340,6 +347,21 @@ def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         with open(path, "a", encoding="utf-8") as f:
             f.write(json.dumps(record) + "\n")
+    except OSError:
+        return False
+    return True
+
+
+def write_step_end(environ: Mapping[str, str], status: int) -> bool:
+    """Write rank 0's exit ``status`` (an integer and a newline) to the file ``STEP_END_VAR`` names in
+    ``environ``; False when the variable is unset (no in-process recovery) or the file cannot be written."""
+    path = environ.get(STEP_END_VAR)
+    if not path:
+        return False
+    try:
+        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(f"{int(status)}\n")
     except OSError:
         return False
     return True

@@ -44,23 +44,21 @@ def choose_backend(requested: str = "auto") -> str:
     return "nccl" if torch.cuda.is_available() else "gloo"
 
 
-def init_distributed(
-    denv: DistEnv, backend: str = "auto", timeout_s: float = 600, environ: Optional[Mapping[str, str]] = None
-) -> torch.device:
-    """``init_process_group`` over TCP at ``MASTER_ADDR:MASTER_PORT``; returns this rank's device.
+def rank_device(
+    denv: DistEnv, backend: str = "auto", environ: Optional[Mapping[str, str]] = None
+) -> Tuple[str, torch.device]:
+    """The process group backend (``choose_backend``) and this rank's device, before any group exists.
 
     With NCCL the device is the one ``slurm_ddp.devices.select_device`` chooses from what Slurm
     made visible (``environ``, default ``os.environ``, with this rank's LOCAL_RANK and
     LOCAL_WORLD_SIZE): ``cuda:0`` when the task sees one GPU, ``cuda:LOCAL_RANK`` when it sees
-    the node's GPUs (one process per GPU, the DDP recipe); with gloo it is the CPU. When GPUs are
-    visible but CUDA is not usable here (``backend="auto"``: gloo on the CPU), the device the rule
-    would choose is still logged on every rank. ``timeout_s`` bounds every collective (a dead peer
-    turns into an error after it instead of a hang). Returns after the group formed. Raises
-    ``DeviceSelectionError`` (one line) when the visible GPUs do not fit the rank's place.
+    the node's GPUs (one process per GPU, the DDP recipe), made current; with gloo it is the CPU. When GPUs
+    are visible but CUDA is not usable here (``backend="auto"``: gloo on the CPU), the device the rule
+    would choose is still logged. Raises ``DeviceSelectionError`` (one line) when the visible GPUs do not
+    fit the rank's place.
     """
     backend = choose_backend(backend)
     device = torch.device("cpu")
-    kwargs: Dict[str, Any] = {}
     env = {**(os.environ if environ is None else environ)}
     env.update(LOCAL_RANK=str(denv.local_rank), LOCAL_WORLD_SIZE=str(denv.local_world_size))
     rank_log = logging.getLogger("slurm_ddp.rank")
@@ -68,7 +66,6 @@ def init_distributed(
         choice = select_device(env, device_count=torch.cuda.device_count())
         device = torch.device("cuda", choice.ordinal)
         torch.cuda.set_device(device)
-        kwargs["device_id"] = device
         rank_log.info("device %s", choice.describe())
     elif visible_devices(env):
         try:
@@ -76,12 +73,37 @@ def init_distributed(
         except DeviceSelectionError as e:
             rule = f"none ({e})"
         rank_log.info("device cpu (backend %s); the GPU rule gives %s", backend, rule)
+    return backend, device
+
+
+def init_distributed(
+    denv: DistEnv,
+    backend: str = "auto",
+    timeout_s: float = 600,
+    environ: Optional[Mapping[str, str]] = None,
+    store: Any = None,
+    device: Optional[torch.device] = None,
+) -> torch.device:
+    """``init_process_group`` over TCP at ``MASTER_ADDR:MASTER_PORT`` (or through ``store``, a
+    ``torch.distributed.Store``: in-process recovery forms each generation's group through its own
+    prefix); returns this rank's device (``rank_device``, unless ``device`` was chosen before).
+    ``timeout_s`` bounds every collective (a dead peer turns into an error after it instead of a hang).
+    Returns after the group formed. Raises ``DeviceSelectionError`` (one line) when the visible GPUs do not
+    fit the rank's place.
+    """
+    backend = choose_backend(backend)
+    if device is None:
+        backend, device = rank_device(denv, backend, environ)
+    kwargs: Dict[str, Any] = {"device_id": device} if device.type == "cuda" else {}
+    where: Dict[str, Any] = (
+        {"store": store} if store is not None else {"init_method": f"tcp://{denv.master_addr}:{denv.master_port}"}
+    )
     dist.init_process_group(
         backend=backend,
-        init_method=f"tcp://{denv.master_addr}:{denv.master_port}",
         rank=denv.rank,
         world_size=denv.world_size,
         timeout=timedelta(seconds=timeout_s),
+        **where,
         **kwargs,
     )
     return device

@@ -36,7 +36,7 @@ from ..config import JobConfig, load_config
 from ..constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from ..env import DistEnv
 from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
-from ..progress import CHECKPOINT, DATA, EVAL, STARTUP, STEP
+from ..progress import CHECKPOINT, DATA, DISABLED, EVAL, STARTUP, STEP
 from ..progress import recorder as progress_recorder
 from ..resize import accumulation_for, samples_in_epoch
 from ..rundir import (
@@ -44,6 +44,7 @@ from ..rundir import (
     FINAL_MODEL_NAME,
     FINISHED_NAME,
     METRICS_NAME,
+    STEP_NODES_VAR,
     Preempted,
     append_jsonl,
     checkpoint_dir,
@@ -55,10 +56,13 @@ from ..rundir import (
     write_finished,
     write_peer_lost,
     write_preempted,
+    write_step_end,
 )
+from ..rundir.recovery import record_recovery
 from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, loader_context, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
+from .inprocess import Membership, Place, Plan, RecoveryAbandoned, first_plan, place_in_step
 from .runtime import (
     ResumableDistributedSampler,
     SeededBatchSampler,
@@ -71,6 +75,7 @@ from .runtime import (
     init_distributed,
     is_peer_failure,
     optimizer_step,
+    rank_device,
     restore_rng,
     seed_everything,
     seed_step,
@@ -117,8 +122,14 @@ class MetricsWriter:
 class Trainer:
     """State and steps of one rank's training run; ``run()`` returns the exit status."""
 
-    def __init__(self, cfg: JobConfig, run_dir: Path, denv: DistEnv):
+    def __init__(self, cfg: JobConfig, run_dir: Path, denv: DistEnv, place: Optional[Place] = None):
         self.cfg, self.run_dir, self.denv = cfg, run_dir, denv
+        # in-process recovery (recovery.in_process, slurm_ddp.worker.inprocess): this process's place in the
+        # step, its link to the step's store and the current generation's plan (a spare: None until called in)
+        self.place = place
+        self.spare = place is not None and place.spare
+        self.membership: Optional[Membership] = None
+        self.plan: Optional[Plan] = None
         self.tc = cfg.train
         self.flag = PreemptionFlag(worker_signals(cfg.requeue.signal_name))
         self.stop = StepAgreement(self.flag)  # all-reduces the flag every ~0.5 s, not every step
@@ -142,7 +153,8 @@ class Trainer:
         self.blocked_s = 0.0  # training time blocked by checkpoint saves (rank 0)
         self.scaler: Optional[Any] = None
         self.tb: Optional[Any] = None
-        self.progress = progress_recorder()  # what the hang watchdog reads (slurm_ddp.progress)
+        # what the hang watchdog reads (slurm_ddp.progress); a waiting spare is not judged until called in
+        self.progress = DISABLED if self.spare else progress_recorder()
         # True from the start of the train loop on: every collective that can fail from then on (the
         # DDP backward's all-reduce, the stop check, eval, a checkpoint's gather) leaves the model,
         # optimizer, scheduler and data position at the last completed step, so a rank that loses a
@@ -190,9 +202,26 @@ class Trainer:
         # only an emergency checkpoint (in-job recovery) needs them; compiled, a Python hook would break the graph
         if self.cfg.in_job_recovery and self.buffer_names and not tc.compile:
             model.register_forward_pre_hook(self._keep_buffers)
+        self.build_ddp()
+        self.optimizer = self.task.build_optimizer(model)
+        self.scheduler = self.task.build_scheduler(self.optimizer)
+        self.autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[tc.amp]
+        if tc.amp == "fp16":
+            self.scaler = torch.amp.GradScaler(self.device.type)
+        self.train_ds, self.eval_ds = self.task.build_datasets()
+        self.build_loader()
+        if denv.is_main:
+            self.open_tensorboard()
+
+    def build_ddp(self) -> None:
+        """Wrap the model in DDP over the current default group (its constructor broadcasts rank 0's weights and
+        buffers), and compile that when ``train.compile``. Skipped by a warm spare until it is called in."""
+        if self.spare and self.plan is None:
+            return
+        tc = self.tc
         device_ids = [self.device.index] if self.device.type == "cuda" else None
-        self.ddp = DDP(  # the constructor broadcasts rank 0's weights and buffers
-            model,
+        self.ddp = DDP(
+            self.model,
             device_ids=device_ids,
             find_unused_parameters=tc.find_unused_parameters,
             static_graph=tc.static_graph,
@@ -200,12 +229,13 @@ class Trainer:
         )
         # torch.compile of a Module returns an OptimizedModule (a Module); its annotation says Callable
         self.forward_model: torch.nn.Module = cast(torch.nn.Module, torch.compile(self.ddp)) if tc.compile else self.ddp
-        self.optimizer = self.task.build_optimizer(model)
-        self.scheduler = self.task.build_scheduler(self.optimizer)
-        self.autocast_dtype = {"none": None, "bf16": torch.bfloat16, "fp16": torch.float16}[tc.amp]
-        if tc.amp == "fp16":
-            self.scaler = torch.amp.GradScaler(self.device.type)
-        self.train_ds, self.eval_ds = self.task.build_datasets()
+
+    def build_loader(self) -> None:
+        """This rank's share of the training set for the current world size and rank (sampler, batches,
+        loader), and its per-rank random streams. Skipped by a warm spare until it is called in."""
+        if self.spare and self.plan is None:
+            return
+        tc, denv = self.tc, self.denv
         sampler = ResumableDistributedSampler(self.train_ds, denv.world_size, denv.rank, seed=tc.seed)
         self.batches = SeededBatchSampler(sampler, tc.batch_size, tc.seed, denv.rank)
         if self.batches.batches_per_epoch() < self.accum:
@@ -233,13 +263,14 @@ class Trainer:
         )
         # Per-rank randomness of the training step itself (dropout …), restored on resume.
         seed_everything(tc.seed + 1000003 * (denv.rank + 1))
-        if denv.is_main:
-            try:
-                from torch.utils.tensorboard import SummaryWriter
 
-                self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
-            except ImportError:  # tensorboard is optional
-                self.tb = None
+    def open_tensorboard(self) -> None:
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+        except ImportError:  # tensorboard is optional
+            self.tb = None
 
     def _keep_buffers(self, module: torch.nn.Module, args: Any) -> None:
         """Forward pre-hook of the model (inside DDP: after its buffer broadcast): copy the persistent
@@ -376,22 +407,7 @@ class Trainer:
             return
         state = self.ckpt.load(info)
         assert state is not None
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if self.scheduler is not None and state.get("scheduler") is not None:
-            self.scheduler.load_state_dict(state["scheduler"])
-        if self.scaler is not None and state.get("scaler") is not None:
-            self.scaler.load_state_dict(state["scaler"])
-        self.task.load_state_dict(state.get("task") or {})
-        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
-        # rank 0's log window (a checkpoint written before windows were saved has none: a fresh one)
-        self.last_loss = state.get("last_loss")
-        window = state.get("log_window") or {}
-        if window.get("loss_sum") is not None:
-            self.loss_sum, self.loss_count = window["loss_sum"].to(self.device), int(window["steps"])
-        same_config = state.get("config_hash") == self.cfg.config_hash()
-        if not same_config and state.get("training_hash") != self.cfg.training_hash():  # world size aside
-            log.warning("checkpoint of step %d was written under a different config; resuming anyway", self.step)
+        old_world = self._load_training_state(state)
         if self.denv.is_main:  # once per job, in rank 0's log
             from ..provenance import torch_mismatch
 
@@ -400,9 +416,7 @@ class Trainer:
                 log.warning("%s", mismatch)
         # each rank's own file (rank_states), or the list gathered into rank 0's data (older checkpoints)
         rngs = state.get("rng") or []
-        old_world = int(state.get("world_size") or self.denv.world_size)
         b = self.tc.batch_size
-        self.global_batch = int(state.get("global_batch") or old_world * b * self.tc.grad_accum_steps)
         same_world = old_world == self.denv.world_size
         if info.emergency is not None:
             log.warning(
@@ -414,17 +428,15 @@ class Trainer:
                 " (exact: the same world size)" if same_world else "",
             )
         has_rank_states = info.rank_states == self.denv.world_size or len(rngs) == self.denv.world_size
-        if same_world and (has_rank_states or info.emergency is not None):
+        exact = same_world and (has_rank_states or info.emergency is not None)
+        if exact:
             # the same world size: bitwise exact. The per-rank RNG states matter only to code that draws
             # before the first step (each step reseeds, seed_step); restored where saved, as before.
             if info.rank_states == self.denv.world_size:
                 restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
             elif len(rngs) == self.denv.world_size:
                 restore_rng(rngs[self.denv.rank])
-            self.epoch_base = int(state.get("epoch_base", 0))
-            self.accum = int(state.get("grad_accum_steps", self.tc.grad_accum_steps))
-        else:
-            self._resume_resized(state, old_world)
+        self._place_in_epoch(state, old_world, exact)
         log.info(
             "resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
             self.step,
@@ -442,6 +454,40 @@ class Trainer:
             samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
         )
 
+    def _load_training_state(self, state: Dict[str, Any]) -> int:
+        """Load a training state (``training_state()``'s shape: a checkpoint's, or a survivor's broadcast under
+        in-process recovery) into the model, optimizer, scheduler, scaler, task, step counters, log window and
+        global batch; returns the world size it was made on."""
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if self.scheduler is not None and state.get("scheduler") is not None:
+            self.scheduler.load_state_dict(state["scheduler"])
+        if self.scaler is not None and state.get("scaler") is not None:
+            self.scaler.load_state_dict(state["scaler"])
+        self.task.load_state_dict(state.get("task") or {})
+        self.step, self.epoch, self.batch_in_epoch = state["step"], state["epoch"], state["batch_in_epoch"]
+        # rank 0's log window (a checkpoint written before windows were saved has none: a fresh one)
+        self.last_loss = state.get("last_loss")
+        window = state.get("log_window") or {}
+        if window.get("loss_sum") is not None:
+            self.loss_sum, self.loss_count = window["loss_sum"].to(self.device), int(window["steps"])
+        same_config = state.get("config_hash") == self.cfg.config_hash()
+        if not same_config and state.get("training_hash") != self.cfg.training_hash():  # world size aside
+            log.warning("checkpoint of step %d was written under a different config; resuming anyway", self.step)
+        old_world = int(state.get("world_size") or self.denv.world_size)
+        b = self.tc.batch_size
+        self.global_batch = int(state.get("global_batch") or old_world * b * self.tc.grad_accum_steps)
+        return old_world
+
+    def _place_in_epoch(self, state: Dict[str, Any], old_world: int, exact: bool) -> None:
+        """The position in the epoch after loading ``state``: as saved when ``exact`` (the same world size, every
+        rank's stream known), else sample-exactly on this world size (``_resume_resized``)."""
+        if exact:
+            self.epoch_base = int(state.get("epoch_base", 0))
+            self.accum = int(state.get("grad_accum_steps", self.tc.grad_accum_steps))
+        else:
+            self._resume_resized(state, old_world)
+
     def _resume_resized(self, state: Dict[str, Any], old_world: int) -> None:
         """Resume a checkpoint of ``old_world`` ranks on this world size, sample-exactly: the epoch goes
         on after the samples it consumed (over all ranks), with the global batch kept where possible."""
@@ -456,7 +502,7 @@ class Trainer:
         self.accum = plan.grad_accum_steps
         # the per-rank random streams (dropout …) follow (seed, rank, step) on this world size (seed_step)
         log.warning(
-            "resuming a checkpoint of %d ranks on %d: epoch %d goes on after its first %d samples (each remaining "
+            "resuming a training state of %d ranks on %d: epoch %d goes on after its first %d samples (each remaining "
             "sample trained once); grad_accum_steps %d keeps %d samples per step; each rank's random streams "
             "follow (train.seed, rank, step) (not bitwise equal to a run on one world size)",
             old_world,
@@ -709,39 +755,84 @@ class Trainer:
         saver_done = threading.Event()
         if self.cfg.in_job_recovery and self.cfg.watchdog.enabled:
             threading.Thread(target=self._hang_saver, args=(saver_done,), name="hang-saver", daemon=True).start()
+        status = 1
         try:
             t0 = time.perf_counter()
-            self.device = init_distributed(denv, self.tc.backend, self.tc.pg_timeout_s)
-            if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
-                self.stop.group = dist.new_group(backend="gloo")
-            if denv.is_main:
-                log.info(
-                    "process group formed in %.3f s (backend %s, world size %d)",
+            store = None
+            if self.place is not None:  # in-process recovery: every process of the step joins rank 0's store
+                _, self.device = rank_device(denv, self.tc.backend)
+                self.membership = Membership(
+                    denv.master_addr,
+                    denv.master_port,
+                    self.place.slot,
+                    serve=denv.is_main,
+                    timeout_s=max(self.cfg.watchdog.startup_s, self.tc.pg_timeout_s),
+                )
+            if self.spare:  # build the task, then wait warm until a lost node's ranks are this node's
+                assert self.membership is not None
+                self.build()
+                end_startup_gc()
+                self.membership.spare_ready()
+                log.warning(
+                    "warm spare on %s: task built in %.1f s; waiting to be called in",
+                    denv.hostname,
                     time.perf_counter() - t0,
-                    dist.get_backend(),
-                    denv.world_size,
                 )
-            if denv.is_main and (self.cfg.tracking.mlflow.enabled or self.cfg.tracking.wandb.enabled):
-                from ..tracking import Tracker
+                plan = self.membership.wait_for_call()
+                if plan is None:
+                    log.warning("warm spare on %s: the step ended without calling it in", denv.hostname)
+                    ok, status = True, 0
+                    return status
+                self._join(plan, time.time(), "called in")
+            else:
+                if self.membership is not None and self.place is not None:
+                    self.plan = first_plan(self.place.step_nodes, self.place.tasks_per_node)
+                    store = self.membership.group_store(self.plan.generation)
+                self.device = init_distributed(
+                    denv, self.tc.backend, self.tc.pg_timeout_s, store=store, device=getattr(self, "device", None)
+                )
+                if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
+                    self.stop.group = dist.new_group(backend="gloo")
+                if denv.is_main:
+                    log.info(
+                        "process group formed in %.3f s (backend %s, world size %d)",
+                        time.perf_counter() - t0,
+                        dist.get_backend(),
+                        denv.world_size,
+                    )
+                if denv.is_main and (self.cfg.tracking.mlflow.enabled or self.cfg.tracking.wandb.enabled):
+                    from ..tracking import Tracker
 
-                host = denv.hostname or socket.gethostname()
-                self.metrics.tracker = Tracker.open(
-                    self.run_dir, self.cfg, job_id=str(denv.job_id), restart=denv.restart_count, host=host
-                )
-            self.build()
-            end_startup_gc()  # python -m slurm_ddp.worker paused it for the start-up
-            self.resume()
-            status = self.train()
+                    host = denv.hostname or socket.gethostname()
+                    self.metrics.tracker = Tracker.open(
+                        self.run_dir, self.cfg, job_id=str(denv.job_id), restart=denv.restart_count, host=host
+                    )
+                self.build()
+                end_startup_gc()  # python -m slurm_ddp.worker paused it for the start-up
+                self.resume()
+            status = self.train_recovering()
             if status == 0:
                 self.finish()
             ok = True
             return status
+        except RecoveryAbandoned as e:  # left out of the next generation: the others go on without it
+            log.error("%s", e)
+            return 1
         except RuntimeError as e:  # DistBackendError included
             if is_peer_failure(e):
                 raise self._peer_failure(e) from e
+            self._report_crash(e)
+            raise
+        except BaseException as e:
+            self._report_crash(e)
             raise
         finally:
             saver_done.set()
+            if self.membership is not None:
+                if self.denv.is_main:  # srun may wait for a lost node's tasks: the batch script ends it
+                    write_step_end(os.environ, status if ok else 1)
+                    self.membership.done()  # the waiting spares end
+                self.membership.close()
             self.flag.restore()
             # close(), not just wait(): the writer thread must end here. Left idle, it still holds its
             # last job (the snapshot buffers); weakref.finalize's atexit hook wakes it at exit, and a
@@ -769,6 +860,170 @@ class Trainer:
                 shutdown_distributed()
             elif dist.is_initialized():
                 dist.destroy_process_group()
+
+    # ------------------------------------------------------------------ in-process recovery
+    def train_recovering(self) -> int:
+        """``train()``, and under in-process recovery (``recovery.in_process``) again after each lost node the
+        survivors recovered from without leaving this process (:meth:`_recover_in_process`). A failure it
+        cannot recover from is raised as it came (the peer-failure path of :meth:`run`)."""
+        while True:
+            try:
+                return self.train()
+            except RuntimeError as e:
+                if self.membership is None or not is_peer_failure(e):
+                    raise
+                if not self._recover_in_process(e):
+                    raise
+
+    def _recover_in_process(self, e: BaseException) -> bool:
+        """After a failed collective: leave the broken group with the model, optimizer and data position of the
+        last completed step kept in memory, check in for the next generation and join it
+        (:class:`~slurm_ddp.worker.inprocess.Membership`; rank 0 decides). False when the step cannot go on
+        in-process (the reason is logged): the caller's peer-failure path follows."""
+        assert self.membership is not None and self.plan is not None and self.place is not None
+        t_fail = time.time()
+        log.warning(
+            "a peer was lost after step %d (%s); recovering in-process (generation %d)",
+            self.step,
+            self._peer_message(e)[-200:],
+            self.plan.generation + 1,
+        )
+        self.progress.mark(self.step, STARTUP)
+        if self.in_step and self.buffers_kept:  # the failed step's forward updated them: back to its start
+            live = dict(self.model.named_buffers())
+            with torch.no_grad():
+                for name, kept in self.kept_buffers.items():
+                    live[name].copy_(kept)
+        self.in_step = False
+        for name in ("forward_model", "ddp"):  # they hold the broken group
+            self.__dict__.pop(name, None)
+        self.stop.group = None
+        try:
+            dist.destroy_process_group()
+        except Exception as err:
+            log.warning("leaving the broken process group: %s", err)
+        deadline = self.tc.pg_timeout_s + 30.0
+        try:
+            self.membership.check_in(self.plan, self.step)
+            if self.denv.is_main:
+                plan = self.membership.coordinate(
+                    self.plan,
+                    self.place.spare_slots(),
+                    tasks_per_node=self.place.tasks_per_node,
+                    min_nodes=self.cfg.recovery_min_nodes,
+                    max_generations=self.cfg.recovery.max_restarts,
+                    deadline_s=deadline,
+                )
+            else:
+                plan = self.membership.wait_plan(self.plan.generation + 1, deadline + 10.0)
+        except RecoveryAbandoned as why:
+            log.error("in-process recovery given up: %s", why)
+            return False
+        if self.place.slot not in plan.ranks:
+            raise RecoveryAbandoned(
+                f"{self.place.slot} is not in generation {plan.generation} (it was taken for lost): ending this rank"
+            )
+        self._join(plan, t_fail, f"lost {','.join(plan.lost)}")
+        return True
+
+    def _join(self, plan: Plan, t_fail: float, why: str) -> None:
+        """Form generation ``plan``'s process group, load the state its source rank broadcasts (the same world
+        size: exact; a smaller one: sample-exact, ``_resume_resized``), and rebuild DDP, the data loader and
+        the stop agreement for the new rank and world size."""
+        from dataclasses import replace
+
+        assert self.membership is not None and self.place is not None
+        rank = plan.ranks[self.place.slot]
+        # the source's state, made before this rank's place changes (its world size is the old one)
+        state = self.training_state() if rank == plan.source and self.plan is not None else None
+        was_spare = self.plan is None
+        self.denv = replace(
+            self.denv,
+            rank=rank,
+            world_size=plan.world_size,
+            node_rank=plan.nodes.index(self.place.node),
+            num_nodes=len(plan.nodes),
+        )
+        os.environ.update(self.denv.torch_env())
+        if was_spare:
+            setup_logging(rank)
+            self.progress = progress_recorder()  # judged by the hang watchdog from now on
+            self.progress.mark(0, STARTUP)
+        self.plan = plan
+        init_distributed(
+            self.denv,
+            self.tc.backend,
+            self.tc.pg_timeout_s,
+            store=self.membership.group_store(plan.generation),
+            device=self.device,
+        )
+        box = [state]
+        dist.broadcast_object_list(box, src=plan.source)
+        state = box[0]
+        assert state is not None
+        old_world = self._load_training_state(state)
+        self._place_in_epoch(state, old_world, exact=old_world == self.denv.world_size)
+        self.build_ddp()
+        self.build_loader()
+        self.stop = StepAgreement(self.flag)
+        if dist.get_backend() != "gloo":
+            self.stop.group = dist.new_group(backend="gloo")
+        took = time.time() - t_fail
+        log.warning(
+            "in-process recovery, generation %d (%s): rank %d of %d on %s, resuming after step %d from rank %d's "
+            "memory in %.2f s",
+            plan.generation,
+            why,
+            rank,
+            plan.world_size,
+            ",".join(plan.nodes),
+            self.step,
+            plan.source,
+            took,
+        )
+        if self.denv.is_main:
+            b = self.tc.batch_size
+            self.metrics.write(
+                event="resume",
+                step=self.step,
+                restart=self.denv.restart_count,
+                world_size=self.denv.world_size,
+                emergency=False,
+                in_process=True,
+                generation=plan.generation,
+                grad_accum_steps=self.accum,
+                samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
+            )
+            try:
+                record_recovery(
+                    self.run_dir,
+                    job_id=str(self.denv.job_id),
+                    restart=self.denv.restart_count,
+                    attempt=plan.generation - 1,
+                    time=t_fail,
+                    action="in_process",
+                    nodes=list(plan.nodes),
+                    bad=list(plan.lost),
+                    spares_used=list(plan.spares_used),
+                    lost_at=t_fail,
+                    lost_step=plan.step,
+                    world_size=plan.world_size,
+                    recovery_s=took,
+                    reason=f"in-process recovery: node {','.join(plan.lost)} lost after step {plan.step}; "
+                    + (
+                        f"spare {','.join(plan.spares_used)} took its ranks"
+                        if plan.spares_used
+                        else f"the {len(plan.nodes)} surviving node(s) go on"
+                    ),
+                )
+            except OSError as err:
+                log.error("could not record the in-process recovery: %s", err)
+
+    def _report_crash(self, e: BaseException) -> None:
+        """In-process recovery: tell the step's store this rank failed of its own (not a lost peer), so the
+        survivors give up instead of calling a spare in for it."""
+        if self.membership is not None:
+            self.membership.report_crash(f"{type(e).__name__}: {str(e)[:300]}")
 
     def _peer_failure(self, e: BaseException) -> PeerFailure:
         """The ``PeerFailure`` for ``e``, after committing the last completed step alone
@@ -926,6 +1181,11 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
     environ = dict(os.environ if environ is None else environ)
     rd = Path(run_dir).resolve()
     denv = DistEnv.from_environ(environ)  # srun's task variables, or torchrun's under slurm.launcher=torchrun
+    cfg = load_config(rd / CONFIG_NAME) if (rd / CONFIG_NAME).exists() else None
+    place: Optional[Place] = None
+    if cfg is not None and cfg.recovery.in_process and environ.get(STEP_NODES_VAR):
+        # in-process recovery: one step on every node; the ranks are those of the training nodes, the rest spares
+        denv, place = place_in_step(denv, environ, cfg.slurm.tasks_per_node)
     setup_logging(denv.rank)
     logging.getLogger("slurm_ddp.rank").info(
         "host %s (%s) rank %d/%d local_rank %d/%d node_rank %d master %s:%d job %s restart %d pid %d",
@@ -945,8 +1205,9 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
     if is_finished(rd):
         log.info("run %s already finished (%s exists): nothing to do", rd, FINISHED_NAME)
         return 0
-    cfg = load_config(rd / CONFIG_NAME)
-    denv.validate_against(cfg)
+    cfg = cfg or load_config(rd / CONFIG_NAME)
+    if place is None or not place.spare:
+        denv.validate_against(cfg)
     os.environ.update(denv.torch_env())  # for user code that reads RANK/LOCAL_RANK/…
     if cfg.train.workdir:  # the user's directory (the task's relative paths), on every backend; code: the snapshot
         try:
@@ -956,4 +1217,4 @@ def main(run_dir: str, environ: Optional[Dict[str, str]] = None) -> int:
                 f"train.workdir {cfg.train.workdir!r}: cannot enter it on {socket.gethostname()} ({e.strerror}); "
                 "the ranks run there: put it on a file system every node mounts"
             ) from None
-    return Trainer(cfg, rd, denv).run()
+    return Trainer(cfg, rd, denv, place).run()

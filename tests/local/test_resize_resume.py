@@ -102,8 +102,8 @@ def test_resume_4_then_2_then_3_ranks_trains_every_sample_once_per_epoch(tmp_pat
         assert not missing and not repeated, f"epoch {epoch}: missing {missing}, repeated {repeated}"
     assert (run_dir / "FINISHED").exists()
     rank0 = (run_dir / "logs" / "rank-0.log").read_text()
-    assert "resuming a checkpoint of 4 ranks on 2: epoch 0 goes on after its first 24 samples" in rank0
-    assert "resuming a checkpoint of 2 ranks on 3: epoch 1 goes on after its first 36 samples" in rank0
+    assert "resuming a training state of 4 ranks on 2: epoch 0 goes on after its first 24 samples" in rank0
+    assert "resuming a training state of 2 ranks on 3: epoch 1 goes on after its first 36 samples" in rank0
 
 
 def test_a_rank_lost_mid_step_leaves_an_emergency_checkpoint_of_the_last_step(tmp_path: Path) -> None:

@@ -1,0 +1,421 @@
+"""In-process recovery (``recovery.in_process``): on a lost node the surviving ranks keep their processes, and
+a warm spare takes the lost node's ranks.
+
+The batch script starts one ``srun --no-kill`` step on every node of the allocation: the training nodes
+(``STEP_NODES_VAR``, batch host first) and the spares. A spare's ranks import torch, build the task (model,
+optimizer, datasets) and wait to be called in. Every process of the step talks to one ``TCPStore``, served by
+rank 0 (the batch host: the one node whose loss the job does not survive in-process; its loss ends the batch
+script too) at ``MASTER_ADDR:MASTER_PORT``. Each training *generation* forms its process group through its
+own prefix of that store (``g<N>/pg``), so a new group needs nothing from a lost node.
+
+When a collective fails (a peer's socket closed, or ``train.pg_timeout_s`` passed), each survivor leaves the
+broken group and checks in for the next generation with the last step it completed. Rank 0's process, the
+coordinator (:meth:`Membership.coordinate`), waits until every member of the generation has checked in or
+stopped beating (each process adds to its heartbeat counter every :data:`HEARTBEAT_S`; one that has not
+moved for :data:`DEAD_AFTER_S` is lost), then publishes the next :class:`Plan` (:func:`next_plan`, pure):
+the lost nodes' ranks go to spares, rank for rank (the world size kept: the run stays bitwise equal to an
+uninterrupted one), or, with no spare left, the survivors renumber and continue down to ``min_nodes``
+(resumed sample-exactly, ``slurm_ddp.resize``). The survivor with the most completed steps broadcasts its
+training state (model, optimizer, scheduler, data position, log window) over the new group; nothing is read
+from disk. A crash (a rank's own exception, :meth:`Membership.report_crash`), a rank lost on a node whose
+other ranks live, a lost batch host or ``max_restarts`` reached end the step as before (each rank's
+peer-failure path: the emergency checkpoint, the peer-lost marker, the batch script's recovery rule).
+
+Key names in the store (one owner, this module): ``hb/<slot>`` heartbeat counters, ``spare/<slot>`` a
+ready spare, ``g<N>/alive/<slot>`` a survivor's check-in (its completed step), ``g<N>/plan`` the plan (JSON),
+``crash`` a rank's crash, ``done`` the step ended (spares exit 0). A slot is ``NODE/LOCAL_RANK``.
+
+Sources: ``torch.distributed.TCPStore``/``PrefixStore`` and ``init_process_group(store=...)`` (PyTorch docs,
+"Distributed communication package", Initialization); ``srun --no-kill`` keeps a step's tasks on the other
+nodes running after one node fails (srun(1) ``-k``; seen with Slurm 22.05, docs/development.md).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+if TYPE_CHECKING:
+    from ..env import DistEnv
+
+log = logging.getLogger("slurm_ddp.worker")
+
+#: Seconds between two heartbeats of a process (one ``TCPStore.add`` on its own connection).
+HEARTBEAT_S = 0.25
+#: Seconds without a heartbeat after which a process that has not checked in counts as lost. A process
+#: whose node was cut off stops beating at once; a live one beats even while it waits in a collective.
+DEAD_AFTER_S = 2.0
+#: Seconds between two looks at the store while waiting (the coordinator, a spare).
+POLL_S = 0.05
+
+
+def slot_name(node: str, local_rank: int) -> str:
+    """The slot of a process: ``NODE/LOCAL_RANK``."""
+    return f"{node}/{local_rank}"
+
+
+def slot_node(slot: str) -> str:
+    """The node of a slot (:func:`slot_name`)."""
+    return slot.rsplit("/", 1)[0]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One training generation: who trains, with which rank, and where the state comes from."""
+
+    generation: int  #: 0 for the step's start, then one more per recovery
+    nodes: Tuple[str, ...]  #: the training nodes in node-rank order (the batch host first)
+    ranks: Dict[str, int] = field(hash=False)  #: slot → global rank
+    source: int = 0  #: the rank (of this plan) whose state every rank loads; 0 at generation 0
+    step: int = 0  #: the completed step the generation resumes at (generation 0: from the checkpoint)
+    lost: Tuple[str, ...] = ()  #: the nodes lost since the previous generation
+    spares_used: Tuple[str, ...] = ()  #: the spare nodes called in for them
+    world_before: int = 0  #: the previous generation's world size (0 at generation 0)
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def to_json(self) -> str:
+        return json.dumps(
+            {
+                "generation": self.generation,
+                "nodes": list(self.nodes),
+                "ranks": self.ranks,
+                "source": self.source,
+                "step": self.step,
+                "lost": list(self.lost),
+                "spares_used": list(self.spares_used),
+                "world_before": self.world_before,
+            }
+        )
+
+    @classmethod
+    def from_json(cls, text: Union[str, bytes]) -> Plan:
+        d = json.loads(text)
+        return cls(
+            generation=int(d["generation"]),
+            nodes=tuple(d["nodes"]),
+            ranks={str(k): int(v) for k, v in d["ranks"].items()},
+            source=int(d["source"]),
+            step=int(d["step"]),
+            lost=tuple(d.get("lost") or ()),
+            spares_used=tuple(d.get("spares_used") or ()),
+            world_before=int(d.get("world_before") or 0),
+        )
+
+
+def first_plan(step_nodes: Sequence[str], tasks_per_node: int) -> Plan:
+    """Generation 0: the training nodes in order, rank = node index × ``tasks_per_node`` + local rank (as
+    ``srun`` numbers one step on those nodes). Pure."""
+    ranks = {
+        slot_name(n, lr): i * tasks_per_node + lr for i, n in enumerate(step_nodes) for lr in range(tasks_per_node)
+    }
+    return Plan(generation=0, nodes=tuple(step_nodes), ranks=ranks)
+
+
+def next_plan(
+    plan: Plan,
+    alive: Mapping[str, int],
+    spare_slots: Sequence[str],
+    *,
+    tasks_per_node: int,
+    min_nodes: int,
+    max_generations: int,
+) -> Union[Plan, str]:
+    """The generation after ``plan``, or why there is none (a string). Pure.
+
+    ``alive``: the members of ``plan`` that checked in, slot → last completed step; the others are lost.
+    ``spare_slots``: the ready, beating spares' slots, in the order to use them (a spare node counts only
+    with all ``tasks_per_node`` slots). Each lost node, in node-rank order, is replaced by the next spare node,
+    local rank for local rank with the lost ranks (world size kept); with no spare left the lost node is
+    dropped and the survivors are renumbered in their order (node index × ``tasks_per_node`` + local rank).
+    The state's source is the survivor with the most completed steps, the lowest rank among them.
+
+    No plan when: no member was lost (a collective failed with every rank alive: a timeout, not a lost node);
+    a lost rank's node still has a live rank (a crash of one process, not a lost node); the batch host
+    (``plan.nodes[0]``, rank 0's node) is lost; ``max_generations`` recoveries were done; fewer than
+    ``min_nodes`` nodes would be left.
+    """
+    lost_slots = [s for s in plan.ranks if s not in alive]
+    if not lost_slots:
+        return "no rank was lost (every rank checked in): a failed collective, not a lost node"
+    lost_nodes = [n for n in plan.nodes if any(slot_node(s) == n for s in lost_slots)]
+    for n in lost_nodes:
+        live_here = sorted(s for s in alive if slot_node(s) == n)
+        if live_here:
+            gone = sorted(s for s in lost_slots if slot_node(s) == n)
+            return (
+                f"{', '.join(gone)} ended while {', '.join(live_here)} on the same node lives: a crash, not a lost node"
+            )
+    if plan.nodes and plan.nodes[0] in lost_nodes:
+        return f"the batch host {plan.nodes[0]} (rank 0) is lost"
+    if plan.generation >= max_generations:
+        return f"recovery.max_restarts={max_generations} recoveries done"
+    by_node: Dict[str, List[str]] = {}
+    for s in spare_slots:
+        by_node.setdefault(slot_node(s), []).append(s)
+    spares = [n for n, slots in by_node.items() if len(set(slots)) == tasks_per_node and n not in plan.nodes]
+    nodes: List[Optional[str]] = list(plan.nodes)
+    used: List[str] = []
+    replaced: Dict[str, str] = {}  # spare node → the lost node whose ranks it takes
+    for n in lost_nodes:
+        i = nodes.index(n)
+        if spares:
+            sp = spares.pop(0)
+            nodes[i], replaced[sp] = sp, n
+            used.append(sp)
+        else:
+            nodes[i] = None
+    kept = [n for n in nodes if n is not None]
+    if len(kept) < min_nodes:
+        return f"{len(kept)} node(s) would be left, fewer than recovery.min_nodes={min_nodes} (no spare left)"
+    shrink = len(kept) < len(plan.nodes)
+    ranks: Dict[str, int] = {}
+    for i, n in enumerate(kept):
+        for lr in range(tasks_per_node):
+            if shrink:
+                ranks[slot_name(n, lr)] = i * tasks_per_node + lr
+            else:  # the spare takes the lost node's ranks: the same data shards and random streams
+                ranks[slot_name(n, lr)] = plan.ranks[slot_name(replaced.get(n, n), lr)]
+    step = max(alive.values())
+    source_slot = min((s for s, st in alive.items() if st == step), key=lambda s: plan.ranks[s])
+    return Plan(
+        generation=plan.generation + 1,
+        nodes=tuple(kept),
+        ranks=ranks,
+        source=ranks[source_slot],
+        step=step,
+        lost=tuple(lost_nodes),
+        spares_used=tuple(used),
+        world_before=plan.world_size,
+    )
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process sits in an in-process recovery step (:func:`place_in_step`)."""
+
+    node: str  #: this node (``SLURMD_NODENAME``)
+    local_rank: int  #: ``SLURM_LOCALID``
+    spare: bool  #: a warm spare: its node is not one of the training nodes
+    step_nodes: Tuple[str, ...]  #: generation 0's training nodes, batch host first (``STEP_NODES_VAR``)
+    spare_nodes: Tuple[str, ...]  #: the step's other nodes (``SLURM_STEP_NODELIST`` minus the training nodes)
+    tasks_per_node: int
+
+    @property
+    def slot(self) -> str:
+        return slot_name(self.node, self.local_rank)
+
+    def spare_slots(self) -> List[str]:
+        """Every spare slot of the step, spare node by spare node."""
+        return [slot_name(n, lr) for n in self.spare_nodes for lr in range(self.tasks_per_node)]
+
+
+def place_in_step(denv: DistEnv, environ: Mapping[str, str], tasks_per_node: int) -> Tuple[DistEnv, Place]:
+    """This process's :class:`Place` in a step that runs on every node of the allocation, and its
+    :class:`~slurm_ddp.env.DistEnv` for generation 0 (:func:`first_plan`: rank, world size, node rank and
+    count of the training nodes; a spare gets rank -1 until it is called in). Pure. Raises ``UserError``
+    when ``STEP_NODES_VAR`` or ``SLURMD_NODENAME`` is missing (the step was not started by the batch script
+    of a ``recovery.in_process`` job)."""
+    from dataclasses import replace
+
+    from ..env import expand_nodelist
+    from ..errors import UserError
+    from ..rundir import STEP_NODES_VAR
+
+    step_nodes = tuple(n for n in environ.get(STEP_NODES_VAR, "").split(",") if n)
+    node = environ.get("SLURMD_NODENAME") or denv.hostname
+    if not step_nodes or not node:
+        raise UserError(
+            f"recovery.in_process: {STEP_NODES_VAR} and SLURMD_NODENAME must be set for each rank (the batch script "
+            "of `slurm-ddp submit` sets them); submit the job with slurm-ddp submit"
+        )
+    nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
+    spare_nodes = tuple(n for n in (expand_nodelist(nodelist) if nodelist else []) if n not in step_nodes)
+    place = Place(node, denv.local_rank, node not in step_nodes, step_nodes, spare_nodes, tasks_per_node)
+    plan = first_plan(step_nodes, tasks_per_node)
+    rank = -1 if place.spare else plan.ranks[place.slot]
+    node_rank = -1 if place.spare else step_nodes.index(node)
+    return (
+        replace(denv, rank=rank, world_size=plan.world_size, node_rank=node_rank, num_nodes=len(step_nodes)),
+        place,
+    )
+
+
+class RecoveryAbandoned(Exception):
+    """The step cannot go on in-process: the message says why (the peer-failure path takes over)."""
+
+
+class Membership:
+    """This process's link to the step's store: heartbeat, check-in, the coordinator's decision, the
+    spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure)."""
+
+    def __init__(self, addr: str, port: int, slot: str, *, serve: bool, timeout_s: float):
+        import torch.distributed as dist
+
+        self.slot, self.serve, self.timeout_s = slot, serve, timeout_s
+        td = timedelta(seconds=timeout_s)
+        # rank 0 serves the store for the life of its process; the others connect (retrying until timeout_s)
+        self.store = dist.TCPStore(addr, port, is_master=serve, timeout=td, wait_for_workers=False)
+        self._beat_store = dist.TCPStore(addr, port, is_master=False, timeout=td)
+        self._stop = threading.Event()
+        self._beats = threading.Thread(target=self._beat, name="inprocess-heartbeat", daemon=True)
+        self._beats.start()
+
+    def _beat(self) -> None:
+        key = f"hb/{self.slot}"
+        while not self._stop.is_set():
+            try:
+                self._beat_store.add(key, 1)
+            except Exception:  # the store is gone (rank 0 ended): nothing left to tell
+                return
+            self._stop.wait(HEARTBEAT_S)
+
+    def close(self) -> None:
+        """Stop the heartbeat (the process is ending)."""
+        self._stop.set()
+
+    def group_store(self, generation: int) -> Any:
+        """The store prefix that generation ``generation``'s process group forms through."""
+        import torch.distributed as dist
+
+        return dist.PrefixStore(f"g{generation}/pg", self.store)
+
+    def _has(self, key: str) -> bool:
+        return bool(self.store.check([key]))
+
+    def _counter(self, key: str) -> int:
+        return int(self.store.add(key, 0))
+
+    # ------------------------------------------------------------------ spares
+    def spare_ready(self) -> None:
+        """Tell the coordinator this spare has built its task and can be called in."""
+        self.store.set(f"spare/{self.slot}", "ready")
+
+    def wait_for_call(self) -> Optional[Plan]:
+        """Block until a generation calls this spare in (its :class:`Plan`), or the step ends (None: the run
+        finished, was stopped, or rank 0's store is gone). Generations that do not call it are skipped."""
+        g = 1
+        while True:
+            try:
+                if self._has(f"g{g}/plan"):
+                    text = self.store.get(f"g{g}/plan")
+                    g += 1
+                    if not text.startswith(b"{"):  # the survivors gave up: the step ends
+                        return None
+                    plan = Plan.from_json(text)
+                    if self.slot in plan.ranks:
+                        return plan
+                    continue
+                if self._has("done"):
+                    return None
+            except Exception as e:  # rank 0 ended and took the store with it
+                log.warning("spare %s: the step's store is gone (%s); ending", self.slot, str(e).splitlines()[0][:200])
+                return None
+            time.sleep(POLL_S)
+
+    def done(self) -> None:
+        """Rank 0: the step ends (spares still waiting exit)."""
+        try:
+            self.store.set("done", "1")
+        except Exception:
+            pass
+
+    def report_crash(self, what: str) -> None:
+        """A rank's own error (not a lost peer): the coordinator then gives up instead of replacing it."""
+        try:
+            self.store.set("crash", f"{self.slot}: {what}"[:500])
+        except Exception:
+            pass
+
+    # ------------------------------------------------------------------ survivors
+    def check_in(self, plan: Plan, step: int) -> None:
+        """After the failed collective: this member of ``plan`` is alive with ``step`` completed steps."""
+        self.store.set(f"g{plan.generation + 1}/alive/{self.slot}", str(step))
+
+    def wait_plan(self, generation: int, deadline_s: float) -> Plan:
+        """The plan of ``generation`` (published by the coordinator); raises :class:`RecoveryAbandoned` when
+        it gave up, did not decide within ``deadline_s`` seconds, or its store is gone."""
+        key = f"g{generation}/plan"
+        end = time.monotonic() + deadline_s
+        try:
+            while not self._has(key):
+                if time.monotonic() > end:
+                    raise RecoveryAbandoned(f"no plan for generation {generation} within {deadline_s:.0f} s")
+                time.sleep(POLL_S)
+            text = self.store.get(key)
+        except RecoveryAbandoned:
+            raise
+        except Exception as e:
+            raise RecoveryAbandoned(f"the step's store is gone ({str(e).splitlines()[0][:200]})") from None
+        if not text.startswith(b"{"):
+            raise RecoveryAbandoned(text.decode(errors="replace"))
+        return Plan.from_json(text)
+
+    def coordinate(
+        self,
+        plan: Plan,
+        spare_candidates: Sequence[str],
+        *,
+        tasks_per_node: int,
+        min_nodes: int,
+        max_generations: int,
+        deadline_s: float,
+    ) -> Plan:
+        """Rank 0, after its own check-in: decide and publish the next generation's plan (:func:`next_plan`).
+
+        Waits until each member of ``plan`` has checked in or has not beaten for :data:`DEAD_AFTER_S`, at
+        most ``deadline_s`` seconds (then the silent ones count as lost). ``spare_candidates``: the spare
+        slots of the step (the ready, beating ones are used). Raises :class:`RecoveryAbandoned` (after
+        publishing the reason, so every waiting rank gives up too)."""
+        g = plan.generation + 1
+        watched = [s for s in plan.ranks] + [s for s in spare_candidates if s not in plan.ranks]
+        last: Dict[str, Tuple[int, float]] = {}
+        start = time.monotonic()
+        alive: Dict[str, int] = {}
+        while True:
+            now = time.monotonic()
+            for s in watched:
+                count = self._counter(f"hb/{s}")
+                if s not in last or last[s][0] != count:
+                    last[s] = (count, now)
+            for s in plan.ranks:
+                if s not in alive and self._has(f"g{g}/alive/{s}"):
+                    alive[s] = int(self.store.get(f"g{g}/alive/{s}"))
+            silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= DEAD_AFTER_S]
+            waiting = [s for s in plan.ranks if s not in alive and s not in silent]
+            if not waiting and now - start >= DEAD_AFTER_S:  # a spare's beat is judged over the same window
+                break
+            if now - start > deadline_s:
+                log.warning("in-process recovery: %s did not check in within %.0f s", ", ".join(waiting), deadline_s)
+                break
+            time.sleep(POLL_S)
+        crash = self.store.get("crash").decode(errors="replace") if self._has("crash") else ""
+        spares = [
+            s
+            for s in spare_candidates
+            if s not in plan.ranks and self._has(f"spare/{s}") and now - last[s][1] < DEAD_AFTER_S
+        ]
+        result: Union[Plan, str] = (
+            f"a rank crashed ({crash})"
+            if crash
+            else next_plan(
+                plan,
+                alive,
+                spares,
+                tasks_per_node=tasks_per_node,
+                min_nodes=min_nodes,
+                max_generations=max_generations,
+            )
+        )
+        if isinstance(result, str):
+            self.store.set(f"g{g}/plan", result)
+            raise RecoveryAbandoned(result)
+        self.store.set(f"g{g}/plan", result.to_json())
+        return result
