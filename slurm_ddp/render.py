@@ -31,6 +31,8 @@ from .rundir import (
     LOGS_DIR,
     PEER_LOST_VAR,
     RECOVERY_DIR,
+    STEP_END_VAR,
+    STEP_NODES_VAR,
     batch_log_name,
     launcher_log_name,
     rank_log_name,
@@ -286,18 +288,24 @@ def srun_flags(cfg: JobConfig) -> List[str]:
     ``slurm.launcher: torchrun`` one task per node holding all of the node's ranks' CPUs."""
     s = cfg.slurm
     torchrun = s.launcher == "torchrun"
-    nodes = job_nodes(cfg)
     recovery = cfg.in_job_recovery
+    # in-process recovery: one step on the training nodes and the warm spares ("$JOB_NODES"), and --no-kill:
+    # the step's tasks on the other nodes run on when one node fails (srun(1) -k; docs/development.md)
+    in_process = recovery and cfg.recovery.in_process
+    nodes = '"$JOB_NNODES"' if in_process else job_nodes(cfg)
+    listed = '"$JOB_NODES"' if in_process else '"$STEP_NODES"'
+    count = "JOB_NNODES" if in_process else "STEP_NNODES"
     return [
         "--kill-on-bad-exit=1",
+        *(["--no-kill"] if in_process else []),
         f"--nodes={nodes}",
         # in-job recovery: the step's own nodes (not the spares, not a lost node), and --overlap: a step on
         # a lost node lives on in Slurm until the node is DOWN, holding its CPUs on the survivors too
-        *(['--nodelist="$STEP_NODES"', "--overlap"] if recovery else []),
+        *([f"--nodelist={listed}", "--overlap"] if recovery else []),
         # under torchrun also --ntasks: srun would take the allocation's SLURM_NTASKS otherwise (so with
         # recovery, whose allocation holds spares)
         *([f"--ntasks={nodes}"] if torchrun else []),
-        *([f'--ntasks="$((STEP_NNODES * {s.tasks_per_node}))"'] if recovery and not torchrun else []),
+        *([f'--ntasks="$(({count} * {s.tasks_per_node}))"'] if recovery and not torchrun else []),
         f"--ntasks-per-node={1 if torchrun else s.tasks_per_node}",
         f"--cpus-per-task={s.tasks_per_node * s.cpus_per_task if torchrun else s.cpus_per_task}",
         # also in #SBATCH; here explicit for the step (torchrun's one task per node needs every GPU)
@@ -475,6 +483,9 @@ def render(
             recovery_dir=RECOVERY_DIR,
             peer_lost_var=PEER_LOST_VAR,
             peer_lost_grace_s=PEER_LOST_GRACE_S,
+            in_process=cfg.in_job_recovery and cfg.recovery.in_process,
+            step_nodes_var=STEP_NODES_VAR,
+            step_end_var=STEP_END_VAR,
         )
         return out
 

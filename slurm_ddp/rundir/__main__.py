@@ -1,10 +1,10 @@
 """``python -m slurm_ddp.rundir requeue-decision ...``: the batch shell's requeue decision
-(:func:`slurm_ddp.rundir.requeue.main`); ``recovery-start`` / ``recovery-decision``: its in-job recovery
+(:func:`slurm_ddp.rundir.requeue.main`); ``recovery-start`` / ``recovery-nodes`` / ``recovery-release`` / ``recovery-decision``: its in-job recovery
 from a lost or hung node (:func:`slurm_ddp.rundir.recovery.main`)."""
 
 import sys
 
-if sys.argv[1:2] in (["recovery-start"], ["recovery-decision"]):
+if sys.argv[1:2] in (["recovery-start"], ["recovery-nodes"], ["recovery-release"], ["recovery-decision"]):
     from .recovery import main
 else:
     from .requeue import main

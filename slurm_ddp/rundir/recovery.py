@@ -34,6 +34,9 @@ from .hangs import Hang, read_hang_reports, set_aside_hang_reports, summarize_ha
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
+#: The action of a ``recoveries.jsonl`` record that in-process recovery (``slurm_ddp.worker.inprocess``) wrote:
+#: the survivors went on in the same step, with a spare or alone.
+IN_PROCESS = "in_process"
 
 #: Seconds a probe step (``srun -w NODE true``) may take before its node counts as bad.
 PROBE_TIMEOUT_S = 10.0
@@ -298,6 +301,7 @@ class InJobRestart:
     resumed_step: Optional[int] = None
     emergency: bool = False  #: resumed from the survivors' emergency checkpoint
     reason: str = ""
+    in_process: bool = False  #: the survivors kept their processes (``recovery.in_process``): no new step
 
     @property
     def time_to_resume_s(self) -> Optional[float]:
@@ -320,7 +324,8 @@ class InJobRestart:
             return f"{what}, restarting on {','.join(self.nodes)}"
         took = self.time_to_resume_s or 0.0
         back = f"back at step {self.resumed_step} on {','.join(self.nodes)} after {took:.0f} s"
-        return f"{what}, {back}" + (" (emergency checkpoint)" if self.emergency else "")
+        how = " (in-process)" if self.in_process else (" (emergency checkpoint)" if self.emergency else "")
+        return f"{what}, {back}{how}"
 
     def to_dict(self) -> Dict[str, Any]:
         """JSON-able, with ``time_to_resume_s``, ``redone_steps`` and ``line`` (:meth:`line`)."""
@@ -338,6 +343,7 @@ class InJobRestart:
             "time_to_resume_s": self.time_to_resume_s,
             "redone_steps": self.redone_steps,
             "reason": self.reason,
+            "in_process": self.in_process,
             "line": self.line(),
         }
 
@@ -346,9 +352,11 @@ def in_job_restarts(
     recoveries: Sequence[Mapping[str, Any]], metrics: Sequence[Mapping[str, Any]]
 ) -> List[InJobRestart]:
     """The in-job restarts of a run, oldest first, from its ``recoveries.jsonl`` (the ``restart``
-    decisions) and rank 0's ``metrics.jsonl`` (the ``resume`` that followed each; the last ``train``
+    decisions and the in-process recoveries) and rank 0's ``metrics.jsonl`` (the ``resume`` that followed each; the last ``train``
     step before it when the peer-lost marker gave no step). Pure; malformed records are skipped."""
-    decisions = [r for r in recoveries if r.get("action") == RESTART and isinstance(r.get("time"), (int, float))]
+    decisions = [
+        r for r in recoveries if r.get("action") in (RESTART, IN_PROCESS) and isinstance(r.get("time"), (int, float))
+    ]
     timed = [m for m in metrics if isinstance(m.get("time"), (int, float))]
     out: List[InJobRestart] = []
     for i, r in enumerate(decisions):
@@ -374,6 +382,7 @@ def in_job_restarts(
                 resumed_step=None if resume is None else resume.get("step"),
                 emergency=bool(resume is not None and resume.get("emergency")),
                 reason=str(r.get("reason", "")),
+                in_process=r.get("action") == IN_PROCESS,
             )
         )
     return out
@@ -422,6 +431,69 @@ def main_start(argv: Sequence[str], environ: Mapping[str, str]) -> int:
     host = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
     nodes = start_nodes(expand_nodelist(nodelist) if nodelist else [host], host, args.nodes)
     print(f"{','.join(nodes)} {len(nodes)}", flush=True)
+    return 0
+
+
+def step_with_spares(step_nodes: Sequence[str], nodes_now: Sequence[str], exclude: Sequence[str]) -> List[str]:
+    """The nodes of an in-process recovery step (``recovery.in_process``): the training nodes, then the job's
+    other nodes now, less ``exclude`` (nodes found lost or hung, possibly not given back), as the warm
+    spares. Pure."""
+    return [*step_nodes, *(n for n in nodes_now if n not in step_nodes and n not in exclude)]
+
+
+def main_nodes(argv: Sequence[str], environ: Mapping[str, str], run: Runner = subprocess.run) -> int:
+    """``recovery-nodes --step-nodes A,B [--exclude C,D]``: print ``NODES COUNT``, the nodes of an in-process
+    recovery step (:func:`step_with_spares`; the job's nodes from ``scontrol``, else ``SLURM_JOB_NODELIST``)."""
+    from ..env import expand_nodelist
+
+    p = _Parser(prog="python -m slurm_ddp.rundir recovery-nodes", add_help=False)
+    p.add_argument("--step-nodes", required=True, type=_nodes_arg)
+    p.add_argument("--exclude", default="-", type=_nodes_arg)
+    args = p.parse_args(argv)
+    job_id = environ.get("SLURM_JOB_ID", "")
+    nodes_now = job_nodes(job_id, run) if job_id else []
+    if not nodes_now:
+        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
+        nodes_now = expand_nodelist(nodelist) if nodelist else []
+    nodes = step_with_spares(args.step_nodes, nodes_now, args.exclude)
+    print(f"{','.join(nodes)} {len(nodes)}", flush=True)
+    return 0
+
+
+def in_process_lost(recoveries: Sequence[Mapping[str, Any]], job_id: str, restart: int) -> List[str]:
+    """The nodes in-process recovery (``recovery.in_process``) found lost in job ``job_id`` at ``restart``,
+    from its ``in_process`` records in ``recoveries.jsonl``, in order. Pure."""
+    lost: List[str] = []
+    for r in recoveries:
+        if r.get("action") == IN_PROCESS and str(r.get("job_id")) == job_id and r.get("restart") == restart:
+            lost += [str(n) for n in r.get("bad") or () if str(n) not in lost]
+    return lost
+
+
+def main_release(
+    argv: Sequence[str], environ: Mapping[str, str], log: Callable[[str], None], run: Runner = subprocess.run
+) -> int:
+    """``recovery-release --run-dir D``: after an in-process recovery step ended, give the nodes it lost back to
+    the cluster (:func:`give_back`): a job still holding a node Slurm has not marked DOWN stays COMPLETING until
+    it is. Prints the lost nodes (a comma list, ``-`` for none) for the batch script to keep out of a later
+    step."""
+    p = _Parser(prog="python -m slurm_ddp.rundir recovery-release", add_help=False)
+    p.add_argument("--run-dir", required=True)
+    args = p.parse_args(argv)
+    job_id = environ.get("SLURM_JOB_ID", "")
+    restart_text = environ.get("SLURM_RESTART_COUNT") or "0"
+    lost = in_process_lost(read_recoveries(args.run_dir), job_id, int(restart_text) if restart_text.isdigit() else 0)
+    if lost and job_id:
+        nodes_now = job_nodes(job_id, run)
+        keep = [n for n in nodes_now if n not in lost]
+        if nodes_now and keep != nodes_now:
+            gave, why = give_back(job_id, keep, run)
+            log(
+                f"gave node {','.join(lost)}, lost in-process, back to the cluster (job NodeList={','.join(keep)})"
+                if gave
+                else f"could not give node {','.join(lost)} back (scontrol update NodeList: {why})"
+            )
+    print(",".join(lost) or "-", flush=True)
     return 0
 
 
@@ -528,8 +600,8 @@ def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable
 
 
 def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
-    """Entry of ``python -m slurm_ddp.rundir recovery-start|recovery-decision ...`` (see :func:`main_start`,
-    :func:`main_decision`). A malformed argument is one stderr line and exit status 2; the batch script
+    """Entry of ``python -m slurm_ddp.rundir recovery-start|recovery-nodes|recovery-release|recovery-decision
+    ...`` (see :func:`main_start`, :func:`main_nodes`, :func:`main_release`, :func:`main_decision`). A malformed argument is one stderr line and exit status 2; the batch script
     then ends the loop and lets the requeue rule decide."""
     from ..entrypoint import run_main
 
@@ -543,6 +615,10 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
     def run() -> int:
         if args[:1] == ["recovery-start"]:
             return main_start(args[1:], env)
+        if args[:1] == ["recovery-nodes"]:
+            return main_nodes(args[1:], env)
+        if args[:1] == ["recovery-release"]:
+            return main_release(args[1:], env, log)
         return main_decision(args[1:], env, log)
 
     return run_main("slurm_ddp rundir", run)

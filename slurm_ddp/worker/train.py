@@ -58,7 +58,7 @@ from ..rundir import (
     write_preempted,
     write_step_end,
 )
-from ..rundir.recovery import record_recovery
+from ..rundir.recovery import IN_PROCESS, record_recovery
 from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, loader_context, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
@@ -1001,7 +1001,7 @@ class Trainer:
                     restart=self.denv.restart_count,
                     attempt=plan.generation - 1,
                     time=t_fail,
-                    action="in_process",
+                    action=IN_PROCESS,
                     nodes=list(plan.nodes),
                     bad=list(plan.lost),
                     spares_used=list(plan.spares_used),

@@ -165,6 +165,17 @@ GOLDEN_CASES = {
         ),
         "/scratch/runs/digits",
     ),
+    # in-process recovery: one --no-kill step on the training nodes and the warm spare, rank 0's end marker
+    "digits_in_process.sbatch": (
+        lambda: config_from_dict(
+            {
+                **read_yaml(EXAMPLE),
+                "slurm": {**read_yaml(EXAMPLE)["slurm"], "nodes": 2},
+                "recovery": {"spare_nodes": 1, "in_process": True},
+            }
+        ),
+        "/scratch/runs/digits",
+    ),
     **{name: (lambda s=slurm: gpu_config(s), "/scratch/runs/digits") for name, (slurm, _) in GPU_LAYOUTS.items()},
 }
 

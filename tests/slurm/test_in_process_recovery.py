@@ -1,0 +1,208 @@
+"""In-process recovery (``recovery.in_process``) from a lost node, on a private 3-node sandbox.
+
+The batch script starts one ``srun --no-kill`` step on the job's 3 nodes: 2 training nodes and a warm spare
+whose rank has imported torch, built the task and waits (``slurm_ddp.worker.inprocess``). The non-batch
+training node is lost as a power cut would lose it (``SlurmSandbox.kill_node``: slurmd and every process of
+the job there SIGKILLed); Slurm notices only after ``SlurmdTimeout`` (60 s here). The survivor's collective
+fails at once; it keeps its process, model and optimizer, rank 0 calls the spare in, the survivor's memory is
+broadcast to it, and training goes on in the same srun step of the same job: no new ``srun``, no ``import
+torch``, nothing read from disk. With the spare the run ends bitwise equal to an uninterrupted run of the same
+job (run first, on the same sandbox); without one (``min_nodes: 1``) the survivor goes on alone, every sample
+of every epoch trained exactly once (the ids task, ``tests/local/ids_task.py``).
+
+Timings (kill → resumed, kill → first training step logged after it) are printed (``pytest -s``) and
+appended to ``$SLURM_DDP_TIMINGS`` when that is set; the issue's goal (within 10 s) is measured there and in
+``benchmarks/recovery.py``, not asserted (tests check behaviour, not wall-clock time).
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+import time
+from pathlib import Path
+from typing import Dict, Iterator, List
+
+import pytest
+import torch
+from lib.slurm_jobs import DigitsJob, record_timing, submit_digits, train_steps
+
+from slurm_ddp.rundir import FINAL_MODEL_NAME, read_metrics, read_recoveries
+from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.testing import running_sandbox, wait_for
+
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_recovery")]  # one sandbox of 3 nodes at a time
+
+MAX_STEPS = 400  # digits: long enough that the loss comes well before the end on a busy machine
+LOSS_AFTER = 15  # steps logged before the node is lost
+SLURMD_TIMEOUT_S = 60  # Slurm's own notice comes ~70-80 s after the loss: the recovery must not wait for it
+SETS = (
+    "slurm.nodes=2",
+    "slurm.tasks_per_node=1",
+    "recovery.spare_nodes=1",
+    "recovery.in_process=true",
+    f"train.max_steps={MAX_STEPS}",
+    "train.log_every=1",
+    "train.eval_every=0",
+    "checkpoint.every_steps=0",  # nothing on disk to resume from: only the survivor's memory
+    "train.pg_timeout_s=30",
+)
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
+    with running_sandbox(
+        tmp_path_factory.mktemp("in-process"),
+        nodes=3,
+        cpus_per_node=2,
+        slurmd_timeout_s=SLURMD_TIMEOUT_S,
+        kill_wait_s=2,
+    ) as sb:
+        yield sb
+
+
+def node_state(sb: SlurmSandbox, node: str) -> str:
+    r = sb.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
+    m = re.search(r"\bState=(\S+)", r.stdout)
+    return m.group(1) if m else "?"
+
+
+def step_nodes(job: DigitsJob) -> List[str]:
+    m = re.search(r"training step on (\S+) \(2 nodes, in-job restart 0\)", job.batch_log())
+    assert m, job.batch_log()
+    return m.group(1).split(",")
+
+
+def resumed_after(job: DigitsJob, t: float) -> Dict:
+    """The in-process ``resume`` event after ``t`` and the first ``train`` event after it, waited for."""
+    found = wait_for(
+        lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "resume" and m["time"] > t],
+        120,
+        "the in-process recovery",
+        job.diag,
+    )
+    resume = found[0]
+    first = wait_for(
+        lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "train" and m["time"] > resume["time"]],
+        120,
+        "a training step after the recovery",
+        job.diag,
+    )[0]
+    return {"resume": resume, "first": first}
+
+
+def test_a_lost_node_s_ranks_are_taken_over_by_the_warm_spare_in_process_bitwise_exact(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    reference = submit_digits(cluster, tmp_path / "reference", *SETS)
+    finished = reference.wait_finished(timeout_s=300)
+    assert finished["step"] == MAX_STEPS, finished
+    assert reference.wait_ended() == "COMPLETED", reference.diag()
+    # the spare waited warm and was told to end: no recovery happened
+    assert read_recoveries(reference.run_dir) == []
+    assert "waiting to be called in" in reference.rank_log(2) or "waiting to be called in" in reference.rank_log(1)
+
+    job = submit_digits(cluster, tmp_path / "run", *SETS)
+    victim = ""
+    try:
+        job.wait_step(LOSS_AFTER)
+        nodes = step_nodes(job)
+        info = job.show()
+        assert nodes[0] == info["BatchHost"] and info["NumNodes"] == "3", (nodes, info)
+        victim = nodes[1]
+        all_nodes = cluster.run(
+            ["scontrol", "show", "hostnames", info["NodeList"]], capture_output=True, text=True, timeout=20
+        ).stdout.split()
+        spare = [n for n in all_nodes if n not in nodes]
+        assert len(spare) == 1, (all_nodes, nodes)
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+
+        seen = resumed_after(job, t_loss)
+        resume, first = seen["resume"], seen["first"]
+        state_then = node_state(cluster, victim)
+        record_timing("in-process (spare): node lost → resumed", resume["time"] - t_loss)
+        record_timing("in-process (spare): node lost → first training step logged after it", first["time"] - t_loss)
+        record_timing(f"{victim} state when training went on: {state_then}", 0, "(state)")
+        assert "DOWN" not in state_then, state_then  # Slurm had not noticed: the ranks did
+        assert resume["in_process"] and not resume["emergency"] and resume["world_size"] == 2, resume
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        assert resume["step"] == last_before, (resume, last_before)  # 0 steps redone
+        record_timing("in-process (spare): steps redone", last_before - resume["step"], "steps")
+
+        finished = job.wait_finished(timeout_s=300)
+        assert finished["step"] == MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
+        # one srun step: no in-job restart; the spare trained as rank 1
+        assert "in-job restart 1" not in job.batch_log(), job.batch_log()
+        assert "rank 0 ended; srun still waits for a lost node's tasks" in job.batch_log(), job.batch_log()
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"], r["nodes"], r["spares_used"]) for r in recoveries] == [
+            ("in_process", [victim], [nodes[0], spare[0]], spare)
+        ], recoveries
+        assert train_steps(job.run_dir) == list(range(1, MAX_STEPS + 1)), "a step logged twice or missing"
+        ours = torch.load(job.run_dir / FINAL_MODEL_NAME)
+        theirs = torch.load(reference.run_dir / FINAL_MODEL_NAME)
+        assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
+        losses = {m["step"]: m["loss"] for m in read_metrics(job.run_dir) if m["event"] == "train"}
+        assert losses == {m["step"]: m["loss"] for m in read_metrics(reference.run_dir) if m["event"] == "train"}
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            cluster.restart_node(victim, timeout_s=180)
+
+
+IDS_SAMPLES, IDS_GLOBAL_BATCH, IDS_MAX_STEPS = 24, 4, 24  # 6 steps per epoch, 4 epochs
+
+
+def test_without_a_spare_the_survivor_goes_on_alone_in_process_sample_exact(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    from test_node_recovery import IDS_LOSS_AFTER, submit_ids
+
+    job, ids = submit_ids(cluster, tmp_path, {"min_nodes": 1, "in_process": True})
+    victim = ""
+    try:
+        job.wait_step(IDS_LOSS_AFTER)
+        info = job.show()
+        assert info["NumNodes"] == "2", info
+        nodes = step_nodes(job)
+        victim = nodes[1]
+        t_loss = time.time()
+        assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+        seen = resumed_after(job, t_loss)
+        resume = seen["resume"]
+        record_timing("in-process (survivor alone): node lost → resumed", resume["time"] - t_loss)
+        record_timing("in-process (survivor alone): node lost → first training step", seen["first"]["time"] - t_loss)
+        assert resume["in_process"] and (resume["world_size"], resume["grad_accum_steps"]) == (1, 2), resume
+        finished = job.wait_finished(timeout_s=180)
+        assert finished["step"] == IDS_MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
+        assert "in-job restart 1" not in job.batch_log(), job.batch_log()
+        k = resume["step"]
+        # one srun step: rank 0's file holds k lines of world 2, maybe the failed step's, then 2 per step alone
+        files = sorted(p.name for p in ids.glob("seg-*.txt"))
+        assert len(files) == 2, files
+        rank0 = (ids / files[0]).read_text().splitlines() if files[0].endswith("rank0.txt") else []
+        rank1 = (ids / [f for f in files if f.endswith("rank1.txt")][0]).read_text().splitlines()
+        failed = len(rank0) - k - 2 * (IDS_MAX_STEPS - k)
+        assert failed in (0, 1) and len(rank1) >= k, (len(rank0), len(rank1), k)
+        per_step: Dict[int, List[int]] = collections.defaultdict(list)
+        for i in range(k):
+            per_step[i + 1] += [int(x) for x in rank0[i].split()] + [int(x) for x in rank1[i].split()]
+        for j, line in enumerate(rank0[k + failed :]):
+            per_step[k + 1 + j // 2] += [int(x) for x in line.split()]
+        assert sorted(per_step) == list(range(1, IDS_MAX_STEPS + 1)), sorted(per_step)
+        assert all(len(v) == IDS_GLOBAL_BATCH for v in per_step.values()), per_step
+        per_epoch: Dict[int, collections.Counter] = collections.defaultdict(collections.Counter)
+        for step, batch in per_step.items():
+            per_epoch[(step - 1) // (IDS_SAMPLES // IDS_GLOBAL_BATCH)].update(batch)
+        for epoch, counts in per_epoch.items():
+            assert sorted(counts) == list(range(IDS_SAMPLES)) and set(counts.values()) == {1}, (epoch, counts)
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            cluster.restart_node(victim, timeout_s=180)
