@@ -206,3 +206,31 @@ def test_without_a_spare_the_survivor_goes_on_alone_in_process_sample_exact(
             job.scancel()
         if victim:
             cluster.restart_node(victim, timeout_s=180)
+
+
+def test_the_time_limit_signal_still_requeues_an_in_process_job_and_its_spare_ends(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """SIGUSR2 to the batch shell (the time-limit path, ``scancel --signal=USR2 --batch``): the shell passes it
+    to srun, which signals every task of the step, the waiting spare too; the training ranks stop at a step
+    boundary and checkpoint, the spare ends, the job requeues and resumes at that step, and finishes."""
+    job = submit_digits(cluster, tmp_path / "run", *SETS)
+    try:
+        job.wait_step(LOSS_AFTER)
+        job.scancel("--signal=USR2", "--batch")
+        wait_for(lambda: job.restarts() >= 1, 120, "the requeue", job.diag)
+        finished = job.wait_finished(timeout_s=300)
+        assert finished["step"] == MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 1, job.diag()
+        events = read_metrics(job.run_dir)
+        stopped = [m["step"] for m in events if m["event"] == "preempted"]
+        resumed = [m["step"] for m in events if m["event"] == "resume"]
+        assert len(stopped) == 1 and resumed == stopped, events[-10:]
+        assert train_steps(job.run_dir) == list(range(1, MAX_STEPS + 1)), "a step logged twice or missing"
+        assert read_recoveries(job.run_dir) == []
+        # the spare of each start was told the step ended (not killed with it)
+        spare_ends = sum(job.rank_log(t).count("the step ended without calling it in") for t in range(3))
+        assert spare_ends == 2, [job.rank_log(t)[-1500:] for t in range(3)]
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
