@@ -1,4 +1,5 @@
-"""Node losses: in-job recovery (config section ``recovery``) vs Slurm's requeue, under one fixed schedule.
+"""Node losses: in-process recovery, in-job restart (config section ``recovery``) and Slurm's requeue, under one
+fixed schedule.
 
     python3 benchmarks/recovery.py                    # 2 losses per mode, 4-node sandbox; ~5-7 min (root)
     python3 benchmarks/recovery.py --losses 1         # one loss per mode, 3 nodes
@@ -6,8 +7,11 @@
 
 A private Slurm sandbox (``slurm_ddp.sandbox``, root) of ``2 + N`` nodes (N = ``--losses``) runs the digits
 job (``examples/digits``) on 2 nodes × 1 task, ``train.log_every=1``, ``checkpoint.every_steps`` 20 (async),
-twice, one after the other:
+three times, one after the other:
 
+- ``in-process``: as ``in-job`` with ``recovery.in_process=true``: one srun step on the training nodes and the
+  spares; on a loss the survivors keep their processes, a warm spare takes the lost ranks and gets the state
+  from a survivor's memory (``slurm_ddp.worker.inprocess``), in the same step;
 - ``in-job``: ``recovery.spare_nodes=N``, ``recovery.max_restarts=N`` (``sbatch --no-kill``, N hot spares):
   the batch script starts the next training step on the batch host and a spare, in the same job;
 - ``requeue``: no ``recovery`` section: Slurm marks the lost node DOWN after ``SlurmdTimeout`` (here
@@ -28,7 +32,8 @@ lost node is the step's non-batch node (rank 1's), lost as a power cut would los
 - the Slurm job id of the next step and Slurm's ``Restarts`` counter (a requeued job keeps its id: the
   counter tells a requeue from an in-job restart).
 
-Prints one line per loss, the means per mode, and the ratio in-job ÷ requeue of the mean recovery time.
+Prints one line per loss, the means per mode, and the ratios in-process ÷ in-job, in-process ÷ requeue and
+in-job ÷ requeue of the mean recovery time.
 The runs then finish (``FINISHED``, the digits accuracy). Everything started here is stopped: the sandbox
 (``down()``, by PID) on any exit (SIGTERM and Ctrl-C included), jobs cancelled if they did not finish; the
 temporary work directory is removed after a run without error (``--work DIR`` keeps everything there).
@@ -60,6 +65,7 @@ LOSS_GAP_STEPS = 60
 STEPS_AFTER_LAST = 40  # train.max_steps = the last loss's step + this
 EVERY_STEPS = 20  # checkpoint.every_steps, both modes
 WAIT_S = 900.0  # generous per wait: start-ups import torch on busy cores
+MODES = ("in-process", "in-job", "requeue")
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
@@ -125,6 +131,11 @@ def diagnostics(sb: Any, run: Path, job: str) -> str:
 
 def step_nodes(sb: Any, run: Path, job: str, in_job: bool) -> List[str]:
     """The nodes of the job's current training step, the batch host first."""
+    from slurm_ddp.rundir import read_recoveries
+
+    in_process = [r for r in read_recoveries(run) if r.get("action") == "in_process"]
+    if in_process:  # the same srun step goes on: the last in-process recovery names the training nodes
+        return [str(n) for n in in_process[-1]["nodes"]]
     if in_job:  # the allocation holds the spares too: the batch script names the step's nodes
         found = re.findall(r"training step on (\S+) \(\d+ nodes, in-job restart \d+\)", batch_log(run))
         if found:
@@ -136,7 +147,7 @@ def step_nodes(sb: Any, run: Path, job: str, in_job: bool) -> List[str]:
 
 
 def run_mode(sb: Any, work: Path, mode: str, losses: int, say: Callable[[str], None]) -> List[Loss]:
-    in_job = mode == "in-job"
+    in_job = mode in ("in-job", "in-process")
     run = work / mode
     schedule = [FIRST_LOSS_STEP + k * LOSS_GAP_STEPS for k in range(losses)]
     sets = [
@@ -152,6 +163,8 @@ def run_mode(sb: Any, work: Path, mode: str, losses: int, say: Callable[[str], N
     ]
     if in_job:
         sets += [f"recovery.spare_nodes={losses}", f"recovery.max_restarts={losses}"]
+    if mode == "in-process":
+        sets += ["recovery.in_process=true"]
     cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--run-dir", str(run), "--no-check-task"]
     for s in sets:
         cmd += ["--set", s]
@@ -230,14 +243,14 @@ def run_mode(sb: Any, work: Path, mode: str, losses: int, say: Callable[[str], N
 
 
 HEADER = (
-    f"{'mode':<8} {'loss':>4} {'node':<6} {'last step':>9} {'resumed':>7} {'redone':>6} "
+    f"{'mode':<10} {'loss':>4} {'node':<6} {'last step':>9} {'resumed':>7} {'redone':>6} "
     f"{'kill→resume':>11} {'kill→step':>9}  job (before→after), Slurm requeues"
 )
 
 
 def line(x: Loss) -> str:
     return (
-        f"{x.mode:<8} {x.k:>4} {x.victim:<6} {x.last_step_before:>9} {x.resumed_step:>7} {x.redone_steps:>6} "
+        f"{x.mode:<10} {x.k:>4} {x.victim:<6} {x.last_step_before:>9} {x.resumed_step:>7} {x.redone_steps:>6} "
         f"{x.kill_to_resume_s:>10.1f}s {x.kill_to_step_s:>8.1f}s  {x.job_before}→{x.job_after}, {x.slurm_restarts}"
         + (" (emergency checkpoint)" if x.emergency else "")
     )
@@ -251,15 +264,14 @@ def summary(results: Dict[str, List[Loss]]) -> List[str]:
             continue
         means[mode] = statistics.mean(x.kill_to_step_s for x in xs)
         out.append(
-            f"{mode:<8} mean kill→step {means[mode]:6.1f} s  mean kill→resume "
+            f"{mode:<10} mean kill→step {means[mode]:6.1f} s  mean kill→resume "
             f"{statistics.mean(x.kill_to_resume_s for x in xs):6.1f} s  mean steps redone "
             f"{statistics.mean(x.redone_steps for x in xs):5.1f}  same job id: "
             f"{all(x.job_after == x.job_before for x in xs)}  requeued: {any(x.slurm_restarts > 0 for x in xs)}"
         )
-    if "in-job" in means and "requeue" in means:
-        out.append(
-            f"ratio in-job ÷ requeue of the mean recovery time (kill→step): {means['in-job'] / means['requeue']:.3f}"
-        )
+    for a, b in (("in-process", "in-job"), ("in-process", "requeue"), ("in-job", "requeue")):
+        if a in means and b in means:
+            out.append(f"ratio {a} ÷ {b} of the mean recovery time (kill→step): {means[a] / means[b]:.3f}")
     return out
 
 
@@ -270,7 +282,7 @@ def main() -> int:
     )
     ap.add_argument("--slurmd-timeout-s", type=int, default=60, help="the sandbox's SlurmdTimeout (default 60)")
     ap.add_argument("--message-timeout-s", type=int, default=10, help="the sandbox's MessageTimeout (default 10)")
-    ap.add_argument("--only", choices=("in-job", "requeue"), help="run one mode only")
+    ap.add_argument("--only", choices=MODES, help="run one mode only")
     ap.add_argument("--work", type=Path, help="directory for the sandbox and the runs (default: a temporary one)")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write every loss's record here")
     args = ap.parse_args()
@@ -288,7 +300,7 @@ def main() -> int:
     own_work = args.work is None
     work = args.work or Path(tempfile.mkdtemp(prefix="recovery-bench-", dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
-    modes = [args.only] if args.only else ["in-job", "requeue"]
+    modes = [args.only] if args.only else list(MODES)
     say = lambda s: print(s, flush=True)  # noqa: E731
     t0 = time.time()
     say(
