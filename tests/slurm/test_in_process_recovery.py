@@ -18,6 +18,7 @@ appended to ``$SLURM_DDP_TIMINGS`` when that is set; the issue's goal (within 10
 from __future__ import annotations
 
 import collections
+import json
 import re
 import time
 from pathlib import Path
@@ -25,7 +26,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 import torch
-from lib.slurm_jobs import DigitsJob, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import DigitsJob, cli, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import FINAL_MODEL_NAME, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -142,6 +143,14 @@ def test_a_lost_node_s_ranks_are_taken_over_by_the_warm_spare_in_process_bitwise
             ("in_process", [victim], [nodes[0], spare[0]], spare)
         ], recoveries
         assert train_steps(job.run_dir) == list(range(1, MAX_STEPS + 1)), "a step logged twice or missing"
+        # status and report count it as an in-job restart, done in-process
+        status = cli(cluster, "status", str(job.run_dir)).stdout
+        shown = f"lost node {victim} at step {resume['step']}, back at step {resume['step']} on {nodes[0]},{spare[0]}"
+        assert re.search(r"^in-job restarts: +1$", status, re.M) and shown in status and "(in-process)" in status, (
+            status
+        )
+        report = json.loads(cli(cluster, "report", str(job.run_dir), "--json").stdout)
+        assert report["in_job_restarts"] == 1, report
         ours = torch.load(job.run_dir / FINAL_MODEL_NAME)
         theirs = torch.load(reference.run_dir / FINAL_MODEL_NAME)
         assert ours.keys() == theirs.keys() and all(torch.equal(ours[k], theirs[k]) for k in ours), "not bitwise equal"
