@@ -3,7 +3,8 @@
 The batch script starts one ``srun --no-kill`` step on the job's 3 nodes: 2 training nodes and a warm spare
 whose rank has imported torch, built the task and waits (``slurm_ddp.worker.inprocess``). The non-batch
 training node is lost as a power cut would lose it (``SlurmSandbox.kill_node``: slurmd and every process of
-the job there SIGKILLed); Slurm notices only after ``SlurmdTimeout`` (60 s here). The survivor's collective
+the job there SIGKILLed); Slurm notices only after ``SlurmdTimeout`` (4 s here: DOWN ~11 s after the loss, so
+that one test trains on past it). The survivor's collective
 fails at once; it keeps its process, model and optimizer, rank 0 calls the spare in, the survivor's memory is
 broadcast to it, and training goes on in the same srun step of the same job: no new ``srun``, no ``import
 torch``, nothing read from disk. With the spare the run ends bitwise equal to an uninterrupted run of the same
@@ -36,7 +37,9 @@ pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("node_recovery")]  # on
 
 MAX_STEPS = 400  # digits: long enough that the loss comes well before the end on a busy machine
 LOSS_AFTER = 15  # steps logged before the node is lost
-SLURMD_TIMEOUT_S = 60  # Slurm's own notice comes ~70-80 s after the loss: the recovery must not wait for it
+# A Slurm that marks a silent node DOWN ~11 s after the loss (SlurmdTimeout=4, MessageTimeout=3): the survivor-alone
+# test trains on past that, so the one srun step is seen to outlive the lost node's DOWN (srun --no-kill)
+SLURMD_TIMEOUT_S, MESSAGE_TIMEOUT_S = 4, 3
 SETS = (
     "slurm.nodes=2",
     "slurm.tasks_per_node=1",
@@ -57,6 +60,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
         nodes=3,
         cpus_per_node=2,
         slurmd_timeout_s=SLURMD_TIMEOUT_S,
+        message_timeout_s=MESSAGE_TIMEOUT_S,
         kill_wait_s=2,
     ) as sb:
         yield sb
@@ -171,7 +175,9 @@ def test_without_a_spare_the_survivor_goes_on_alone_in_process_sample_exact(
 ) -> None:
     from test_node_recovery import IDS_LOSS_AFTER, submit_ids
 
-    job, ids = submit_ids(cluster, tmp_path, {"min_nodes": 1, "in_process": True})
+    # 1 s per micro-batch: ~30 s of training after the loss, past the node's DOWN (~11 s after it)
+    env = {"IDS_DIR": str(tmp_path / "ids"), "IDS_SLEEP_S": "1.0"}
+    job, ids = submit_ids(cluster, tmp_path, {"min_nodes": 1, "in_process": True}, environment={"env": env})
     victim = ""
     try:
         job.wait_step(IDS_LOSS_AFTER)
@@ -186,6 +192,17 @@ def test_without_a_spare_the_survivor_goes_on_alone_in_process_sample_exact(
         record_timing("in-process (survivor alone): node lost → resumed", resume["time"] - t_loss)
         record_timing("in-process (survivor alone): node lost → first training step", seen["first"]["time"] - t_loss)
         assert resume["in_process"] and (resume["world_size"], resume["grad_accum_steps"]) == (1, 2), resume
+        # Slurm marks the lost node DOWN while the survivor trains on, in the same srun step (--no-kill)
+        wait_for(lambda: "DOWN" in node_state(cluster, victim), 120, f"Slurm to mark {victim} DOWN", job.diag)
+        t_down = time.time()
+        assert not (job.run_dir / "FINISHED").exists(), "the run ended before Slurm marked the node DOWN"
+        wait_for(
+            lambda: [m for m in read_metrics(job.run_dir) if m["event"] == "train" and m["time"] > t_down],
+            60,
+            "a training step after the node was marked DOWN",
+            job.diag,
+        )
+        record_timing("in-process (survivor alone): node lost → Slurm marked it DOWN", t_down - t_loss)
         finished = job.wait_finished(timeout_s=180)
         assert finished["step"] == IDS_MAX_STEPS, finished
         assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
