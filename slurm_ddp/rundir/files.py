@@ -337,34 +337,31 @@ def read_recoveries(run_dir: PathLike) -> List[Dict[str, Any]]:
     return read_jsonl(Path(run_dir) / RECOVERIES_NAME)
 
 
-def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
-    """Create the step's peer-lost marker named by ``PEER_LOST_VAR`` in ``environ`` (JSON ``record``);
-    False when the variable is unset (no in-job recovery) or the file cannot be written."""
-    path = environ.get(PEER_LOST_VAR)
+def _write_marker(environ: Mapping[str, str], var: str, text: str, mode: str) -> bool:
+    """Write ``text`` to the file the variable ``var`` names in ``environ`` (``mode`` ``a``: append, ``w``:
+    replace), making its directory; False when the variable is unset or the file cannot be written."""
+    path = environ.get(var)
     if not path:
         return False
     try:
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
+        with open(path, mode, encoding="utf-8") as f:
+            f.write(text)
     except OSError:
         return False
     return True
+
+
+def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
+    """Create the step's peer-lost marker named by ``PEER_LOST_VAR`` in ``environ`` (JSON ``record``, one line
+    appended); False when the variable is unset (no in-job recovery) or the file cannot be written."""
+    return _write_marker(environ, PEER_LOST_VAR, json.dumps(record) + "\n", "a")
 
 
 def write_step_end(environ: Mapping[str, str], status: int) -> bool:
     """Write rank 0's exit ``status`` (an integer and a newline) to the file ``STEP_END_VAR`` names in
     ``environ``; False when the variable is unset (no in-process recovery) or the file cannot be written."""
-    path = environ.get(STEP_END_VAR)
-    if not path:
-        return False
-    try:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(f"{int(status)}\n")
-    except OSError:
-        return False
-    return True
+    return _write_marker(environ, STEP_END_VAR, f"{int(status)}\n", "w")
 
 
 def survivor_claim_path(run_dir: PathLike, environ: Mapping[str, str]) -> Path:

@@ -65,6 +65,14 @@ def logs(run_dir: Path, tail_chars: int = 3000) -> str:
     return "\n".join(parts)
 
 
+def node_state(sandbox: Any, node: str) -> str:
+    """``node``'s ``State`` in ``scontrol show node`` (e.g. ``IDLE``, ``MIXED+NOT_RESPONDING``, ``DOWN*``); ``?``
+    when scontrol does not say."""
+    r = sandbox.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
+    m = re.search(r"\bState=(\S+)", r.stdout)
+    return m.group(1) if m else "?"
+
+
 def record_timing(name: str, value: float, unit: str = "s") -> None:
     """Print ``TIMING name: value unit`` (``pytest -s``) and append it to ``$SLURM_DDP_TIMINGS`` if set."""
     line = f"TIMING {name}: {value:.2f} {unit}"

@@ -27,7 +27,7 @@ from typing import Dict, Iterator, List
 
 import pytest
 import torch
-from lib.slurm_jobs import DigitsJob, cli, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import DigitsJob, cli, node_state, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import FINAL_MODEL_NAME, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -64,12 +64,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
         kill_wait_s=2,
     ) as sb:
         yield sb
-
-
-def node_state(sb: SlurmSandbox, node: str) -> str:
-    r = sb.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
-    m = re.search(r"\bState=(\S+)", r.stdout)
-    return m.group(1) if m else "?"
 
 
 def step_nodes(job: DigitsJob) -> List[str]:

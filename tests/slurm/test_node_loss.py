@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Iterator, List
 
 import pytest
-from lib.slurm_jobs import DigitsJob, committed_steps, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import DigitsJob, committed_steps, node_state, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_metrics
 from slurm_ddp.sandbox import SlurmSandbox
@@ -52,12 +52,6 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
         kill_wait_s=2,
     ) as sb:
         yield sb
-
-
-def node_state(sb: SlurmSandbox, node: str) -> str:
-    r = sb.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
-    m = re.search(r"\bState=(\S+)", r.stdout)
-    return m.group(1) if m else "?"
 
 
 def hosts_of_restart(job: DigitsJob, restart: int) -> List[str]:

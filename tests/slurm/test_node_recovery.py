@@ -37,7 +37,7 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 import yaml
-from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, node_state, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_finished, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
@@ -70,12 +70,6 @@ def restart_node(sb: SlurmSandbox, node: str) -> None:
     t0 = time.monotonic()
     sb.restart_node(node, timeout_s=180)
     record_timing(f"restart of the lost node {node} (test clean-up)", time.monotonic() - t0)
-
-
-def node_state(sb: SlurmSandbox, node: str) -> str:
-    r = sb.run(["scontrol", "show", "node", "-o", node], capture_output=True, text=True, timeout=20)
-    m = re.search(r"\bState=(\S+)", r.stdout)
-    return m.group(1) if m else "?"
 
 
 def test_lost_node_is_replaced_by_the_spare_inside_the_job(cluster: SlurmSandbox, tmp_path: Path) -> None:
