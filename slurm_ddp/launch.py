@@ -31,6 +31,16 @@ SIGINT, SIGHUP, ``requeue.signal``) is recorded in the run directory
 0 after it has stopped, not finished. The wrapper exits with the command's status, or dies of the
 signal that killed it.
 
+Under in-job recovery (the batch script sets ``PEER_LOST_VAR`` for each training step) a
+``train.command`` rank that ends with a failure — a non-zero status other than the preemption status
+75, or death by a signal, and no stop signal recorded before — makes the wrapper leave the step's
+peer-lost marker (``rundir.write_peer_lost``, :func:`report_failure`) before it exits: a plain script
+whose gloo/NCCL collective fails because a peer's node vanished exits 1 with a traceback, and the
+batch script then ends srun at once instead of waiting for the lost node's tasks until Slurm marks the
+node DOWN (``SlurmdTimeout``). The wrapper cannot tell a peer's loss from a crash of the script's own;
+it reports both, and the probe of the step's nodes that follows decides: a crash on healthy nodes
+names no node, and the requeue rule decides as without the marker.
+
 ``--dry-run`` prints the plan as JSON and the command instead of running it. A binding
 that cannot be applied (numactl or a library missing) prints one line
 ``slurm_ddp launch: error: …`` naming the package to install, and exits 2.
@@ -44,6 +54,7 @@ import shutil
 import signal
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -314,9 +325,65 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
 _CAUGHT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
 
 
+def command_failure(status: int, stopped: bool) -> Optional[str]:
+    """Why the ``os.waitpid`` status ``status`` of a ``train.command`` rank is a failure to report through
+    the step's peer-lost marker (:func:`report_failure`), e.g. ``"the command exited with status 1"`` or
+    ``"the command died of SIGABRT"``; None for status 0, the preemption status 75
+    (``constants.PREEMPTED_EXIT_CODE``: ``preemption.exit_preempted``), and any end after a stop signal
+    the wrapper recorded (``stopped``; a death by a stop signal is recorded before this is asked). Pure."""
+    from .constants import PREEMPTED_EXIT_CODE
+
+    if stopped:
+        return None
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        name = signal.Signals(sig).name if sig in signal.valid_signals() else f"signal {sig}"
+        return f"the command died of {name}"
+    code = os.waitstatus_to_exitcode(status)
+    if code in (0, PREEMPTED_EXIT_CODE):
+        return None
+    return f"the command exited with status {code}"
+
+
+def report_failure(env: Mapping[str, str], denv: DistEnv, failure: str) -> bool:
+    """Leave the step's peer-lost marker for this rank's failed ``train.command`` (``failure``, from
+    :func:`command_failure`), through its one owner ``rundir.write_peer_lost`` (the file named by
+    ``PEER_LOST_VAR`` in ``env``; set by the batch script under in-job recovery only), and say so in one
+    line on stderr (the rank's log). True when written.
+
+    The record has the fields the recovery rule reads (``rundir.recovery.gather_evidence``: its first
+    record's ``time``, ``step``), as the shared worker and ``preemption.exit_if_peer_lost`` write them:
+    ``rank``, ``host`` (``SLURMD_NODENAME``, else this host's name), ``step`` None (a plain script's step
+    is unknown), ``time`` (``time.time()``, seconds), ``error`` (``failure``), plus ``by: "launch"``.
+    A rank that left its own record first (the API) keeps it: the file is JSON lines, this one is
+    appended, and the readers take the first. Any failure counts, a peer's loss or the script's own crash
+    (the wrapper cannot tell them apart): the probe step after srun decides (``rundir.recovery``)."""
+    from .rundir import PEER_LOST_VAR, write_peer_lost
+
+    record = {
+        "rank": denv.rank,
+        "host": denv.hostname or socket.gethostname(),
+        "step": None,
+        "time": time.time(),
+        "error": failure,
+        "by": "launch",
+    }
+    if not write_peer_lost(env, record):
+        return False
+    print(
+        f"slurm_ddp launch: rank {denv.rank}: {failure}; left the peer-lost marker {env[PEER_LOST_VAR]}: "
+        "the batch script ends this step now and probes its nodes (a lost peer, or a crash of its own)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return True
+
+
 def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str], watchdog: bool = True) -> int:
     """Fork ``full`` (a ``train.command`` rank) and stay its parent: record the stop signals this
-    rank is sent (``rundir.record_rank_stop``), pass nothing on, and end as the command did."""
+    rank is sent (``rundir.record_rank_stop``), pass nothing on, leave the step's peer-lost marker
+    when the command fails (:func:`command_failure`, :func:`report_failure`; under in-job recovery
+    only), and end as the command did."""
     from .rundir import STOP_SIGNALS, record_rank_stop
 
     requeue_name = "SIG" + cfg.requeue.signal_name
@@ -373,9 +440,13 @@ def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[st
         _, status = os.waitpid(pid, 0)  # resumed after a handler ran (PEP 475)
     except ChildProcessError:
         status = 0
-    if os.WIFSIGNALED(status):
-        died = os.WTERMSIG(status)
+    died = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+    if died:  # a death by a stop signal is a stop: recorded before the failure is asked
         record(signal.Signals(died).name if died in signal.valid_signals() else "")
+    failure = command_failure(status, stopped=bool(recorded))
+    if failure is not None:
+        report_failure(env, denv, failure)
+    if died:
         sys.stdout.flush()
         sys.stderr.flush()
         try:

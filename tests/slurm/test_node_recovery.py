@@ -15,9 +15,10 @@ every rank logs the ids of its samples, one file per srun step) through: a lost 
 (``min_nodes: 1``: the survivor finishes alone, every sample of every epoch once); a SIGSTOPped rank on the
 non-batch node (its watchdog ends it, the hang names its node, the spare takes over); two lost nodes one
 after the other (``max_restarts: 2``: the spare, then the batch host alone). Then two own scripts
-(``train.command``): the plain ``train.py``, restarted once Slurm marks the node DOWN; and
+(``train.command``), both restarted at once: the plain ``train.py``, whose launch wrapper leaves the
+peer-lost marker when the survivor's script exits 1 (it resumes from its own last snapshot); and
 ``train_preemptible.py``, whose ``preemption.exit_if_peer_lost`` saves on the survivor and leaves the
-peer-lost marker, restarted at once.
+marker itself.
 
 Timings (loss → resumed step, loss → first new training step, steps redone) are printed (``pytest -s``)
 and appended to ``$SLURM_DDP_TIMINGS`` when that is set.
@@ -39,7 +40,7 @@ import pytest
 import yaml
 from lib.slurm_jobs import ENDED, DigitsJob, cli, committed_steps, node_state, record_timing, submit_digits, train_steps
 
-from slurm_ddp.rundir import read_finished, read_metrics, read_recoveries
+from slurm_ddp.rundir import read_finished, read_jsonl, read_metrics, read_recoveries
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.slurmversion import REPEATED_SHRINK
 from slurm_ddp.testing import running_sandbox, wait_for
@@ -429,9 +430,12 @@ def submit_own_script(sb: SlurmSandbox, run_dir: Path, job_yaml: str, command: s
 
 def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandbox, tmp_path: Path) -> None:
     """``train.command``: the tutorial-style ``examples/own_script/train.py`` (knows nothing of slurm_ddp)
-    on 2 nodes with a spare loses its non-batch node after its first snapshot. No rank leaves a peer-lost
-    marker, so srun ends only when Slurm marks the node DOWN (``SlurmdTimeout``); then the next step runs on
-    the batch host and the spare in the same job, resumes from the script's snapshot and finishes."""
+    on 2 nodes with a spare loses its non-batch node after its first snapshot. Rank 0's gloo all-reduce
+    fails and the script exits 1 with a traceback; its launch wrapper (``slurm_ddp.launch``, the rank's
+    parent) leaves the step's peer-lost marker, so the batch script ends srun at once instead of waiting
+    for Slurm to mark the node DOWN (``SlurmdTimeout``); the next step runs on the batch host and the spare
+    in the same job, resumes from the script's own last snapshot (no survivor save: the epoch in progress
+    is redone) and finishes. The issue's criterion: the next epoch starts within 30 s of the loss."""
     run_dir = tmp_path / "run"
     job = submit_own_script(cluster, run_dir, "job.yaml", "python train.py --epochs 3 --sleep 3")
     victim = ""
@@ -441,16 +445,50 @@ def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandb
         victim = step_nodes[1]
         t_loss = time.time()
         assert cluster.kill_node(victim), f"no process in {victim}'s namespace"
+
         wait_for(lambda: "in-job restart 1)" in job.batch_log(), 240, "the in-job restart", job.diag)
-        record_timing("node lost (own script) → next step started in the same job", time.time() - t_loss)
-        wait_for(lambda: "resuming from snapshot" in job.rank_log(0), 120, "the resume", job.diag)
+        started = time.time() - t_loss
+        record_timing("node lost (own script) → next step started in the same job", started)
+        record_timing(f"{victim} state when the next step started: {node_state(cluster, victim)}", 0, "(state)")
+        resumed = wait_for(
+            lambda: re.search(r"^\[rank 0\] resuming from snapshot \S+ at epoch (\d+)$", job.rank_log(0), re.M),
+            120,
+            "the resume",
+            job.diag,
+        )
         record_timing("node lost (own script) → resumed from its snapshot", time.time() - t_loss)
+        # train.py prints its "host … steps/epoch" line right before its epoch loop: the next epoch starts
+        wait_for(
+            lambda: re.search(r"^\[rank 0\] host .* steps/epoch$", job.rank_log(0)[resumed.end() :], re.M),
+            120,
+            "the next epoch to start",
+            job.diag,
+        )
+        epoch_started = time.time() - t_loss
+        record_timing("node lost (own script) → its next epoch started", epoch_started)
+        assert resumed.group(1) == "1", resumed.group(0)  # the snapshot of epoch 0: epoch 1 is redone
+        # the marker is the wrapper's, for rank 0 on the batch host, after its command failed
+        [first, *_] = read_jsonl(run_dir / "recovery" / f"peer-lost.{job.id}.0.0")
+        assert (first["by"], first["rank"], first["host"], first["step"]) == ("launch", 0, step_nodes[0], None), first
+        # the script's traceback ("Connection closed by peer"), then exit 1 — or gloo's abort at interpreter
+        # teardown ("terminate called without an active exception"): SIGABRT, seen on this sandbox
+        failure = re.fullmatch(r"the command (exited with status 1|died of SIGABRT)", first["error"])
+        assert failure, first
+        record_timing("node lost (own script) → the launch wrapper's peer-lost marker", first["time"] - t_loss)
+        log0 = job.rank_log(0)
+        assert f"rank 0: {failure.group(0)}; left the peer-lost marker" in log0, log0[-3000:]
+        assert "a rank saw a peer vanish" in job.batch_log(), job.batch_log()
+        # well before Slurm's own notice (~70-80 s): without the marker the next step started ~70 s after the loss
+        assert started < SLURMD_TIMEOUT_S and epoch_started < SLURMD_TIMEOUT_S, (started, epoch_started)
+
         wait_for(lambda: job.state() in ENDED, 180, "the job to end", job.diag)
         assert job.state() == "COMPLETED" and job.restarts() == 0, job.show()
         assert (run_dir / "FINISHED").exists()
         assert job.rank_log(0).count("done: 3 epochs") == 1 and job.rank_log(1).count("done: 3 epochs") == 1
         recoveries = read_recoveries(run_dir)
-        assert [(r["action"], r["bad"]) for r in recoveries] == [("restart", [victim])], recoveries
+        assert [(r["action"], r["bad"], r["peer_lost"], r["lost_step"]) for r in recoveries] == [
+            ("restart", [victim], True, None)
+        ], recoveries
         assert victim not in recoveries[0]["nodes"] and len(recoveries[0]["nodes"]) == 2, recoveries
     finally:
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
