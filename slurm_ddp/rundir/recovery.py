@@ -253,7 +253,10 @@ def gather_evidence(
     notes = [f"probed {','.join(probe) or 'no node'}: " + (f"{','.join(failed)} failed" if failed else "all ran")]
     if hang is not None:
         notes.append(hang.line())
-    if peer_lost:
+    if peer_lost and (first or {}).get("by") == "launch":  # the wrapper of a train.command rank that failed
+        error = str((first or {}).get("error") or "failed")
+        notes.append(f"rank {(first or {}).get('rank', '?')}: {error} (a lost peer or a crash: the probes tell)")
+    elif peer_lost:
         notes.append("a rank saw a peer vanish")
     return Evidence(probe_failed=failed, hang=hang, peer_lost=peer_lost, peer_lost_record=first, notes=tuple(notes))
 

@@ -477,7 +477,7 @@ def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandb
         record_timing("node lost (own script) → the launch wrapper's peer-lost marker", first["time"] - t_loss)
         log0 = job.rank_log(0)
         assert f"rank 0: {failure.group(0)}; left the peer-lost marker" in log0, log0[-3000:]
-        assert "a rank saw a peer vanish" in job.batch_log(), job.batch_log()
+        assert "a rank left the peer-lost marker" in job.batch_log(), job.batch_log()
         # well before Slurm's own notice (~70-80 s): without the marker the next step started ~70 s after the loss
         assert started < SLURMD_TIMEOUT_S and epoch_started < SLURMD_TIMEOUT_S, (started, epoch_started)
 
@@ -550,7 +550,9 @@ def test_an_own_script_using_the_api_saves_on_the_survivor_and_restarts_at_once(
         assert (epoch, epoch * int(per_epoch.group(1)) + batch) == (0, saved), (resumed.group(0), saved)
         assert saved >= last_before, (saved, last_before)
         record_timing("steps redone (own script, survivor save)", max(last_before - saved, 0), "steps")
-        assert "left the peer-lost marker" in log0 and "a rank saw a peer vanish" in job.batch_log(), job.batch_log()
+        assert "left the peer-lost marker" in log0 and "a rank left the peer-lost marker" in job.batch_log(), (
+            job.batch_log()
+        )
         # well before Slurm's own notice (~70-80 s): without the marker the next step started 67 s after the loss
         assert started < SLURMD_TIMEOUT_S and first_step < SLURMD_TIMEOUT_S, (started, first_step, after[:500])
 

@@ -71,6 +71,8 @@ def test_a_failed_command_leaves_one_record_from_the_wrapper(run_dir: Path) -> N
     # the record the recovery rule reads (its first): the loss's time and no step
     evidence = gather_evidence(run_dir, job_id="1", restart=0, since=0.0, probe=[], peer_lost_marker=str(marker))
     assert evidence.peer_lost and evidence.peer_lost_record == read_jsonl(marker)[0], evidence
+    # the batch log's evidence line names the failed command, not a vanished peer
+    assert f"rank {RANK}: the command exited with status 1 (a lost peer or a crash: the probes tell)" in evidence.notes
 
 
 def test_a_command_killed_by_a_signal_that_is_no_stop_leaves_a_record(run_dir: Path) -> None:
