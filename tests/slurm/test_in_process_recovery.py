@@ -135,7 +135,10 @@ def test_a_lost_node_s_ranks_are_taken_over_by_the_warm_spare_in_process_bitwise
         assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
         # one srun step: no in-job restart; the spare trained as rank 1
         assert "in-job restart 1" not in job.batch_log(), job.batch_log()
-        assert "rank 0 ended; srun still waits for a lost node's tasks" in job.batch_log(), job.batch_log()
+        # srun ends with the step's status either way: after rank 0's end marker (the lost node not yet DOWN:
+        # this script ends it) or on its own (Slurm marked the node DOWN first: "Node failure", status 0)
+        ended = re.search(r"rank 0 ended with status 0$|srun exited with status 0$", job.batch_log(), re.M)
+        assert ended, job.batch_log()
         recoveries = read_recoveries(job.run_dir)
         assert [(r["action"], r["bad"], r["nodes"], r["spares_used"]) for r in recoveries] == [
             ("in_process", [victim], [nodes[0], spare[0]], spare)
