@@ -127,27 +127,34 @@ def should_stop(interval_s: float = 0.5) -> bool:
 def exit_preempted(step: Optional[int] = None) -> NoReturn:
     """Stop this rank for preemption: wait for every rank, record the stop, exit with status 75.
 
-    Call it on every rank after :func:`should_stop` said so and rank 0 saved its snapshot: the
-    barrier keeps a rank from exiting while rank 0 still writes (srun's ``--kill-on-bad-exit``
+    Call it on every rank after :func:`should_stop` said so and rank 0 saved its snapshot: its
+    all-reduce (a barrier) keeps a rank from exiting while rank 0 still writes (srun's ``--kill-on-bad-exit``
     would kill it). Rank 0 writes the run directory's ``PREEMPTED`` marker (job, restart,
-    ``step`` or 0, and the signal the ranks agreed on in :func:`should_stop`: SIGTERM when any rank
-    got it, which the requeue rule does not requeue, else the requeue signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
+    ``step`` or 0, and the signal the ranks agree on here, once more: SIGTERM when any rank
+    got it by now, which the requeue rule does not requeue, else the requeue signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
     script knows the stop even if a launcher reports another status. The process group is
     destroyed and the process exits with ``os._exit`` after flushing stdio and logging: no
     interpreter teardown, where a group still held by a DDP model can abort the process.
     """
-    received = flag().received
-    sig = received.name if received is not None else "SIGUSR2"
+    f = flag()
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
+        import torch
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
+            # the barrier is a last agreement on the signal (MAX of the flags, SIGTERM over the requeue
+            # signal): a signal whose handler ran only after should_stop's all-reduce, on a rank that was
+            # inside it, still counts
             group = _agreement.group if _agreement is not None else None
-            dist.barrier(group=group)
+            code = torch.tensor([f.code()], dtype=torch.int64)
+            dist.all_reduce(code, op=dist.ReduceOp.MAX, group=group)
+            f.agree(int(code[0]))
             rank = dist.get_rank()
     except ImportError:
         pass
+    received = f.received
+    sig = received.name if received is not None else "SIGUSR2"
     run_dir, job_id = os.environ.get("SLURM_DDP_RUN_DIR"), os.environ.get("SLURM_JOB_ID")
     if rank == 0 and run_dir and job_id:
         from .rundir import Preempted, write_preempted
