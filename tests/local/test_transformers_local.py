@@ -58,6 +58,14 @@ def checkpoints(run_dir: Path) -> List[int]:
     return sorted(int(p.name.split("-")[1]) for p in (run_dir / "hf").glob("checkpoint-*"))
 
 
+def saved(run_dir: Path, step: int, ranks: int = 2) -> bool:
+    """The Trainer finished writing ``checkpoint-STEP``: its ``trainer_state.json`` (rank 0's, after the weights and
+    optimizer) and every rank's ``rng_state_R.pth``. The directory appears first: a plain script killed while it is
+    being written leaves a checkpoint the next start cannot resume from (the Trainer's own save is not atomic)."""
+    d = run_dir / "hf" / f"checkpoint-{step}"
+    return (d / "trainer_state.json").exists() and all((d / f"rng_state_{r}.pth").exists() for r in range(ranks))
+
+
 def train_steps(run_dir: Path) -> List[int]:
     return [int(m["step"]) for m in read_metrics(run_dir) if m.get("event") == "train"]
 
@@ -88,7 +96,11 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
     tmp_path = tmp_path_factory.mktemp("plain")
     job, run_dir = write_job(tmp_path, "--plain"), tmp_path / "run"
     stopped = stop_when(
-        job, run_dir, lambda: len(checkpoints(run_dir)) >= 1, "checkpoint-20 of the plain script", signal.SIGUSR2
+        job,
+        run_dir,
+        lambda: bool(checkpoints(run_dir)) and saved(run_dir, checkpoints(run_dir)[0]),
+        "checkpoint-20 of the plain script, written",
+        signal.SIGUSR2,
     )
     newest = checkpoints(run_dir)[-1]
     again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
