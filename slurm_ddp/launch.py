@@ -54,7 +54,6 @@ import shutil
 import signal
 import socket
 import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
 
@@ -358,16 +357,9 @@ def report_failure(env: Mapping[str, str], denv: DistEnv, failure: str) -> bool:
     A rank that left its own record first (the API) keeps it: the file is JSON lines, this one is
     appended, and the readers take the first. Any failure counts, a peer's loss or the script's own crash
     (the wrapper cannot tell them apart): the probe step after srun decides (``rundir.recovery``)."""
-    from .rundir import PEER_LOST_VAR, write_peer_lost
+    from .rundir import PEER_LOST_VAR, peer_lost_record, write_peer_lost
 
-    record = {
-        "rank": denv.rank,
-        "host": denv.hostname or socket.gethostname(),
-        "step": None,
-        "time": time.time(),
-        "error": failure,
-        "by": "launch",
-    }
+    record = peer_lost_record(denv.rank, denv.hostname or socket.gethostname(), None, failure, by="launch")
     if not write_peer_lost(env, record):
         return False
     print(

@@ -237,10 +237,9 @@ def exit_if_peer_lost(
                 say(f"survivor save of step {step} done by this rank in {time.perf_counter() - t0:.3f} s")
             else:
                 say(f"survivor save of step {step} by another rank: {outcome or 'no answer'}")
-    from .rundir import write_peer_lost
+    from .rundir import peer_lost_record, write_peer_lost
 
-    record = {"rank": rank, "host": host, "step": step, "time": time.time(), "error": first}
-    if write_peer_lost(os.environ, record):
+    if write_peer_lost(os.environ, peer_lost_record(rank, host, step, first)):
         say("left the peer-lost marker: the batch script ends this step and recovers in the job")
     _exit_now(PeerFailure.exit_code)
 

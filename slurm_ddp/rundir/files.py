@@ -352,6 +352,13 @@ def _write_marker(environ: Mapping[str, str], var: str, text: str, mode: str) ->
     return True
 
 
+def peer_lost_record(rank: int, host: str, step: Optional[int], error: str, **extra: Any) -> Dict[str, Any]:
+    """One peer-lost marker record, the shape ``rundir.recovery.gather_evidence`` reads (its first record's
+    ``time`` and ``step``): ``rank``, ``host``, ``step`` (the last completed step; None when unknown),
+    ``time`` (``time.time()``, seconds), ``error`` (at most its last 300 characters), then ``extra``."""
+    return {"rank": rank, "host": host, "step": step, "time": time.time(), "error": error[-300:], **extra}
+
+
 def write_peer_lost(environ: Mapping[str, str], record: Dict[str, Any]) -> bool:
     """Create the step's peer-lost marker named by ``PEER_LOST_VAR`` in ``environ`` (JSON ``record``, one line
     appended); False when the variable is unset (no in-job recovery) or the file cannot be written."""

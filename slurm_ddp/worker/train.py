@@ -52,6 +52,7 @@ from ..rundir import (
     end_partial_line,
     hang_report_path,
     is_finished,
+    peer_lost_record,
     start_hang_save,
     write_finished,
     write_peer_lost,
@@ -1031,16 +1032,8 @@ class Trainer:
         script stops waiting for a step whose lost node Slurm has not yet marked DOWN)."""
         message = self._peer_message(e)
         self._emergency_save(message)
-        write_peer_lost(
-            os.environ,
-            {
-                "rank": self.denv.rank,
-                "host": self.denv.hostname or socket.gethostname(),
-                "step": self.step,
-                "time": time.time(),
-                "error": message[-300:],
-            },
-        )
+        host = self.denv.hostname or socket.gethostname()
+        write_peer_lost(os.environ, peer_lost_record(self.denv.rank, host, self.step, message))
         return PeerFailure(message)
 
     def _emergency_save(self, why: str) -> str:
