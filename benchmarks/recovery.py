@@ -3,7 +3,7 @@ fixed schedule.
 
     python3 benchmarks/recovery.py                    # 2 losses per mode, 4-node sandbox; ~5-7 min (root)
     python3 benchmarks/recovery.py --losses 1         # one loss per mode, 3 nodes
-    python3 benchmarks/recovery.py --slurmd-timeout-s 4 --message-timeout-s 3   # a fast-noticing Slurm
+    python3 benchmarks/recovery.py --slurmd-timeout-s 6 --message-timeout-s 2   # a fast-noticing Slurm
 
 A private Slurm sandbox (``slurm_ddp.sandbox``, root) of ``2 + N`` nodes (N = ``--losses``) runs the digits
 job (``examples/digits``) on 2 nodes × 1 task, ``train.log_every=1``, ``checkpoint.every_steps`` 20 (async),
@@ -288,9 +288,15 @@ def main() -> int:
     args = ap.parse_args()
     if not 1 <= args.losses <= 8:
         ap.error(f"--losses must be 1..8, got {args.losses}")
-    if args.slurmd_timeout_s < 2 or args.message_timeout_s < 1:
-        ap.error("--slurmd-timeout-s must be >= 2 and --message-timeout-s >= 1 (seconds)")
     from slurm_ddp.sandbox import SlurmSandbox
+    from slurm_ddp.sandbox.layout import check_timeouts
+
+    try:
+        check_timeouts(args.slurmd_timeout_s, args.message_timeout_s)
+    except ValueError as e:
+        ap.error(
+            str(e).replace("slurmd_timeout_s", "--slurmd-timeout-s").replace("message_timeout_s", "--message-timeout-s")
+        )
 
     def on_term(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the sandbox's down()

@@ -21,6 +21,34 @@ from slurm_ddp.slurmversion import SlurmVersion, slurm_version
 
 #: Name of the state file inside the sandbox root.
 STATE_FILE = "sandbox.json"
+#: ``SlurmdTimeout`` must be at least this many times ``MessageTimeout``. slurmctld pings a node whose
+#: last answer is older than ``SlurmdTimeout/3`` and starts no new ping round before the last one ended; a
+#: round that includes a lost node lasts about ``MessageTimeout`` or more (its connection is refused and
+#: retried), so a healthy node not pinged in it ages meanwhile, and one whose last answer is older than
+#: ``SlurmdTimeout`` at the next round is set DOWN with "not responding" (slurmctld's ``ping_nodes``).
+#: Seen with Slurm 24.11.5 at ``SlurmdTimeout=4``, ``MessageTimeout=3``: the healthy nodes were set DOWN
+#: one second after the lost one (1 in 3 tries; at once back in service), a job on them NODE_FAILed.
+MIN_SLURMD_PER_MESSAGE_TIMEOUT = 3
+
+
+def check_timeouts(slurmd_timeout_s: int, message_timeout_s: int, kill_wait_s: int = 0) -> None:
+    """Check a sandbox's Slurm timeouts (seconds; slurm.conf(5) ``SlurmdTimeout``, ``MessageTimeout``,
+    ``KillWait``). Raises ValueError, one line saying which and how to fix it: out of range (2, 1, 0 ..65533),
+    or ``slurmd_timeout_s`` under ``MIN_SLURMD_PER_MESSAGE_TIMEOUT`` x ``message_timeout_s``."""
+    for key, value, low in (
+        ("slurmd_timeout_s", slurmd_timeout_s, 2),
+        ("message_timeout_s", message_timeout_s, 1),
+        ("kill_wait_s", kill_wait_s, 0),
+    ):
+        if not low <= int(value) <= 65533:
+            raise ValueError(f"{key} must be {low}..65533 seconds, got {value}")
+    if int(slurmd_timeout_s) < MIN_SLURMD_PER_MESSAGE_TIMEOUT * int(message_timeout_s):
+        raise ValueError(
+            f"slurmd_timeout_s ({slurmd_timeout_s}) must be at least {MIN_SLURMD_PER_MESSAGE_TIMEOUT} x "
+            f"message_timeout_s ({message_timeout_s}): with less, Slurm 24.11 sets healthy nodes DOWN while it "
+            "still pings a lost one (e.g. slurmd_timeout_s=6, message_timeout_s=2)"
+        )
+
 
 _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
@@ -48,13 +76,7 @@ class SandboxLayout:
             raise ValueError(f"cpus_per_node must be >= 1, got {cpus_per_node}")
         if not 0 <= int(gpus_per_node) <= 64:
             raise ValueError(f"gpus_per_node must be 0..64, got {gpus_per_node}")
-        for key, value, low in (
-            ("slurmd_timeout_s", slurmd_timeout_s, 2),
-            ("message_timeout_s", message_timeout_s, 1),
-            ("kill_wait_s", kill_wait_s, 0),
-        ):
-            if not low <= int(value) <= 65533:
-                raise ValueError(f"{key} must be {low}..65533 seconds, got {value}")
+        check_timeouts(slurmd_timeout_s, message_timeout_s, kill_wait_s)
         self.slurmd_timeout_s = int(slurmd_timeout_s)
         self.message_timeout_s = int(message_timeout_s)
         self.kill_wait_s = int(kill_wait_s)

@@ -54,8 +54,8 @@ def main() -> int:
     ap.add_argument("--root", type=Path, default=None, help="sandbox directory (default: a new temporary one)")
     args = ap.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="sacct-capture-"))
-    sb = SlurmSandbox(root, nodes=2, cpus_per_node=2, gpus_per_node=2, accounting=True, slurmd_timeout_s=4,
-                      message_timeout_s=3, kill_wait_s=2)  # fmt: skip
+    sb = SlurmSandbox(root, nodes=2, cpus_per_node=2, gpus_per_node=2, accounting=True, slurmd_timeout_s=6,
+                      message_timeout_s=2, kill_wait_s=2)  # fmt: skip
     try:
         sb.up(timeout_s=180)
         return capture(sb, root, args.out)
