@@ -406,6 +406,18 @@ class StepAgreement:
         self._countdown, self._steps, self._t = self.every, 0, now
         return bool(self.flag.agree(int(t[0])))
 
+    def settle(self) -> bool:
+        """Agree once more on the signal after :meth:`poll` said stop (a collective: call it on every rank,
+        e.g. after the preemption checkpoint). A signal whose handler ran only after that check's all-reduce,
+        on a rank that was inside it, still counts: SIGTERM on any rank by now outweighs the requeue signal
+        in ``flag.received`` on every rank, so rank 0's PREEMPTED marker names it (a scancel is not
+        requeued). True when any rank holds a signal."""
+        if not (dist.is_available() and dist.is_initialized()):
+            return self.flag.received is not None
+        t = torch.tensor([self.flag.code()], dtype=torch.int64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return bool(self.flag.agree(int(t[0])))
+
 
 #: words of a collective's error that mean a peer rank died or stopped answering (gloo: "Connection
 #: closed by peer", "Connection reset by peer"; a timed-out wait: "Timed out"; NCCL: "remote process exited")

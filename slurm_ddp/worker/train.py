@@ -694,6 +694,8 @@ class Trainer:
                     log.warning("stopping for preemption (%s) after step %d", sig, self.step)
                     self._check_finite(nonfinite)  # never checkpoint a diverged model
                     self.save_checkpoint(f"preemption ({sig})")
+                    self.stop.settle()  # a SIGTERM that came during the check or the save still counts
+                    sig = self.flag.received.name if self.flag.received else sig
                     self.metrics.write(
                         event="preempted",
                         step=self.step,

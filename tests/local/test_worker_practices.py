@@ -3,7 +3,8 @@
 - gradient accumulation: ``optimizer_step`` over 4 micro-batches all-reduces each gradient bucket
   exactly once per optimizer step (counted by a DDP communication hook; a loop without ``no_sync``
   counts 4), and ends with the same parameters as one step over the concatenated batch;
-- ``StepAgreement``: a flag raised on one rank stops both ranks after the same step;
+- ``StepAgreement``: a flag raised on one rank stops both ranks after the same step, and ``settle`` makes a
+  SIGTERM that came after the check win;
 - one local-backend run of the digits job with many switches on at once (accumulation, bf16
   autocast, channels_last, clipping, DataLoader workers, profiler window, deterministic mode), and a
   short fp16 run (GradScaler);
@@ -194,7 +195,14 @@ def _agreement_rank(rank: int, port: int, out_dir: str) -> None:
         if agree.poll():
             stopped = step
             break
-    Path(out_dir, f"agree-{rank}.json").write_text(json.dumps({"stopped": stopped, "every": agree.every}))
+    agreed = flag.received.name if flag.received else None
+    if rank == 1:  # a SIGTERM whose handler ran only after the stopping check
+        flag.set("TERM")
+    agree.settle()
+    settled = flag.received.name if flag.received else None
+    Path(out_dir, f"agree-{rank}.json").write_text(
+        json.dumps({"stopped": stopped, "every": agree.every, "agreed": agreed, "settled": settled})
+    )
     dist.destroy_process_group()
 
 
@@ -229,6 +237,8 @@ def test_step_agreement_stops_every_rank_after_the_same_step(tmp_path: Path) -> 
     a, b = (json.loads((tmp_path / f"agree-{r}.json").read_text()) for r in range(2))
     assert a["stopped"] is not None and a["stopped"] == b["stopped"] >= 7, (a, b)
     assert a["stopped"] <= 7 + 30, (a, b)  # checks ~every 20 ms of 4 ms steps: stopped soon after
+    assert a["agreed"] == b["agreed"] == "SIGUSR2", (a, b)  # rank 0 names the signal rank 1 got
+    assert a["settled"] == b["settled"] == "SIGTERM", (a, b)  # settle: the later SIGTERM outweighs it
 
 
 # --------------------------------------------------------------------------- local-backend runs
