@@ -3,7 +3,7 @@ fixed schedule.
 
     python3 benchmarks/recovery.py                    # 2 losses per mode, 4-node sandbox; ~5-7 min (root)
     python3 benchmarks/recovery.py --losses 1         # one loss per mode, 3 nodes
-    python3 benchmarks/recovery.py --slurmd-timeout-s 6 --message-timeout-s 2   # a fast-noticing Slurm
+    python3 benchmarks/recovery.py --slurmd-timeout-s 10 --message-timeout-s 2   # a fast-noticing Slurm
 
 A private Slurm sandbox (``slurm_ddp.sandbox``, root) of ``2 + N`` nodes (N = ``--losses``) runs the digits
 job (``examples/digits``) on 2 nodes × 1 task, ``train.log_every=1``, ``checkpoint.every_steps`` 20 (async),

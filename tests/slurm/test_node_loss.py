@@ -3,7 +3,7 @@
 A 2-node digits job loses (1) its second node, (2) its first node — the batch shell and rank 0
 die with it. "Lost" is a power cut: the node's slurmd and every process of the job on it are
 SIGKILLed (``SlurmSandbox.kill_node``). Slurm marks the node DOWN when it misses its pings
-(``SlurmdTimeout=6``, ``MessageTimeout=2`` here: ~10-13 s; ~80 s with ``SlurmdTimeout=60``), fails
+(``SlurmdTimeout=10``, ``MessageTimeout=2`` here: ~9-18 s; ~80 s with ``SlurmdTimeout=60``), fails
 the job with NODE_FAIL and requeues it (``#SBATCH --requeue``); the job starts again on the two healthy nodes and resumes from the newest periodic checkpoint
 (``checkpoint.every_steps``), losing the steps trained since. Neither may hang: every wait has
 its own deadline. A rank that crashes on a healthy node is a crash, not a loss: the job fails
@@ -36,9 +36,9 @@ EVERY_STEPS = 20  # checkpoint.every_steps: bounds the steps a node loss costs
 # ~1 s on an idle machine (the job finished before the first poll saw a checkpoint and 10 steps after it)
 MAX_STEPS = 600
 # A dead node is DOWN after two failed pings (every SlurmdTimeout/3 s); each fails after about
-# MessageTimeout s (slurmctld retries a refused connection once a second): ~10-13 s here, ~80 s by default.
-# SlurmdTimeout >= 3 x MessageTimeout, else Slurm 24.11 sets healthy nodes DOWN too (sandbox.layout)
-SLURMD_TIMEOUT_S = 6
+# MessageTimeout s (slurmctld retries a refused connection once a second): ~9-18 s here, ~80 s by default.
+# SlurmdTimeout >= 5 x MessageTimeout, else Slurm 24.11 sets healthy nodes DOWN too (sandbox.layout)
+SLURMD_TIMEOUT_S = 10
 MESSAGE_TIMEOUT_S = 2
 
 

@@ -54,7 +54,7 @@ def main() -> int:
     ap.add_argument("--root", type=Path, default=None, help="sandbox directory (default: a new temporary one)")
     args = ap.parse_args()
     root = args.root or Path(tempfile.mkdtemp(prefix="sacct-capture-"))
-    sb = SlurmSandbox(root, nodes=2, cpus_per_node=2, gpus_per_node=2, accounting=True, slurmd_timeout_s=6,
+    sb = SlurmSandbox(root, nodes=2, cpus_per_node=2, gpus_per_node=2, accounting=True, slurmd_timeout_s=10,
                       message_timeout_s=2, kill_wait_s=2)  # fmt: skip
     try:
         sb.up(timeout_s=180)
