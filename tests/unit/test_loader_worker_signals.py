@@ -141,7 +141,10 @@ class _TermOnArrival(torch.utils.data.Dataset):
 
 # "not blocked": a worker killed while torch still builds the iterator leaves a half-made one, whose __del__
 # then fails (torch's, not ours): pytest reports that as an unraisable exception
+# (and its queue feeder threads may fail on a closed pipe: pytest's unhandled-thread-exception warning)
+# (a thread's exception may surface in the next test of the module: the filter is on both variants)
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")
 @pytest.mark.parametrize("mask", ["blocked", "not blocked"])
 def test_a_sigterm_between_the_start_and_the_init_function(
     monkeypatch: pytest.MonkeyPatch, mask: str, start_method: Any
@@ -179,11 +182,20 @@ def test_a_sigterm_between_the_start_and_the_init_function(
         monkeypatch.undo()
         assert torch.cat(list(it)).tolist() == data.tolist()
         assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & set(sigs)  # this thread's mask is back
-    else:  # torch's SIGCHLD handler may raise it as soon as the worker is gone, in any line of this block
-        with pytest.raises(RuntimeError, match="DataLoader worker"):
+    else:  # torch's SIGCHLD handler may raise it as soon as the worker is gone, in any line of this block, also
+        # inside the standard library (seen in CI: in Thread.start, whose own cleanup then raised KeyError)
+        with pytest.raises(Exception) as caught:
             it = iter(loader)
             monkeypatch.undo()
             list(it)
+        monkeypatch.undo()
+        chain: List[BaseException] = []
+        e: Any = caught.value
+        while e is not None and len(chain) < 10:
+            chain.append(e)
+            e = e.__cause__ or e.__context__
+        assert any(isinstance(x, RuntimeError) and "DataLoader worker" in str(x) for x in chain), repr(chain)
+        del caught, chain, e
         gc.collect()  # a half-made iterator goes here, under this test's filter, not in a later test
 
 
