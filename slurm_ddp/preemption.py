@@ -139,17 +139,14 @@ def exit_preempted(step: Optional[int] = None) -> NoReturn:
     f = flag()
     rank = int(os.environ.get("RANK", "0") or 0)
     try:
-        import torch
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
-            # the barrier is a last agreement on the signal (MAX of the flags, SIGTERM over the requeue
-            # signal): a signal whose handler ran only after should_stop's all-reduce, on a rank that was
-            # inside it, still counts
-            group = _agreement.group if _agreement is not None else None
-            code = torch.tensor([f.code()], dtype=torch.int64)
-            dist.all_reduce(code, op=dist.ReduceOp.MAX, group=group)
-            f.agree(int(code[0]))
+            from .worker.runtime import StepAgreement
+
+            # the barrier is a last agreement on the signal (StepAgreement.settle: SIGTERM over the requeue
+            # signal): a signal whose handler ran only after should_stop's all-reduce still counts
+            (_agreement if _agreement is not None else StepAgreement(f)).settle()
             rank = dist.get_rank()
     except ImportError:
         pass
