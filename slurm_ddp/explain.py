@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import shlex
 import shutil
+import sys
 from typing import Dict, List, Mapping, Optional
 
 from .binding import (
@@ -27,7 +28,14 @@ from .binding import (
     needed_libraries,
     plan_for_task,
 )
-from .config import JobConfig, command_argv, command_module_index, command_script_index, unused_settings
+from .config import (
+    JobConfig,
+    command_argv,
+    command_is_wrapper,
+    command_module_index,
+    command_script_index,
+    unused_settings,
+)
 from .constants import PREEMPTED_EXIT_CODE
 from .container import describe as container_lines
 from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
@@ -35,6 +43,7 @@ from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, 
 from .errors import BindingError, UserError
 from .render import loader_cpu_warning, torchrun_flags
 from .secrets import redact_env
+from .snapshot import live_warning, wrapper_live_names
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 
@@ -98,13 +107,17 @@ def _rank_environ(cfg: JobConfig, rank: int, job_id: str, cpus_per_task: int, na
 
 
 def code_line(cfg: JobConfig) -> str:
-    """One line: the ranks' working directory and where the code they run comes from."""
+    """One line: the ranks' working directory and where the code they run comes from (for a wrapper,
+    ``bash run.sh``, what of it is the snapshot's and what stays the checkout's: ``slurm_ddp.snapshot``)."""
     tc = cfg.train
     where = f"working directory: {tc.workdir or 'where the ranks start'} (train.workdir: relative paths read and write there)"
+    wrapper = bool(tc.command) and command_is_wrapper(tc.command)
     if tc.command:
         i, m = command_script_index(tc.command), command_module_index(tc.command)
         what = (
-            f"the script {tc.command[i]}"
+            f"the wrapper {tc.command[i]}"
+            if wrapper and i is not None
+            else f"the script {tc.command[i]}"
             if i is not None
             else f"the module {tc.command[m]} (found in the snapshot of train.workdir, not in the working directory)"
             if m is not None
@@ -114,9 +127,53 @@ def code_line(cfg: JobConfig) -> str:
         what = f"the task {tc.task} (train.pythonpath: {', '.join(tc.pythonpath) or 'the YAML directory'})"
     if not tc.snapshot:
         return f"{where}; code: {what} as it is in the checkout at each start (train.snapshot: false)"
+    if wrapper:
+        return (
+            f"{where}; code: {what}, from the code snapshot taken at submit (RUN_DIR/code/<digest>/, with the code "
+            "of its directory and of train.workdir, shell scripts included), on every start, requeues included; "
+            'what it runs through its own location ("$(dirname "$0")/train.py") is the snapshot\'s, what it names '
+            "by a path from the working directory (exec python train.py) or an absolute one is the checkout's, "
+            "live: an edit of that after submit runs on the next start; a resubmit after an edit of any of "
+            "these files needs --accept-new-code"
+        )
     return (
         f"{where}; code: {what}, from the code snapshot taken at submit (RUN_DIR/code/<digest>/), "
         "on every start, requeues included; an edit to the checkout after submit does not run"
+    )
+
+
+def wrapper_warning(cfg: JobConfig) -> str:
+    """The line of ``snapshot.live_warning`` for ``cfg``'s wrapper (the names of project files it runs from
+    the checkout, ``snapshot.wrapper_live_names``: reads the wrapper and asks git where the roots are);
+    "" for none, with ``train.snapshot: false`` (everything is the checkout's then, as ``code_line`` says),
+    and when the snapshot cannot be planned (``submit`` says why)."""
+    tc = cfg.train
+    if not tc.snapshot or not tc.command or not command_is_wrapper(tc.command):
+        return ""
+    try:
+        names = wrapper_live_names(cfg)
+    except UserError:
+        return ""
+    return live_warning(tc.command[command_script_index(tc.command) or 0], names)
+
+
+def path_line(cfg: JobConfig) -> str:
+    """One line: the ranks' ``PATH`` (``launch.python_first_on_path``)."""
+    e = cfg.environment
+    key, py = (
+        ("environment.container.python", e.container.python)
+        if e.container.runtime != "none"
+        else ("environment.python", e.python)
+    )
+    if py:
+        who = f"{key}'s ({os.path.dirname(py) or f'where {py} is found on PATH'})"
+    else:
+        here = os.path.dirname(sys.executable) or "?"
+        who = f"that of the interpreter that submits (environment.python unset; here {here})"
+    return (
+        f"PATH: the ranks' interpreter's directory first, {who}, put there by the launch wrapper at each rank's "
+        "start, after environment.setup and environment.env: python in a wrapper script or a subprocess is "
+        "the ranks' interpreter; the rest of PATH keeps its order"
     )
 
 
@@ -301,9 +358,10 @@ def explain_job(
         # where each rank runs: on the node, or inside environment.container (slurm_ddp.container)
         *("container: " + line for line in container_lines(cfg, "RUN_DIR")),
         code_line(cfg),
+        path_line(cfg),
         *environment_lines(cfg, environ),
     ]
-    warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt)]
+    warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt), wrapper_warning(cfg)]
     out[1:1] = [f"warning: {w}" for w in warnings if w]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus

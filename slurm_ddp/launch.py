@@ -14,7 +14,9 @@ directory as ``SLURM_DDP_RUN_DIR`` and the requeue signal as ``SLURM_DDP_REQUEUE
 and ``openmp: gnu`` it reads no /sys file and runs no subprocess.
 
 ``environment.env``'s values that hold a ``$`` are set here, ``$VAR``/``${VAR}`` expanded in the rank's
-environment (``config.expand_env``; the batch script exports only the others).
+environment (``config.expand_env``; the batch script exports only the others). Then the ranks' interpreter's
+directory goes first on ``PATH`` (:func:`python_first_on_path`): the one owner of the ranks' ``PATH``, for
+every backend.
 
 A ``train.command`` rank is different in two ways. Its words have ``$VAR``/``${VAR}`` of the
 rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`), ``${args.NAME}``
@@ -183,6 +185,26 @@ def expand_command(
     return out + command_arg_flags(given, placed)
 
 
+def python_first_on_path(path: str, python: str) -> str:
+    """``path`` (a ``PATH`` value, ``os.pathsep``-separated) with the directory of ``python`` first: the ranks'
+    ``PATH``, so that ``python`` in a wrapper (``bash run.sh`` ending in ``exec python train.py``) and in a
+    script's subprocesses is the ranks' interpreter, the one this wrapper runs in (``environment.python``,
+    ``environment.container.python`` inside a container, default the one that submitted), without an activated
+    virtual environment. Applied at every rank's start after ``environment.setup`` (run by the batch shell
+    before srun) and ``environment.env`` (its ``PATH: /opt/x/bin:$PATH`` included), so it comes before what
+    they put first; the rest of ``PATH`` stays in its order (``conda activate``'s and ``module load``'s
+    directories too). ``python``'s directory is taken as given, not with its symbolic links resolved (a
+    virtual environment's ``bin/python`` links to the base interpreter). Unchanged when it is already first
+    or ``python`` is empty (``sys.executable`` can be). Pure."""
+    d = os.path.dirname(python)
+    if not d:
+        return path
+    parts = path.split(os.pathsep) if path else []
+    if parts and os.path.normpath(parts[0] or ".") == os.path.normpath(d):
+        return path
+    return os.pathsep.join([d, *parts])
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry of ``python -m slurm_ddp.launch``: does not return when CMD starts; else the exit status
     (2 a bad run directory or binding, 127 CMD cannot run), after one ``slurm_ddp launch: error:`` line."""
@@ -220,6 +242,7 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         seen = {**environ, **denv.torch_env(), RUN_DIR_VAR: str(Path(run_dir).resolve())}
         environ.update(expand_env(cfg.environment.env, seen))
         environ[ENV_EXPANDED_VAR] = this_rank
+    environ["PATH"] = python_first_on_path(environ.get("PATH", ""), sys.executable)
     plan = plan_here(cfg, environ)
     env = plan.environ(environ)
     env[APPLIED_VAR] = plan.summary()

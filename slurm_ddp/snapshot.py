@@ -19,8 +19,16 @@ What is copied (``train.snapshot: true``, the default):
   sweep directories (``rundir.is_job_dir``: this run's, a sweep's with its ``code/`` copy, any other)
   are never copied, git-listed or not.
 - ``train.command``: the same for the directory of the script (``train.py`` in ``python
-  train.py``; the script itself is copied whatever its name), or of ``train.workdir`` when the
-  command names no script (``python -m pkg``).
+  train.py``, ``run.sh`` in ``bash run.sh``: ``config.command_script_index``; the script itself is
+  copied whatever its name), or of ``train.workdir`` when the command names no script (``python -m
+  pkg``). A wrapper (``config.command_is_wrapper``: a shell script, ``bash -e run.sh``, ``sh x.sh``,
+  ``zsh x.zsh``, or a program given by a path, ``./x.sh``) brings both its directory and
+  ``train.workdir``, and its shell scripts (``SHELL_SUFFIXES``) count as code: what it runs is in the
+  digest, so a resubmit after an edit of it needs ``--accept-new-code`` (:func:`check_resubmit`).
+  The ranks run the snapshot's copy of the wrapper in ``train.workdir``; what it names through its
+  own location (``"$(dirname "$0")/train.py"``) is the snapshot's, what it names by a path from the
+  working directory (``exec python train.py``) is the checkout's, live on every start
+  (:func:`wrapper_live_names`; ``submit`` says so in one line, as ``env --explain`` does).
 
 Each such directory is a *root*; the snapshot is ``RUN_DIR/code/<digest>/<i>/...`` with root ``i``'s
 files at their paths relative to it. ``<digest>`` is the sha256 of every file's root, path,
@@ -50,6 +58,7 @@ import hashlib
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import time
@@ -57,7 +66,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
-from .config import JobConfig, command_module_index, command_script_index
+from .config import JobConfig, command_is_wrapper, command_module_index, command_script_index
 from .errors import UserError
 from .rundir import SNAPSHOT_NAME, SNAPSHOTS_DIR, is_job_dir, snapshot_dir_name
 from .secrets import is_credential_file
@@ -69,6 +78,9 @@ RUNMODULE = "slurm_ddp.runmodule"
 #: extensions, path-configuration files: ``is_code``), and train.command's script whatever its name;
 #: data, logs and outputs stay out
 CODE_SUFFIXES = (".py", ".pyi", ".so", ".pyd", ".pth")
+#: shell scripts: code too in the snapshot of a wrapper command (``config.command_is_wrapper``: ``bash run.sh``),
+#: whose ``source env.sh`` or ``bash prep.sh`` they are
+SHELL_SUFFIXES = (".sh", ".bash", ".zsh", ".ksh")
 #: weights and training state (PyTorch's ``torch.save`` files, Hugging Face's ``pytorch_model.bin``,
 #: ``model.safetensors``, Lightning's ``.ckpt``, NumPy/HDF5/ONNX/GGUF arrays, pickles): never code,
 #: tracked by git or not; a ``.pth`` is one unless it is a path-configuration file (``is_code``)
@@ -119,12 +131,13 @@ def is_path_config(path: str) -> bool:
     return True
 
 
-def is_code(path: str) -> bool:
+def is_code(path: str, shell: bool = False) -> bool:
     """True when the file at ``path`` counts as code outside git's list (``CODE_SUFFIXES``; a ``.pth``
-    only when it is a path-configuration file: :func:`is_path_config`)."""
+    only when it is a path-configuration file: :func:`is_path_config`; with ``shell``, the snapshot of
+    a wrapper command, ``SHELL_SUFFIXES`` too)."""
     if path.endswith(".pth"):
         return is_path_config(path)
-    return path.endswith(CODE_SUFFIXES)
+    return path.endswith(CODE_SUFFIXES) or (shell and path.endswith(SHELL_SUFFIXES))
 
 
 def is_state_file(path: str) -> bool:
@@ -167,6 +180,16 @@ class SnapshotPlan:
     total_bytes: int
     #: credential files left out (``slurm_ddp.secrets.is_credential_file``), paths relative to their root
     skipped: Tuple[str, ...] = ()
+    #: the words of a wrapper command's script that name project files the ranks run live, from the
+    #: checkout (:func:`wrapper_live_names`: ``exec python train.py``)
+    live: Tuple[str, ...] = ()
+    #: a wrapper command's script (``config.command_is_wrapper``), as the checkout has it; "" for none
+    wrapper: str = ""
+
+    def warnings(self) -> Tuple[str, ...]:
+        """The lines ``submit`` prints about this snapshot: the wrapper's names that run live (:func:`live_warning`)."""
+        line = live_warning(self.wrapper, self.live)
+        return (line,) if line else ()
 
     @property
     def directory(self) -> str:
@@ -238,15 +261,15 @@ def _git_list(top: str, *which: str) -> List[str]:
     return [p for p in out.stdout.decode(errors="surrogateescape").split("\0") if p]
 
 
-def _git_files(top: str, keep_files: Sequence[str] = ()) -> List[str]:
+def _git_files(top: str, keep_files: Sequence[str] = (), shell: bool = False) -> List[str]:
     """The files of the git repository ``top`` in the snapshot: the tracked ones, and the untracked ones
-    ``.gitignore`` does not exclude that are code (:func:`is_code`, or ``keep_files``): a run's own
-    outputs in the working tree (checkpoints, logs, ``trainer_state.json``) never change the digest."""
+    ``.gitignore`` does not exclude that are code (:func:`is_code`, ``shell`` passed on, or ``keep_files``):
+    a run's own outputs in the working tree (checkpoints, logs, ``trainer_state.json``) never change the digest."""
     tracked = set(_git_list(top, "--cached"))
     others = [  # credential files too: plan_snapshot leaves them out by name (SnapshotPlan.skipped, which submit names)
         p
         for p in _git_list(top, "--others", "--exclude-standard")
-        if os.path.join(top, p) in keep_files or is_code(os.path.join(top, p)) or is_credential_file(p)
+        if os.path.join(top, p) in keep_files or is_code(os.path.join(top, p), shell) or is_credential_file(p)
     ]
     return sorted(tracked.union(others))
 
@@ -264,7 +287,7 @@ def _in_job_dir(root: str, rel: str, cache: Dict[str, bool]) -> bool:
     return False
 
 
-def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) -> List[str]:
+def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = (), shell: bool = False) -> List[str]:
     out: List[str] = []
     for dirpath, dirnames, filenames in os.walk(root, onerror=_raise_unreadable):
         keep = []
@@ -278,7 +301,7 @@ def _walk_files(root: str, skip: Sequence[str], keep_files: Sequence[str] = ()) 
         dirnames[:] = keep
         for name in filenames:
             full = os.path.join(dirpath, name)
-            if full in keep_files or is_code(full):
+            if full in keep_files or is_code(full, shell):
                 out.append(os.path.relpath(full, root))
     return sorted(out)
 
@@ -292,32 +315,32 @@ def _raise_unreadable(err: OSError) -> None:
 
 def source_dirs(cfg: JobConfig) -> List[str]:
     """The directories the ranks import from, absolute: ``train.pythonpath`` (task), or the
-    directory of ``train.command``'s script, else ``train.workdir`` (command).
+    directory of ``train.command``'s script, else ``train.workdir`` (command); for a wrapper
+    (``config.command_is_wrapper``: ``bash run.sh``) both: the files it runs by a path relative to the
+    working directory (``exec python train.py``) are then in the digest, so an edit of them after submit
+    needs ``--accept-new-code`` on a resubmit.
 
     ``train.pythonpath`` entries that do not exist are left out (Python skips them too). Raises
     ``UserError`` (one line) when one is not a readable directory.
     """
     tc = cfg.train
+    dirs: List[Tuple[str, str]] = []  # (directory, what it is, for the error)
     if tc.command:
         i = command_script_index(tc.command)
         if i is not None:
-            dirs = [os.path.dirname(os.path.abspath(tc.command[i]))]
-            what = "the directory of train.command's script"
-        else:
-            dirs = [os.path.abspath(tc.workdir or ".")]
-            what = "train.workdir"
+            dirs.append((os.path.dirname(os.path.abspath(tc.command[i])), "the directory of train.command's script"))
+        if i is None or command_is_wrapper(tc.command):
+            dirs.append((os.path.abspath(tc.workdir or "."), "train.workdir"))
     else:
-        dirs = [os.path.abspath(p) for p in (tc.pythonpath or (".",))]
-        what = "train.pythonpath entry"
-    if not tc.command:  # a missing sys.path entry holds nothing to import (submit's import check names the task)
-        dirs = [d for d in dirs if os.path.exists(d)]
-    for d in dirs:
+        dirs = [(os.path.abspath(p), "train.pythonpath entry") for p in (tc.pythonpath or (".",))]
+        dirs = [(d, what) for d, what in dirs if os.path.exists(d)]  # holds nothing to import (submit's check names the task)
+    for d, what in dirs:
         if not os.path.isdir(d) or not os.access(d, os.R_OK | os.X_OK):
             raise UserError(
                 f"{what} {d!r} is not a readable directory, so the code the ranks import cannot be "
                 "snapshotted; fix the path (or set train.snapshot: false)"
             )
-    return dirs
+    return [d for d, _ in dirs]
 
 
 def _script(cfg: JobConfig) -> List[str]:
@@ -325,16 +348,10 @@ def _script(cfg: JobConfig) -> List[str]:
     return [str(Path(cfg.train.command[i]).resolve())] if i is not None else []
 
 
-def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
-    """The snapshot of ``cfg``'s code for ``run_dir`` (absolute), or None with ``train.snapshot: false``.
-
-    Reads the checkout (``git``, file contents for the digest); writes nothing. Raises
-    ``UserError`` (one line) for an unreadable source directory or file, and for a snapshot over
-    ``train.snapshot_max_mb``, naming the largest files.
-    """
-    if not cfg.train.snapshot:
-        return None
-    run_dir = os.path.abspath(run_dir)
+def snapshot_roots(cfg: JobConfig) -> Tuple[List[str], List[str]]:
+    """``(roots, git_roots)``: the snapshot's root directories (each of :func:`source_dirs`, or its git
+    repository's top level; one inside another counted once), absolute and resolved, and those that are
+    git repositories. Reads the checkout (``git rev-parse``)."""
     roots: List[str] = []
     git_roots: List[str] = []
     for d in source_dirs(cfg):
@@ -348,13 +365,94 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
         roots.append(root)
         if top:
             git_roots.append(root)
+    return roots, git_roots
+
+
+#: the largest wrapper script :func:`wrapper_live_names` reads
+WRAPPER_MAX_BYTES = 1_000_000
+_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+
+
+def wrapper_live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) -> List[str]:
+    """The words of ``train.command``'s wrapper script (``config.command_is_wrapper``: ``bash run.sh``)
+    that name a file of the project by a path the snapshot does not remap: relative to the working
+    directory (``exec python train.py``, ``source env.sh``) or absolute into a snapshot root. The ranks
+    run the snapshot's copy of the wrapper, in ``train.workdir`` (the user's directory), so such a path
+    reaches the checkout's file, live: an edit after submit runs on the next start. A path through the
+    wrapper's own location (``"$(dirname "$0")/train.py"``) reaches the snapshot's copy.
+
+    A heuristic over the shell words of each line (``shlex``, comments left out; a line it cannot split
+    is skipped; words with a ``$``, options and ``NAME=value`` assignments are not paths): a word counts
+    when it names an existing file under one of ``roots`` (default :func:`snapshot_roots`) that is code
+    (:func:`is_code` with shell scripts) or executable. Scanning stops at the first ``cd``/``pushd``
+    (from there the working directory is the script's to say). Reads the wrapper (at most
+    ``WRAPPER_MAX_BYTES``); [] for a command that is no wrapper, or a wrapper it cannot read."""
+    tc = cfg.train
+    if not tc.command or not command_is_wrapper(tc.command):
+        return []
+    script = tc.command[command_script_index(tc.command) or 0]
+    try:
+        with open(script, "rb") as f:
+            text = f.read(WRAPPER_MAX_BYTES).decode("utf-8", errors="replace")
+    except OSError:
+        return []
+    if roots is None:
+        roots = snapshot_roots(cfg)[0]
+    workdir = os.path.abspath(tc.workdir or ".")
+    found: List[str] = []
+    for line in text.splitlines():
+        try:
+            lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
+        except ValueError:
+            continue
+        if any(w in ("cd", "pushd") for w in words):
+            break
+        for w in words:
+            if not w or "$" in w or w.startswith(("-", "+")) or _ASSIGNMENT.match(w) or w in found:
+                continue
+            full = os.path.realpath(os.path.join(workdir, w))  # an absolute w stays itself
+            if not os.path.isfile(full) or not any(full.startswith(r.rstrip("/") + "/") for r in roots):
+                continue
+            if is_code(full, shell=True) or os.access(full, os.X_OK):
+                found.append(w)
+    return found
+
+
+def live_warning(script: str, names: Sequence[str]) -> str:
+    """The one line ``submit`` and ``env --explain`` give for :func:`wrapper_live_names`' ``names`` of the
+    wrapper ``script``; "" when there are none."""
+    if not names:
+        return ""
+    first = names[0] if not os.path.isabs(names[0]) else os.path.basename(names[0])
+    return (
+        f"train.command's wrapper {os.path.basename(script)} names {', '.join(names)} by a path from the working "
+        "directory (or an absolute one), so the ranks run the checkout's file, not the snapshot's: an edit after "
+        f'submit runs on the next start, a requeue included; write "$(dirname "$0")/{first}" in the wrapper to '
+        "run the submitted copy"
+    )
+
+
+def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
+    """The snapshot of ``cfg``'s code for ``run_dir`` (absolute), or None with ``train.snapshot: false``.
+
+    Reads the checkout (``git``, file contents for the digest); writes nothing. Raises
+    ``UserError`` (one line) for an unreadable source directory or file, and for a snapshot over
+    ``train.snapshot_max_mb``, naming the largest files.
+    """
+    if not cfg.train.snapshot:
+        return None
+    run_dir = os.path.abspath(run_dir)
+    roots, git_roots = snapshot_roots(cfg)
     skip = [run_dir, _package_dir()]
+    shell = bool(cfg.train.command) and command_is_wrapper(cfg.train.command)
     files: List[SnapshotFile] = []
     skipped: List[str] = []
     job_dirs: Dict[str, bool] = {}
     script = _script(cfg)
     for i, root in enumerate(roots):
-        rels = _git_files(root, script) if root in git_roots else _walk_files(root, skip, script)
+        rels = _git_files(root, script, shell) if root in git_roots else _walk_files(root, skip, script, shell)
         for rel in rels:
             if is_credential_file(rel):  # .env, *.pem, ...: never copied, tracked or not
                 skipped.append(rel)
@@ -396,6 +494,8 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
         digest=h.hexdigest(),
         total_bytes=total,
         skipped=tuple(skipped),
+        live=tuple(wrapper_live_names(cfg, roots)),
+        wrapper=cfg.train.command[command_script_index(cfg.train.command) or 0] if shell else "",
     )
 
 
@@ -515,6 +615,7 @@ def run_pythonpath(run_dir: str, pythonpath: Iterable[str]) -> List[str]:
 
 __all__ = [
     "CODE_SUFFIXES",
+    "SHELL_SUFFIXES",
     "SNAPSHOTS_DIR",
     "STATE_SUFFIXES",
     "SnapshotFile",
@@ -526,12 +627,15 @@ __all__ = [
     "is_code",
     "is_path_config",
     "is_state_file",
+    "live_warning",
     "plan_snapshot",
     "read_record",
     "remap_config",
     "remap_path",
     "run_pythonpath",
+    "snapshot_roots",
     "source_dirs",
     "take",
+    "wrapper_live_names",
     "write_record",
 ]

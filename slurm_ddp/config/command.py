@@ -1,4 +1,4 @@
-"""``train.command``: where its script is (``command_script_index``), the argv a rank runs
+"""``train.command``: where its script is (``command_script_index``; a wrapper's: ``command_is_wrapper``), the argv a rank runs
 (``command_argv``), the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s values
 at rank start (``COMMAND_VAR``, ``expand_variables``, ``command_word_problem``), the shell syntax the launcher
 does not run (``command_shell_syntax``) and how ``train.args`` reach the script (``command_arg_flags``).
@@ -96,12 +96,52 @@ def command_shell_syntax(line: str) -> Optional[str]:
     return None
 
 
+#: a POSIX-family shell run by name (``sh``, ``bash``, ``dash``, ``zsh``, ``ksh``, ``mksh``, ``ash``, ``yash``):
+#: ``bash [options] run.sh …`` runs the script ``run.sh`` (bash(1), dash(1) "Invocation")
+_SHELL_NAME = re.compile(r"^(ba|da|z|k|mk|a|ya)?sh\Z")
+#: a shell option that takes the next word as its value: ``-o NAME``/``+o NAME`` (set's options),
+#: bash's ``-O``/``+O`` (shopt), ``--rcfile``/``--init-file`` FILE
+_SHELL_VALUE_OPTIONS = ("--rcfile", "--init-file")
+#: the FHS's system program directories: a program given by a path there (``/usr/bin/env``,
+#: ``/bin/bash``) is the system's, not a script of the project, and is not snapshotted
+SYSTEM_DIRS = ("/usr/", "/bin/", "/sbin/", "/lib/", "/lib64/", "/etc/")
+
+
+def _shell_script_index(argv: Sequence[str]) -> Optional[int]:
+    """Index of the script file in a shell's argv (``argv[0]`` a shell), or None when it runs none:
+    ``-c`` (a command string), ``-s`` or no operand (stdin). ``--`` or ``-`` end the options
+    (bash(1): "A - signals the end of options"); ``-o``/``-O`` (also inside a group, ``-euo pipefail``)
+    and ``--rcfile``/``--init-file`` take a value."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a in ("--", "-"):
+            return i + 1 if i + 1 < len(argv) else None
+        if a in _SHELL_VALUE_OPTIONS:
+            i += 2
+            continue
+        if a.startswith("--"):
+            i += 1
+            continue
+        if a[:1] in ("-", "+") and len(a) > 1:
+            letters = a[1:]
+            if a[0] == "-" and any(c in letters for c in "cs"):
+                return None
+            i += 1 + sum(1 for c in letters if c in "oO")
+            continue
+        return i
+    return None
+
+
 def command_script_index(argv: Sequence[str]) -> Optional[int]:
     """Index of the script file in a ``train.command`` argv, or None when it names none.
 
     ``train.py …`` → 0; ``python [options] train.py …`` → the first argument that is not an
     option (python(1): ``-W``/``-X`` take a value; ``-m``/``-c`` mean there is no script file);
-    a program given by a path (``./run.sh``, ``bin/train``) → 0; a program found on PATH → None.
+    a shell (``sh``/``bash``/``zsh``/…, by name or path) → its script (``bash -e run.sh`` → 2;
+    ``bash -c …`` → None: :func:`_shell_script_index`); another program given by a path
+    (``./run.sh``, ``bin/train``) → 0, unless it lies in a system directory (``SYSTEM_DIRS``:
+    ``/usr/bin/env``); a program found on PATH → None.
     """
     if not argv:
         return None
@@ -122,7 +162,22 @@ def command_script_index(argv: Sequence[str]) -> Optional[int]:
                 continue
             return i
         return None
-    return 0 if "/" in prog else None
+    if _SHELL_NAME.match(os.path.basename(prog)):
+        return _shell_script_index(argv)
+    if "/" not in prog or (os.path.isabs(prog) and os.path.normpath(prog).startswith(SYSTEM_DIRS)):
+        return None
+    return 0
+
+
+def command_is_wrapper(argv: Sequence[str]) -> bool:
+    """True when ``train.command`` runs a script of its own that Python does not run: a shell script
+    (``bash run.sh``, ``sh -e x.sh``) or a program given by a path (``./run.sh``, ``bin/train``).
+
+    Such a wrapper names what it runs by paths it resolves itself (``exec python train.py``: from the
+    working directory), so its snapshot holds ``train.workdir``'s code too, and shell scripts
+    (``slurm_ddp.snapshot.SHELL_SUFFIXES``) count as code (``slurm_ddp.snapshot``)."""
+    i = command_script_index(argv)
+    return i is not None and not argv[0].endswith(".py") and not _PYTHON_NAME.match(os.path.basename(argv[0]))
 
 
 def command_module_index(argv: Sequence[str]) -> Optional[int]:

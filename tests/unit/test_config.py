@@ -550,12 +550,68 @@ def test_command_string_is_split_and_paths_resolve_against_the_yaml(write_job, t
         (["t.py", "--a"], 0),
         (["./run.sh"], 0),
         (["torchrun_like_tool", "t.py"], None),
+        # shells (bash(1) "Invocation"): the first operand after the options is the script
+        (["bash", "run.sh", "--lr", "1"], 1),
+        (["sh", "-e", "x.sh"], 2),
+        (["bash", "-euo", "pipefail", "run.sh"], 3),
+        (["bash", "-O", "extglob", "+o", "posix", "run.sh"], 5),
+        (["bash", "--norc", "--rcfile", "rc", "--", "run.sh"], 5),
+        (["/bin/zsh", "-x", "x.zsh"], 2),
+        (["dash", "-", "x.sh"], 2),
+        (["bash", "-c", "echo hi"], None),
+        (["sh", "-es"], None),
+        (["bash"], None),
+        (["bash", "-e"], None),
+        # programs given by a path: the project's, unless in a system directory (FHS)
+        (["bin/train", "--x"], 0),
+        (["/home/me/proj/run.sh"], 0),
+        (["/usr/bin/env", "python", "t.py"], None),
+        (["/bin/true"], None),
     ],
 )
 def test_command_script_index(argv, index):
     from slurm_ddp.config import command_script_index
 
     assert command_script_index(argv) == index
+
+
+@pytest.mark.parametrize(
+    "argv, wrapper",
+    [
+        (["bash", "run.sh"], True),
+        (["sh", "-e", "x.sh"], True),
+        (["./x.sh"], True),
+        (["bin/train"], True),
+        (["bash", "-c", "python t.py"], False),
+        (["python", "t.py"], False),
+        (["/opt/py/bin/python3.11", "t.py"], False),
+        (["./t.py"], False),
+        (["python", "-m", "pkg"], False),
+        (["/usr/bin/env", "python", "t.py"], False),
+    ],
+)
+def test_command_is_wrapper(argv, wrapper):
+    from slurm_ddp.config import command_is_wrapper
+
+    assert command_is_wrapper(argv) is wrapper
+
+
+@pytest.mark.parametrize(
+    "path, python, expected",
+    [
+        ("/usr/bin:/bin", "/opt/env/bin/python", "/opt/env/bin:/usr/bin:/bin"),
+        ("/opt/env/bin:/usr/bin", "/opt/env/bin/python", "/opt/env/bin:/usr/bin"),  # already first: unchanged
+        ("/opt/env/bin/:/usr/bin", "/opt/env/bin/python", "/opt/env/bin/:/usr/bin"),
+        ("/conda/bin:/opt/env/bin", "/opt/env/bin/python", "/opt/env/bin:/conda/bin:/opt/env/bin"),
+        ("", "/opt/env/bin/python", "/opt/env/bin"),
+        ("/usr/bin", "", "/usr/bin"),  # sys.executable can be empty
+        ("/usr/bin", "/venv/bin/python", "/venv/bin:/usr/bin"),  # the venv's directory, its link not resolved
+    ],
+)
+def test_the_ranks_interpreter_goes_first_on_path(path, python, expected):
+    from slurm_ddp.launch import python_first_on_path
+
+    assert python_first_on_path(path, python) == expected
 
 
 def test_command_argv_uses_the_ranks_interpreter():

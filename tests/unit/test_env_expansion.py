@@ -56,14 +56,16 @@ def test_the_rank_sees_env_values_expanded_in_its_environment(tmp_path: Path, ma
     assert got["HF_HOME"] == "/scratch/me/hf"
     assert got["RANK_LOG"] == f"{rd.resolve()}/rank1.log"  # the rank's own variables, as in train.command
     assert got["PRICE"] == "cost$5 and $SCRATCH"  # $$ is a literal $
-    assert got["PATH"] == f"/opt/tools/bin:{path}"
+    # the ranks' interpreter's directory first (launch.python_first_on_path), before environment.env's additions
+    ranks_path = f"{os.path.dirname(sys.executable)}:/opt/tools/bin:{path}"
+    assert got["PATH"] == ranks_path
     assert got["PLAIN"] == "as written"
 
     # a rank that starts through the wrapper twice (submitit's train.command) expands once
     again = [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--"]
     r = _launch(rd, ["PATH", "HF_HOME"], {"SCRATCH": "/scratch/me"}, inner=again)
     assert r.returncode == 0, r.stderr
-    assert json.loads(r.stdout) == {"PATH": f"/opt/tools/bin:{path}", "HF_HOME": "/scratch/me/hf"}
+    assert json.loads(r.stdout) == {"PATH": ranks_path, "HF_HOME": "/scratch/me/hf"}
 
 
 def test_an_unset_name_stops_the_rank_with_one_line(tmp_path: Path, make_config: Any) -> None:

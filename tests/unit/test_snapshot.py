@@ -227,6 +227,97 @@ def test_command_script_is_remapped_into_the_snapshot_and_runs_in_the_users_work
     assert rc == 0 and "# code snapshot: " in out and not (tmp_path / "run2").exists()
 
 
+WRAPPER = """#!/bin/bash
+set -euo pipefail
+source env.sh  # a path from the working directory: the checkout's file
+bash "$(dirname "$0")/prep.sh" data.txt
+exec python train.py --out "$SLURM_DDP_RUN_DIR/out" > log.txt 2>&1
+"""
+
+
+def _wrapper_project(d: Path) -> Path:
+    """A project outside git: the wrapper ``run.sh``, the shell scripts and Python it runs, data, a job file."""
+    (d / "lib").mkdir(parents=True)
+    (d / "run.sh").write_text(WRAPPER)
+    (d / "env.sh").write_text("export X=1\n")
+    (d / "prep.sh").write_text("echo prep\n")
+    (d / "lib" / "common.bash").write_text("f() { :; }\n")
+    (d / "train.py").write_text("print('v1')\n")
+    (d / "data.txt").write_text("1 2 3\n")
+    (d / "job.yaml").write_text("name: w\nslurm: {time: '00:10:00'}\ntrain: {command: bash -e run.sh --fast}\n")
+    return d / "job.yaml"
+
+
+def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tmp_path, sbatch, capsys):
+    from slurm_ddp.snapshot import wrapper_live_names
+
+    job = _wrapper_project(tmp_path / "w")
+    cfg = load_config(job)
+    plan = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert plan is not None and plan.git_roots == ()
+    # the wrapper and the shell scripts beside it are code here; data is not
+    assert sorted(f.rel for f in plan.files) == ["env.sh", "lib/common.bash", "prep.sh", "run.sh", "train.py"]
+    # what the wrapper names from the working directory stays the checkout's (prep.sh goes through "$0")
+    assert plan.live == ("env.sh", "train.py") == tuple(wrapper_live_names(cfg))
+    (line,) = plan.warnings()
+    assert "run.sh names env.sh, train.py by a path from the working directory" in line
+    assert '"$(dirname "$0")/env.sh"' in line
+    # a python command's snapshot of the same directory: shell scripts are not code there
+    python_cfg = load_config(job, ["train.command=python train.py"])
+    assert sorted(f.rel for f in plan_snapshot(python_cfg, str(tmp_path / "run")).files) == ["train.py"]
+    assert plan_snapshot(python_cfg, str(tmp_path / "run")).warnings() == ()
+
+    # env --explain says the same: what is the snapshot's, what stays live, and the ranks' PATH
+    from slurm_ddp.explain import explain_job
+
+    text = explain_job(load_config(job, [f"environment.python={sys.executable}"]), environ={})
+    assert f"warning: {line}" in text
+    assert f"code: the wrapper {(tmp_path / 'w' / 'run.sh').resolve()}, from the code snapshot" in text, text
+    assert "(exec python train.py) or an absolute one is the checkout's, live" in text
+    assert f"PATH: the ranks' interpreter's directory first, environment.python's ({Path(sys.executable).parent})" in text
+    off = explain_job(load_config(job, ["train.snapshot=false"]), environ={})
+    assert "as it is in the checkout at each start (train.snapshot: false)" in off and "warning: train.command's" not in off
+
+    run = tmp_path / "run"
+    rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys)
+    assert rc == 0 and "slurm-ddp: warning: train.command's wrapper run.sh names env.sh, train.py" in err, err
+    snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
+    script = (run / "job.sbatch").read_text()
+    # the ranks run the snapshot's wrapper, in the user's directory
+    assert f"bash -e {snap}/run.sh --fast &" in script and f"--chdir={(tmp_path / 'w').resolve()} " in script, script
+    assert (snap / "run.sh").read_text() == WRAPPER
+    for edit in ("run.sh", "train.py", "lib/common.bash"):  # each of them is the submitted program
+        before = (tmp_path / "w" / edit).read_text()
+        (tmp_path / "w" / edit).write_text(before + "# edited\n")
+        rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys)
+        one_error(rc, err, "ran code snapshot", "--accept-new-code")
+        (tmp_path / "w" / edit).write_text(before)
+
+
+def test_a_wrapper_brings_train_workdir_too_and_a_git_repositorys_untracked_shell_scripts(tmp_path, sbatch, capsys):
+    repo = make_repo(tmp_path)
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "run.sh").write_text("exec python train.py\n")
+    (repo / "scripts" / "untracked.sh").write_text("echo new\n")  # untracked, not ignored: code of a wrapper
+    job = yaml.safe_load((repo / "job.yaml").read_text())
+    job["train"] = {"command": "bash scripts/run.sh"}
+    (repo / "job.yaml").write_text(yaml.safe_dump(job))
+    cfg = load_config(repo / "job.yaml")
+    plan = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert plan is not None and plan.roots == (str(repo.resolve()),) == plan.git_roots
+    assert "scripts/untracked.sh" in [f.rel for f in plan.files]
+    assert plan.live == ()  # train.py does not exist in the working directory (the repository)
+    # a train.workdir outside the script's repository is a root of its own: its code is in the digest
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "train.py").write_text("print(1)\n")
+    cfg = load_config(repo / "job.yaml", [f"train.workdir={work}"])
+    plan = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert plan is not None and plan.roots == (str(repo.resolve()), str(work.resolve()))
+    assert [(f.root, f.rel) for f in plan.files if f.root == 1] == [(1, "train.py")]
+    assert plan.live == ("train.py",)
+
+
 @pytest.mark.parametrize(
     "command, expected",
     [
