@@ -1,10 +1,15 @@
-"""A hung ``train.command: bash run.sh`` on the local backend, real processes (issue 28, suspected).
+"""``train.command: bash run.sh`` on the local backend, real processes.
 
-The rank's process is bash; the Python program it runs (not ``exec``-ed) reports its steps through
-``slurm_ddp.progress`` and then hangs. The watchdog must dump the stacks of that Python program (the
-process that installed the handler), not send the dump signal to bash (whose default action for it
-is to die), and must end the Python program with the rank: none of the rank's processes outlives
-the run.
+A hung wrapper (issue 28, suspected): the rank's process is bash; the Python program it runs (not
+``exec``-ed) reports its steps through ``slurm_ddp.progress`` and then hangs. The watchdog must dump
+the stacks of that Python program (the process that installed the handler), not send the dump signal
+to bash (whose default action for it is to die), and must end the Python program with the rank: none
+of the rank's processes outlives the run.
+
+A wrapper's code (issue 49): the rank runs the snapshot's copy of the wrapper and of what it runs
+through ``"$(dirname "$0")"``, whatever the checkout holds by then; ``python`` in it is
+``environment.python`` with no virtual environment on ``PATH``; a resubmit after an edit of the wrapper
+is refused in one line without ``--accept-new-code``.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from lib import wait_for
+from lib import wait_for, wait_process
 
 pytestmark = pytest.mark.local
 
@@ -51,7 +56,7 @@ def test_a_hung_python_program_under_a_shell_script_is_dumped_and_ended(tmp_path
         textwrap.dedent("""
             name: shell-hang
             slurm: {nodes: 1, tasks_per_node: 1, time: "00:10:00"}
-            train: {command: bash run.sh, snapshot: false}  # a .sh is not in a snapshot outside git
+            train: {command: bash run.sh, snapshot: false}  # hang.py runs from the working directory
             watchdog: {timeout_floor_s: 1, step_time_factor: 1, poll_interval_s: 0.2}
         """)
     )
@@ -107,3 +112,55 @@ def test_ctrl_c_reaches_the_python_program_under_a_shell_script(tmp_path: Path) 
             proc.wait()
         if python_pid and _alive(python_pid):
             os.kill(python_pid, signal.SIGKILL)
+
+
+def test_a_wrapper_runs_its_snapshot_with_the_jobs_python_first_on_path(tmp_path: Path) -> None:
+    """Edited in the checkout while its rank runs, the wrapper (its own lines, the file it sources and the
+    script it execs through ``"$(dirname "$0")"``) still runs as submitted; ``python`` is the job's
+    interpreter although the submitting ``PATH`` holds no directory of it."""
+    python_dir = os.path.dirname(sys.executable)
+    python = "python" if os.path.exists(os.path.join(python_dir, "python")) else os.path.basename(sys.executable)
+    code, ready, gate = tmp_path / "code", tmp_path / "ready", tmp_path / "gate"
+    code.mkdir()
+
+    def write_version(v: str) -> None:
+        (code / "run.sh").write_text(
+            f'echo "wrapper {v} $0"\n'
+            f": > {ready}\n"
+            f"while [ ! -e {gate} ]; do sleep 0.05; done  # the test edits the checkout meanwhile\n"
+            '. "$(dirname "$0")/lib.sh"\n'
+            f'exec {python} "$(dirname "$0")/train.py"\n'
+        )
+        (code / "lib.sh").write_text(f"LIB={v}\nexport LIB\n")
+        (code / "train.py").write_text(
+            f"import os, sys\nprint('train {v} lib', os.environ['LIB'], 'python', sys.executable, flush=True)\n"
+        )
+
+    write_version("v1")
+    (code / "job.yaml").write_text(
+        "name: wrapper-snapshot\nslurm: {nodes: 1, tasks_per_node: 1}\n"
+        f"train: {{command: bash run.sh}}\nenvironment: {{python: {sys.executable}}}\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if p and os.path.abspath(p) != python_dir)
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(code / "job.yaml"), "--backend", "local"]
+    cmd += ["--run-dir", str(run_dir)]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_process(proc, ready.exists, 120, "the wrapper to start")
+        write_version("v2")
+        gate.touch()
+        out, _ = proc.communicate(timeout=120)  # a safety net
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert proc.returncode == 0, out + log
+    assert f"wrapper v1 {run_dir.resolve()}/code/" in log, log  # the snapshot's run.sh
+    assert f"train v1 lib v1 python {sys.executable}\n" in log, log
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    lines = again.stderr.splitlines()
+    assert again.returncode == 2 and len(lines) == 1, again.stderr
+    assert "ran code snapshot" in lines[0] and "--accept-new-code" in lines[0], lines
