@@ -333,7 +333,9 @@ def source_dirs(cfg: JobConfig) -> List[str]:
             dirs.append((os.path.abspath(tc.workdir or "."), "train.workdir"))
     else:
         dirs = [(os.path.abspath(p), "train.pythonpath entry") for p in (tc.pythonpath or (".",))]
-        dirs = [(d, what) for d, what in dirs if os.path.exists(d)]  # holds nothing to import (submit's check names the task)
+        dirs = [
+            (d, what) for d, what in dirs if os.path.exists(d)
+        ]  # holds nothing to import (submit's check names the task)
     for d, what in dirs:
         if not os.path.isdir(d) or not os.access(d, os.R_OK | os.X_OK):
             raise UserError(

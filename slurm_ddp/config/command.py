@@ -35,7 +35,8 @@ _LONE_DOLLAR = "a '$' must start $NAME or ${NAME}; write $$ for a literal $"
 #: What to do instead of shell syntax in ``train.command``.
 WRAPPER_HINT = (
     "the launcher starts the program itself, without a shell; put the line in a wrapper script that ends in "
-    "exec (run.sh: exec python train.py ... > log.txt 2>&1) and set train.command: bash run.sh"
+    'exec (run.sh: exec python "$(dirname "$0")/train.py" ... > log.txt 2>&1, which runs the snapshot\'s '
+    "train.py) and set train.command: bash run.sh"
 )
 
 

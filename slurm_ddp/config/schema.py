@@ -468,7 +468,11 @@ class EnvironmentConfig:
         ),
     )
     python: Optional[str] = field(
-        default=None, metadata=_meta("interpreter that runs the worker; default: the one that renders/submits")
+        default=None,
+        metadata=_meta(
+            "interpreter that runs the worker, and python/*.py in train.command; its directory is first on the "
+            "ranks' PATH (python in a wrapper script is this one); default: the one that renders/submits"
+        ),
     )
     cpu_bind: str = field(
         default="none",
@@ -514,7 +518,8 @@ class TrainConfig:
         metadata=_meta(
             "your own script instead of a task: the argv every rank runs (a list, or a string split like a "
             "shell line); 'python'/'python3' or a first argument ending in .py runs with environment.python; "
-            "a relative script path is relative to the YAML's directory"
+            "a relative script path (train.py, or run.sh in bash run.sh) is relative to the YAML's directory, "
+            "and the ranks run its copy in the code snapshot"
         ),
     )
     workdir: Optional[str] = field(

@@ -274,9 +274,14 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
     assert f"warning: {line}" in text
     assert f"code: the wrapper {(tmp_path / 'w' / 'run.sh').resolve()}, from the code snapshot" in text, text
     assert "(exec python train.py) or an absolute one is the checkout's, live" in text
-    assert f"PATH: the ranks' interpreter's directory first, environment.python's ({Path(sys.executable).parent})" in text
+    assert (
+        f"PATH: the ranks' interpreter's directory first, environment.python's ({Path(sys.executable).parent})" in text
+    )
     off = explain_job(load_config(job, ["train.snapshot=false"]), environ={})
-    assert "as it is in the checkout at each start (train.snapshot: false)" in off and "warning: train.command's" not in off
+    assert (
+        "as it is in the checkout at each start (train.snapshot: false)" in off
+        and "warning: train.command's" not in off
+    )
 
     run = tmp_path / "run"
     rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys)
@@ -289,7 +294,9 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
     for edit in ("run.sh", "train.py", "lib/common.bash"):  # each of them is the submitted program
         before = (tmp_path / "w" / edit).read_text()
         (tmp_path / "w" / edit).write_text(before + "# edited\n")
-        rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys)
+        rc, out, err = cli(
+            ["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys
+        )
         one_error(rc, err, "ran code snapshot", "--accept-new-code")
         (tmp_path / "w" / edit).write_text(before)
 
