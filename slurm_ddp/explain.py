@@ -130,7 +130,8 @@ def code_line(cfg: JobConfig) -> str:
     if wrapper:
         return (
             f"{where}; code: {what}, from the code snapshot taken at submit (RUN_DIR/code/<digest>/, with the code "
-            "of its directory and of train.workdir, shell scripts included), on every start, requeues included; "
+            "of its directory and of train.workdir, shell scripts and executables included), on every start, "
+            "requeues included; "
             'what it runs through its own location ("$(dirname "$0")/train.py") is the snapshot\'s, what it names '
             "by a path from the working directory (exec python train.py) or an absolute one is the checkout's, "
             "live: an edit of that after submit runs on the next start; a resubmit after an edit of a file of the "

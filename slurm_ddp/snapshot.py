@@ -23,7 +23,7 @@ What is copied (``train.snapshot: true``, the default):
   copied whatever its name), or of ``train.workdir`` when the command names no script (``python -m
   pkg``). A wrapper (``config.command_is_wrapper``: a shell script, ``bash -e run.sh``, ``sh x.sh``,
   ``zsh x.zsh``, or a program given by a path, ``./x.sh``) brings both its directory and
-  ``train.workdir``, and its shell scripts (``SHELL_SUFFIXES``) count as code: what it runs is in the
+  ``train.workdir``, and shell scripts (``SHELL_SUFFIXES``) and executable files count as code: what it runs is in the
   digest, so a resubmit after an edit of it needs ``--accept-new-code`` (:func:`check_resubmit`).
   The ranks run the snapshot's copy of the wrapper in ``train.workdir``; what it names through its
   own location (``"$(dirname "$0")/train.py"``) is the snapshot's, what it names by a path from the
@@ -134,10 +134,13 @@ def is_path_config(path: str) -> bool:
 def is_code(path: str, shell: bool = False) -> bool:
     """True when the file at ``path`` counts as code outside git's list (``CODE_SUFFIXES``; a ``.pth``
     only when it is a path-configuration file: :func:`is_path_config`; with ``shell``, the snapshot of
-    a wrapper command, ``SHELL_SUFFIXES`` too)."""
+    a wrapper command, ``SHELL_SUFFIXES`` and executable files too: what a wrapper runs through
+    ``"$(dirname "$0")/tools/prep"``; weights never, :func:`is_state_file` is asked first)."""
     if path.endswith(".pth"):
         return is_path_config(path)
-    return path.endswith(CODE_SUFFIXES) or (shell and path.endswith(SHELL_SUFFIXES))
+    if path.endswith(CODE_SUFFIXES):
+        return True
+    return shell and (path.endswith(SHELL_SUFFIXES) or (os.path.isfile(path) and os.access(path, os.X_OK)))
 
 
 def is_state_file(path: str) -> bool:
@@ -386,7 +389,7 @@ def wrapper_live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) ->
     A heuristic over the shell words of each line (``shlex``, comments left out; a line it cannot split
     is skipped; words with a ``$``, options and ``NAME=value`` assignments are not paths): a word counts
     when it names an existing file under one of ``roots`` (default :func:`snapshot_roots`) that is code
-    (:func:`is_code` with shell scripts) or executable. Scanning stops at the first ``cd``/``pushd``
+    (:func:`is_code` with ``shell``: shell scripts and executables too). Scanning stops at the first ``cd``/``pushd``
     (from there the working directory is the script's to say). Reads the wrapper (at most
     ``WRAPPER_MAX_BYTES``); [] for a command that is no wrapper, or a wrapper it cannot read."""
     tc = cfg.train
@@ -417,7 +420,7 @@ def wrapper_live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) ->
             full = os.path.realpath(os.path.join(workdir, w))  # an absolute w stays itself
             if not os.path.isfile(full) or not any(full.startswith(r.rstrip("/") + "/") for r in roots):
                 continue
-            if is_code(full, shell=True) or os.access(full, os.X_OK):
+            if is_code(full, shell=True):
                 found.append(w)
     return found
 

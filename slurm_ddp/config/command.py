@@ -1,4 +1,4 @@
-"""``train.command``: where its script is (``command_script_index``; a wrapper's: ``command_is_wrapper``), the argv a rank runs
+"""``train.command``: where its script is (``command_script_index``; ``command_is_wrapper``), the argv a rank runs
 (``command_argv``), the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s values
 at rank start (``COMMAND_VAR``, ``expand_variables``, ``command_word_problem``), the shell syntax the launcher
 does not run (``command_shell_syntax``) and how ``train.args`` reach the script (``command_arg_flags``).

@@ -244,6 +244,10 @@ def _wrapper_project(d: Path) -> Path:
     (d / "lib" / "common.bash").write_text("f() { :; }\n")
     (d / "train.py").write_text("print('v1')\n")
     (d / "data.txt").write_text("1 2 3\n")
+    (d / "tools").mkdir()
+    (d / "tools" / "prep").write_text("#!/bin/sh\n")  # an executable the wrapper may run: code
+    (d / "tools" / "prep").chmod(0o755)
+    (d / "tools" / "notes").write_text("not code\n")
     (d / "job.yaml").write_text("name: w\nslurm: {time: '00:10:00'}\ntrain: {command: bash -e run.sh --fast}\n")
     return d / "job.yaml"
 
@@ -256,7 +260,8 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
     plan = plan_snapshot(cfg, str(tmp_path / "run"))
     assert plan is not None and plan.git_roots == ()
     # the wrapper and the shell scripts beside it are code here; data is not
-    assert sorted(f.rel for f in plan.files) == ["env.sh", "lib/common.bash", "prep.sh", "run.sh", "train.py"]
+    files = ["env.sh", "lib/common.bash", "prep.sh", "run.sh", "tools/prep", "train.py"]
+    assert sorted(f.rel for f in plan.files) == files
     # what the wrapper names from the working directory stays the checkout's (prep.sh goes through "$0")
     assert plan.live == ("env.sh", "train.py") == tuple(wrapper_live_names(cfg))
     (line,) = plan.warnings()
