@@ -43,7 +43,7 @@ from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, 
 from .errors import BindingError, UserError
 from .render import loader_cpu_warning, torchrun_flags
 from .secrets import redact_env
-from .snapshot import live_warning, wrapper_live_names
+from .snapshot import live_names, live_warning
 
 WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 
@@ -112,6 +112,7 @@ def code_line(cfg: JobConfig) -> str:
     tc = cfg.train
     where = f"working directory: {tc.workdir or 'where the ranks start'} (train.workdir: relative paths read and write there)"
     wrapper = bool(tc.command) and command_is_wrapper(tc.command)
+    i = m = None
     if tc.command:
         i, m = command_script_index(tc.command), command_module_index(tc.command)
         what = (
@@ -137,25 +138,33 @@ def code_line(cfg: JobConfig) -> str:
             "live: an edit of that after submit runs on the next start; a resubmit after an edit of a file of the "
             "snapshot needs --accept-new-code"
         )
+    if tc.command and i is None and m is None:  # a program found on PATH: nothing of it is remapped
+        return (
+            f"{where}; code: {what}, not remapped into the snapshot, runs what it names from the checkout, live "
+            "(train.py in accelerate launch train.py, python -c's imports): an edit after submit runs on the next "
+            "start, a requeue included; the code snapshot of train.workdir taken at submit "
+            "(RUN_DIR/code/<digest>/) only makes a resubmit after an edit need --accept-new-code"
+        )
     return (
         f"{where}; code: {what}, from the code snapshot taken at submit (RUN_DIR/code/<digest>/), "
         "on every start, requeues included; an edit to the checkout after submit does not run"
     )
 
 
-def wrapper_warning(cfg: JobConfig) -> str:
-    """The line of ``snapshot.live_warning`` for ``cfg``'s wrapper (the names of project files it runs from
-    the checkout, ``snapshot.wrapper_live_names``: reads the wrapper and asks git where the roots are);
-    "" for none, with ``train.snapshot: false`` (everything is the checkout's then, as ``code_line`` says),
-    and when the snapshot cannot be planned (``submit`` says why)."""
+def live_line(cfg: JobConfig) -> str:
+    """The line of ``snapshot.live_warning`` for ``cfg``: the project files ``train.command`` runs from the
+    checkout, not the snapshot (``snapshot.live_names``: a wrapper's ``exec python train.py``, the
+    ``train.py`` of ``accelerate launch train.py``; reads the wrapper and asks git where the roots are);
+    "" for none, with ``train.snapshot: false`` (everything is the checkout's then, as ``code_line``
+    says), and when the snapshot cannot be planned (``submit`` says why)."""
     tc = cfg.train
-    if not tc.snapshot or not tc.command or not command_is_wrapper(tc.command):
+    if not tc.snapshot or not tc.command:
         return ""
     try:
-        names = wrapper_live_names(cfg)
+        names = live_names(cfg)
     except UserError:
         return ""
-    return live_warning(tc.command[command_script_index(tc.command) or 0], names)
+    return live_warning(tc.command, names)
 
 
 def path_line(cfg: JobConfig) -> str:
@@ -362,7 +371,7 @@ def explain_job(
         path_line(cfg),
         *environment_lines(cfg, environ),
     ]
-    warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt), wrapper_warning(cfg)]
+    warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt), live_line(cfg)]
     out[1:1] = [f"warning: {w}" for w in warnings if w]
     user = _user_environ(cfg, environ)
     gpus = s.node_gpus

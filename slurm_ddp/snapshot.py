@@ -28,7 +28,9 @@ What is copied (``train.snapshot: true``, the default):
   The ranks run the snapshot's copy of the wrapper in ``train.workdir``; what it names through its
   own location (``"$(dirname "$0")/train.py"``) is the snapshot's, what it names by a path from the
   working directory (``exec python train.py``) is the checkout's, live on every start
-  (:func:`wrapper_live_names`; ``submit`` says so in one line, as ``env --explain`` does).
+  (:func:`live_names`; ``submit`` says so in one line, as ``env --explain`` does). A program found on
+  PATH (``accelerate launch train.py``) is not remapped: what it names runs from the checkout, and
+  ``submit`` says so the same way.
 
 Each such directory is a *root*; the snapshot is ``RUN_DIR/code/<digest>/<i>/...`` with root ``i``'s
 files at their paths relative to it. ``<digest>`` is the sha256 of every file's root, path,
@@ -183,16 +185,9 @@ class SnapshotPlan:
     total_bytes: int
     #: credential files left out (``slurm_ddp.secrets.is_credential_file``), paths relative to their root
     skipped: Tuple[str, ...] = ()
-    #: the words of a wrapper command's script that name project files the ranks run live, from the
-    #: checkout (:func:`wrapper_live_names`: ``exec python train.py``)
-    live: Tuple[str, ...] = ()
-    #: a wrapper command's script (``config.command_is_wrapper``), as the checkout has it; "" for none
-    wrapper: str = ""
-
-    def warnings(self) -> Tuple[str, ...]:
-        """The lines ``submit`` prints about this snapshot: the wrapper's names that run live (:func:`live_warning`)."""
-        line = live_warning(self.wrapper, self.live)
-        return (line,) if line else ()
+    #: the lines ``submit`` prints about this snapshot: what ``train.command`` runs live, from the checkout
+    #: (:func:`live_names`, :func:`live_warning`: a wrapper's ``exec python train.py``)
+    notes: Tuple[str, ...] = ()
 
     @property
     def directory(self) -> str:
@@ -373,39 +368,53 @@ def snapshot_roots(cfg: JobConfig) -> Tuple[List[str], List[str]]:
     return roots, git_roots
 
 
-#: the largest wrapper script :func:`wrapper_live_names` reads
+#: the largest wrapper script :func:`live_names` reads
 WRAPPER_MAX_BYTES = 1_000_000
 _ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 
 
-def wrapper_live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) -> List[str]:
-    """The words of ``train.command``'s wrapper script (``config.command_is_wrapper``: ``bash run.sh``)
-    that name a file of the project by a path the snapshot does not remap: relative to the working
-    directory (``exec python train.py``, ``source env.sh``) or absolute into a snapshot root. The ranks
-    run the snapshot's copy of the wrapper, in ``train.workdir`` (the user's directory), so such a path
-    reaches the checkout's file, live: an edit after submit runs on the next start. A path through the
-    wrapper's own location (``"$(dirname "$0")/train.py"``) reaches the snapshot's copy.
+def live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) -> List[str]:
+    """The words of ``train.command`` that name a file of the project the ranks run from the checkout,
+    live, not from the snapshot: an edit of it after submit runs on the next start.
 
-    A heuristic over the shell words of each line (``shlex``, comments left out; a line it cannot split
-    is skipped; words with a ``$``, options and ``NAME=value`` assignments are not paths): a word counts
-    when it names an existing file under one of ``roots`` (default :func:`snapshot_roots`) that is code
-    (:func:`is_code` with ``shell``: shell scripts and executables too). Scanning stops at the first ``cd``/``pushd``
-    (from there the working directory is the script's to say). Reads the wrapper (at most
-    ``WRAPPER_MAX_BYTES``); [] for a command that is no wrapper, or a wrapper it cannot read."""
+    - A wrapper (``config.command_is_wrapper``: ``bash run.sh``): the words of its script that name a
+      project file by a path relative to the working directory (``exec python train.py``, ``source
+      env.sh``) or an absolute one. The ranks run the snapshot's copy of the wrapper in ``train.workdir``
+      (the user's directory), so such a path reaches the checkout's file; one through the wrapper's own
+      location (``"$(dirname "$0")/train.py"``) reaches the snapshot's copy.
+    - A program found on PATH (``accelerate launch train.py``, ``bash -c "python train.py"``): its own
+      words (a word with blanks, the string of ``-c``, split as a line of its own). Nothing of it is
+      remapped, so every project file it names runs live. One not on PATH here names nothing.
+    - Otherwise (``python train.py``, ``python -m pkg``: remapped, :func:`remap_config`): [].
+
+    A heuristic over shell words (``shlex``, comments left out; a line it cannot split is skipped; words
+    with a ``$``, options and ``NAME=value`` assignments are not paths): a word counts when it names an
+    existing file under one of ``roots`` (default :func:`snapshot_roots`) that is code (:func:`is_code`
+    with ``shell``: shell scripts and executables too). Scanning stops at the first ``cd``/``pushd`` (from
+    there the working directory is the script's to say). Reads the wrapper (at most ``WRAPPER_MAX_BYTES``;
+    one it cannot read names nothing)."""
     tc = cfg.train
-    if not tc.command or not command_is_wrapper(tc.command):
+    if not tc.command:
         return []
-    script = tc.command[command_script_index(tc.command) or 0]
-    try:
-        with open(script, "rb") as f:
-            text = f.read(WRAPPER_MAX_BYTES).decode("utf-8", errors="replace")
-    except OSError:
+    i = command_script_index(tc.command)
+    if command_is_wrapper(tc.command):
+        try:
+            with open(tc.command[i or 0], "rb") as f:
+                lines = f.read(WRAPPER_MAX_BYTES).decode("utf-8", errors="replace").splitlines()
+        except OSError:
+            return []
+    elif i is None and command_module_index(tc.command) is None:
+        if shutil.which(tc.command[0]) is None:
+            return []  # a typo: submit's check of the command says so in one line, alone
+        rest = tc.command[1:]
+        lines = [shlex.join(rest), *(w for w in rest if any(c.isspace() for c in w))]
+    else:
         return []
     if roots is None:
         roots = snapshot_roots(cfg)[0]
     workdir = os.path.abspath(tc.workdir or ".")
     found: List[str] = []
-    for line in text.splitlines():
+    for line in lines:
         try:
             lexer = shlex.shlex(line, posix=True, punctuation_chars=True)
             lexer.whitespace_split = True
@@ -425,17 +434,27 @@ def wrapper_live_names(cfg: JobConfig, roots: Optional[Sequence[str]] = None) ->
     return found
 
 
-def live_warning(script: str, names: Sequence[str]) -> str:
-    """The one line ``submit`` and ``env --explain`` give for :func:`wrapper_live_names`' ``names`` of the
-    wrapper ``script``; "" when there are none."""
+def live_warning(command: Sequence[str], names: Sequence[str]) -> str:
+    """The one line ``submit`` and ``env --explain`` give for :func:`live_names`' ``names`` of
+    ``train.command`` ``command``; "" when there are none."""
     if not names:
         return ""
     first = names[0] if not os.path.isabs(names[0]) else os.path.basename(names[0])
+    said = (
+        "by a path from the working directory (or an absolute one), so the ranks run the checkout's file, not the "
+        "snapshot's: an edit after submit runs on the next start, a requeue included"
+    )
+    if command_is_wrapper(command):
+        script = os.path.basename(command[command_script_index(command) or 0])
+        return (
+            f"train.command's wrapper {script} names {', '.join(names)} {said}; write "
+            f'"$(dirname "$0")/{first}" in the wrapper to run the submitted copy'
+        )
+    prog = os.path.basename(command[0])
     return (
-        f"train.command's wrapper {os.path.basename(script)} names {', '.join(names)} by a path from the working "
-        "directory (or an absolute one), so the ranks run the checkout's file, not the snapshot's: an edit after "
-        f'submit runs on the next start, a requeue included; write "$(dirname "$0")/{first}" in the wrapper to '
-        "run the submitted copy"
+        f"train.command's program {prog} names {', '.join(names)} {said}; to run the submitted copy, start it "
+        f'from a wrapper that names "$(dirname "$0")/{first}" (run.sh: exec {prog} ... "$(dirname "$0")/{first}" '
+        "...) and set train.command: bash run.sh"
     )
 
 
@@ -476,6 +495,7 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
             if not os.path.isfile(full):
                 continue
             files.append(SnapshotFile(i, rel, st.st_size, bool(st.st_mode & 0o111)))
+    live = live_names(cfg, roots)
     total = sum(f.size for f in files)
     cap = cfg.train.snapshot_max_mb
     if total > cap * _MB:
@@ -499,8 +519,7 @@ def plan_snapshot(cfg: JobConfig, run_dir: str) -> Optional[SnapshotPlan]:
         digest=h.hexdigest(),
         total_bytes=total,
         skipped=tuple(skipped),
-        live=tuple(wrapper_live_names(cfg, roots)),
-        wrapper=cfg.train.command[command_script_index(cfg.train.command) or 0] if shell else "",
+        notes=(live_warning(cfg.train.command, live),) if live else (),
     )
 
 
@@ -641,6 +660,6 @@ __all__ = [
     "snapshot_roots",
     "source_dirs",
     "take",
-    "wrapper_live_names",
+    "live_names",
     "write_record",
 ]

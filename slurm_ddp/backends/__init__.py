@@ -183,7 +183,7 @@ def plan_submit(
     snap, rendered = plan_script(
         cfg, run_dir, command=command, python=python, in_sweep=in_sweep, sweep_snapshot=sweep_snapshot
     )
-    warnings = secret_warnings(cfg.environment.env, snap) + (snap.warnings() if snap is not None else ())
+    warnings = secret_warnings(cfg.environment.env, snap) + (snap.notes if snap is not None else ())
     if cfg.environment.container.runtime != "none":
         if backend == "submitit":
             raise UserError(

@@ -150,7 +150,7 @@ def plan_sweep(
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
     snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python)
     env = {k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()}
-    secret = secret_warnings(env, snap) + (snap.warnings() if snap is not None else ())
+    secret = secret_warnings(env, snap) + (snap.notes if snap is not None else ())
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
     spec = array_spec(todo, sweep.parallelism) if todo else ""
     argv: Tuple[str, ...] = (

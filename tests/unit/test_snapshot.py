@@ -253,7 +253,7 @@ def _wrapper_project(d: Path) -> Path:
 
 
 def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tmp_path, sbatch, capsys):
-    from slurm_ddp.snapshot import wrapper_live_names
+    from slurm_ddp.snapshot import live_names
 
     job = _wrapper_project(tmp_path / "w")
     cfg = load_config(job)
@@ -263,14 +263,14 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
     files = ["env.sh", "lib/common.bash", "prep.sh", "run.sh", "tools/prep", "train.py"]
     assert sorted(f.rel for f in plan.files) == files
     # what the wrapper names from the working directory stays the checkout's (prep.sh goes through "$0")
-    assert plan.live == ("env.sh", "train.py") == tuple(wrapper_live_names(cfg))
-    (line,) = plan.warnings()
+    assert live_names(cfg) == ["env.sh", "train.py"]
+    (line,) = plan.notes
     assert "run.sh names env.sh, train.py by a path from the working directory" in line
     assert '"$(dirname "$0")/env.sh"' in line
     # a python command's snapshot of the same directory: shell scripts are not code there
     python_cfg = load_config(job, ["train.command=python train.py"])
     assert sorted(f.rel for f in plan_snapshot(python_cfg, str(tmp_path / "run")).files) == ["train.py"]
-    assert plan_snapshot(python_cfg, str(tmp_path / "run")).warnings() == ()
+    assert plan_snapshot(python_cfg, str(tmp_path / "run")).notes == ()
 
     # env --explain says the same: what is the snapshot's, what stays live, and the ranks' PATH
     from slurm_ddp.explain import explain_job
@@ -307,6 +307,8 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
 
 
 def test_a_wrapper_brings_train_workdir_too_and_a_git_repositorys_untracked_shell_scripts(tmp_path, sbatch, capsys):
+    from slurm_ddp.snapshot import live_names
+
     repo = make_repo(tmp_path)
     (repo / "scripts").mkdir()
     (repo / "scripts" / "run.sh").write_text("exec python train.py\n")
@@ -318,7 +320,7 @@ def test_a_wrapper_brings_train_workdir_too_and_a_git_repositorys_untracked_shel
     plan = plan_snapshot(cfg, str(tmp_path / "run"))
     assert plan is not None and plan.roots == (str(repo.resolve()),) == plan.git_roots
     assert "scripts/untracked.sh" in [f.rel for f in plan.files]
-    assert plan.live == ()  # train.py does not exist in the working directory (the repository)
+    assert plan.notes == ()  # train.py does not exist in the working directory (the repository)
     # a train.workdir outside the script's repository is a root of its own: its code is in the digest
     work = tmp_path / "work"
     work.mkdir()
@@ -327,7 +329,47 @@ def test_a_wrapper_brings_train_workdir_too_and_a_git_repositorys_untracked_shel
     plan = plan_snapshot(cfg, str(tmp_path / "run"))
     assert plan is not None and plan.roots == (str(repo.resolve()), str(work.resolve()))
     assert [(f.root, f.rel) for f in plan.files if f.root == 1] == [(1, "train.py")]
-    assert plan.live == ("train.py",)
+    assert live_names(cfg) == ["train.py"] and len(plan.notes) == 1
+
+
+@pytest.mark.parametrize(
+    "command, live",
+    [
+        ("accelerate launch --num_processes 2 train.py --lr 1", ["train.py"]),
+        ("not-a-program-here train.py", []),  # a typo: submit's one-line error stands alone
+        ("bash -c 'python train.py > log.txt'", ["train.py"]),
+        ("python train.py", []),  # remapped into the snapshot
+        ("python -m pkg", []),
+    ],
+)
+def test_a_program_found_on_path_runs_what_it_names_from_the_checkout_and_submit_says_so(
+    tmp_path, monkeypatch, command, live
+):
+    from slurm_ddp.explain import explain_job
+    from slurm_ddp.snapshot import live_names
+
+    bindir = tmp_path / "bin"  # an accelerate on PATH
+    bindir.mkdir()
+    (bindir / "accelerate").write_text("#!/bin/sh\n")
+    (bindir / "accelerate").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    d = tmp_path / "p"
+    d.mkdir()
+    (d / "train.py").write_text("print(1)\n")
+    (d / "job.yaml").write_text(yaml.safe_dump({"name": "p", "train": {"command": command}}))
+    cfg = load_config(d / "job.yaml")
+    assert live_names(cfg) == live
+    notes = plan_snapshot(cfg, str(tmp_path / "run")).notes
+    text = explain_job(cfg, environ={})
+    if live:
+        (line,) = notes
+        assert line.startswith(
+            f"train.command's program {cfg.train.command[0]} names train.py by a path from the working"
+        )
+        assert f"warning: {line}" in text
+        assert "runs what it names from the checkout" in text, text
+    else:
+        assert notes == () and "warning: train.command's" not in text
 
 
 @pytest.mark.parametrize(
