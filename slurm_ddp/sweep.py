@@ -47,7 +47,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import JobConfig, apply_overrides, config_from_dict, key_fields, read_yaml
+from .config import JobConfig, apply_overrides, config_from_dict, key_fields, plain_copy, read_yaml
 from .errors import ConfigError, UserError
 
 #: keys of the ``sweep:`` section
@@ -316,7 +316,7 @@ def expand(
     """
     if not isinstance(data, Mapping):
         return None
-    plain: Dict[str, Any] = json.loads(json.dumps(data, default=str))
+    plain: Dict[str, Any] = plain_copy(data)  # numbers keep their YAML text (lr: 1e-4)
     section = plain.pop("sweep", None)
     parallelism = _pop_parallelism(plain)
     if section is None and not flags:
@@ -349,7 +349,7 @@ def expand(
                 f"sweep elements {seen[label]} and {index} have the same values ({label}); remove the repeated value"
             )
         seen[label] = index
-        elem = json.loads(json.dumps(plain))
+        elem = plain_copy(plain)
         for k, v in values:
             _set(elem, k, v)
         try:

@@ -25,8 +25,8 @@ from .command import (
     expand_env,
     expand_variables,
 )
+from .loading import ScalarFloat, ScalarInt, apply_overrides, dump_config, dump_yaml, load_config, plain_copy, read_yaml
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
-from .loading import apply_overrides, dump_config, load_config, read_yaml
 from .schema import (
     CONTAINER_RUNTIMES,
     GPU_BIND_FORMS,
@@ -92,7 +92,11 @@ __all__ = [
     "describe_keys",
     "key_fields",
     "dump_config",
+    "dump_yaml",
     "load_config",
+    "plain_copy",
+    "ScalarFloat",
+    "ScalarInt",
     "node_range",
     "parse_time_s",
     "read_yaml",

@@ -175,8 +175,10 @@ def command_placeholders(words: Sequence[str]) -> List[str]:
 
 
 def command_arg_text(value: Any) -> str:
-    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number
-    as Python writes it (``0.001``, ``1e-05``), ``null``, a list or mapping as compact JSON."""
+    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number as
+    the job YAML writes it (``1e3``, ``0.10``, ``010``: ``config.ScalarFloat``/``ScalarInt`` keep the text;
+    a number from the Python API as Python writes it, ``0.001``, ``1e-05``), ``null``, a list or mapping
+    as compact JSON (its numbers as JSON writes them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

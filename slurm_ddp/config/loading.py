@@ -1,10 +1,13 @@
 """The job config in YAML: reading a job file (``read_yaml``, ``load_config``), ``--set`` overrides
 (``apply_overrides``) and writing a config back (``dump_config``).
 
-Side effects: ``read_yaml``/``load_config`` read one file; the rest is pure. Safe loading with three
-changes (``_YamlLoader``): a key given twice is an error, base-60 numbers stay text, and a float is
-what YAML 1.2 and Python call one (``3e-4``, ``1E-3``, ``.5``). Every YAML text of a job (the file,
-``--set`` and ``--sweep`` values) is read here. Part of ``slurm_ddp.config`` (import names from there).
+Side effects: ``read_yaml``/``load_config`` read one file; the rest is pure. Safe loading with four
+changes (``_YamlLoader``): a key given twice is an error, base-60 numbers and dates stay text, a float
+is what YAML 1.2 and Python call one (``3e-4``, ``1E-3``, ``.5``), and a number keeps the text it was
+written as (``ScalarInt``, ``ScalarFloat``: ``lr: 1e3`` reaches a script as ``--lr=1e3``). Every YAML
+text of a job (the file, ``--set`` and ``--sweep`` values) is read here, and every config written
+back (``dump_config``: the run directory's ``config.yaml``) is written with the same resolution rules
+(``_YamlDumper``), so it reads back equal. Part of ``slurm_ddp.config`` (import names from there).
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence, Union
+from typing import Any, Dict, Mapping, Sequence, Tuple, Union
 
 import yaml
 
@@ -21,8 +24,57 @@ from .schema import JobConfig
 from .validate import FLOAT_TEXT, _printable, config_from_dict
 
 
+class ScalarInt(int):
+    """An integer read from job YAML that keeps its text: ``str``/``repr``/``format`` give ``text`` as
+    written (``010``, ``0x1f``, ``1_000``), arithmetic and comparisons the number (8, 31, 1000).
+
+    So ``train.args: {steps: 1_000}`` reaches the script as ``--steps=1_000`` (``command_arg_text``), and
+    ``dump_config`` writes the text back (``_YamlDumper``). The name and idea are ruamel.yaml's
+    (``ruamel.yaml.scalarint``). A typed key (``slurm.nodes``) holds a plain ``int`` (``validate._coerce``).
+    """
+
+    text: str
+
+    def __new__(cls, value: int, text: str) -> ScalarInt:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def __reduce__(self) -> Tuple[Any, Tuple[int, str]]:  # pickle and copy keep the text
+        return (type(self), (int(self), self.text))
+
+
+class ScalarFloat(float):
+    """A float read from job YAML that keeps its text: ``str``/``repr``/``format`` give ``text`` as written
+    (``1e3``, ``0.10``, ``-.5``, ``.nan``), arithmetic and comparisons the number (1000.0, 0.1, ...).
+
+    ``lr: 1e3`` reaches the script as ``--lr=1e3``, not ``--lr=1000.0`` (``command_arg_text``); JSON (the
+    config hash) sees the number (``json`` writes ``float.__repr__``). Like ruamel.yaml's ``ScalarFloat``.
+    """
+
+    text: str
+
+    def __new__(cls, value: float, text: str) -> ScalarFloat:
+        obj = super().__new__(cls, value)
+        obj.text = text
+        return obj
+
+    def __str__(self) -> str:
+        return self.text
+
+    __repr__ = __str__
+
+    def __reduce__(self) -> Tuple[Any, Tuple[float, str]]:
+        return (type(self), (float(self), self.text))
+
+
 class _YamlLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` without YAML 1.1's base-60 numbers, with YAML 1.2's floats.
+    """``yaml.SafeLoader`` without YAML 1.1's base-60 numbers and dates, with YAML 1.2's floats.
 
     Under YAML 1.1 an unquoted ``time: 1:30:00`` is the integer 5400 and ``10:00`` is 600,
     which ``slurm.time`` would then read as that many *minutes*. YAML 1.2 dropped base-60
@@ -32,23 +84,33 @@ class _YamlLoader(yaml.SafeLoader):
     *string* ``'3e-4'`` (PyYAML implements 1.1). Here a float is what the YAML 1.2 core schema
     (10.3.2, "Tag Resolution") and Python's ``float()`` accept (``validate.FLOAT_TEXT``): ``3e-4``,
     ``1E-3``, ``1e3``, ``.5``, ``-.5``, ``1_000.5``; integers (``1_000``) stay YAML 1.1's.
+
+    YAML 1.1's timestamps are gone too, as in YAML 1.2's core schema: ``date: 2024-01-01`` is that
+    string, which a script's ``--date=2024-01-01`` and a ``name`` can use (a ``datetime.date`` could not).
+
+    A number is a ``ScalarInt``/``ScalarFloat`` carrying its text.
     """
 
 
-def _use_float_resolver(loader: type) -> None:
-    """Replace ``loader``'s implicit float resolver by ``FLOAT_TEXT``, at the same place in each list."""
+def _yaml12_resolvers() -> Dict[str, Any]:
+    """``SafeLoader``'s implicit resolvers with the float one replaced by ``FLOAT_TEXT`` (at the same place
+    in each list) and no timestamp one: the one table the job YAML is read (``_YamlLoader``) and written
+    (``_YamlDumper``) with."""
     tag = "tag:yaml.org,2002:float"
-    resolvers = {k: list(v) for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+    resolvers = {
+        k: [(t, r) for t, r in v if t != "tag:yaml.org,2002:timestamp"]
+        for k, v in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
     for first in "-+0123456789.":
         entries = resolvers.setdefault(first, [])
         kept = [(t, r) for t, r in entries if t != tag]
         at = next((i for i, (t, _) in enumerate(entries) if t == tag), 0)
         kept.insert(at, (tag, FLOAT_TEXT))
         resolvers[first] = kept
-    loader.yaml_implicit_resolvers = resolvers  # type: ignore[attr-defined]
+    return {k: v for k, v in resolvers.items() if v}
 
 
-_use_float_resolver(_YamlLoader)
+_YamlLoader.yaml_implicit_resolvers = _yaml12_resolvers()
 
 
 def _construct_mapping_no_duplicates(loader: yaml.SafeLoader, node: yaml.MappingNode) -> Any:
@@ -78,8 +140,8 @@ def _construct_number_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) ->
     if ":" in node.value:  # base-60 ("1:30:00"): keep the text
         return loader.construct_scalar(node)
     if node.tag.endswith(":int"):
-        return loader.construct_yaml_int(node)
-    return loader.construct_yaml_float(node)
+        return ScalarInt(loader.construct_yaml_int(node), node.value)
+    return ScalarFloat(loader.construct_yaml_float(node), node.value)
 
 
 _YamlLoader.add_constructor("tag:yaml.org,2002:int", _construct_number_or_text)
@@ -91,6 +153,25 @@ def _yaml_load(text: str) -> Any:
     return yaml.load(text, Loader=_YamlLoader)  # a SafeLoader subclass: no arbitrary objects
 
 
+def _key_text(key: Any) -> Any:
+    """A mapping key as JSON writes one: a string as it is, ``true``/``null``/a number as text."""
+    return key if isinstance(key, str) else json.dumps(key, default=str)
+
+
+def plain_copy(data: Any) -> Any:
+    """A deep copy of parsed YAML as plain JSON-like data: mappings become dicts (keys strings, as JSON
+    writes them), lists and tuples lists, anything but a string, number, bool or None its ``str``; numbers
+    keep their YAML text (``ScalarInt``, ``ScalarFloat``), which a round trip through ``json`` would lose.
+    For a job's mapping that ``--set``/``--sweep`` then change (``apply_overrides``, ``slurm_ddp.sweep``)."""
+    if isinstance(data, Mapping):
+        return {_key_text(k): plain_copy(v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [plain_copy(v) for v in data]
+    if data is None or isinstance(data, (str, int, float)):  # bool is an int
+        return data
+    return str(data)
+
+
 def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
     """Apply ``--set section.key=value`` overrides to parsed YAML (returns a new dict).
 
@@ -98,7 +179,7 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
     ``train.lr=3e-4`` a float: ``_YamlLoader``).
     Raises ``ConfigError`` for a malformed override.
     """
-    out: Dict[str, Any] = json.loads(json.dumps(data if isinstance(data, Mapping) else {}, default=str))
+    out: Dict[str, Any] = plain_copy(data if isinstance(data, Mapping) else {})
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.key=value, e.g. --set slurm.nodes=2")
@@ -153,8 +234,53 @@ def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = (
     return config_from_dict(data, base_dir=Path(path).parent)
 
 
-def dump_config(cfg: JobConfig) -> str:
-    """YAML text of ``cfg`` that ``load_config`` reads back into an equal config."""
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml when present: ~10x faster (a sweep's N configs)
-    text: str = yaml.dump(cfg.to_dict(), Dumper=dumper, sort_keys=False)
+_SafeDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster (a sweep's N configs)
+
+
+class _YamlDumper(_SafeDumper):
+    """``yaml.SafeDumper`` that writes what ``_YamlLoader`` reads back as the same value, text included.
+
+    PyYAML's emitter writes a string plain only when the dumper's implicit resolvers resolve its text
+    back to a string (``Serializer``/``CEmitter``: the ``implicit`` flags). Here those resolvers are the
+    loader's (``_yaml12_resolvers``) and YAML 1.1's (``SafeLoader``, for any other reader of the file),
+    so every string that either would read as something else is quoted: ``'5e-5'``, ``'1e3'``, ``'.5'``
+    (YAML 1.2 floats, which YAML 1.1 rules leave plain), ``'010'``, ``'yes'``, ``'~'``, ``'1:30:00'``,
+    ``'2024-01-01'``. A number is written as ``str`` gives it (a ``ScalarInt``/``ScalarFloat``'s text,
+    else Python's ``repr``: ``1e-05``), with an explicit tag where that text alone would read as another
+    type (``!!float 3``, ``!!float nan``): a rank's ``--lr=VALUE`` is what the submit side formatted.
+    """
+
+
+def _dumper_resolvers() -> Dict[str, Any]:
+    """The loader's implicit resolvers, then YAML 1.1's that it lacks (first match wins: the loader's)."""
+    out = {k: list(v) for k, v in _YamlLoader.yaml_implicit_resolvers.items()}
+    for first, entries in yaml.SafeLoader.yaml_implicit_resolvers.items():
+        out.setdefault(first, []).extend(e for e in entries if e not in out[first])
+    return out
+
+
+_YamlDumper.yaml_implicit_resolvers = _dumper_resolvers()
+
+
+def _represent_number(dumper: yaml.SafeDumper, data: Union[int, float]) -> yaml.ScalarNode:
+    tag = "tag:yaml.org,2002:float" if isinstance(data, float) else "tag:yaml.org,2002:int"
+    text = str(data)  # ScalarInt/ScalarFloat: as written; a float: repr ("1e-05", "inf", "nan")
+    return dumper.represent_scalar(tag, text)
+
+
+for _number_type in (int, float, ScalarInt, ScalarFloat):
+    _YamlDumper.add_representer(_number_type, _represent_number)
+
+
+def dump_yaml(data: Any) -> str:
+    """YAML text of plain data (mappings in their order, lists, strings, numbers, bools, None) that
+    ``read_yaml`` reads back equal: every string stays a string, a ``ScalarInt``/``ScalarFloat`` keeps
+    its text (``_YamlDumper``). Unicode is written as it is (a path with ``é`` stays readable)."""
+    text: str = yaml.dump(data, Dumper=_YamlDumper, sort_keys=False, allow_unicode=True)
     return text
+
+
+def dump_config(cfg: JobConfig) -> str:
+    """YAML text of ``cfg`` that ``load_config`` reads back into an equal config (``dump_yaml``): a string
+    that looks like a number, bool or null quoted, a number as written in the job file."""
+    return dump_yaml(cfg.to_dict())

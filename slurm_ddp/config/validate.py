@@ -150,7 +150,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad(key, value, "an integer")
-        return value
+        return int(value)  # a plain int, not the YAML text a ScalarInt keeps (slurm.nodes: 010 is 8)
     if tp is float:
         if isinstance(value, str):  # '3e-4' from JSON or the API
             number = _number_from_text(value)
