@@ -25,7 +25,18 @@ from .command import (
     expand_env,
     expand_variables,
 )
-from .loading import ScalarFloat, ScalarInt, apply_overrides, dump_config, dump_yaml, load_config, plain_copy, read_yaml
+from .loading import (
+    ScalarFloat,
+    ScalarInt,
+    apply_overrides,
+    dump_config,
+    dump_yaml,
+    given_keys_with,
+    load_config,
+    plain_copy,
+    read_job,
+    read_yaml,
+)
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .schema import (
     CONTAINER_RUNTIMES,
@@ -95,6 +106,8 @@ __all__ = [
     "dump_yaml",
     "load_config",
     "plain_copy",
+    "given_keys_with",
+    "read_job",
     "ScalarFloat",
     "ScalarInt",
     "node_range",

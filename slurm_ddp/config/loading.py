@@ -12,16 +12,19 @@ back (``dump_config``: the run directory's ``config.yaml``) is written with the 
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import json
 import os
+import re
 from pathlib import Path
-from typing import Any, Dict, Mapping, Sequence, Tuple, Union
+from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
 from ..errors import ConfigError
 from .schema import JobConfig
-from .validate import FLOAT_TEXT, _printable, config_from_dict
+from .validate import FLOAT_TEXT, _key_order, _printable, config_from_dict, given_keys
 
 
 class ScalarInt(int):
@@ -204,18 +207,19 @@ def apply_overrides(data: Any, overrides: Sequence[str]) -> Dict[str, Any]:
     return out
 
 
-def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
-    """Parse a YAML file (safe loading, base-60 numbers kept as text, YAML 1.2 floats such as ``3e-4``);
-    errors name the file, line and column."""
+def _read_text(path: Union[str, os.PathLike[str]]) -> str:
     p = Path(path)
     try:
-        text = p.read_text(encoding="utf-8")
+        return p.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"job file not found: {str(p)!r}; give the path of a YAML job file") from None
     except IsADirectoryError:
         raise ConfigError(f"job file {str(p)!r} is a directory; give the path of a YAML job file") from None
     except (OSError, UnicodeDecodeError) as e:
         raise ConfigError(f"cannot read job file {str(p)!r}: {e}") from None
+
+
+def _parse(text: str, path: Union[str, os.PathLike[str]]) -> Any:
     try:
         return _yaml_load(text)
     except yaml.YAMLError as e:
@@ -223,15 +227,73 @@ def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
         where = f" line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).splitlines()[0]
         kind = "YAML error" if isinstance(e, yaml.constructor.ConstructorError) else "YAML syntax error"
-        raise ConfigError(f"{kind} in {str(p)!r}{where}: {_printable(problem)}") from None
+        raise ConfigError(f"{kind} in {str(path)!r}{where}: {_printable(problem)}") from None
+
+
+def read_yaml(path: Union[str, os.PathLike[str]]) -> Any:
+    """Parse a YAML file (safe loading, base-60 numbers kept as text, YAML 1.2 floats such as ``3e-4``);
+    errors name the file, line and column."""
+    return _parse(_read_text(path), path)
+
+
+#: The comment of a written config (``dump_config``) naming the keys its job gave, and the digest of the
+#: mapping it was written with: ``# given keys (mapping 0123456789abcdef): name, slurm.nodes, train.command``.
+_GIVEN_LINE = re.compile(r"^# given keys \(mapping ([0-9a-f]{16})\):(.*)$")
+
+
+def _mapping_digest(data: Any) -> str:
+    """sha256 (16 hex chars) of a config mapping's canonical JSON: whether a written config was edited."""
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _recorded_given_keys(text: str, data: Any) -> Optional[FrozenSet[str]]:
+    """The keys a written config's job gave (its ``# given keys`` comment), or None: no such comment (a
+    job file as a user writes it), or the mapping is not the one written with it (the file was edited:
+    then every key it holds counts as given)."""
+    for line in text.splitlines():
+        if not line.startswith("#"):
+            break
+        m = _GIVEN_LINE.match(line)
+        if m:
+            if m.group(1) != _mapping_digest(data):
+                return None
+            return frozenset(k.strip() for k in m.group(2).split(",") if k.strip())
+    return None
+
+
+def read_job(path: Union[str, os.PathLike[str]]) -> Tuple[Any, Optional[FrozenSet[str]]]:
+    """``read_yaml`` of a job file, and the keys its job gave when it is a config ``dump_config`` wrote (a
+    run directory's ``config.yaml``: every key, the job's own ones named in its comment), else None.
+
+    So resubmitting ``RUN/config.yaml`` warns about the settings the original job gave that do nothing
+    (``config.unused_settings``), not about every default it records. Raises ``ConfigError``."""
+    text = _read_text(path)
+    data = _parse(text, path)
+    return data, _recorded_given_keys(text, data)
+
+
+def given_keys_with(
+    recorded: FrozenSet[str], overrides: Sequence[str] = (), swept: Sequence[str] = ()
+) -> FrozenSet[str]:
+    """``recorded`` (``read_job``) with the keys ``--set`` overrides and swept keys give: a config's
+    ``JobConfig.given_keys`` when its file was a written config."""
+    extra = apply_overrides({}, [*overrides, *(f"{k}=" for k in swept)])
+    return recorded | frozenset(given_keys(extra))
 
 
 def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = ()) -> JobConfig:
-    """Read ``path`` (YAML), apply ``--set`` overrides, validate. Raises ``ConfigError``."""
-    data = read_yaml(path)
+    """Read ``path`` (YAML), apply ``--set`` overrides, validate. Raises ``ConfigError``.
+
+    A config ``dump_config`` wrote (a run directory's ``config.yaml``) gives the keys its comment names
+    (``read_job``), plus the overridden ones: it warns as the job it was written from did."""
+    data, recorded = read_job(path)
     if overrides and (data is None or isinstance(data, Mapping)):  # else config_from_dict reports the top level
         data = apply_overrides(data, overrides)
-    return config_from_dict(data, base_dir=Path(path).parent)
+    cfg = config_from_dict(data, base_dir=Path(path).parent)
+    if recorded is not None:
+        cfg = dataclasses.replace(cfg, given_keys=given_keys_with(recorded, overrides))
+    return cfg
 
 
 _SafeDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster (a sweep's N configs)
@@ -282,5 +344,14 @@ def dump_yaml(data: Any) -> str:
 
 def dump_config(cfg: JobConfig) -> str:
     """YAML text of ``cfg`` that ``load_config`` reads back into an equal config (``dump_yaml``): a string
-    that looks like a number, bool or null quoted, a number as written in the job file."""
-    return dump_yaml(cfg.to_dict())
+    that looks like a number, bool or null quoted, a number as written in the job file. Every key is
+    written (defaults filled in); a comment first names the keys the job gave (``JobConfig.given_keys``),
+    which ``read_job`` reads back while the mapping is unedited."""
+    plain = cfg.to_dict()
+    given = ", ".join(sorted(cfg.given_keys, key=_key_order))
+    head = (
+        "# The config of this run as slurm-ddp loaded it: every key, defaults filled in.\n"
+        f"# given keys (mapping {_mapping_digest(plain)}): {given}".rstrip()
+        + "\n"
+    )
+    return head + dump_yaml(plain)

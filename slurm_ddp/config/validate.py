@@ -224,6 +224,12 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
     return cls(**kwargs)
 
 
+def given_keys(data: Any) -> Set[str]:
+    """The dotted config keys a job mapping (parsed YAML, unchecked) gives: ``{"slurm": {"nodes": 2}}``
+    → ``{"slurm.nodes"}``; a mapping-valued key (``environment.env``) as a whole; unknown keys left out."""
+    return _given_keys(JobConfig, data)
+
+
 def _given_keys(cls: type, data: Any, prefix: str = "") -> Set[str]:
     """The dotted keys of ``cls`` that ``data`` (a checked mapping) gives; a mapping-valued key as a whole."""
     out: Set[str] = set()
