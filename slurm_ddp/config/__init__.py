@@ -15,6 +15,7 @@ and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.c
 from .command import (
     ARG_NAME,
     COMMAND_VAR,
+    SCRIPT_RUNNERS,
     command_arg_flags,
     command_arg_text,
     command_argv,
@@ -89,6 +90,7 @@ __all__ = [
     "image_is_path",
     "check_gpu_bind",
     "ARG_NAME",
+    "SCRIPT_RUNNERS",
     "COMMAND_VAR",
     "command_arg_flags",
     "command_arg_text",
