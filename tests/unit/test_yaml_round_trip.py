@@ -140,9 +140,10 @@ def test_config_yaml_reads_back_equal_to_what_was_submitted(
     assert back.train.command[2:] == tuple(words)
     assert command_arg_flags(back.train.args) == command_arg_flags(cfg.train.args)
     assert back.config_hash() == cfg.config_hash()  # the run directory is this run's (check_run_dir)
+    assert back.given_keys == cfg.given_keys  # the written comment's keys: its mapping read back unchanged
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
     texts=st.lists(st.sampled_from(NUMBER_TEXTS + ["yes", "~", "'3'", "1:30:00", "inf", "x"]), min_size=1, max_size=6)
 )
@@ -174,6 +175,9 @@ def test_a_number_keeps_its_text_through_set_and_sweep(text: str, flag: str, tmp
     assert sweep is not None and [str(v) for v in values] == [text, "3e-4"]
     assert [command_arg_flags(e.cfg.train.args) for e in sweep.elements] == [[flag], ["--lr=3e-4"]]
     assert [e.label for e in sweep.elements] == [f"lr={text}", "lr=3e-4"]
+    # an environment.env value written as a number is the variable's text as written
+    env = config_from_dict(apply_overrides(base, [f"environment.env.LR={text}"]))
+    assert env.environment.env["LR"] == text and _round_trip(env, tmp_path).environment.env["LR"] == text
     # a sweep: section in the file, and train.args the base config gives, keep their text too
     job = tmp_path / "job.yaml"
     job.write_text(
@@ -198,9 +202,12 @@ def test_a_date_stays_the_text_it_is_written_as() -> None:
     assert cfg.name == "2024-01-01" and command_arg_flags(cfg.train.args) == ["--day=2024-01-01"]
 
 
-def test_the_dumper_quotes_exactly_what_the_loader_would_read_as_another_type() -> None:
+def test_the_dumper_quotes_what_a_yaml_reader_would_read_as_another_type() -> None:
     text = dump_config(config_from_dict({"name": "n", "train": {"command": ["python", "x.py", "5e-5", "1.5", "abc"]}}))
     assert "- '5e-5'\n" in text and "- '1.5'\n" in text and "- abc\n" in text
+    # a date is text to the loader, and still quoted for a YAML 1.1 reader (yaml.safe_load) of the file
+    dated = dump_config(config_from_dict({"name": "2024-01-01", "train": {"command": "python x.py"}}))
+    assert "name: '2024-01-01'\n" in dated and yaml.safe_load(dated)["name"] == "2024-01-01"
     # a number written with a tag where its text alone reads as another type
     assert yaml.safe_load("x: !!float 3") == {"x": 3.0}
     cfg = config_from_dict(_yaml_load("name: n\ntrain: {command: python x.py, args: {x: !!float 3}}"))
