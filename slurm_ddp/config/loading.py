@@ -1,7 +1,7 @@
 """The job config in YAML: reading a job file (``read_yaml``, ``load_config``), ``--set`` overrides
 (``apply_overrides``) and writing a config back (``dump_config``).
 
-Side effects: ``read_yaml``/``load_config`` read one file; the rest is pure. Safe loading with four
+Side effects: ``read_yaml``/``read_job``/``load_config`` read one file; the rest is pure. Safe loading with four
 changes (``_YamlLoader``): a key given twice is an error, base-60 numbers and dates stay text, a float
 is what YAML 1.2 and Python call one (``3e-4``, ``1E-3``, ``.5``), and a number keeps the text it was
 written as (``ScalarInt``, ``ScalarFloat``: ``lr: 1e3`` reaches a script as ``--lr=1e3``). Every YAML
