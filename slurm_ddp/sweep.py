@@ -47,7 +47,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import yaml
 
-from .config import JobConfig, apply_overrides, config_from_dict, key_fields, read_yaml
+from .config import (
+    JobConfig,
+    apply_overrides,
+    config_from_dict,
+    given_keys_with,
+    key_fields,
+    plain_copy,
+    read_job,
+)
 from .errors import ConfigError, UserError
 
 #: keys of the ``sweep:`` section
@@ -316,7 +324,7 @@ def expand(
     """
     if not isinstance(data, Mapping):
         return None
-    plain: Dict[str, Any] = json.loads(json.dumps(data, default=str))
+    plain: Dict[str, Any] = plain_copy(data)  # numbers keep their YAML text (lr: 1e-4)
     section = plain.pop("sweep", None)
     parallelism = _pop_parallelism(plain)
     if section is None and not flags:
@@ -349,7 +357,7 @@ def expand(
                 f"sweep elements {seen[label]} and {index} have the same values ({label}); remove the repeated value"
             )
         seen[label] = index
-        elem = json.loads(json.dumps(plain))
+        elem = plain_copy(plain)
         for k, v in values:
             _set(elem, k, v)
         try:
@@ -372,7 +380,14 @@ def load_sweep(path: Union[str, Path], overrides: Sequence[str] = (), flags: Seq
 
     Raises ``ConfigError``/``UserError`` like :func:`expand`.
     """
-    return sweep_from_data(read_yaml(path), overrides, flags, base_dir=Path(path).parent)
+    data, recorded = read_job(path)
+    sweep = sweep_from_data(data, overrides, flags, base_dir=Path(path).parent)
+    if sweep is None or recorded is None:
+        return sweep
+    # a run directory's config.yaml: the keys its job gave, the overridden ones and the swept ones (read_job)
+    given = given_keys_with(recorded, overrides, sweep.keys)
+    elements = tuple(dataclasses.replace(e, cfg=dataclasses.replace(e.cfg, given_keys=given)) for e in sweep.elements)
+    return dataclasses.replace(sweep, elements=elements)
 
 
 def sweep_from_data(

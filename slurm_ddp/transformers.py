@@ -7,7 +7,13 @@ checkpoint of the step and ends the process with status 75. Imports Transformers
 torch-free core never imports this module. Without Transformers, importing it raises ``ImportError``
 naming the extra.
 
-A ``Trainer`` script submitted as ``train.command`` adds one callback (``examples/transformers/train.py``)::
+Without editing the script, the runner adds the callback to every ``Trainer`` it builds
+(``slurm_ddp.transformers_run``; the script runs as ``python SCRIPT ARGS`` would, and is snapshotted so)::
+
+    train:
+      command: python -m slurm_ddp.transformers run_clm.py --output_dir $SLURM_DDP_RUN_DIR/hf --save_steps 50
+
+Or a ``Trainer`` script submitted as ``train.command`` adds one callback (``examples/transformers/train.py``)::
 
     from transformers.trainer_utils import get_last_checkpoint
     from slurm_ddp.transformers import SlurmDDPCallback
@@ -273,3 +279,11 @@ def _flush_trackers() -> None:
             flush()
         except Exception as e:
             log.warning("could not flush MLflow's logging: %s", e)
+
+
+if (
+    __name__ == "__main__"
+):  # python -m slurm_ddp.transformers SCRIPT ARGS: the runner (its callback: the imported module's)
+    from slurm_ddp.transformers_run import main as _run_script
+
+    _run_script()

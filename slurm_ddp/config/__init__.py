@@ -15,6 +15,7 @@ and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.c
 from .command import (
     ARG_NAME,
     COMMAND_VAR,
+    SCRIPT_RUNNERS,
     command_arg_flags,
     command_arg_text,
     command_argv,
@@ -26,8 +27,19 @@ from .command import (
     expand_env,
     expand_variables,
 )
+from .loading import (
+    ScalarFloat,
+    ScalarInt,
+    apply_overrides,
+    dump_config,
+    dump_yaml,
+    given_keys_with,
+    load_config,
+    plain_copy,
+    read_job,
+    read_yaml,
+)
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
-from .loading import apply_overrides, dump_config, load_config, read_yaml
 from .schema import (
     CONTAINER_RUNTIMES,
     GPU_BIND_FORMS,
@@ -79,6 +91,7 @@ __all__ = [
     "image_is_path",
     "check_gpu_bind",
     "ARG_NAME",
+    "SCRIPT_RUNNERS",
     "COMMAND_VAR",
     "command_arg_flags",
     "command_arg_text",
@@ -94,7 +107,13 @@ __all__ = [
     "describe_keys",
     "key_fields",
     "dump_config",
+    "dump_yaml",
     "load_config",
+    "plain_copy",
+    "given_keys_with",
+    "read_job",
+    "ScalarFloat",
+    "ScalarInt",
     "node_range",
     "parse_time_s",
     "read_yaml",

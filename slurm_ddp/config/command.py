@@ -134,11 +134,37 @@ def _shell_script_index(argv: Sequence[str]) -> Optional[int]:
     return None
 
 
+#: slurm_ddp's modules that run a script file as ``python SCRIPT ARGS`` would, adding something around it:
+#: ``python -m slurm_ddp.transformers SCRIPT ARGS`` (every ``transformers.Trainer`` the script builds gets
+#: ``SlurmDDPCallback``). For ``command_script_index`` SCRIPT is the command's script (resolved against the
+#: job file's directory, checked, snapshotted), and the module is not the user's code.
+SCRIPT_RUNNERS = ("slurm_ddp.transformers",)
+
+
+def _module_word(argv: Sequence[str]) -> Optional[int]:
+    """Index of the word after ``-m`` (or a group ending in it, ``-um``) in a python argv, None when the
+    options end first, or name ``-c`` or ``-`` (stdin): python(1)'s option rules."""
+    i = 1
+    while i < len(argv):
+        a = argv[i]
+        if a == "-m" or (a.startswith("-") and not a.startswith("--") and a.endswith("m") and "c" not in a):
+            return i + 1 if i + 1 < len(argv) else None  # -m, or a group ending in it (-um)
+        if a in ("-W", "-X", "--check-hash-based-pycs"):
+            i += 2
+            continue
+        if not a.startswith("-") or a == "-" or "c" in a[1:] and not a.startswith("--"):
+            return None
+        i += 1
+    return None
+
+
 def command_script_index(argv: Sequence[str]) -> Optional[int]:
     """Index of the script file in a ``train.command`` argv, or None when it names none.
 
     ``train.py …`` → 0; ``python [options] train.py …`` → the first argument that is not an
     option (python(1): ``-W``/``-X`` take a value; ``-m``/``-c`` mean there is no script file);
+    ``python -m slurm_ddp.transformers train.py …`` → 3 (a ``SCRIPT_RUNNERS`` module: its first
+    argument, unless that is an option such as ``-m``);
     a shell (``sh``/``bash``/``zsh``/…, by name or path) → its script (``bash -e run.sh`` → 2;
     ``bash -c …`` → None: :func:`_shell_script_index`); another program given by a path
     (``./run.sh``, ``bin/train``) → 0, unless it lies in a system directory (``SYSTEM_DIRS``:
@@ -150,6 +176,9 @@ def command_script_index(argv: Sequence[str]) -> Optional[int]:
     if prog.endswith(".py"):
         return 0
     if _PYTHON_NAME.match(os.path.basename(prog)):
+        m = _module_word(argv)
+        if m is not None and argv[m] in SCRIPT_RUNNERS:
+            return m + 1 if m + 1 < len(argv) and not argv[m + 1].startswith("-") else None
         i = 1
         while i < len(argv):
             a = argv[i]
@@ -185,22 +214,15 @@ def command_module_index(argv: Sequence[str]) -> Optional[int]:
     """Index of the module name in a ``python [options] -m MODULE …`` argv, or None.
 
     ``python -u -m pkg.train --lr 1`` → 3. Only a separate ``-m`` word counts (python(1)); a
-    program that is not a Python interpreter, a script, or ``-c`` → None.
+    program that is not a Python interpreter, a script, or ``-c`` → None; a ``SCRIPT_RUNNERS`` module
+    running a script file → None (the script is the user's code: ``command_script_index``).
     """
     if not argv or not _PYTHON_NAME.match(os.path.basename(argv[0])):
         return None
-    i = 1
-    while i < len(argv):
-        a = argv[i]
-        if a == "-m" or (a.startswith("-") and not a.startswith("--") and a.endswith("m") and "c" not in a):
-            return i + 1 if i + 1 < len(argv) else None  # -m, or a group ending in it (-um)
-        if a in ("-W", "-X", "--check-hash-based-pycs"):
-            i += 2
-            continue
-        if not a.startswith("-") or a == "-" or "c" in a[1:] and not a.startswith("--"):
-            return None
-        i += 1
-    return None
+    m = _module_word(argv)
+    if m is not None and argv[m] in SCRIPT_RUNNERS and command_script_index(argv) is not None:
+        return None
+    return m
 
 
 def command_argv(command: Sequence[str], python: str) -> List[str]:
@@ -231,8 +253,10 @@ def command_placeholders(words: Sequence[str]) -> List[str]:
 
 
 def command_arg_text(value: Any) -> str:
-    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number
-    as Python writes it (``0.001``, ``1e-05``), ``null``, a list or mapping as compact JSON."""
+    """A ``train.args`` value as a command-line word: a string as it is, ``true``/``false``, a number as
+    the job YAML writes it (``1e3``, ``0.10``, ``010``: ``config.ScalarFloat``/``ScalarInt`` keep the text;
+    a number from the Python API as Python writes it, ``0.001``, ``1e-05``), ``null``, a list or mapping
+    as compact JSON (its numbers as JSON writes them)."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:

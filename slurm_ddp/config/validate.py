@@ -150,7 +150,7 @@ def _coerce(key: str, tp: Any, value: Any) -> Any:
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise _bad(key, value, "an integer")
-        return value
+        return int(value)  # a plain int, not the YAML text a ScalarInt keeps (slurm.nodes: 010 is 8)
     if tp is float:
         if isinstance(value, str):  # '3e-4' from JSON or the API
             number = _number_from_text(value)
@@ -222,6 +222,12 @@ def _build(cls: type, data: Any, prefix: str) -> Any:
                 raise _bad(key, value, problem)
         kwargs[f.name] = value
     return cls(**kwargs)
+
+
+def given_keys(data: Any) -> Set[str]:
+    """The dotted config keys a job mapping (parsed YAML, unchecked) gives: ``{"slurm": {"nodes": 2}}``
+    → ``{"slurm.nodes"}``; a mapping-valued key (``environment.env``) as a whole; unknown keys left out."""
+    return _given_keys(JobConfig, data)
 
 
 def _given_keys(cls: type, data: Any, prefix: str = "") -> Set[str]:

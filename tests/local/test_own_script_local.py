@@ -3,7 +3,9 @@
 Covers: the plain script finishes every epoch on both ranks (FINISHED written by the launcher,
 ``runs``/``status`` report it); the preemption-API variant, given SIGUSR2 at the ``submit``
 process, stops every rank after the same step with status 75 and a second ``submit`` resumes
-mid-epoch and finishes; a crashing script ends with its status and no FINISHED; the stop signal
+mid-epoch and finishes; a crashing script ends with its status and no FINISHED; a command line and
+``train.args`` numbers reach every rank as written (``5e-5``, ``1e3``), and resubmitting the run directory's
+``config.yaml`` warns about nothing; the stop signal
 the ranks agree on (SIGTERM to one rank only outweighs the requeue signal) is the one rank 0's
 ``PREEMPTED`` marker names and the requeue rule reads.
 """
@@ -113,6 +115,29 @@ def test_a_crashing_script_fails_without_finishing(tmp_path: Path) -> None:
     assert r.returncode == 3, r.stdout + r.stderr
     assert "job failed with status 3" in r.stderr
     assert read_finished(run_dir) is None
+
+
+def test_the_command_line_reaches_every_rank_as_written(tmp_path: Path) -> None:
+    # issue 49: 5e-5 in train.command came back from the run directory's config.yaml as a float (exit 2)
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: argv\nslurm: {nodes: 1, tasks_per_node: 2}\ntrain:\n"
+        '  command: python -c "import sys; print(sys.argv[1:])" --learning_rate 5e-5 --adam_epsilon 1e-8\n'
+        "  args: {lr: 1e3, weight_decay: 0.10, steps: 1_000}\n"
+    )
+    run_dir = tmp_path / "run"
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "local", "--run-dir", str(run_dir)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    want = "['--learning_rate', '5e-5', '--adam_epsilon', '1e-8', '--lr=1e3', '--weight_decay=0.10', '--steps=1_000']"
+    for rank in (0, 1):
+        assert want in rank_log(run_dir, rank).splitlines(), rank_log(run_dir, rank)
+    # resubmitting the run directory's config.yaml (what cancel suggests): no warning about its defaults
+    again = subprocess.run(
+        [*cmd[:4], str(run_dir / "config.yaml"), *cmd[5:]], capture_output=True, text=True, timeout=60
+    )
+    assert again.returncode == 0 and "already finished" in again.stderr, again.stderr
+    assert "warning" not in again.stderr, again.stderr
 
 
 # --------------------------------------------------------------------------- the agreed stop signal

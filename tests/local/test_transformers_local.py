@@ -1,7 +1,9 @@
 """The Hugging Face Transformers example (``examples/transformers``, ``slurm_ddp.transformers.SlurmDDPCallback``)
 on the local backend: 2 gloo ranks on CPU, the real ``Trainer`` (a 2-layer GPT-2 on random tokens).
 
-Covers, with the callback: the requeue signal (SIGUSR2 to the local launcher, which forwards it to the
+Covers, with the callback (added by the runner, ``python -m slurm_ddp.transformers train.py … --plain``: the
+script builds its ``Trainer`` without it; the script passing it itself runs on the Slurm tier,
+tests/slurm/test_transformers_slurm.py): the requeue signal (SIGUSR2 to the local launcher, which forwards it to the
 ranks as srun does) stops both ranks after the same optimizer step with the Trainer's ``checkpoint-<step>``,
 ``submit`` exits 75 and the run is not finished, ``status`` shows that step; the next ``submit`` is stopped
 by Ctrl-C (SIGTERM to the ranks: a stop too, never ``FINISHED``) and the last one finishes. Each start
@@ -41,12 +43,16 @@ SAVE_STEPS = 20
 ARGS = f"--max-steps {MAX_STEPS} --save-steps {SAVE_STEPS} --logging-steps 1 --step-sleep 0.2"  # 12 s of steps: room for a stop under load
 
 
-def write_job(tmp_path: Path, extra: str = "", tail: str = "") -> Path:
+def write_job(tmp_path: Path, extra: str = "", tail: str = "", runner: bool = False) -> Path:
+    """The example's job with ``ARGS``; ``runner``: run through ``python -m slurm_ddp.transformers``."""
     require_module("transformers", "the Transformers example")
     shutil.copy(EXAMPLE / "train.py", tmp_path / "train.py")
     job = tmp_path / "job.yaml"
-    job.write_text((EXAMPLE / "job.yaml").read_text().replace("--max-steps 300", f"{ARGS} {extra}".strip()) + tail)
-    assert ARGS in job.read_text()
+    text = (EXAMPLE / "job.yaml").read_text().replace("--max-steps 300", f"{ARGS} {extra}".strip())
+    if runner:
+        text = text.replace("command: python train.py", "command: python -m slurm_ddp.transformers train.py")
+    job.write_text(text + tail)
+    assert ARGS in job.read_text() and (not runner or "slurm_ddp.transformers train.py" in job.read_text())
     return job
 
 
@@ -128,8 +134,9 @@ def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes
     tmp_path: Path, plain_run: Dict[str, object]
 ) -> None:
     mlflow = require_module("mlflow", "the Trainer's report_to=mlflow")
-    # the Trainer's own MLflowCallback, with the run directory's tracker run (tracking.mlflow)
-    job = write_job(tmp_path, "--report-to mlflow", "tracking: {mlflow: {enabled: true}}\n")
+    # the script without its callback (--plain), given it by the runner; the Trainer's own MLflowCallback, with
+    # the run directory's tracker run (tracking.mlflow)
+    job = write_job(tmp_path, "--report-to mlflow --plain", "tracking: {mlflow: {enabled: true}}\n", runner=True)
     run_dir = tmp_path / "run"
     # the requeue signal between two checkpoints of the Trainer's own
     first = stop_when(

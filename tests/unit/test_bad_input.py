@@ -324,16 +324,18 @@ CASES: Dict[str, Case] = {
     ),
     "run dir's logs is a file": Case(["'logs' in it is not a directory"], setup=_logs_is_a_file),
     # ---- every float must be finite
-    "lr .nan": Case(["train.lr", "got nan", "a finite number"], text=_job_text("  lr: .nan\n")),
-    "lr .inf": Case(["train.lr", "got inf", "a finite number"], text=_job_text("  lr: .inf\n")),
-    "lr 1.0e+999 from --set": Case(["train.lr", "got inf", "a finite number"], args=["--set", "train.lr=1.0e+999"]),
+    "lr .nan": Case(["train.lr", "got .nan", "a finite number"], text=_job_text("  lr: .nan\n")),
+    "lr .inf": Case(["train.lr", "got .inf", "a finite number"], text=_job_text("  lr: .inf\n")),
+    "lr 1.0e+999 from --set": Case(
+        ["train.lr", "got 1.0e+999", "a finite number"], args=["--set", "train.lr=1.0e+999"]
+    ),
     "clip_grad_norm .nan": Case(
         ["train.clip_grad_norm", "a finite number"], args=["--set", "train.clip_grad_norm=.nan"]
     ),
     "clip_grad_norm -.inf": Case(
         ["train.clip_grad_norm", "a finite number"], args=["--set", "train.clip_grad_norm=-.inf"]
     ),
-    "mem_gb .inf": Case(["slurm.mem_gb", "got inf", "a finite number"], args=["--set", "slurm.mem_gb=.inf"]),
+    "mem_gb .inf": Case(["slurm.mem_gb", "got .inf", "a finite number"], args=["--set", "slurm.mem_gb=.inf"]),
     # ---- a key given twice (PyYAML keeps the last one silently)
     "yaml key twice": Case(
         ["YAML error", "line 7", "'lr' is given twice", "first on line 6"], text=_job_text("  lr: 0.1\n  lr: 0.2\n")

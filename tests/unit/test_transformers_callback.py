@@ -143,3 +143,105 @@ def test_eval_metrics_keep_numbers_and_drop_timings(hf: Any) -> None:
     )
     assert got == {"eval_loss": 1.5, "eval_accuracy": 0.75}
     assert sdt.eval_metrics({"test_accuracy": 0.5, "test_note": "x"}) == {"eval_test_accuracy": 0.5}
+
+
+# --------------------------------------------------------------------------- the runner: python -m slurm_ddp.transformers
+def test_the_runner_adds_the_callback_to_every_trainer_once(
+    hf: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    transformers, sdt = hf
+    from slurm_ddp.transformers_run import add_callback_to_every_trainer
+
+    monkeypatch.setattr(transformers.Trainer, "__init__", transformers.Trainer.__init__)  # undone after the test
+    restore = add_callback_to_every_trainer()
+    add_callback_to_every_trainer()  # a second call patches nothing more
+
+    class Mine(transformers.Trainer):  # a subclass, as Seq2SeqTrainer or TRL's trainers are
+        pass
+
+    def ours(t: Any) -> List[Any]:
+        return [cb for cb in t.callback_handler.callbacks if isinstance(cb, sdt.SlurmDDPCallback)]
+
+    passed = sdt.SlurmDDPCallback()
+    assert len(ours(trainer(hf, tmp_path / "a", 1, []))) == 1
+    assert ours(trainer(hf, tmp_path / "b", 1, [passed])) == [passed]  # the script's own: not added again
+    assert len(ours(trainer(hf, tmp_path / "c", 1, [sdt.SlurmDDPCallback]))) == 1  # the class: the Trainer builds it
+    mine = Mine(
+        model=transformers.GPT2LMHeadModel(transformers.GPT2Config(n_layer=1, n_embd=8, n_head=2)),
+        args=transformers.TrainingArguments(output_dir=str(tmp_path / "d"), report_to="none", use_cpu=True),
+    )
+    assert len(ours(mine)) == 1
+    restore()
+    assert ours(trainer(hf, tmp_path / "e", 1, [])) == []
+
+
+_RUNNER_SCRIPT = """
+import json, os, sys
+import torch
+from transformers import Trainer, TrainingArguments
+from slurm_ddp.transformers import SlurmDDPCallback  # the script's own import of the callback
+import helper  # next to the script: its directory is first on sys.path, as under python SCRIPT
+
+def count(t):
+    return sum(isinstance(cb, SlurmDDPCallback) for cb in t.callback_handler.callbacks)
+
+args = TrainingArguments(output_dir=sys.argv[1], report_to="none", use_cpu=True)
+with_own = Trainer(model=torch.nn.Linear(2, 2), args=args, callbacks=[SlurmDDPCallback()])
+without = Trainer(model=torch.nn.Linear(2, 2), args=args)
+json.dump({"name": __name__, "argv": sys.argv, "counts": [count(with_own), count(without)], "helper": helper.X},
+          open(os.path.join(sys.argv[1], "seen.json"), "w"))
+"""
+
+
+def test_python_m_slurm_ddp_transformers_runs_the_script_as_python_would(hf: Any, tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    (proj / "train.py").write_text(_RUNNER_SCRIPT)
+    (proj / "helper.py").write_text("X = 'mine'\n")
+    out = tmp_path / "out"
+    out.mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_DDP_RUN_DIR"}
+    r = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp.transformers", str(proj / "train.py"), str(out), "--lr", "5e-5"],
+        capture_output=True, text=True, timeout=300, cwd=tmp_path, env=env,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    seen = json.loads((out / "seen.json").read_text())
+    # one callback class (python -m runs this module as __main__ too): the script's own is the one kept
+    assert seen == {"name": "__main__", "argv": [str(proj / "train.py"), str(out), "--lr", "5e-5"],
+                    "counts": [1, 1], "helper": "mine"}  # fmt: skip
+    bad = subprocess.run([sys.executable, "-m", "slurm_ddp.transformers", "missing.py"], capture_output=True, text=True,
+                         timeout=300, cwd=tmp_path)  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.startswith("python -m slurm_ddp.transformers: error: can't open file")
+    assert len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
+def test_the_runners_script_is_the_commands_script_resolved_checked_and_snapshotted(tmp_path: Path) -> None:
+    from slurm_ddp.config import command_argv, command_module_index, command_script_index, config_from_dict
+    from slurm_ddp.snapshot import plan_snapshot, remap_config
+
+    (tmp_path / "train.py").write_text("print('hi')\n")
+    argv = ["python", "-m", "slurm_ddp.transformers", "train.py", "--save_steps", "50"]
+    assert command_script_index(argv) == 3 and command_module_index(argv) is None
+    assert command_script_index(["python", "-u", "-m", "slurm_ddp.transformers", "x.py"]) == 4
+    assert command_script_index(["python", "-m", "slurm_ddp.transformers", "-m", "pkg.train"]) is None
+    assert command_module_index(["python", "-m", "slurm_ddp.transformers", "-m", "pkg.train"]) == 2
+    cfg = config_from_dict(
+        {"name": "hf", "train": {"command": "python -m slurm_ddp.transformers train.py --save_steps 50"}},
+        base_dir=tmp_path,
+    )
+    assert cfg.train.command[3] == str(tmp_path / "train.py")  # relative to the job file's directory
+    assert command_argv(cfg.train.command, "/venv/bin/python")[:3] == [
+        "/venv/bin/python",
+        "-m",
+        "slurm_ddp.transformers",
+    ]
+    plan = plan_snapshot(cfg, str(tmp_path / "run"))
+    assert plan is not None and "train.py" in [f.rel for f in plan.files]
+    ranks = remap_config(cfg, plan)
+    assert ranks.train.command[:3] == ("python", "-m", "slurm_ddp.transformers")  # no slurm_ddp.runmodule before it
+    assert ranks.train.command[3] == plan.remap(str(tmp_path / "train.py")) != cfg.train.command[3]

@@ -169,3 +169,56 @@ def read_yaml_text(text: str, tmp_path: Path) -> Any:
     path = tmp_path / "dumped.yaml"
     path.write_text(text)
     return read_yaml(path)
+
+
+@pytest.mark.parametrize(
+    "extra, sets",
+    [({}, WORKER_SETS), ({"tracking": {"wandb": {"project": "mine"}}}, []), ({}, [])],
+    ids=["worker-keys", "wandb-project", "nothing-unused"],
+)
+def test_resubmitting_the_run_directorys_config_yaml_warns_as_the_job_did(
+    extra: Any, sets: List[str], tmp_path: Path, fake_sbatch: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # cancel's "continue later with: slurm-ddp submit RUN/config.yaml": that file holds every key, defaults too
+    job, run = _job(tmp_path, extra), tmp_path / "run"
+    set_args = [w for s in sets for w in ("--set", s)]
+    first, _ = _cli_lines(
+        ["submit", job, "--backend", "sbatch", "--no-check-task", "--run-dir", str(run), *set_args], capsys
+    )
+    assert len(first) == (0 if not extra and not sets else 1), first
+    written = run / "config.yaml"
+    again, _ = _cli_lines(
+        ["submit", str(written), "--backend", "sbatch", "--no-check-task", "--run-dir", str(run)], capsys
+    )
+    assert again == first
+    rendered, _ = _cli_lines(["render", str(written)], capsys)
+    assert rendered == first
+    cfg = load_config(written)
+    assert cfg.given_keys == load_config(job, sets).given_keys
+    # --set on top of it counts as given, as on the original file
+    more, _ = _cli_lines(["render", str(written), "--set", "train.amp=bf16"], capsys)
+    assert more == _cli_lines(["render", job, *set_args, "--set", "train.amp=bf16"], capsys)[0]
+    assert any("train.amp" in line for line in more), more
+    # a sweep of it: the swept train.args key is the script's, nothing new warned
+    swept, _ = _cli_lines(
+        ["render", str(written), "--sweep", "train.args.lr=1e-4,3e-4", "--run-dir", str(tmp_path / "s")], capsys
+    )
+    assert swept == first
+
+
+def test_an_edited_config_yaml_counts_every_key_it_holds_as_given(tmp_path: Path) -> None:
+    # the comment names the job's keys only for the mapping written with it: an edit (train.lr: 0.5 that
+    # the user expects to apply) is warned about with the rest of the file's keys
+    cfg = config_from_dict({**COMMAND_JOB}, base_dir=tmp_path)
+    text = dump_config(cfg)
+    assert (
+        text.startswith("# ")
+        and "# given keys (mapping " in text
+        and "): name, slurm.tasks_per_node, train.command\n" in text
+    )
+    path = tmp_path / "config.yaml"
+    path.write_text(text)
+    assert load_config(path).given_keys == cfg.given_keys and unused_settings(load_config(path)) == ()
+    path.write_text(text.replace("  lr: 0.001\n", "  lr: 0.5\n"))
+    edited = load_config(path)
+    assert "train.lr" in edited.given_keys and "train.lr" in unused_settings(edited)[0]
