@@ -516,7 +516,8 @@ def submit_limit(
     timeout_s: float = 10,
 ) -> SubmitLimit:
     """The smallest submit limit that applies to this user's job with ``account``/``qos``/
-    ``partition`` ("": the defaults), from slurmdbd (``sacctmgr show assoc``: ``MaxSubmitJobs``,
+    ``partition`` ("": the defaults: the user's ``DefaultAccount``, each association's default QOS,
+    else ``normal``), from slurmdbd (``sacctmgr show assoc``: ``MaxSubmitJobs``,
     ``GrpSubmitJobs`` of the user's associations; ``sacctmgr show qos``: ``MaxSubmitJobsPerUser``,
     ``GrpSubmitJobs`` of the QOS, else of each association's default QOS) and the user's queued
     jobs (``squeue --array -u USER``, every array task counted). Never raises: a cluster without
@@ -540,6 +541,9 @@ def submit_limit(
         return proc.stdout or "", ""
 
     base = ["sacctmgr", "--noheader", "--parsable2", "--readonly", "show"]
+    if not account:  # a job without --account runs under the user's default account (sacctmgr(1) DefaultAccount)
+        text, _ = ask([*base, "user", user, "format=DefaultAccount"])
+        account = (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
     text, why = ask(
         [*base, "assoc", "where", f"user={user}", "format=Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS"]
     )

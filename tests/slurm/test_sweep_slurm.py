@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import json
 import re
-import shlex
-import sys
 from pathlib import Path
 from typing import Dict, List
 
 import pytest
 from lib import require_module, wait_for
-from lib.slurm_jobs import cli
+from lib.slurm_jobs import cli, write_tiny_sweep
 
 from slurm_ddp.rundir import read_metrics, read_sweep_jobs
 
@@ -140,19 +138,7 @@ def test_a_sweep_past_max_array_size_is_one_sweep_of_chained_arrays(tmp_path: Pa
         "import pathlib, sys, time; v = sys.argv[1].split('=', 1)[1]; pathlib.Path('value.txt').write_text(v); "
         f"[time.sleep(0.2) for _ in iter(lambda: pathlib.Path({str(go)!r}).exists(), True)]"
     )
-    project = tmp_path / "proj"
-    project.mkdir()
-    job = project / "job.yaml"
-    job.write_text(
-        json.dumps(
-            {
-                "name": "tiny-sweep",
-                "slurm": {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00", "array_parallelism": 2},
-                "train": {"command": f"{sys.executable} -c {shlex.quote(script)}"},
-                "sweep": {"grid": {"train.args.v": [10, 11, 12, 13, 14, 15]}},
-            }
-        )
-    )
+    job = write_tiny_sweep(tmp_path / "proj", [10, 11, 12, 13, 14, 15], script)
     sweep_dir = tmp_path / "sweep"
     elems = [sweep_dir / f"{i:03d}" for i in range(6)]
 

@@ -285,6 +285,8 @@ def fake_accounting(assoc: str, qos: str = "normal|||\n", queued: int = 0, fail:
     def run(argv, **kw):
         if argv[0] == "sacctmgr" and fail:
             return subprocess.CompletedProcess(argv, 1, "", fail)
+        if argv[0] == "sacctmgr" and "user" in argv:
+            return subprocess.CompletedProcess(argv, 0, "proj\n", "")  # DefaultAccount
         if argv[0] == "sacctmgr":
             return subprocess.CompletedProcess(argv, 0, assoc if "assoc" in argv else qos, "")
         assert argv[0] == "squeue" and "--array" in argv and "--user=alice" in argv
@@ -306,6 +308,8 @@ def test_submit_limit_from_slurmdbd_refuses_a_sweep_that_exceeds_it(tmp_path):
     # the account's association, not another one's; the QOS asked for
     assert submit_limit(account="other", qos="long", run=run, user="alice").limit == 5
     assert submit_limit(account="proj", qos="long", run=run, user="alice").limit == 10
+    assert submit_limit(qos="long", run=run, user="alice").limit == 10  # the default account: proj's 100, not other's 5
+    assert submit_limit(run=fake_accounting("proj||100||\nother||5||\n", qos=""), user="alice").limit == 100
     none = submit_limit(run=fake_accounting("", fail="sacctmgr: error: Problem talking to the database"), user="alice")
     assert none.limit is None and "Problem talking to the database" in none.describe(6)
     assert "unchecked" in none.describe(6)
