@@ -446,6 +446,7 @@ def test_a_sweep_of_two_arrays_is_one_sweep_for_status_and_cancel(tmp_path):
         (5, "501_1", "PENDING"),
     ]
     assert st.progress() == {"done": 0, "running": 2, "pending": 3, "failed": 1}  # 0: COMPLETED, no FINISHED marker
+    assert "array jobs: 500, 501; 6 elements" in format_sweep_status(st, None, sort=False)
     calls.clear()
     msg = cancel_sweep(sweep, run)
     assert calls[-1] == ["scancel", "501_1", "501_0", "500_3", "500_2", "500_1"], calls
