@@ -376,7 +376,8 @@ class ArrayJob:
     """A sweep's job array (``slurm_ddp.sweep``): ``render`` then writes one script for all elements.
 
     ``run_dir`` is the sweep directory; element ``i`` runs in ``run_dir/<i zero-padded to width>``
-    (``rundir.element_dir_name``), found by ``SLURM_ARRAY_TASK_ID``, and requeues itself alone
+    (``rundir.element_dir_name``), found by ``SLURM_ARRAY_TASK_ID`` plus the array's offset (the script's
+    first argument, default 0), and requeues itself alone
     (``scontrol requeue ARRAYJOBID_TASKID``, ``rundir.requeue_target``).
     """
 
@@ -384,6 +385,9 @@ class ArrayJob:
     width: int  #: digits of an element directory's name
     sweep_hash: str  #: shown in the header instead of one config's hash
     elements: Tuple[Tuple[int, str], ...] = ()  #: (index, label), listed in the header
+    #: (offset, ``--array`` value) of each array of a sweep past ``MaxArraySize`` (``sweep.plan_arrays``),
+    #: listed in the header; task t of the array at offset o runs element o + t (the script's argument: o)
+    arrays: Tuple[Tuple[int, str], ...] = ()
 
 
 @dataclass(frozen=True)

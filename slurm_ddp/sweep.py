@@ -1,7 +1,9 @@
-"""Sweeps: one job config expanded into N complete, validated configs, run as one Slurm job array.
+"""Sweeps: one job config expanded into N complete, validated configs, run as one Slurm job array
+(or, past the cluster's ``MaxArraySize``, as several arrays with an element offset: :func:`plan_arrays`).
 
 Pure apart from reading the YAML file (and, at submit, asking ``scontrol show config`` for
-``MaxArraySize`` through an injectable runner). Imports no torch.
+``MaxArraySize`` and slurmdbd for the submit limits, :func:`submit_limit`, through an injectable
+runner). Imports no torch.
 
 A sweep is described by a ``sweep:`` section of the job YAML and/or ``--sweep KEY=V1,V2,...``
 flags, over dotted config keys (``train.lr``, ``train.args.width``, ``checkpoint.every_steps``)::
@@ -422,18 +424,199 @@ def max_array_size(run: Optional[Runner] = None, timeout_s: float = 10) -> Optio
     return int(m.group(1)) if m else None
 
 
-def check_array_size(task_ids: Sequence[int], elements: int, run: Optional[Runner] = None) -> None:
-    """Raise ``UserError`` when a task id of the job array this submit sends (``task_ids``: the
-    plan's ``array_task_ids()``, of ``elements`` in the sweep) is not below the cluster's
-    ``MaxArraySize`` (Slurm: "the maximum job array task index value will be one less than
-    MaxArraySize"); nothing when it cannot be asked or there is nothing to submit."""
-    if not task_ids:
-        return
-    limit = max_array_size(run)
-    top = max(task_ids)
-    if limit is not None and top >= limit:
+@dataclass(frozen=True)
+class ArrayChunk:
+    """One ``sbatch --array`` of a sweep submit (:func:`plan_arrays`).
+
+    Its task ``k`` runs sweep element ``offset + k``: Slurm caps the array *index* at
+    ``MaxArraySize - 1`` (slurm.conf(5) MaxArraySize; sbatch(1) ``--array``), so a sweep with
+    more elements goes out as several arrays whose task ids restart at 0 and whose elements
+    continue at ``offset``. The batch script adds ``offset`` (its first argument) to
+    ``SLURM_ARRAY_TASK_ID`` to find its element's run directory.
+    """
+
+    offset: int  #: element index of task id 0
+    elements: Tuple[int, ...]  #: the element indices this array runs, ascending
+
+    @property
+    def task_ids(self) -> Tuple[int, ...]:
+        """``SLURM_ARRAY_TASK_ID`` of each element of ``elements``: ``element - offset``."""
+        return tuple(e - self.offset for e in self.elements)
+
+    def spec(self, parallelism: Optional[int]) -> str:
+        """sbatch ``--array`` value of this array (:func:`array_spec` of its task ids, ``%parallelism``)."""
+        return array_spec(self.task_ids, parallelism)
+
+
+def plan_arrays(todo: Sequence[int], max_array_size: Optional[int]) -> Tuple[ArrayChunk, ...]:
+    """The job arrays that submit ``todo`` (element indices) on a cluster whose ``MaxArraySize``
+    is ``max_array_size`` (task ids ``0..max_array_size-1``; None: not known, one array).
+
+    When every index is below the limit: ONE array, offset 0 (task id = element index, as
+    ``--array=1,3%2`` on a re-submit). Otherwise arrays in element order, each starting at its
+    first element (its offset) and holding the following elements whose ``element - offset`` is
+    below the limit; so no array has more than ``max_array_size`` tasks. Empty for no ``todo``.
+    Raises ``ValueError`` for a limit below 1.
+    """
+    idx = sorted(set(int(i) for i in todo))
+    if not idx:
+        return ()
+    if max_array_size is not None and max_array_size < 1:
+        raise ValueError(f"max_array_size must be >= 1, got {max_array_size}")
+    if max_array_size is None or idx[-1] < max_array_size:
+        return (ArrayChunk(offset=0, elements=tuple(idx)),)
+    chunks: List[ArrayChunk] = []
+    offset = idx[0]
+    current: List[int] = []
+    for e in idx:
+        if e - offset >= max_array_size:
+            chunks.append(ArrayChunk(offset=offset, elements=tuple(current)))
+            offset, current = e, []
+        current.append(e)
+    chunks.append(ArrayChunk(offset=offset, elements=tuple(current)))
+    return tuple(chunks)
+
+
+def chained(chunks: Sequence[ArrayChunk], parallelism: Optional[int]) -> bool:
+    """True when the arrays of one submit run one after another (array ``j+1`` submitted with
+    ``--dependency=afterany:<array j>``), which is how the sweep's one ``array_parallelism``
+    holds across them: each array's ``%P`` caps its own running tasks (sbatch(1) ``--array``),
+    and only one array runs at a time. Not needed for one array, without a throttle, or when
+    the throttle is at least the number of elements submitted (it can never be exceeded)."""
+    total = sum(len(c.elements) for c in chunks)
+    return len(chunks) > 1 and parallelism is not None and parallelism < total
+
+
+@dataclass(frozen=True)
+class SubmitLimit:
+    """What the user may have queued at once (``MaxSubmitJobs``-type limits), as far as Slurm says.
+
+    ``limit`` None: not known (``why`` says why: no accounting, sacctmgr missing, no limit set).
+    Each array task counts as one job (Slurm's job_array.html: "each task ... counted as a job").
+    """
+
+    limit: Optional[int]
+    source: str  #: ``association acct/alice MaxSubmitJobs``, ``QOS normal MaxSubmitJobsPerUser``
+    why: str = ""  #: why ``limit`` is None
+    queued: Optional[int] = None  #: the user's jobs (array tasks counted) now pending or running
+
+    def describe(self, tasks: int) -> str:
+        """One line for ``submit --dry-run``: the limit and whether ``tasks`` new jobs fit."""
+        if self.limit is None:
+            return f"submit limit (MaxSubmitJobs): unchecked ({self.why})"
+        queued = f", {self.queued} of yours queued now" if self.queued is not None else ""
+        return f"submit limit: {self.limit} jobs ({self.source}){queued}; this submit adds {tasks}"
+
+
+def _user() -> str:
+    import getpass
+
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return ""
+
+
+def _limit_value(text: str) -> Optional[int]:
+    text = text.strip()
+    return int(text) if text.isdigit() else None
+
+
+def submit_limit(
+    account: str = "",
+    qos: str = "",
+    partition: str = "",
+    run: Optional[Runner] = None,
+    user: Optional[str] = None,
+    timeout_s: float = 10,
+) -> SubmitLimit:
+    """The smallest submit limit that applies to this user's job with ``account``/``qos``/
+    ``partition`` ("": the defaults: the user's ``DefaultAccount``, each association's default QOS,
+    else ``normal``), from slurmdbd (``sacctmgr show assoc``: ``MaxSubmitJobs``,
+    ``GrpSubmitJobs`` of the user's associations; ``sacctmgr show qos``: ``MaxSubmitJobsPerUser``,
+    ``GrpSubmitJobs`` of the QOS, else of each association's default QOS) and the user's queued
+    jobs (``squeue --array -u USER``, every array task counted). Never raises: a cluster without
+    accounting (sacctmgr fails) gives ``limit`` None with the reason (sacctmgr(1), squeue(1))."""
+    runner: Runner = run if run is not None else subprocess.run
+    user = _user() if user is None else user
+    if not user:
+        return SubmitLimit(None, "", "the user name is not known")
+
+    def ask(argv: List[str]) -> Tuple[Optional[str], str]:
+        try:
+            proc = runner(argv, capture_output=True, text=True, timeout=timeout_s)
+        except FileNotFoundError:
+            return None, f"{argv[0]} is not on PATH"
+        except (OSError, subprocess.TimeoutExpired) as e:
+            return None, f"{argv[0]}: {e}"
+        if proc.returncode != 0:
+            lines = (proc.stderr or proc.stdout or "").strip().splitlines()
+            last = lines[-1] if lines else f"exit {proc.returncode}"
+            return None, last if last.startswith(f"{argv[0]}:") else f"{argv[0]}: {last}"
+        return proc.stdout or "", ""
+
+    base = ["sacctmgr", "--noheader", "--parsable2", "--readonly", "show"]
+    if not account:  # a job without --account runs under the user's default account (sacctmgr(1) DefaultAccount)
+        text, _ = ask([*base, "user", user, "format=DefaultAccount"])
+        account = (text or "").strip().splitlines()[0].strip() if (text or "").strip() else ""
+    text, why = ask(
+        [*base, "assoc", "where", f"user={user}", "format=Account,Partition,MaxSubmit,GrpSubmit,DefaultQOS"]
+    )
+    if text is None:
+        return SubmitLimit(None, "", why)
+    best: Optional[Tuple[int, str]] = None
+
+    def consider(value: Optional[int], source: str) -> None:
+        nonlocal best
+        if value is not None and (best is None or value < best[0]):
+            best = (value, source)
+
+    default_qos: List[str] = []
+    rows = [line.split("|") for line in text.splitlines() if line.strip()]
+    for row in rows:
+        if len(row) < 5:
+            continue
+        acct, part, max_submit, grp_submit, def_qos = (c.strip() for c in row[:5])
+        if account and acct != account:
+            continue
+        if part and partition and part != partition:
+            continue
+        consider(_limit_value(max_submit), f"association {acct}/{user} MaxSubmitJobs")
+        consider(_limit_value(grp_submit), f"association {acct}/{user} GrpSubmitJobs")
+        if def_qos and def_qos not in default_qos:
+            default_qos.append(def_qos)
+    if not rows:
+        return SubmitLimit(None, "", f"sacctmgr lists no association of user {user}")
+    wanted = [qos] if qos else (default_qos or ["normal"])
+    text, why = ask([*base, "qos", "format=Name,MaxSubmitPU,GrpSubmit"])
+    for line in (text or "").splitlines():
+        row = [c.strip() for c in line.split("|")]
+        if len(row) >= 3 and row[0] in wanted:
+            consider(_limit_value(row[1]), f"QOS {row[0]} MaxSubmitJobsPerUser")
+            consider(_limit_value(row[2]), f"QOS {row[0]} GrpSubmitJobs")
+    if best is None:
+        return SubmitLimit(None, "", "no MaxSubmitJobs/GrpSubmitJobs set for you in slurmdbd")
+    queued_text, _ = ask(["squeue", "--noheader", "--array", f"--user={user}", "--format=%i"])
+    queued = None if queued_text is None else sum(1 for line in queued_text.splitlines() if line.strip())
+    return SubmitLimit(best[0], best[1], queued=queued)
+
+
+def check_submit_limit(limit: SubmitLimit, tasks: int, elements: int) -> Optional[str]:
+    """Raise ``UserError`` when ``tasks`` new jobs (array tasks) exceed ``limit`` by themselves
+    (Slurm would refuse an array past it); the warning line when they fit alone but not beside the
+    user's jobs already queued (which may count toward another association: not certain), else None."""
+    if limit.limit is None or tasks <= 0:
+        return None
+    if tasks > limit.limit:
         raise UserError(
-            f"this submit's job array has {len(task_ids)} task(s) of the sweep's {elements} elements, task ids up "
-            f"to {top}, but this cluster's MaxArraySize is {limit} (array task ids 0..{limit - 1}); "
-            "sweep fewer values or split it into several sweeps"
+            f"this submit sends {tasks} array task(s) of the sweep's {elements} elements, but you may have at "
+            f"most {limit.limit} jobs queued ({limit.source}; each array task counts); sweep fewer values, "
+            "or submit the sweep again for the rest once these have finished (finished elements are skipped)"
         )
+    if limit.queued is not None and tasks + limit.queued > limit.limit:
+        return (
+            f"this submit adds {tasks} array task(s) to the {limit.queued} job(s) you have queued, over the "
+            f"{limit.limit} of {limit.source}: Slurm may refuse an array (then the arrays of this submit "
+            "already accepted are cancelled and nothing runs)"
+        )
+    return None

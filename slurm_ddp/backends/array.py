@@ -3,7 +3,10 @@
 ``plan_sweep()`` is pure apart from reading an existing sweep directory (what would be
 submitted; ``describe()`` is ``submit --dry-run``'s text). ``schedule_sbatch`` writes the
 sweep directory and submits **one** ``sbatch --array`` of the elements that have not
-finished (``submitit_sweep.schedule_submitit``: one submitit job array); ``schedule_local`` runs those elements one after another on this machine through
+finished, or, past the cluster's ``MaxArraySize``, one per array of ``sweep.plan_arrays``
+(task t of the array at offset o runs element o + t; with ``slurm.array_parallelism`` each
+later array waits for the one before: ``sweep.chained``), all or none
+(``submitit_sweep.schedule_submitit``: submitit job arrays the same way); ``schedule_local`` runs those elements one after another on this machine through
 the local backend. The plan (``SweepPlan``) and the sweep directory's writing (``prepare_sweep_dir``) are
 ``sweep_plan``'s; the directory layout's names are ``slurm_ddp.rundir``'s.
 """
@@ -23,6 +26,7 @@ from ..render import ArrayJob, RenderedJob, job_warnings, render
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CONFIG_NAME,
+    array_link_dir,
     array_task_id,
     element_dir_name,
     element_width,
@@ -35,7 +39,7 @@ from ..rundir import (
 )
 from ..secrets import check_pass_env
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
-from ..sweep import Sweep, array_spec
+from ..sweep import ArrayChunk, Sweep, array_spec, plan_arrays
 from ..tracking import check_installed
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
 from .submitit_sweep import SubmititSweepPlan
@@ -50,16 +54,19 @@ def render_sweep(
     command: Optional[Sequence[str]] = None,
     python: Optional[str] = None,
     snapshot: Optional[SnapshotPlan] = None,
+    arrays: Sequence[ArrayChunk] = (),
 ) -> RenderedJob:
-    """The array script of ``sweep`` writing into ``sweep_dir`` (``--array`` of ``indices``, default all);
+    """The array script of ``sweep`` writing into ``sweep_dir`` (``--array`` of ``indices``, default all;
+    with several ``arrays`` (``sweep.plan_arrays``) the first one's, and the header lists them all);
     with ``snapshot``, train.command's script and train.workdir point into it (``remap_config``)."""
     n = len(sweep.elements)
     idx = list(range(n)) if indices is None else list(indices)
     job = ArrayJob(
-        spec=array_spec(idx, sweep.parallelism),
+        spec=arrays[0].spec(sweep.parallelism) if len(arrays) > 1 else array_spec(idx, sweep.parallelism),
         width=element_width(n),
         sweep_hash=sweep.sweep_hash(),
         elements=tuple((e.index, e.label) for e in sweep.elements),
+        arrays=tuple((a.offset, a.spec(sweep.parallelism)) for a in arrays) if len(arrays) > 1 else (),
     )
     cfg = remap_config(sweep.base_cfg, snapshot)
     rendered = render(cfg, sweep_dir, command=command, python=python, array=job)
@@ -72,7 +79,12 @@ def render_sweep(
 
 
 def plan_sweep_script(
-    sweep: Sweep, sweep_dir: str, *, command: Optional[Sequence[str]] = None, python: Optional[str] = None
+    sweep: Sweep,
+    sweep_dir: str,
+    *,
+    command: Optional[Sequence[str]] = None,
+    python: Optional[str] = None,
+    arrays: Sequence[ArrayChunk] = (),
 ) -> Tuple[Optional[SnapshotPlan], RenderedJob]:
     """The sweep's code snapshot for ``sweep_dir`` and the array script ``submit`` would write, its code
     paths in that snapshot: what ``render --sweep`` prints and ``plan_sweep`` writes. Reads the
@@ -80,7 +92,7 @@ def plan_sweep_script(
     cannot be snapshotted."""
     sweep_dir = os.path.abspath(sweep_dir)
     snap = plan_snapshot(sweep.base_cfg, sweep_dir)
-    return snap, render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap)
+    return snap, render_sweep(sweep, sweep_dir, command=command, python=python, snapshot=snap, arrays=arrays)
 
 
 def default_sweep_dir(sweep: Sweep) -> str:
@@ -133,8 +145,13 @@ def plan_sweep(
     python: Optional[str] = None,
     accept_new_code: bool = False,
     dependency: str = "",
+    max_array_size: Optional[int] = None,
 ) -> SweepPlan:
     """The dry-run object of a sweep for ``backend`` (``sbatch``, ``submitit`` or ``local``).
+
+    ``max_array_size``: the cluster's ``MaxArraySize`` (``sweep.max_array_size``; None: not known):
+    past it the unfinished elements go out as several job arrays (``sweep.plan_arrays``; for
+    submitit, ``submitit_sweep.task_arrays``).
 
     The sweep takes one code snapshot (``slurm_ddp.snapshot``, of the base config's code) stored
     once in the sweep directory; every element's ranks run from it. Raises ``UserError`` for
@@ -148,7 +165,8 @@ def plan_sweep(
     check_installed(sweep.base_cfg)  # tracking's packages (one tracking section for all elements)
     sweep_dir = os.path.abspath(sweep_dir or default_sweep_dir(sweep))
     resuming, todo = _check_sweep_dir(sweep, sweep_dir)
-    snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python)
+    arrays = plan_arrays(todo, max_array_size) if backend == "sbatch" else ()
+    snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python, arrays=arrays)
     env = {k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()}
     secret = secret_warnings(env, snap) + (snap.notes if snap is not None else ())
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
@@ -156,7 +174,7 @@ def plan_sweep(
     argv: Tuple[str, ...] = (
         "sbatch",
         "--parsable",
-        f"--array={spec}",
+        f"--array={arrays[0].spec(sweep.parallelism) if arrays else spec}",
         *((f"--dependency={dependency}",) if dependency else ()),
         *rendered.sbatch_args,
         os.path.join(sweep_dir, ARRAY_SCRIPT_NAME),
@@ -177,7 +195,7 @@ def plan_sweep(
                 "writes its own. A script that reads one should give its absolute path"
             )
     plan_type = SubmititSweepPlan if backend == "submitit" else SweepPlan
-    return plan_type(
+    plan = plan_type(
         sweep=sweep,
         backend=backend,
         sweep_dir=sweep_dir,
@@ -191,29 +209,77 @@ def plan_sweep(
         submit_argv=tuple(command) if command is not None else tuple(sys.argv),
         linked=linked,
         not_linked=not_linked,
+        arrays=arrays,
+        dependency=dependency,
+        max_array_size=max_array_size,
     )
+    if arrays and arrays[0].offset:  # a re-submit whose first unfinished element is past MaxArraySize
+        plan = dataclasses.replace(plan, command=plan.offset_argv(0))
+    return plan
+
+
+def _make_array_links(plan: SweepPlan, chunk: ArrayChunk) -> None:
+    """``SWEEP_DIR/.arrays/OFFSET/TASKID`` → ``../../ELEMENT`` for each task of an array at an offset
+    (``rundir.ARRAY_LINKS_DIR``): its ``--output`` goes through them into each element's ``logs/``."""
+    d = array_link_dir(plan.sweep_dir, chunk.offset)
+    d.mkdir(parents=True, exist_ok=True)
+    n = len(plan.sweep.elements)
+    width = element_width(n)
+    for task, element in zip(chunk.task_ids, chunk.elements):
+        link = d / f"{task:0{width}d}"
+        target = os.path.join("..", "..", element_dir_name(element, n))
+        if os.path.lexists(link) and os.readlink(link) != target:
+            link.unlink()
+        if not os.path.lexists(link):
+            os.symlink(target, link)
 
 
 def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run) -> str:
-    """Write the sweep directory and submit one ``sbatch --array`` of the unfinished elements;
-    returns the array job id. Each element's ``jobs.jsonl`` records ``ARRAYJOBID_TASKID``.
+    """Write the sweep directory and submit the unfinished elements: one ``sbatch --array`` per array
+    of ``plan.arrays`` (one unless the sweep is past ``MaxArraySize``), in order, each later one with
+    ``--dependency=afterany:<the one before>`` when the arrays are chained (``sweep.chained``: one
+    ``array_parallelism`` across them). Returns the first array's job id. Each element's ``jobs.jsonl``
+    records ``ARRAYJOBID_TASKID`` and ``sweep-jobs.jsonl`` one line per array (its job id, ``--array``
+    value and ``offset``: task t of it is element ``offset + t``).
 
-    Raises ``ClusterError`` when sbatch is missing or refuses the job.
+    All or none: when sbatch refuses an array, the arrays of this submit it had accepted are cancelled
+    (``scancel``, later ones first) before this raises (their records stay: they name cancelled jobs).
+    Raises ``ClusterError`` when sbatch is
+    missing or refuses a job array.
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
     prepare_sweep_dir(plan)
-    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.sweep_dir)
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout or "").strip().splitlines()
-        raise ClusterError(f"sbatch refused the job array (exit {proc.returncode}): {msg[-1] if msg else 'no message'}")
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id:
-        raise ClusterError(f"sbatch printed no job id: {proc.stdout!r}")
-    record_sweep_job(plan.sweep_dir, backend="sbatch", job_id=job_id, array=plan.command[2].split("=", 1)[1])
-    for i in plan.todo:
-        record_job(plan.element_dir(i), backend="sbatch", job_id=array_task_id(job_id, i), array_job_id=job_id)
-    return job_id
+    arrays = plan.arrays or (ArrayChunk(offset=0, elements=plan.todo),)
+    submitted: List[str] = []
+    for j, chunk in enumerate(arrays):
+        if chunk.offset:
+            _make_array_links(plan, chunk)
+        argv = plan.array_argv(j, submitted[-1] if submitted else "")
+        proc = run(list(argv), capture_output=True, text=True, cwd=plan.sweep_dir)
+        job_id = (proc.stdout or "").strip().split(";")[0] if proc.returncode == 0 else ""
+        if not job_id:
+            msg = (proc.stderr or proc.stdout or "").strip().splitlines()
+            why = (
+                f"sbatch refused the job array (exit {proc.returncode}): {msg[-1] if msg else 'no message'}"
+                if proc.returncode != 0
+                else f"sbatch printed no job id: {proc.stdout!r}"
+            )
+            if submitted:  # later arrays first: an earlier one's end would release a later one's dependency
+                undo = run(["scancel", *reversed(submitted)], capture_output=True, text=True)
+                gone = "cancelled" if undo.returncode == 0 else f"NOT cancelled (scancel exit {undo.returncode})"
+                why += (
+                    f" (array {j + 1} of {len(arrays)}, elements {chunk.elements[0]}..{chunk.elements[-1]}); "
+                    f"the {len(submitted)} array(s) of this submit it had accepted ({', '.join(submitted)}) were {gone}"
+                )
+            raise ClusterError(why)
+        submitted.append(job_id)
+        # recorded at once: an interrupted submit leaves the arrays it made visible to status and cancel
+        spec = next(a for a in argv if a.startswith("--array=")).split("=", 1)[1]
+        record_sweep_job(plan.sweep_dir, backend="sbatch", job_id=job_id, array=spec, offset=chunk.offset)
+        for task, i in zip(chunk.task_ids, chunk.elements):
+            record_job(plan.element_dir(i), backend="sbatch", job_id=array_task_id(job_id, task), array_job_id=job_id)
+    return submitted[0]
 
 
 def schedule_local(

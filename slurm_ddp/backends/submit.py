@@ -414,17 +414,35 @@ def submit_sweep(
     after: Sequence[str] = (),
     detach: Optional[Dict[str, Any]] = None,
 ) -> Submitted:
-    """:func:`submit` of a sweep: one sweep directory, one ``sbatch --array`` (or the local backend,
-    element by element) of the elements that have not finished."""
-    from ..sweep import check_array_size
+    """:func:`submit` of a sweep: one sweep directory, one ``sbatch --array`` (several past the
+    cluster's ``MaxArraySize``; or the local backend, element by element) of the elements that have
+    not finished. Refused (``UserError``) when they exceed the user's submit limit by themselves
+    (``sweep.submit_limit``)."""
+    import dataclasses
+
+    from ..sweep import check_submit_limit, max_array_size, submit_limit
     from .array import plan_sweep, schedule_sbatch
 
     if test_only:
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
     deps = _dependencies(after, backend, report)
-    plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
-    if backend in ("sbatch", "submitit"):
-        check_array_size(plan.array_task_ids(), len(sweep.elements))
+    on_slurm = backend in ("sbatch", "submitit")
+    plan = plan_sweep(
+        sweep,
+        backend,
+        run_dir,
+        command=command,
+        accept_new_code=accept_new_code,
+        dependency=deps.slurm,
+        max_array_size=max_array_size() if on_slurm else None,
+    )
+    if on_slurm and plan.todo:
+        s = sweep.base_cfg.slurm
+        limit = submit_limit(account=s.account or "", qos=s.qos or "", partition=s.partition or "")
+        note = check_submit_limit(limit, len(plan.todo), len(sweep.elements))
+        plan = dataclasses.replace(plan, limit_line=limit.describe(len(plan.todo)))
+        if note:
+            report.warn(note)
     # a dry run checks what submit checks. A resumed sweep with elements still pending or running is refused
     # on every backend: a sweep run locally into the directories of a running array, too
     if plan.resuming and plan.todo:
@@ -454,20 +472,34 @@ def submit_sweep(
         report.warn(w)
     n = len(sweep.elements)
     if backend == "sbatch":
-        from ..sweep import array_spec
+        from ..sweep import array_spec, chained
 
         job_id = schedule_sbatch(plan)
-        report.out(
-            f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
-            f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
-        )
+        if len(plan.arrays) > 1:
+            from ..rundir import read_sweep_jobs
+
+            ids = [str(j.get("job_id")) for j in read_sweep_jobs(plan.sweep_dir)[-len(plan.arrays) :]]
+            shown = ", ".join(ids[:5]) + (", ..." if len(ids) > 5 else "")
+            report.out(
+                f"submitted {len(ids)} job arrays {shown} (MaxArraySize {plan.max_array_size}; "
+                + ("one after another, " if chained(plan.arrays, sweep.parallelism) else "")
+                + f"--array={plan.arrays[0].spec(sweep.parallelism)} first): {len(plan.todo)} of {n} elements; "
+                f"sweep directory {plan.sweep_dir}\n"
+            )
+        else:
+            report.out(
+                f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
+                f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
+            )
         return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)
     if backend == "submitit":
-        from .submitit_sweep import array_flag, schedule_submitit
+        from .submitit_sweep import array_flag, schedule_submitit, task_arrays
 
         job_id = schedule_submitit(plan)
+        arrays = len(task_arrays(plan))
         report.out(
-            f"submitted job array {job_id} through submitit ({array_flag(plan)}): "
+            (f"submitted {arrays} job arrays, the first {job_id}," if arrays > 1 else f"submitted job array {job_id}")
+            + f" through submitit ({array_flag(plan)}{' first' if arrays > 1 else ''}): "
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
         )
         return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)

@@ -2,7 +2,12 @@
 
 The unfinished elements (``SweepPlan.todo``) are submitted inside one ``SlurmExecutor.batch()``,
 which submitit turns into **one** ``sbatch`` with ``--array=0-(K-1)%P`` (K = elements to run,
-P = ``slurm.array_parallelism``, else K: no throttle). submitit's task ``k`` runs element
+P = ``slurm.array_parallelism``, else K: no throttle). submitit (1.5) itself writes one array
+of however many tasks, which sbatch refuses past ``MaxArraySize``; so past it ``todo`` goes out
+in slices of at most ``MaxArraySize`` (:func:`task_arrays`), one ``batch()`` each, and with a
+throttle each later array waits for the one before (``--dependency=afterany:``, as the sbatch
+backend's: ``sweep.chained``), so ``array_parallelism`` holds across them. Task ``k`` of a
+slice runs the slice's ``k``-th element; below, ``todo`` is the slice's. submitit's task ``k`` runs element
 ``todo[k]``: each task unpickles its own callable (``SubmititWorker``/``SubmititCommand`` of
 that element's run directory), and the batch script's setup finds the same element's run
 directory for the launch wrapper from ``SLURM_ARRAY_TASK_ID`` (``element_dirs_setup``). A
@@ -20,14 +25,16 @@ submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``;
 from __future__ import annotations
 
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import UserError
+from ..errors import ClusterError, UserError
 from ..rundir import SUBMITIT_DIR, element_dir_name, private_dir, record_job, record_sweep_job
 from ..secrets import redact_text, secret_values
 from ..snapshot import remap_config
+from ..sweep import ArrayChunk, chained
 from .submitit_backend import check_config, config_parameters, make_callable, new_executor, submitting, task_launcher
 from .sweep_plan import SweepPlan, prepare_sweep_dir
 
@@ -35,20 +42,39 @@ from .sweep_plan import SweepPlan, prepare_sweep_dir
 RUN_DIR_SHELL_VAR = "SLURM_DDP_ELEMENT_DIR"
 
 
-def throttle(plan: SweepPlan) -> int:
-    """submitit's ``array_parallelism``: ``slurm.array_parallelism``, else every task at once."""
-    return plan.sweep.parallelism or max(1, len(plan.todo))
+def task_arrays(plan: SweepPlan) -> Tuple[Tuple[int, ...], ...]:
+    """The element indices of each submitit job array of ``plan``: ``todo`` in slices of at most
+    ``MaxArraySize`` (``plan.max_array_size``; not known: one array); task ``k`` of a slice runs
+    its ``k``-th element."""
+    todo, m = tuple(plan.todo), plan.max_array_size
+    if not todo:
+        return ()
+    if not m or len(todo) <= m:
+        return (todo,)
+    return tuple(todo[i : i + m] for i in range(0, len(todo), m))
+
+
+def _chained(plan: SweepPlan) -> bool:
+    """Whether the arrays of ``task_arrays`` run one after another (``sweep.chained``)."""
+    return chained([ArrayChunk(offset=0, elements=a) for a in task_arrays(plan)], plan.sweep.parallelism)
+
+
+def throttle(plan: SweepPlan, elements: Optional[Sequence[int]] = None) -> int:
+    """submitit's ``array_parallelism``: ``slurm.array_parallelism``, else every task at once
+    (of ``elements``, one array's; default ``todo``)."""
+    return plan.sweep.parallelism or max(1, len(plan.todo if elements is None else elements))
 
 
 def array_flag(plan: SweepPlan) -> str:
-    """The ``--array`` submitit writes for ``plan`` (``0-(K-1)%P``, as ``submitit.slurm._make_sbatch_string``)."""
-    k = len(plan.todo)
-    return f"--array=0-{k - 1}%{min(k, throttle(plan))}"
+    """The ``--array`` submitit writes for ``plan``'s first array (``0-(K-1)%P``, as ``submitit.slurm._make_sbatch_string``)."""
+    first = task_arrays(plan)[0] if plan.todo else ()
+    k = len(first)
+    return f"--array=0-{k - 1}%{min(k, throttle(plan, first))}"
 
 
 def task_elements(plan: SweepPlan) -> List[Tuple[int, int]]:
-    """``(submitit task index, element index)`` of each task: task ``k`` runs ``todo[k]``."""
-    return list(enumerate(plan.todo))
+    """``(submitit task index, element index)`` of each task: task ``k`` of an array runs its ``k``-th element."""
+    return [(k, i) for elements in task_arrays(plan) for k, i in enumerate(elements)]
 
 
 def element_dirs_setup(sweep_dir: str, todo: Sequence[int], count: int) -> List[str]:
@@ -61,13 +87,17 @@ def element_dirs_setup(sweep_dir: str, todo: Sequence[int], count: int) -> List[
     ]
 
 
-def sweep_parameters(plan: SweepPlan) -> Dict[str, Any]:
-    """``update_parameters`` arguments of the sweep's executor: the base config's (``executor_parameters``),
-    the element directory lookup first in ``setup``, and ``array_parallelism``."""
+def sweep_parameters(plan: SweepPlan, elements: Optional[Sequence[int]] = None, dependency: str = "") -> Dict[str, Any]:
+    """``update_parameters`` arguments of the executor of one array (``elements``, default ``todo``):
+    the base config's (``executor_parameters``), the element directory lookup first in ``setup``,
+    ``array_parallelism``, and ``dependency`` (sbatch's ``--dependency``) when given."""
+    elements = plan.todo if elements is None else tuple(elements)
     params = config_parameters(plan.sweep.base_cfg)
-    lookup = element_dirs_setup(plan.sweep_dir, plan.todo, len(plan.sweep.elements))
+    lookup = element_dirs_setup(plan.sweep_dir, elements, len(plan.sweep.elements))
     params["setup"] = [*lookup, *params["setup"]]
-    params["array_parallelism"] = throttle(plan)
+    params["array_parallelism"] = throttle(plan, elements)
+    if dependency:
+        params["additional_parameters"] = {**params["additional_parameters"], "dependency": dependency}
     return params
 
 
@@ -77,16 +107,20 @@ def launcher(plan: SweepPlan) -> str:
     return task_launcher(plan.sweep.base_cfg, f'"${RUN_DIR_SHELL_VAR}"')
 
 
-def make_executor(plan: SweepPlan, dry_run: bool = False) -> Any:
-    """The ``submitit.SlurmExecutor`` of the sweep (folder ``SWEEP_DIR/submitit/%j``). Raises
-    ``ClusterError`` where sbatch or srun is missing, unless ``dry_run`` (``new_executor``)."""
+def make_executor(
+    plan: SweepPlan, dry_run: bool = False, elements: Optional[Sequence[int]] = None, dependency: str = ""
+) -> Any:
+    """The ``submitit.SlurmExecutor`` of one array of the sweep (``elements``, default ``todo``;
+    folder ``SWEEP_DIR/submitit/%j``). Raises ``ClusterError`` where sbatch or srun is missing,
+    unless ``dry_run`` (``new_executor``)."""
     try:
         import submitit
     except ImportError:
         raise UserError("--backend submitit needs submitit: pip install 'slurm-ddp[submitit]'") from None
     check_config(plan.sweep.base_cfg)
+    elements = plan.todo if elements is None else tuple(elements)
     cls = submitit.SlurmExecutor
-    if len(plan.todo) == 1:
+    if len(elements) == 1:
         cls = _one_task_array_executor(submitit.SlurmExecutor)
     executor = new_executor(
         cls,
@@ -95,8 +129,8 @@ def make_executor(plan: SweepPlan, dry_run: bool = False) -> Any:
         max_num_timeout=plan.sweep.base_cfg.requeue.max_requeues,
         python=launcher(plan),
     )
-    executor.update_parameters(**sweep_parameters(plan))
-    if len(plan.todo) == 1:
+    executor.update_parameters(**sweep_parameters(plan, elements, dependency))
+    if len(elements) == 1:
         executor.parameters["map_count"] = 1  # submitit writes --array=0-0%1 and %A_%a log names
     return executor
 
@@ -114,12 +148,13 @@ def _one_task_array_executor(base: Any) -> Any:
     return OneTaskArrayExecutor
 
 
-def script_text(plan: SweepPlan) -> str:
-    """The batch script submitit would submit for ``plan`` (``submit --dry-run``); nothing is written,
-    and no Slurm command is needed."""
-    executor = make_executor(plan, dry_run=True)
+def script_text(plan: SweepPlan, elements: Optional[Sequence[int]] = None, dependency: str = "") -> str:
+    """The batch script submitit would submit for one array of ``plan`` (``elements``, default the
+    first array's; ``submit --dry-run``); nothing is written, and no Slurm command is needed."""
+    elements = task_arrays(plan)[0] if elements is None else tuple(elements)
+    executor = make_executor(plan, dry_run=True, elements=elements, dependency=dependency)
     params = dict(executor.parameters)
-    params["map_count"] = len(plan.todo)
+    params["map_count"] = len(elements)
     from submitit.slurm.slurm import _make_sbatch_string
 
     text: str = _make_sbatch_string(command=executor._submitit_command_str, folder=executor.folder, **params)
@@ -133,9 +168,28 @@ class SubmititSweepPlan(SweepPlan):
     def describe(self) -> str:
         return describe(self)
 
-    def array_task_ids(self) -> Tuple[int, ...]:
-        """submitit numbers the tasks of its array 0..K-1 (task ``k`` runs element ``todo[k]``)."""
-        return tuple(k for k, _ in task_elements(self))
+
+def _arrays_lines(plan: SweepPlan) -> List[str]:
+    """``describe``'s lines on MaxArraySize, the arrays past it and the submit limit."""
+    if not plan.todo:
+        return []
+    arrays = task_arrays(plan)
+    known = "unknown (scontrol show config did not answer)" if plan.max_array_size is None else plan.max_array_size
+    lines = [f"# MaxArraySize: {known}; job arrays: {len(arrays)}"]
+    if len(arrays) > 1:
+        sizes = ", ".join(str(len(a)) for a in arrays[:10]) + (", ..." if len(arrays) > 10 else "")
+        lines.append(
+            f"# array sizes: {sizes}; "
+            + (
+                f"each later array starts once the one before has ended (--dependency=afterany): at most "
+                f"{plan.sweep.parallelism} elements run at once across them"
+                if _chained(plan)
+                else "the arrays run side by side"
+            )
+        )
+    if plan.limit_line:
+        lines.append(f"# {plan.limit_line}")
+    return lines
 
 
 def describe(plan: SweepPlan) -> str:
@@ -149,6 +203,7 @@ def describe(plan: SweepPlan) -> str:
         + (" (exists: resumes its unfinished elements)" if plan.resuming else ""),
         f"# elements: {n}, to run: {len(plan.todo)}, sbatch {array_flag(plan) if plan.todo else '(nothing)'}",
         f"# submitit task -> element: {shown or '(none)'}",
+        *_arrays_lines(plan),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.sweep_dir) / SUBMITIT_DIR}):",
     ]
@@ -158,10 +213,11 @@ def describe(plan: SweepPlan) -> str:
 
 
 def schedule_submitit(plan: SweepPlan) -> str:
-    """Write the sweep directory and submit the unfinished elements as one submitit job array;
-    returns the array job id. Raises ``UserError`` (no submitit, a config submitit cannot run)
+    """Write the sweep directory and submit the unfinished elements as one submitit job array (one per
+    slice of :func:`task_arrays` past ``MaxArraySize``, the later ones cancelled again if sbatch refuses
+    one); returns the (first) array job id. Raises ``UserError`` (no submitit, a config submitit cannot run)
     and ``ClusterError`` (no sbatch or srun here, sbatch refused: ``submitting``)."""
-    executor = make_executor(plan)
+    make_executor(plan, elements=task_arrays(plan)[0])  # what submitit cannot run is refused before anything is written
     prepare_sweep_dir(plan)
     private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR)  # its batch script exports environment.env (rundir.PRIVATE_DIRS)
     # each element runs from the sweep's one code snapshot (its snapshot.json, written above)
@@ -169,17 +225,32 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
-    with submitting("the job array"), executor.batch():
-        jobs = [executor.submit(c) for c in callables]
-    first = str(jobs[0].job_id)
-    array_job_id = first.split("_", 1)[0]
-    record_sweep_job(
-        plan.sweep_dir,
-        backend="submitit",
-        job_id=array_job_id,
-        array=",".join(str(i) for i in plan.todo),
-        tasks=len(plan.todo),
-    )
-    for i, job in zip(plan.todo, jobs):
-        record_job(plan.element_dir(i), backend="submitit", job_id=str(job.job_id), array_job_id=array_job_id)
-    return array_job_id
+    array_ids: List[str] = []
+    chain = _chained(plan)
+    by_element = dict(zip(plan.todo, callables))
+    for j, elements in enumerate(task_arrays(plan)):
+        executor = make_executor(plan, elements=elements, dependency=f"afterany:{array_ids[-1]}" if chain and j else "")
+        try:
+            with submitting("the job array"), executor.batch():
+                jobs = [executor.submit(by_element[i]) for i in elements]
+        except ClusterError as e:
+            if not array_ids:
+                raise
+            undo = subprocess.run(["scancel", *reversed(array_ids)], capture_output=True, text=True)
+            gone = "cancelled" if undo.returncode == 0 else f"NOT cancelled (scancel exit {undo.returncode})"
+            raise ClusterError(
+                f"{e} (array {j + 1} of {len(task_arrays(plan))}); the {len(array_ids)} array(s) of this submit "
+                f"already accepted ({', '.join(array_ids)}) were {gone}"
+            ) from None
+        array_job_id = str(jobs[0].job_id).split("_", 1)[0]
+        array_ids.append(array_job_id)
+        record_sweep_job(
+            plan.sweep_dir,
+            backend="submitit",
+            job_id=array_job_id,
+            array=",".join(str(i) for i in elements),
+            tasks=len(elements),
+        )
+        for i, job in zip(elements, jobs):
+            record_job(plan.element_dir(i), backend="submitit", job_id=str(job.job_id), array_job_id=array_job_id)
+    return array_ids[0]

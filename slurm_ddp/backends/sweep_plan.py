@@ -25,7 +25,10 @@ from ..rundir import (
     ELEMENT_WORKDIR,
     LOGS_DIR,
     SNAPSHOTS_DIR,
+    array_link_dir,
+    batch_log_name,
     element_dir_name,
+    element_width,
     is_finished,
     is_job_dir,
     private_dir,
@@ -34,7 +37,7 @@ from ..rundir import (
 )
 from ..secrets import redact_argv
 from ..snapshot import CHECKPOINT_DIR, SnapshotPlan, is_checkpoint_file, take, write_record
-from ..sweep import Sweep, SweepElement
+from ..sweep import ArrayChunk, Sweep, SweepElement, chained
 from ..tracking import prepare_sweep
 
 
@@ -59,15 +62,75 @@ class SweepPlan:
     #: directory (``project_links``), and the ones left out because they hold checkpoints
     linked: Tuple[str, ...] = ()
     not_linked: Tuple[str, ...] = ()
+    #: the job arrays of an sbatch submit (``sweep.plan_arrays``): one, or several past ``MaxArraySize``
+    arrays: Tuple[ArrayChunk, ...] = ()
+    dependency: str = ""  #: sbatch's ``--dependency`` of ``--after`` (``backends.after``), every array's
+    max_array_size: Optional[int] = None  #: the cluster's ``MaxArraySize``; None: not known
+    #: the submit limit line of ``submit --dry-run`` (``sweep.SubmitLimit.describe``); "" when not asked
+    limit_line: str = ""
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
 
-    def array_task_ids(self) -> Tuple[int, ...]:
-        """The ``SLURM_ARRAY_TASK_ID`` values this submit's job array has: ``sbatch --array`` numbers
-        the tasks by element (task id = element index, of the unfinished elements ``todo``); a
-        submitit sweep's plan numbers them 0..K-1. What ``sweep.check_array_size`` checks."""
-        return self.todo
+    def array_argv(self, j: int, previous_job_id: str = "") -> Tuple[str, ...]:
+        """The sbatch argv of array ``j`` of ``arrays`` (``command`` for the first): its ``--array``;
+        ``--dependency`` = the user's ``--after`` and, when the arrays are chained (``sweep.chained``),
+        ``afterany:<previous_job_id>`` (sbatch(1): a ``,`` joins dependencies that must all hold);
+        for an array at an offset, ``--output`` through its links (``rundir.ARRAY_LINKS_DIR``) and the
+        offset as the script's argument (the batch script adds it to ``SLURM_ARRAY_TASK_ID``)."""
+        if not self.arrays or (j == 0 and self.arrays[0].offset == 0):
+            return self.command
+        return self.offset_argv(j, previous_job_id)
+
+    def offset_argv(self, j: int, previous_job_id: str = "") -> Tuple[str, ...]:
+        """:meth:`array_argv` of array ``j`` built whole (``plan_sweep`` makes ``command`` with it when
+        the first array of a re-submit starts past element 0)."""
+        chunk = self.arrays[j]
+        deps = [d for d in (self.dependency,) if d]
+        if j > 0 and chained(self.arrays, self.sweep.parallelism):
+            deps.append(f"afterany:{previous_job_id or f'JOBID_OF_ARRAY_{j}'}")  # dry run: not known yet
+        width = element_width(len(self.sweep.elements))
+        output = os.path.join(
+            str(array_link_dir(self.sweep_dir, chunk.offset)), f"%{width}a", LOGS_DIR, batch_log_name("%j")
+        )
+        return (
+            "sbatch",
+            "--parsable",
+            f"--array={chunk.spec(self.sweep.parallelism)}",
+            *((f"--dependency={','.join(deps)}",) if deps else ()),
+            f"--output={output}",
+            *(a for a in self.rendered.sbatch_args if not a.startswith("--output=")),
+            self.script_path,
+            str(chunk.offset),
+        )
+
+    def _arrays_lines(self) -> List[str]:
+        """``describe``'s lines on MaxArraySize, the other arrays and the submit limit."""
+        lines: List[str] = []
+        if self.backend == "sbatch" and self.todo:
+            limit = (
+                "unknown (scontrol show config did not answer)"
+                if self.max_array_size is None
+                else str(self.max_array_size)
+            )
+            lines.append(f"# MaxArraySize: {limit}; job arrays: {len(self.arrays) or 1}")
+        if len(self.arrays) > 1:
+            p = self.sweep.parallelism
+            lines.append(
+                "# each later array starts once the one before has ended (--dependency=afterany): "
+                f"at most {p} elements run at once across them"
+                if chained(self.arrays, p)
+                else "# the arrays run side by side (no slurm.array_parallelism)"
+                if p is None
+                else f"# the arrays run side by side (array_parallelism {p} >= the {len(self.todo)} elements)"
+            )
+            for j, chunk in enumerate(self.arrays[1:11], start=1):
+                lines.append(f"# array {j + 1} (elements {chunk.offset}+TASKID): {shlex.join(self.array_argv(j))}")
+            if len(self.arrays) > 11:
+                lines.append(f"# ... {len(self.arrays) - 11} more arrays")
+        if self.limit_line:
+            lines.append(f"# {self.limit_line}")
+        return lines
 
     @property
     def script_path(self) -> str:
@@ -82,6 +145,7 @@ class SweepPlan:
             f"# elements: {n}, to run: {len(self.todo)}"
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
+            *self._arrays_lines(),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             *(
                 [

@@ -1,6 +1,7 @@
 """Sweeps on the login node: a sweep directory's elements joined with Slurm's word on its job
-array (:func:`read_sweep`, :func:`sweep_status`), its one-line progress, and cancel/requeue of
-the whole sweep.
+array(s) (:func:`read_sweep`, :func:`sweep_status`; a sweep past ``MaxArraySize`` is several
+arrays, each element's ``jobs.jsonl`` naming its own ``ARRAYJOBID_TASKID``: still one sweep), its
+one-line progress, and cancel/requeue of the whole sweep.
 
 Side effects: reads sweep and run directories; asks Slurm through the injectable ``run_cmd``
 with ONE ``squeue --array`` call for all of the sweep's array jobs (and at most one ``sacct``
@@ -53,6 +54,18 @@ class SweepRun:
             jid = str(j.get("job_id", ""))
             if jid and jid not in out:
                 out.append(jid)
+        return out
+
+    @property
+    def arrays(self) -> List[Tuple[str, int]]:
+        """``(array job id, offset)`` of every job array submitted, oldest first: task ``t`` of an
+        array is element ``offset + t`` (``sweep.plan_arrays``; records without one: offset 0; a
+        submitit array maps its tasks through its ``array`` list instead)."""
+        out: List[Tuple[str, int]] = []
+        for j in self.jobs:
+            jid, offset = str(j.get("job_id", "")), j.get("offset", 0)
+            if jid:
+                out.append((jid, offset if isinstance(offset, int) else 0))
         return out
 
 
@@ -264,12 +277,21 @@ def element_path(arg: str) -> Optional[Path]:
     return p.parent / element_dir_name(int(p.name), n) if int(p.name) < n else None
 
 
+def _submit_order(job_id: str) -> Tuple[int, int]:
+    """``ARRAYJOBID_TASKID`` → (array job id, task id) as numbers: Slurm numbers jobs in submit order."""
+    array, _, task = job_id.partition("_")
+    return (int(array) if array.isdigit() else 0, int(task) if task.isdigit() else 0)
+
+
 def cancel_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     """``scancel`` the sweep's unfinished array tasks that Slurm still runs or holds (one call)."""
     st = sweep_status(sweep, run_cmd)
     ids = [s.run.latest_job_id for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
     if not ids:
         raise UserError(f"sweep {sweep.name!r} has no pending or running element; nothing to cancel")
+    # later arrays first: a chained array (--dependency=afterany, sweep.chained) is released when the one
+    # before it ends, and must be gone by then
+    ids.sort(key=_submit_order, reverse=True)
     _act(["scancel", *ids], run_cmd)
     return (
         f"cancelled {len(ids)} element(s) of sweep {sweep.name!r} ({', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}): "

@@ -107,6 +107,14 @@ def format_status(st: RunStatus) -> str:
     return "".join(f"{k + ':':<{width + 1}} {v}\n" for k, v in lines)
 
 
+def _some_ids(ids: Sequence[str], limit: int, sep: str) -> str:
+    """``ids`` joined by ``sep``, at most ``limit`` of them and ``+N`` for the rest (a sweep past
+    ``MaxArraySize`` has an array per ``MaxArraySize`` elements); ``-`` for none."""
+    if not ids:
+        return "-"
+    return sep.join(ids[:limit]) + (f"{sep}+{len(ids) - limit}" if len(ids) > limit else "")
+
+
 def format_sweeps(stats: Sequence[Any], cwd: Optional[Path] = None) -> str:
     """The sweeps part of ``slurm-ddp runs``: one line per sweep with its progress."""
     cwd = Path.cwd() if cwd is None else cwd
@@ -121,7 +129,7 @@ def format_sweeps(stats: Sequence[Any], cwd: Optional[Path] = None) -> str:
         rows.append(
             (
                 sw.sweep.name,
-                ",".join(sw.sweep.array_job_ids) or "-",
+                _some_ids(sw.sweep.array_job_ids, 3, ","),
                 str(len(sw.elements)),
                 *(str(p[k]) for k in ("done", "running", "pending", "failed")),
                 where,
@@ -163,7 +171,7 @@ def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
     p = st.progress()
     head = (
         f"sweep {sw.name}  ({sw.path})\n"
-        f"array jobs: {', '.join(sw.array_job_ids) or '-'}; {len(st.elements)} elements: "
+        f"array jobs: {_some_ids(sw.array_job_ids, 8, ', ')}; {len(st.elements)} elements: "
         + ", ".join(f"{p[k]} {k}" for k in ("done", "running", "pending", "failed"))
         + "\n"
     )

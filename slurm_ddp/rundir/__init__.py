@@ -51,8 +51,10 @@ A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) h
 ``array.sbatch`` (``ARRAY_SCRIPT_NAME``: the one job-array script), ``sweep-jobs.jsonl``
 (``SWEEP_JOBS_NAME``: one record per ``sbatch --array`` submission) and one ordinary run
 directory per element, named by its zero-padded index (:func:`element_dir_name`: ``000``,
-``001``, ...; the batch script finds its own as ``printf %0Nd $SLURM_ARRAY_TASK_ID``). An
-element's ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
+``001``, ...; the batch script finds its own as ``printf %0Nd $((SLURM_ARRAY_TASK_ID + OFFSET))``, OFFSET
+its array's first element: 0 but for the later arrays of a sweep past ``MaxArraySize``, whose
+``.arrays/OFFSET/`` holds the links its batch logs go through: ``ARRAY_LINKS_DIR``). An element's
+``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
 
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
 cannot disagree: the batch script asks for it after ``srun`` returns
@@ -70,6 +72,7 @@ after a lost or hung node, with its evidence and entry points).
 from __future__ import annotations
 
 from .files import (
+    ARRAY_LINKS_DIR,
     ARRAY_SCRIPT_NAME,
     CHECKPOINTS_DIR,
     CONFIG_NAME,
@@ -114,6 +117,7 @@ from .files import (
     PathLike,
     Preempted,
     append_jsonl,
+    array_link_dir,
     array_task_id,
     batch_log_name,
     checkpoint_dir,
@@ -225,6 +229,7 @@ __all__ = [
     "local_end",
     "LocalEnd",
     "LOCAL_END_STATES",
+    "ARRAY_LINKS_DIR",
     "ARRAY_SCRIPT_NAME",
     "CHECKPOINTS_DIR",
     "CONFIG_NAME",
@@ -263,6 +268,7 @@ __all__ = [
     "ELEMENT_WORKDIR",
     "SWEEP_NAME",
     "append_jsonl",
+    "array_link_dir",
     "array_task_id",
     "batch_log_name",
     "checkpoint_dir",

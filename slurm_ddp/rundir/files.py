@@ -101,6 +101,10 @@ SWEEP_NAME = "sweep.json"
 ELEMENT_WORKDIR = "work"
 ARRAY_SCRIPT_NAME = "array.sbatch"
 SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
+#: a sweep's job arrays past ``MaxArraySize`` (``sweep.plan_arrays``): ``SWEEP_DIR/.arrays/OFFSET/TASKID``
+#: is a symbolic link to element ``OFFSET + TASKID``'s run directory, so that sbatch's
+#: ``--output=…/.arrays/OFFSET/%Na/logs/…`` (a file name pattern has no arithmetic) lands in it
+ARRAY_LINKS_DIR = ".arrays"
 
 #: files that can hold a value of the config's ``environment`` (``slurm_ddp.secrets``): written
 #: owner-only (mode 0600) whatever the umask, the rest of a run directory keeps the user's umask
@@ -144,6 +148,12 @@ def element_width(count: int) -> int:
 def element_dir_name(index: int, count: int) -> str:
     """``000``, ``001``, ...: the run directory of sweep element ``index`` inside the sweep directory."""
     return f"{index:0{element_width(count)}d}"
+
+
+def array_link_dir(sweep_dir: PathLike, offset: int) -> Path:
+    """``SWEEP_DIR/.arrays/OFFSET``: the links of the job array whose task 0 is element ``offset``
+    (``ARRAY_LINKS_DIR``)."""
+    return Path(sweep_dir) / ARRAY_LINKS_DIR / str(int(offset))
 
 
 def array_task_id(array_job_id: Union[int, str], index: Union[int, str]) -> str:

@@ -45,7 +45,8 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
     before slurmctld and stopped by PID with the rest, so ``sacct`` answers (packages ``slurmdbd``
     and ``mariadb-server``; the database is created at the first ``up``, a few seconds). ``oci``: also
     an ``oci.conf`` for Slurm's own container support (``srun --container=BUNDLE``) with ``runc``
-    (Debian package ``runc``; ``slurm_ddp.sandbox.oci``).
+    (Debian package ``runc``; ``slurm_ddp.sandbox.oci``). ``slurm_conf_extra``: slurm.conf(5) lines
+    added after the sandbox's own, for a key it does not set (``MaxArraySize=4``).
 
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
@@ -73,6 +74,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
             kill_wait_s=state.get("kill_wait_s", 5),
             accounting=state.get("accounting", False),
             oci=state.get("oci", False),
+            slurm_conf_extra=state.get("slurm_conf_extra", ()),
         )
         sb._state = state
         return sb

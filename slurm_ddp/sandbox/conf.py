@@ -161,6 +161,7 @@ class SandboxConf(SandboxLayout):
             *node_lines,
             f"PartitionName=debug Nodes={all_nodes} Default=YES PriorityTier=1 MaxTime=INFINITE State=UP",
             f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
+            *self.slurm_conf_extra,
         ]
         return "\n".join(lines) + "\n"
 

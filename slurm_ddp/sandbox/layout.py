@@ -15,7 +15,7 @@ import re
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 from slurm_ddp.slurmversion import SlurmVersion, slurm_version
 
@@ -72,6 +72,7 @@ class SandboxLayout:
         kill_wait_s: int = 5,
         accounting: bool = False,
         oci: bool = False,
+        slurm_conf_extra: Sequence[str] = (),
     ) -> None:
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
@@ -89,6 +90,11 @@ class SandboxLayout:
         self.gpus_per_node = int(gpus_per_node)
         self.accounting = bool(accounting)
         self.oci = bool(oci)
+        for line in slurm_conf_extra:
+            if "\n" in line or not re.fullmatch(r"[A-Za-z]\w*=\S.*", line):
+                raise ValueError(f"slurm_conf_extra: expected slurm.conf lines KEY=VALUE, got {line!r}")
+        #: slurm.conf(5) lines written after the sandbox's own, e.g. ``MaxArraySize=4`` (a key it does not set itself)
+        self.slurm_conf_extra = tuple(slurm_conf_extra)
         self.id = self._make_id(name)
         self.real_memory_mb = 1000
         self._state: Dict[str, Any] = {}
@@ -193,6 +199,7 @@ class SandboxLayout:
             kill_wait_s=self.kill_wait_s,
             accounting=self.accounting,
             oci=self.oci,
+            slurm_conf_extra=list(self.slurm_conf_extra),
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )

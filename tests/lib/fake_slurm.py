@@ -21,7 +21,7 @@ import shutil
 import signal
 import subprocess
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Optional, Sequence
 
 JOB_ID = "4711"
 
@@ -102,10 +102,16 @@ def scontrol_after_requeue(stubs: Path) -> bytes:
 
 
 def run_script(
-    script: str, tmp_path: Path, stubs: Path, restart_count: int = 0, env_extra: Optional[dict] = None, **popen: Any
+    script: str,
+    tmp_path: Path,
+    stubs: Path,
+    restart_count: int = 0,
+    env_extra: Optional[dict] = None,
+    args: Sequence[str] = (),
+    **popen: Any,
 ) -> Any:
-    """Run ``script`` with bash as job ``JOB_ID``; a ``CompletedProcess`` (bytes), or a ``Popen``
-    with ``background=True``."""
+    """Run ``script`` with bash as job ``JOB_ID`` (with ``args``, as sbatch passes the words after the
+    script); a ``CompletedProcess`` (bytes), or a ``Popen`` with ``background=True``."""
     path = tmp_path / "job.sbatch"
     path.write_text(script)
     env = {
@@ -122,7 +128,7 @@ def run_script(
     )
     if popen.pop("background", False):
         return subprocess.Popen(
-            ["bash", str(path)],
+            ["bash", str(path), *args],
             cwd=tmp_path,
             env=env,
             stdout=subprocess.PIPE,
@@ -130,7 +136,7 @@ def run_script(
             start_new_session=True,
             **popen,
         )
-    return subprocess.run(["bash", str(path)], cwd=tmp_path, env=env, capture_output=True, timeout=120, **popen)
+    return subprocess.run(["bash", str(path), *args], cwd=tmp_path, env=env, capture_output=True, timeout=120, **popen)
 
 
 def stop_script(proc: Any) -> None:

@@ -43,6 +43,25 @@ def cli(sandbox: Any, *args: str, timeout: float = 120) -> Any:
     return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
 
 
+def write_tiny_sweep(project: Path, values: List[int], script: str, parallelism: int = 2) -> Path:
+    """``project/job.yaml``: a sweep of ``train.args.v`` over ``values``, one rank each, whose
+    ``train.command`` is ``python -c SCRIPT`` (it gets ``--v=VALUE`` as ``sys.argv[1]``): a sweep that
+    costs a Python start per element. Returns the YAML's path."""
+    import json
+    import shlex
+
+    project.mkdir(parents=True, exist_ok=True)
+    job = project / "job.yaml"
+    cfg = {
+        "name": "tiny-sweep",
+        "slurm": {"nodes": 1, "tasks_per_node": 1, "time": "00:05:00", "array_parallelism": parallelism},
+        "train": {"command": f"{sys.executable} -c {shlex.quote(script)}"},
+        "sweep": {"grid": {"train.args.v": list(values)}},
+    }
+    job.write_text(json.dumps(cfg, indent=1) + "\n")  # JSON is YAML
+    return job
+
+
 def train_steps(run_dir: Path) -> List[int]:
     """Steps of the ``train`` events in ``metrics.jsonl``, in the order they were logged."""
     return [m["step"] for m in read_metrics(run_dir) if m["event"] == "train"]

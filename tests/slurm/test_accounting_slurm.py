@@ -133,3 +133,36 @@ def test_a_run_stopped_twice_shows_three_rows_and_summed_node_hours(acct_sandbox
     assert rep["starts"][0]["phases_s"]["stop"] > 0 and rep["starts"][1]["queue_wait_s"] > 0
     assert 0 < rep["goodput"] < 1 and rep["redone_steps"] == 0  # both stops saved the step they stopped at
     print(sb.run([sys.executable, "-m", "slurm_ddp", "report", str(run)], capture_output=True, text=True).stdout)
+
+
+def test_a_sweep_past_the_users_max_submit_jobs_is_refused_before_anything_is_submitted(acct_sandbox, tmp_path):
+    """MaxSubmitJobs=5 on the user's association (slurmdbd): a 6-element sweep is refused in one line, nothing
+    written or submitted; a 4-element one's dry run states the limit it was checked against."""
+    from lib.slurm_jobs import cli, write_tiny_sweep
+
+    sb = acct_sandbox
+
+    def sacctmgr(*args: str) -> None:
+        r = sb.run(["sacctmgr", "-i", *args], capture_output=True, text=True, timeout=60)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+    sacctmgr("modify", "user", "root", "set", "MaxSubmitJobs=5")
+    try:
+        job = write_tiny_sweep(tmp_path / "proj", list(range(6)), "pass")
+        sweep_dir = tmp_path / "sweep"
+        r = cli(sb, "submit", str(job), "--backend", "sbatch", "--run-dir", str(sweep_dir))
+        assert r.returncode == 2, r.stdout + r.stderr
+        assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+        assert (
+            "6 array task(s)" in r.stderr and "at most 5 jobs queued (association root/root MaxSubmitJobs" in r.stderr
+        )
+        assert not sweep_dir.exists()
+        small = write_tiny_sweep(tmp_path / "small", list(range(4)), "pass")
+        d = cli(sb, "submit", str(small), "--backend", "sbatch", "--run-dir", str(tmp_path / "s4"), "--dry-run")
+        assert d.returncode == 0, d.stdout + d.stderr
+        assert (
+            "# submit limit: 5 jobs (association root/root MaxSubmitJobs), 0 of yours queued now; this submit adds 4"
+            in d.stdout
+        )
+    finally:
+        sacctmgr("modify", "user", "root", "set", "MaxSubmitJobs=-1")

@@ -16,7 +16,7 @@ from typing import Dict, List
 
 import pytest
 from lib import require_module, wait_for
-from lib.slurm_jobs import cli
+from lib.slurm_jobs import cli, write_tiny_sweep
 
 from slurm_ddp.rundir import read_metrics, read_sweep_jobs
 
@@ -125,3 +125,71 @@ def test_sweep_is_one_array_and_requeues_one_element_alone(slurm_sandbox, tmp_pa
     assert a.keys() == b.keys()
     for k in a:
         assert torch.equal(a[k], b[k]), f"{k} differs"
+
+
+def test_a_sweep_past_max_array_size_is_one_sweep_of_chained_arrays(tmp_path: Path) -> None:
+    """6 elements on a cluster with MaxArraySize=4 (task ids 0..3), 2 at a time: two job arrays, the second
+    (offset 4) waiting for the first, so at most 2 elements run across both; status and cancel see ONE
+    sweep; submitted again, every element runs in its own directory with its own value."""
+    from slurm_ddp.testing import running_sandbox
+
+    go = tmp_path / "go"  # the elements wait for it: their state can be looked at while they run
+    script = (
+        "import pathlib, sys, time; v = sys.argv[1].split('=', 1)[1]; pathlib.Path('value.txt').write_text(v); "
+        f"[time.sleep(0.2) for _ in iter(lambda: pathlib.Path({str(go)!r}).exists(), True)]"
+    )
+    job = write_tiny_sweep(tmp_path / "proj", [10, 11, 12, 13, 14, 15], script)
+    sweep_dir = tmp_path / "sweep"
+    elems = [sweep_dir / f"{i:03d}" for i in range(6)]
+
+    def values() -> Dict[int, str]:
+        """What each element's command wrote into its own working directory (RUN_DIR/work)."""
+        out = {i: d / "work" / "value.txt" for i, d in enumerate(elems)}
+        return {i: p.read_text() for i, p in out.items() if p.exists()}
+
+    submit = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(sweep_dir)]
+    with running_sandbox(tmp_path / "sb", nodes=1, cpus_per_node=2, slurm_conf_extra=["MaxArraySize=4"]) as sb:
+        diag = lambda: cli(sb, "status", str(sweep_dir)).stdout + _logs(sweep_dir)  # noqa: E731
+        r = cli(sb, *submit)
+        assert r.returncode == 0, r.stdout + r.stderr
+        m = re.search(
+            r"submitted 2 job arrays (\d+), (\d+) \(MaxArraySize 4; one after another, --array=0-3%2", r.stdout
+        )
+        assert m, r.stdout
+        first, second = m.groups()
+        assert [(j["job_id"], j["offset"]) for j in read_sweep_jobs(sweep_dir)] == [(first, 0), (second, 4)]
+        assert _show(sb, second).get("Dependency") == f"afterany:{first}_*(unfulfilled)", _show(
+            sb, second
+        )  # every task of it
+
+        # two elements run, held there; the other four wait: two for the %2, two for the first array
+        wait_for(lambda: len(values()) == 2, 120, "two elements running", diag)
+        st = cli(sb, "status", str(sweep_dir))
+        assert st.returncode == 0, st.stderr
+        print(st.stdout)
+        assert "0 done, 2 running, 4 pending, 0 failed" in st.stdout, st.stdout
+        assert all(re.search(rf"^{i}\s+v={10 + i}\s+{second}_{i - 4}\s+PENDING", st.stdout, re.M) for i in (4, 5))
+        assert set(values()) == {0, 1}
+
+        # cancel: the whole sweep, both arrays, the later one first (it never starts)
+        c = cli(sb, "cancel", str(sweep_dir))
+        assert c.returncode == 0 and "cancelled 6 element(s)" in c.stdout, c.stdout + c.stderr
+        wait_for(
+            lambda: "0 running, 0 pending" in cli(sb, "status", str(sweep_dir)).stdout, 60, "every element ended", diag
+        )
+        assert set(values()) == {0, 1}
+
+        # submitted again: every element (none finished) in two new arrays, each with its own value
+        go.touch()
+        r = cli(sb, *submit)
+        assert r.returncode == 0 and "submitted 2 job arrays" in r.stdout, r.stdout + r.stderr
+        for i, d in enumerate(elems):
+            wait_for(lambda d=d: (d / "FINISHED").exists(), 180, f"element {i} to finish", diag)
+        assert values() == {i: str(10 + i) for i in range(6)}
+        # element 5 is task 1 of the second array: its batch log lands in its own logs/ (.arrays/4/001 -> 005)
+        (log5,) = (elems[5] / "logs").glob("batch-*.out")
+        assert "host" in log5.read_text(), log5.read_text()
+        st = cli(sb, "status", str(sweep_dir))
+        assert "6 done, 0 running, 0 pending, 0 failed" in st.stdout, st.stdout
+        runs = cli(sb, "runs", str(tmp_path))
+        assert len([line for line in runs.stdout.splitlines() if "tiny-sweep" in line]) == 1, runs.stdout

@@ -4,12 +4,16 @@ Slurm commands), re-submission of the unfinished elements, and the sweep table f
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import os
 import subprocess
 from pathlib import Path
 from typing import List
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from lib.fake_slurm import make_stubs, run_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE, cli
@@ -27,7 +31,17 @@ from slurm_ddp.rundir import (
     requeue_target,
     write_finished,
 )
-from slurm_ddp.sweep import array_spec, check_array_size, expand, load_sweep, parse_sweep_flag
+from slurm_ddp.sweep import (
+    ArrayChunk,
+    array_spec,
+    chained,
+    check_submit_limit,
+    expand,
+    load_sweep,
+    parse_sweep_flag,
+    plan_arrays,
+    submit_limit,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 SWEEP_YAML = REPO / "examples" / "digits" / "sweep.yaml"
@@ -129,14 +143,198 @@ def fake_scontrol(max_array: int):
     return run
 
 
-def test_a_task_id_beyond_max_array_size_is_refused():
-    sw = load_sweep(SWEEP_YAML)
+def test_arrays_past_max_array_size_restart_their_task_ids_at_an_offset():
+    assert plan_arrays(range(4), 4) == (ArrayChunk(0, (0, 1, 2, 3)),)
+    assert plan_arrays(range(6), None) == (ArrayChunk(0, tuple(range(6))),)  # not known: one array
+    six = plan_arrays(range(6), 4)
+    assert six == (ArrayChunk(0, (0, 1, 2, 3)), ArrayChunk(4, (4, 5)))
+    assert [c.task_ids for c in six] == [(0, 1, 2, 3), (0, 1)]
+    assert [c.spec(2) for c in six] == ["0-3%2", "0-1%2"]
+    # a re-submit: ids below the limit keep task id = element (--array=1,3), else each array starts at its first
+    assert plan_arrays([1, 3], 4) == (ArrayChunk(0, (1, 3)),)
+    assert plan_arrays([1, 3, 5, 9], 4) == (ArrayChunk(1, (1, 3)), ArrayChunk(5, (5,)), ArrayChunk(9, (9,)))
+    assert plan_arrays([], 4) == ()
+    with pytest.raises(ValueError):
+        plan_arrays([1], 0)
+
+
+@given(
+    todo=st.sets(st.integers(min_value=0, max_value=3000), max_size=300),
+    limit=st.one_of(st.none(), st.integers(min_value=1, max_value=1500)),
+)
+def test_plan_arrays_covers_every_element_once_below_the_limit(todo, limit):
+    arrays = plan_arrays(sorted(todo), limit)
+    elements = [e for a in arrays for e in a.elements]
+    assert elements == sorted(todo)  # each once, in order
+    for a in arrays:
+        assert all(a.offset + t == e for t, e in zip(a.task_ids, a.elements))
+        assert limit is None or max(a.task_ids) < limit
+    if limit is not None and todo and max(todo) >= limit:
+        # no two neighbouring arrays could have been one
+        assert all(b.elements[0] - a.offset >= limit for a, b in zip(arrays, arrays[1:]))
+
+
+def test_one_parallelism_across_arrays_chains_them_only_where_it_could_be_exceeded():
+    six = plan_arrays(range(6), 4)
+    assert chained(six, 2) and chained(six, 5)
+    assert not chained(six, None) and not chained(six, 6)  # no throttle, or one that six can never exceed
+    assert not chained(plan_arrays(range(4), 4), 1)  # one array: its own %P
+
+
+def six_sweep():
+    """6 elements (train.seed 0..5), array_parallelism 2."""
+    sw = load_sweep(SWEEP_YAML, flags=["train.lr=0.003", "train.seed=0,1,2,3,4,5"])
+    assert sw is not None and len(sw.elements) == 6 and sw.parallelism == 2
+    return sw
+
+
+class FakeSlurm:
+    """sbatch answers job ids 500, 501, ... (refusing the ``refuse``-th call); scancel is recorded."""
+
+    def __init__(self, refuse: int = -1):
+        self.calls: List[List[str]] = []
+        self.refuse = refuse
+
+    def __call__(self, argv, **kw):
+        self.calls.append(list(argv))
+        if argv[0] == "sbatch":
+            n = sum(1 for c in self.calls if c[0] == "sbatch") - 1
+            if n == self.refuse:
+                return subprocess.CompletedProcess(argv, 1, "", "sbatch: error: QOSMaxSubmitJobPerUserLimit\n")
+            return subprocess.CompletedProcess(argv, 0, f"{500 + n}\n", "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+
+def test_a_sweep_past_max_array_size_goes_out_as_chained_arrays_with_offsets(tmp_path):
+    from slurm_ddp.backends.array import schedule_sbatch
+    from slurm_ddp.rundir import read_jobs, read_sweep_jobs
+
+    sw = six_sweep()
+    sweep_dir = tmp_path / "sweep"
+    plan = plan_sweep(sw, "sbatch", str(sweep_dir), max_array_size=4)
+    assert [a.offset for a in plan.arrays] == [0, 4]
+    shown = plan.describe()
+    assert "# MaxArraySize: 4; job arrays: 2" in shown and "at most 2 elements run at once across them" in shown
+    assert "#SBATCH --array=0-3%2\n" in shown and "4: --array=0-1%2" in shown
+    fake = FakeSlurm()
+    assert schedule_sbatch(plan, run=fake) == "500"
+    first, second = fake.calls
+    assert "--array=0-3%2" in first and not any(a.startswith("--dependency") for a in first)
+    assert first[-1] == str(sweep_dir / "array.sbatch")  # offset 0: no argument
+    assert "--array=0-1%2" in second and "--dependency=afterany:500" in second
+    assert second[-2:] == [str(sweep_dir / "array.sbatch"), "4"]
+    assert f"--output={sweep_dir}/.arrays/4/%3a/logs/batch-%j.out" in second
+    # task 1 of the array at offset 4 writes its batch log into element 005's logs
+    assert (sweep_dir / ".arrays" / "4" / "001").resolve() == (sweep_dir / "005").resolve()
+    assert [(j["job_id"], j["array"], j["offset"]) for j in read_sweep_jobs(sweep_dir)] == [
+        ("500", "0-3%2", 0),
+        ("501", "0-1%2", 4),
+    ]
+    assert [read_jobs(sweep_dir / element_dir_name(i, 6))[-1]["job_id"] for i in range(6)] == [
+        "500_0",
+        "500_1",
+        "500_2",
+        "500_3",
+        "501_0",
+        "501_1",
+    ]
+    # the user's --after holds for every array, the chain link added to it
+    dep = plan_sweep(sw, "sbatch", str(tmp_path / "dep"), max_array_size=4, dependency="afterok:42")
+    assert "--dependency=afterok:42,afterany:7" in dep.array_argv(1, "7")
+    # without a throttle the arrays are independent
+    free = plan_sweep(dataclasses.replace(sw, parallelism=None), "sbatch", str(tmp_path / "free"), max_array_size=4)
+    assert not any(a.startswith("--dependency") for a in free.array_argv(1, "7"))
+    assert "--array=0-1" in free.array_argv(1, "7")
+
+
+def test_a_refused_later_array_cancels_the_arrays_already_accepted(tmp_path):
+    from slurm_ddp.backends.array import schedule_sbatch
+    from slurm_ddp.errors import ClusterError
+
+    sw = load_sweep(SWEEP_YAML, flags=["train.lr=0.003", "train.seed=0,1,2,3,4,5,6,7,8"])
     assert sw is not None
-    check_array_size(range(4), 4, run=fake_scontrol(4))
-    with pytest.raises(UserError, match="task ids up to 3, but this cluster's MaxArraySize is 3"):
-        check_array_size(range(4), 4, run=fake_scontrol(3))
-    check_array_size([0, 2], 4, run=fake_scontrol(3))  # a resubmit: only the ids sent count
-    check_array_size([], 4, run=fake_scontrol(1))  # nothing to submit
+    plan = plan_sweep(sw, "sbatch", str(tmp_path / "sweep"), max_array_size=4)
+    assert len(plan.arrays) == 3
+    fake = FakeSlurm(refuse=2)
+    with pytest.raises(ClusterError) as e:
+        schedule_sbatch(plan, run=fake)
+    msg = str(e.value)
+    assert "\n" not in msg and "QOSMaxSubmitJobPerUserLimit" in msg and "array 3 of 3" in msg, msg
+    assert "(500, 501) were cancelled" in msg, msg
+    assert fake.calls[-1] == ["scancel", "501", "500"]  # later first: 500's end would release 501's dependency
+
+
+def test_array_task_at_an_offset_runs_offset_plus_task_id(tmp_path):
+    """Task 1 of array 4701, submitted at offset 4 (the script's argument): RUN_DIR is element 005; it
+    requeues 4701_1, Slurm's name for it."""
+    sw = six_sweep()
+    sweep_dir = tmp_path / "sweep"
+    stubs = make_stubs(tmp_path, srun_body=f"exit {PREEMPTED_EXIT_CODE}")
+    script = render_sweep(sw, str(sweep_dir)).script
+    (sweep_dir / element_dir_name(5, 6)).mkdir(parents=True)
+    env = {"SLURM_ARRAY_JOB_ID": "4701", "SLURM_ARRAY_TASK_ID": "1"}
+    r = run_script(script, tmp_path, stubs, env_extra=env, args=["4"])
+    assert r.returncode == PREEMPTED_EXIT_CODE, r.stdout + r.stderr
+    assert (stubs / "run_dir.env").read_text().strip() == str(sweep_dir / "005")
+    assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004701_1\x00"
+    bad = run_script(script, tmp_path, stubs, env_extra=env, args=["4; rm"])
+    assert bad.returncode == 2 and b"must be a number" in bad.stderr
+
+
+def fake_accounting(assoc: str, qos: str = "normal|||\n", queued: int = 0, fail: str = ""):
+    def run(argv, **kw):
+        if argv[0] == "sacctmgr" and fail:
+            return subprocess.CompletedProcess(argv, 1, "", fail)
+        if argv[0] == "sacctmgr" and "user" in argv:
+            return subprocess.CompletedProcess(argv, 0, "proj\n", "")  # DefaultAccount
+        if argv[0] == "sacctmgr":
+            return subprocess.CompletedProcess(argv, 0, assoc if "assoc" in argv else qos, "")
+        assert argv[0] == "squeue" and "--array" in argv and "--user=alice" in argv
+        return subprocess.CompletedProcess(argv, 0, "".join(f"{i}\n" for i in range(queued)), "")
+
+    return run
+
+
+def test_submit_limit_from_slurmdbd_refuses_a_sweep_that_exceeds_it(tmp_path):
+    run = fake_accounting("proj||100||normal\nother||5||\n", qos="normal|50|\nlong|10|\n", queued=45)
+    lim = submit_limit(account="proj", run=run, user="alice")
+    assert (lim.limit, lim.source, lim.queued) == (50, "QOS normal MaxSubmitJobsPerUser", 45)
+    assert "adds 6" in lim.describe(6)
+    with pytest.raises(UserError, match="you may have at most 50 jobs queued") as e:
+        check_submit_limit(lim, 51, 51)
+    assert "\n" not in str(e.value)
+    assert "Slurm may refuse an array" in (check_submit_limit(lim, 6, 6) or "")  # 45 + 6 > 50: warned
+    assert check_submit_limit(lim, 5, 5) is None
+    # the account's association, not another one's; the QOS asked for
+    assert submit_limit(account="other", qos="long", run=run, user="alice").limit == 5
+    assert submit_limit(account="proj", qos="long", run=run, user="alice").limit == 10
+    assert submit_limit(qos="long", run=run, user="alice").limit == 10  # the default account: proj's 100, not other's 5
+    assert submit_limit(run=fake_accounting("proj||100||\nother||5||\n", qos=""), user="alice").limit == 100
+    none = submit_limit(run=fake_accounting("", fail="sacctmgr: error: Problem talking to the database"), user="alice")
+    assert none.limit is None and "Problem talking to the database" in none.describe(6)
+    assert "unchecked" in none.describe(6)
+    check_submit_limit(none, 10**6, 10**6)  # unknown: not refused
+    assert submit_limit(run=fake_accounting("proj||||\n"), user="alice").limit is None
+
+
+def test_submit_dry_run_past_max_array_size_shows_every_array(tmp_path, capsys, monkeypatch):
+    from lib.fake_slurm import fake_scontrol_config
+
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    fake_scontrol_config(bindir, 4)
+    (bindir / "sacctmgr").write_text("#!/bin/sh\necho 'sacctmgr: error: accounting storage is disabled' >&2\nexit 1\n")
+    (bindir / "sacctmgr").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    sweep_dir = tmp_path / "sweep"
+    args = ["submit", str(SWEEP_YAML), "--run-dir", str(sweep_dir), "--dry-run", "--no-check-task"]
+    args += ["--sweep", "train.lr=0.003", "--sweep", "train.seed=0,1,2,3,4,5"]
+    assert cli.main(args) == 0
+    out = capsys.readouterr().out
+    assert "# MaxArraySize: 4; job arrays: 2" in out, out
+    assert "--dependency=afterany:JOBID_OF_ARRAY_1" in out and f"{sweep_dir}/array.sbatch 4" in out, out
+    assert "# submit limit (MaxSubmitJobs): unchecked (sacctmgr: error: accounting storage is disabled)" in out
+    assert not sweep_dir.exists()
 
 
 def test_render_prints_the_array_script_and_lists_the_elements(capsys):
@@ -215,6 +413,44 @@ def test_sweep_status_is_one_squeue_call_for_all_elements(tmp_path):
     assert rows[0].split()[:4] == ["0", "lr=0.003,seed=0", "77_0", "COMPLETED"]
     assert rows[1].split() == ["1", "lr=0.003,seed=1", "77_1", "RUNNING", "200/300", "0.95", "0.95", "0"]
     assert (sweep_dir / "000" / FINISHED_NAME).exists()
+
+
+def test_a_sweep_of_two_arrays_is_one_sweep_for_status_and_cancel(tmp_path):
+    """Elements 0..3 in array 500, 4..5 in array 501 (offset 4): one squeue for both, one table, and
+    cancel names the later array's tasks first (its dependency on 500 must not be released first)."""
+    from slurm_ddp.backends.array import schedule_sbatch
+    from slurm_ddp.ops.sweeps import cancel_sweep
+
+    sweep_dir = tmp_path / "sweep"
+    schedule_sbatch(plan_sweep(six_sweep(), "sbatch", str(sweep_dir), max_array_size=4), run=FakeSlurm())
+    sweep = read_sweep(sweep_dir)
+    assert sweep.arrays == [("500", 0), ("501", 4)] and sweep.array_job_ids == ["500", "501"]
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        if argv[0] == "squeue":
+            out = "500_0|COMPLETED|None|n1\n500_1|RUNNING|None|n1\n500_2|RUNNING|None|n2\n500_3|PENDING|JobArrayTaskLimit|\n"
+            out += "501_[0-1]|PENDING|Dependency|\n501_0|PENDING|Dependency|\n501_1|PENDING|Dependency|\n"
+            return subprocess.CompletedProcess(argv, 0, out, "")
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    st = sweep_status(sweep, run)
+    assert len(calls) == 1 and "--jobs=500,501" in calls[0]
+    assert [(e.index, s.run.latest_job_id, s.state) for e, s in st.elements] == [
+        (0, "500_0", "COMPLETED"),
+        (1, "500_1", "RUNNING"),
+        (2, "500_2", "RUNNING"),
+        (3, "500_3", "PENDING"),
+        (4, "501_0", "PENDING"),
+        (5, "501_1", "PENDING"),
+    ]
+    assert st.progress() == {"done": 0, "running": 2, "pending": 3, "failed": 1}  # 0: COMPLETED, no FINISHED marker
+    assert "array jobs: 500, 501; 6 elements" in format_sweep_status(st, None, sort=False)
+    calls.clear()
+    msg = cancel_sweep(sweep, run)
+    assert calls[-1] == ["scancel", "501_1", "501_0", "500_3", "500_2", "500_1"], calls
+    assert "cancelled 5 element(s)" in msg
 
 
 OWN_SCRIPT = REPO / "examples" / "own_script" / "job.yaml"

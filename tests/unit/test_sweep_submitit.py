@@ -162,33 +162,33 @@ def test_submitit_sweep_dry_run_describes_the_array_and_writes_nothing(fake_sbat
     assert not sweep_dir.exists() and not list(fake_sbatch.iterdir())
 
 
-def test_max_array_size_counts_the_task_ids_this_submit_sends(fake_sbatch, tmp_path, capsys):
-    """N=4 elements; after 0 and 2 finished a resubmit sends K=2: submitit numbers its tasks 0..1, so a
-    cluster with MaxArraySize=3 takes it; sbatch --array numbers them by element (1,3): refused there."""
+def test_past_max_array_size_the_sweep_goes_out_as_several_chained_arrays(fake_sbatch, tmp_path, capsys):
+    """N=4 elements on a cluster with MaxArraySize=3: submitit (1.5) writes one --array=0-3, which sbatch
+    would refuse; so two submitit arrays of 3 and 1 tasks, the second waiting for the first
+    (array_parallelism 2 < 4), each task running its own element."""
     bindir = Path(os.environ["PATH"].split(os.pathsep)[0])
+    (bindir / "sbatch").write_text(  # job ids 900, 901, ...
+        "#!/bin/bash\n"
+        f'n=$(ls {fake_sbatch} | wc -l); cp "${{@: -1}}" {fake_sbatch}/$n.sh\n'
+        'echo "Submitted batch job $((900 + n))"\n'
+    )
+    fake_scontrol_config(bindir, 3)
     sweep_dir = tmp_path / "sweep"
-    submit = ["submit", str(SWEEP_YAML), "--run-dir", str(sweep_dir), "--no-check-task"]
-    fake_scontrol_config(bindir, 3)
-    assert cli.main([*submit, "--backend", "submitit"]) == 2  # all 4 elements: task ids 0..3
-    err = capsys.readouterr().err
-    assert len(err.strip().splitlines()) == 1, err
-    assert "this cluster's MaxArraySize is 3" in err, err
-    assert list(fake_sbatch.iterdir()) == []
-    fake_scontrol_config(bindir, 4)
-    assert cli.main([*submit, "--backend", "submitit"]) == 0, capsys.readouterr()
-    for i in (0, 2):
-        write_finished(sweep_dir / element_dir_name(i, 4), {"step": 300})
-    capsys.readouterr()
-    fake_scontrol_config(bindir, 3)
-    assert cli.main([*submit, "--backend", "sbatch", "--dry-run"]) == 2  # --array=1,3: task id 3
-    err = capsys.readouterr().err
-    assert "this cluster's MaxArraySize is 3" in err and len(err.strip().splitlines()) == 1
-    assert cli.main([*submit, "--backend", "submitit"]) == 0, capsys.readouterr()
-    second = sorted(fake_sbatch.iterdir())[-1].read_text()
-    assert "#SBATCH --array=0-1%2\n" in second
-    fake_scontrol_config(bindir, 1)
-    capsys.readouterr()
-    assert cli.main([*submit, "--backend", "submitit"]) == 2  # K=2 > MaxArraySize=1
-    err = capsys.readouterr().err
-    assert "task ids up to 1, but this cluster's MaxArraySize is 1" in err and len(err.strip().splitlines()) == 1
-    assert len(list(fake_sbatch.iterdir())) == 2
+    submit = ["submit", str(SWEEP_YAML), "--run-dir", str(sweep_dir), "--no-check-task", "--backend", "submitit"]
+    assert cli.main([*submit, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "# MaxArraySize: 3; job arrays: 2" in out and "# array sizes: 3, 1; each later array starts" in out, out
+    assert "# submitit task -> element: 0->0, 1->1, 2->2, 0->3" in out, out
+    assert cli.main(submit) == 0
+    assert "submitted 2 job arrays, the first 900," in capsys.readouterr().out
+    first, second = (p.read_text() for p in sorted(fake_sbatch.iterdir()))
+    assert "#SBATCH --array=0-2%2\n" in first and "--dependency" not in first
+    assert "#SBATCH --array=0-0%1\n" in second and "#SBATCH --dependency=afterany:900\n" in second
+    assert "_slurm_ddp_elements=(003)" in second
+    assert [(j["job_id"], j["array"]) for j in read_sweep_jobs(sweep_dir)] == [("900", "0,1,2"), ("901", "3")]
+    assert [read_jobs(sweep_dir / element_dir_name(i, 4))[-1]["job_id"] for i in range(4)] == [
+        "900_0",
+        "900_1",
+        "900_2",
+        "901_0",
+    ]
