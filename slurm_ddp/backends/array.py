@@ -24,6 +24,7 @@ from ..rundir import (
     ARRAY_SCRIPT_NAME,
     CONFIG_NAME,
     array_task_id,
+    clear_submit_intent,
     element_dir_name,
     element_width,
     is_finished,
@@ -202,17 +203,28 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
+    from .sbatch import adopt_lost_job, identity_for, script_job_name, submit_once
+
+    known = [str(j.get("job_id", "")) for j in read_sweep_jobs(plan.sweep_dir)]
+    adopted = adopt_lost_job(plan.sweep_dir, known, run)
+    if adopted is not None:
+        raise UserError(
+            f"an earlier submit of sweep {plan.sweep_dir} lost sbatch's answer and made job array {adopted[1]}, "
+            f"which Slurm still has; not submitting a second one. Wait for it to end or cancel it "
+            f"(scancel {adopted[1]}), then submit again"
+        )
     prepare_sweep_dir(plan)
-    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.sweep_dir)
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout or "").strip().splitlines()
-        raise ClusterError(f"sbatch refused the job array (exit {proc.returncode}): {msg[-1] if msg else 'no message'}")
-    job_id = proc.stdout.strip().split(";")[0]
-    if not job_id:
-        raise ClusterError(f"sbatch printed no job id: {proc.stdout!r}")
-    record_sweep_job(plan.sweep_dir, backend="sbatch", job_id=job_id, array=plan.command[2].split("=", 1)[1])
+    # the intent first, and a lost answer's job looked for, never submitted twice (backends.sbatch)
+    ident = identity_for(plan.sweep_dir, script_job_name(plan.rendered.script))
+    job_id, ident, note = submit_once(plan.command, ident, known, run, "the job array")
+    extra = {"found_after_lost_answer": True} if note else {}
+    record_sweep_job(plan.sweep_dir, backend="sbatch", identity=ident, array=plan.command[2].split("=", 1)[1], **extra)
     for i in plan.todo:
-        record_job(plan.element_dir(i), backend="sbatch", job_id=array_task_id(job_id, i), array_job_id=job_id)
+        task = dataclasses.replace(
+            ident, job_id=array_task_id(job_id, i)
+        )  # Slurm's paths of a task lie in the sweep dir
+        record_job(plan.element_dir(i), backend="sbatch", identity=task, array_job_id=job_id, **extra)
+    clear_submit_intent(plan.sweep_dir)
     return job_id
 
 

@@ -19,6 +19,7 @@ submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``;
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +170,10 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
+    from .sbatch import identity_for
+
+    # Slurm's paths of its tasks (StdOut, Command) lie in the sweep directory's submitit folder
+    ident = identity_for(plan.sweep_dir, str(executor.parameters.get("job_name", "")))
     with submitting("the job array"), executor.batch():
         jobs = [executor.submit(c) for c in callables]
     first = str(jobs[0].job_id)
@@ -176,10 +181,11 @@ def schedule_submitit(plan: SweepPlan) -> str:
     record_sweep_job(
         plan.sweep_dir,
         backend="submitit",
-        job_id=array_job_id,
+        identity=dataclasses.replace(ident, job_id=array_job_id),
         array=",".join(str(i) for i in plan.todo),
         tasks=len(plan.todo),
     )
     for i, job in zip(plan.todo, jobs):
-        record_job(plan.element_dir(i), backend="submitit", job_id=str(job.job_id), array_job_id=array_job_id)
+        task = dataclasses.replace(ident, job_id=str(job.job_id))
+        record_job(plan.element_dir(i), backend="submitit", identity=task, array_job_id=array_job_id)
     return array_job_id
