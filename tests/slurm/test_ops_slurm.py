@@ -3,7 +3,10 @@
 One digits job that would train for a long time: ``status`` says RUNNING, ``logs --rank 0``
 shows its log, ``logs -f`` follows it, ``requeue`` restarts it (it resumes from its
 checkpoint), ``cancel`` ends it, and ``status`` then says it ended — and ``logs -f`` stops
-by itself. Also ``submit --test-only`` against the real controller.
+by itself. Then an unrelated job of the same user holds the run's recorded id (a second cluster
+sharing ``$HOME``, the controller's ids restarted): ``cancel`` and ``requeue`` refuse in one line
+and leave it running, ``status`` and ``runs`` do not show its state. Also ``submit --test-only``
+against the real controller.
 """
 
 from __future__ import annotations
@@ -69,6 +72,7 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
     assert r.returncode == 0, r.stdout + r.stderr
     job_id = re.search(r"submitted job (\d+)", r.stdout).group(1)
     follower = None
+    other_id = ""
     try:
         diag = lambda: "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))  # noqa: E731
         wait_for(lambda: events(run_dir, "train"), 60, "the first logged step", diag)
@@ -126,11 +130,51 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         assert follower.returncode == 0, err
         assert f"[batch {job_id}]" in out and "[rank 0]" in out and "resumed from checkpoint" in out, out[-3000:]
         assert "ended: CANCELLED" in err, err
+
+        # another job of the same user holding the run's id (a second cluster sharing $HOME, ids restarted):
+        # the record points at an unrelated job; cancel and requeue refuse in one line and leave it alone
+        rec = json.loads((run_dir / "jobs.jsonl").read_text().splitlines()[-1])
+        assert rec["job_name"] == "digits" and rec["job_dir"] == str(run_dir) and rec["user"] and rec["cluster"], rec
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        r = slurm_sandbox.run(
+            ["sbatch", "--parsable", "--job-name=other-job", "--wrap", "sleep 300"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=str(elsewhere),
+        )
+        assert r.returncode == 0, r.stderr
+        other_id = r.stdout.strip().split(";")[0]
+        with open(run_dir / "jobs.jsonl", "a") as f:
+            f.write(json.dumps({**rec, "job_id": other_id}) + "\n")
+
+        def other_state() -> str:
+            q = slurm_sandbox.run(["squeue", "-h", "-j", other_id, "-o", "%T %r"], capture_output=True, text=True)
+            return q.stdout.strip()
+
+        wait_for(lambda: other_state().startswith("RUNNING"), 30, "the unrelated job to run", other_state)
+        for verb, done in (("cancel", "not cancelled"), ("requeue", "not requeued")):
+            rc, out, err = cli(verb, str(run_dir))
+            assert rc == 2 and len(err.splitlines()) == 1, err
+            assert (
+                err.startswith(f"slurm-ddp: error: job {other_id}")
+                and f"is not run 'digits' (it is 'other-job', run dir {elsewhere}): {done}; the run's job is gone from this cluster's queue"
+                in err
+            ), err
+        st = status(cli, run_dir)
+        assert (st["state"], st["final"], st["other_job"]["job_id"]) == ("ENDED", True, other_id), st
+        rc, out, err = cli("runs", str(tmp_path))
+        assert re.search(rf"^digits\s+{job_id},{other_id}\s+ENDED\s", out, re.M), out
+        show = slurm_sandbox.run(["scontrol", "show", "job", other_id], capture_output=True, text=True).stdout
+        assert other_state().startswith("RUNNING") and "Restarts=0" in show, show  # untouched
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()
             follower.wait()
         slurm_sandbox.run(["scancel", job_id], capture_output=True, timeout=20)
+        if other_id:
+            slurm_sandbox.run(["scancel", other_id], capture_output=True, timeout=20)
 
 
 def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path: Path, monkeypatch) -> None:
