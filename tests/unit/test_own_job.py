@@ -316,3 +316,22 @@ def test_the_next_submit_records_the_job_a_lost_answer_made_and_refuses_a_second
     one_error(rc, err, "already has job 4243, made by an earlier submit whose sbatch answer was lost (now recorded)")
     assert len(slurm.calls("sbatch")) == 1  # no second job
     assert rundir.read_jobs(rd)[-1]["job_id"] == "4243" and not (rd / rundir.SUBMITTING_NAME).exists()
+
+
+def test_after_refuses_a_run_whose_id_names_another_job(tmp_path, slurm, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    job = write_job(tmp_path)
+    train = make_run(tmp_path, "train", metrics=training_metrics(100))
+    record(train, "105", user="root", job_name="train", job_dir=str(train))
+    slurm.job("105", "RUNNING", run_dir=tmp_path / "elsewhere", name="other-job")
+    slurm.set("sbatch", stdout="106\n", when=["--parsable"])
+    argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(tmp_path / "eval"), "--no-check-task"]
+    rc, out, err = cli([*argv, "--after", str(train)], capsys)
+    one_error(
+        rc, err, f"--after {train}: job 105 is not run 'train' (it is 'other-job'", "would wait for the other job"
+    )
+    assert slurm.calls("sbatch") == []
+    slurm.job("105", "RUNNING", run_dir=train, name="train")  # its own job: the dependency
+    rc, out, err = cli([*argv, "--after", str(train)], capsys)
+    assert rc == 0, err
+    assert "--dependency=afterok:105" in slurm.calls("sbatch")[0]["args"]
