@@ -1,8 +1,10 @@
 """Acting on a run's latest Slurm job from the login node: :func:`cancel` (``scancel``) and
 :func:`requeue` (``scontrol requeue``).
 
-Side effects: asks Slurm about the job first (:mod:`.slurm`), then runs ``scancel`` or
-``scontrol requeue`` through the injectable ``run_cmd``; returns a sentence saying what was
+Side effects: asks Slurm about the job first (:mod:`.slurm`, on the cluster it was submitted to) and
+refuses, in one line, a job under the run's id that is not the run's (:mod:`.ownjob`: a second cluster
+sharing ``$HOME``, restarted job ids); then runs ``scancel`` or ``scontrol requeue`` through the
+injectable ``run_cmd``; returns a sentence saying what was
 done and raises a one-line error otherwise (printing is the CLI's). Imports no torch.
 """
 
