@@ -11,7 +11,8 @@ field where both sides know it:
 
 - the cluster: the job of a run submitted to cluster A is asked about on A (``--clusters=A``,
   :func:`query_cluster`) where this machine's cluster (``ops.slurm.local_cluster``) is another;
-- the user (``UserId``), the job name (``JobName``);
+- the user (``UserId``; a bare uid, where the controller cannot name it, is not compared), the job
+  name (``JobName``);
 - the directory: Slurm's ``Command`` (the batch script), ``StdOut`` or ``WorkDir`` lies in the run's
   directory (the sweep directory for an array element), compared as written and with symlinks resolved.
 
@@ -88,7 +89,7 @@ def check(ident: JobIdentity, job: SlurmJob) -> Verdict:
         compared = True
         if ident.cluster.lower() != job.cluster.lower():
             return Verdict(False, f"it is a job of cluster {job.cluster!r}")
-    if ident.user and job.user:
+    if ident.user and job.user and not job.user.isdigit():  # a bare uid: the controller has no name for it
         compared = True
         if ident.user != job.user:
             return Verdict(False, f"it is {job.name or 'a job'!r} of user {job.user!r}" + _where(job))

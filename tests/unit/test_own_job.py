@@ -70,6 +70,7 @@ def test_check_compares_what_both_sides_know(tmp_path):
     v = ownjob.check(ident, SlurmJob("59", "RUNNING", user="ann", name="other-job", work_dir="/x"))
     assert v.ours is False and v.why == "it is 'other-job', run dir /x"
     assert ownjob.check(ident, SlurmJob("59", "RUNNING", user="bob", name="digits")).ours is False
+    assert ownjob.check(ident, SlurmJob("59", "RUNNING", user="1000", name="digits")).ours is True  # a bare uid
     v = ownjob.check(ident, SlurmJob("59", "RUNNING", name="digits", work_dir=str(tmp_path / "run2")))
     assert v.ours is False  # a sibling directory whose name starts the same is not inside
     assert ownjob.check(ident, SlurmJob("59", "FAILED", cluster="beta", work_dir=str(rd))).ours is False
