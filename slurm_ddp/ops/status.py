@@ -245,9 +245,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     job, other, verdict = own_job(ident, ans)
     notes = list(ans.notes)
     if other is not None:  # the id names another job now: the run's job is not there any more
-        notes = [f"{not_the_run(ident, other, verdict, run.name, ans)}; {gone_words(other)}"] + [
-            n for n in notes if other.source == "sacct" or not n.startswith("sacct")
-        ]
+        notes = [f"{not_the_run(ident, other, verdict, run.name, ans)}; {gone_words(other)}", *notes]
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes, other_job=other)
         notes.append(f"the run did not finish (last step {run.step})")
