@@ -6,7 +6,8 @@ checkpoint), ``cancel`` ends it, and ``status`` then says it ended — and ``log
 by itself. Then an unrelated job of the same user holds the run's recorded id (a second cluster
 sharing ``$HOME``, the controller's ids restarted): ``cancel`` and ``requeue`` refuse in one line
 and leave it running, ``status`` and ``runs`` do not show its state. Also ``submit --test-only``
-against the real controller.
+against the real controller, and a submit whose sbatch answer was lost finding its job (held, never
+started) instead of submitting a second one.
 """
 
 from __future__ import annotations
@@ -208,3 +209,39 @@ def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path:
     assert list(tmp_path.iterdir()) == []  # no run directory, nothing else
     rc, out, err = cli("runs", str(tmp_path))
     assert out == f"no runs under {tmp_path}\n"
+
+
+def test_a_lost_sbatch_answer_is_found_not_submitted_twice(slurm_sandbox, tmp_path: Path) -> None:
+    """sbatch makes the job but its answer is lost (here: a wrapper that submits the job held, then
+    says "Socket timed out" as sbatch does when the controller's reply never came): ``submit`` finds
+    the job by user, name and run directory in the real squeue, records it and submits nothing more."""
+    import os
+    import shutil
+
+    real = shutil.which("sbatch", path=slurm_sandbox.client_env().get("PATH"))
+    assert real, "sbatch is not on PATH"
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    (wrapper / "sbatch").write_text(
+        f'#!/bin/sh\n"{real}" --hold "$@" >/dev/null || exit $?\n'
+        'echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2\nexit 1\n'
+    )
+    (wrapper / "sbatch").chmod(0o755)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{wrapper}:{os.environ.get('PATH', '')}"}
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    cmd += ["--no-check-task", "--set", "slurm.nodes=1", "--set", "slurm.tasks_per_node=1"]
+    r = slurm_sandbox.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    found = re.search(r"found the job it made: (\d+) \(not submitted twice\)", r.stderr)
+    ids = slurm_sandbox.run(["squeue", "-h", "--name=digits", "-o", "%i %Z"], capture_output=True, text=True).stdout
+    mine = [ln.split()[0] for ln in ids.splitlines() if ln.split()[1:] == [str(run_dir)]]
+    try:
+        assert r.returncode == 0 and found, r.stdout + r.stderr
+        assert mine == [found.group(1)], ids  # one job, the one found
+        assert f"submitted job {found.group(1)}; run directory {run_dir}" in r.stdout
+        rec = json.loads((run_dir / "jobs.jsonl").read_text().splitlines()[-1])
+        assert rec["job_id"] == found.group(1) and rec["found_after_lost_answer"] is True
+        assert not (run_dir / "submitting.json").exists()
+    finally:
+        for jid in mine:
+            slurm_sandbox.run(["scancel", jid], capture_output=True, timeout=20)
