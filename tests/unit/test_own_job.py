@@ -336,3 +336,21 @@ def test_after_refuses_a_run_whose_id_names_another_job(tmp_path, slurm, capsys,
     rc, out, err = cli([*argv, "--after", str(train)], capsys)
     assert rc == 0, err
     assert "--dependency=afterok:105" in slurm.calls("sbatch")[0]["args"]
+
+
+def test_runs_asks_once_per_cluster(tmp_path, slurm, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("SLURM_CLUSTER_NAME", "beta")
+    here = make_run(tmp_path, "here", metrics=training_metrics(100))
+    record(here, "7", cluster="beta", user="root", job_name="here", job_dir=str(here))
+    old = make_run(tmp_path, "old", jobs=[("sbatch", "8")])  # no cluster recorded: asked here
+    there = make_run(tmp_path, "there", metrics=training_metrics(100))
+    record(there, "7", cluster="alpha", user="root", job_name="there", job_dir=str(there))
+    slurm.set("squeue", stdout=squeue_line("7", "RUNNING", here, name="here") + squeue_line("8", "PENDING", old))
+    slurm.set("squeue", stdout=squeue_line("7", "PENDING", there, name="there"), when=["--clusters=alpha"])
+    rc, out, err = cli(["runs", str(tmp_path), "--json"], capsys)
+    states = {r["name"]: r["state"] for r in map(json.loads, out.splitlines()) if "name" in r}
+    assert states == {"here": "RUNNING", "old": "PENDING", "there": "PENDING"}, out
+    assert sorted(next((a for a in c["args"] if a.startswith("--jobs=")), "") for c in slurm.calls("squeue")) == [
+        "--jobs=7",
+        "--jobs=7,8",
+    ]
