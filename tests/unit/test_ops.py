@@ -22,9 +22,9 @@ import yaml
 from lib import require_module
 
 from slurm_ddp import ops, rundir
-from slurm_ddp.ops import slurm as ops_slurm
 from slurm_ddp.cli import main
 from slurm_ddp.errors import UserError
+from slurm_ddp.ops import slurm as ops_slurm
 
 SLURM_COMMANDS = ("scontrol", "squeue", "sacct", "scancel", "sbatch")
 
