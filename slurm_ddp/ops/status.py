@@ -24,13 +24,14 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
-from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
+from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, SUBMITTING_NAME, LocalEnd, status_words
 from ..rundir.local_end import PREEMPTED_STATE
 from .ownjob import gone_words, group_by_cluster, identity_of, not_the_run, own_job, query_cluster
 from .runs import Run, is_run_dir, read_run
@@ -287,11 +288,24 @@ def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
     if waiting is not None:
         return waiting
     if not run.jobs:
-        return _not_submitted(run)
+        return _with_intent(_not_submitted(run))
     if run.is_local:
         return _local_status(run)
     ident = identity_of(run)
-    return _status_from(run, query_jobs([run.latest_job_id or ""], run_cmd, detail=True, cluster=query_cluster(ident)))
+    ans = query_jobs([run.latest_job_id or ""], run_cmd, detail=True, cluster=query_cluster(ident))
+    return _with_intent(_status_from(run, ans))
+
+
+def _with_intent(st: RunStatus) -> RunStatus:
+    """``st`` with a note when a submit's intent is in the run directory (``rundir.SUBMITTING_NAME``)."""
+    w = st.run.submitting
+    if w is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.time)) if w.time else "an unknown time"
+        st.notes.append(
+            f"a submit into this run directory (at {when}) is under way or lost sbatch's answer ({SUBMITTING_NAME}): "
+            "the next submit looks for the job it may have made and does not make a second one"
+        )
+    return st
 
 
 def refuse_active_run(run_dir: Path, run_cmd: Runner = subprocess.run) -> Optional[str]:

@@ -354,3 +354,11 @@ def test_runs_asks_once_per_cluster(tmp_path, slurm, capsys, monkeypatch):  # no
         "--jobs=7",
         "--jobs=7,8",
     ]
+
+
+def test_status_says_when_a_submit_lost_its_answer(tmp_path, slurm, capsys):  # noqa: F811
+    rd = make_run(tmp_path, jobs=())
+    rundir.record_submit_intent(rd, rundir.JobIdentity("", user="root", job_name="digits", job_dir=str(rd)))
+    rc, out, err = cli(["status", str(rd), "--json"], capsys)
+    st = json.loads(out)
+    assert st["state"] == "NOT SUBMITTED" and "lost sbatch's answer (submitting.json)" in st["notes"][-1], st
