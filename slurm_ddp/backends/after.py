@@ -8,8 +8,11 @@ that finished, for ``afterok``/``afterany``: the controller may have forgotten i
 refuses a dependency on a job it does not know). The local backend has no scheduler: its launcher
 waits for the named runs itself (:func:`wait_for_runs`) before it starts the ranks.
 
-Side effects: reads run directories; :func:`wait_for_runs` asks Slurm (``ops.run_status``) until the
-runs end, and records its wait in the waiting run's directory (``rundir.WAITING_NAME``). Imports no torch.
+A run's recorded id is checked to name the run's own job first (``ops.ownjob``, one query per run
+target, one per sweep): an id that names another job now (a second cluster, restarted ids) is refused.
+
+Side effects: reads run directories; asks Slurm about each target run's job (``ops.run_status``,
+``ops.sweeps.sweep_status``); :func:`wait_for_runs` asks it until the runs end, and records its wait in the waiting run's directory (``rundir.WAITING_NAME``). Imports no torch.
 """
 
 from __future__ import annotations
@@ -24,8 +27,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..errors import DependencyNeverSatisfied, UserError
 from ..ops.runs import Run, read_run, resolve_run
-from ..ops.status import run_status
-from ..ops.sweeps import read_sweep
+from ..ops.status import RunStatus, run_status
+from ..ops.sweeps import read_sweep, sweep_status
 from ..rundir import LocalWait, is_sweep_dir, record_waiting
 
 #: sbatch's dependency types that ``--after`` takes (sbatch(1), ``--dependency``); the first is the default
@@ -117,24 +120,33 @@ def _job_ids(a: After) -> List[Tuple[str, bool, str]]:
         return [(a.job_id, False, a.job_id)]
     if is_sweep_dir(a.path):
         out: List[Tuple[str, bool, str]] = []
-        for e in read_sweep(a.path).elements:
-            r = e.run
+        # one query for the whole sweep: an element's id that names another job now is no dependency
+        for _, st in sweep_status(read_sweep(a.path)).elements:
+            r = st.run
             if not r.jobs:
                 continue
-            out.append(_run_job(r, str(r.path)))
+            out.append(_run_job(r, str(r.path), st))
         if not out:
             raise UserError(f"--after {a.path}: no element of that sweep was submitted")
         return out
-    return [_run_job(read_run(a.path), str(a.path))]
+    run = read_run(a.path)
+    return [_run_job(run, str(a.path), run_status(run) if run.jobs and not run.is_local else None)]
 
 
-def _run_job(run: Run, where: str) -> Tuple[str, bool, str]:
+def _run_job(run: Run, where: str, st: Optional[RunStatus] = None) -> Tuple[str, bool, str]:
+    """``st``: the run's state, whose ``other_job`` says that its recorded id names another job now
+    (``ops.ownjob``): a dependency on that id would wait for the other job, so it is refused."""
     if not run.jobs or not run.latest_job_id:
         raise UserError(f"--after {where}: that run was never submitted (no job in its jobs.jsonl)")
     if run.is_local:
         raise UserError(
             f"--after {where}: that run ran on the local backend; a Slurm job cannot wait for it "
             "(submit this one with --backend local, or run that one under Slurm)"
+        )
+    if st is not None and st.other_job is not None and run.finished is None:
+        raise UserError(
+            f"--after {where}: {st.notes[0]}; a dependency on that id would wait for the other job. "
+            f"Submit that run again first, or give a job id"
         )
     return run.latest_job_id, run.finished is not None, where
 

@@ -28,6 +28,7 @@ from ..rundir import (
     CONFIG_NAME,
     array_link_dir,
     array_task_id,
+    clear_submit_intent,
     element_dir_name,
     element_width,
     is_finished,
@@ -249,36 +250,48 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
+    from .sbatch import adopt_lost_job, identity_for, script_job_name, submit_once
+
+    known = [str(j.get("job_id", "")) for j in read_sweep_jobs(plan.sweep_dir)]
+    adopted = adopt_lost_job(plan.sweep_dir, known, run)
+    if adopted is not None:
+        raise UserError(
+            f"an earlier submit of sweep {plan.sweep_dir} lost sbatch's answer and made job array {adopted[1]}, "
+            f"which Slurm still has; not submitting a second one. Wait for it to end or cancel it "
+            f"(scancel {adopted[1]}), then submit again"
+        )
     prepare_sweep_dir(plan)
+    # the intent first, and a lost answer's job looked for, never submitted twice (backends.sbatch)
+    ident = identity_for(plan.sweep_dir, script_job_name(plan.rendered.script))
     arrays = plan.arrays or (ArrayChunk(offset=0, elements=plan.todo),)
     submitted: List[str] = []
     for j, chunk in enumerate(arrays):
         if chunk.offset:
             _make_array_links(plan, chunk)
         argv = plan.array_argv(j, submitted[-1] if submitted else "")
-        proc = run(list(argv), capture_output=True, text=True, cwd=plan.sweep_dir)
-        job_id = (proc.stdout or "").strip().split(";")[0] if proc.returncode == 0 else ""
-        if not job_id:
-            msg = (proc.stderr or proc.stdout or "").strip().splitlines()
-            why = (
-                f"sbatch refused the job array (exit {proc.returncode}): {msg[-1] if msg else 'no message'}"
-                if proc.returncode != 0
-                else f"sbatch printed no job id: {proc.stdout!r}"
-            )
-            if submitted:  # later arrays first: an earlier one's end would release a later one's dependency
-                undo = run(["scancel", *reversed(submitted)], capture_output=True, text=True)
-                gone = "cancelled" if undo.returncode == 0 else f"NOT cancelled (scancel exit {undo.returncode})"
-                why += (
-                    f" (array {j + 1} of {len(arrays)}, elements {chunk.elements[0]}..{chunk.elements[-1]}); "
-                    f"the {len(submitted)} array(s) of this submit it had accepted ({', '.join(submitted)}) were {gone}"
-                )
-            raise ClusterError(why)
+        try:
+            job_id, array_ident, note = submit_once(argv, ident, [*known, *submitted], run, "the job array")
+        except ClusterError as e:
+            if not submitted:
+                raise
+            # later arrays first: an earlier one's end would release a later one's dependency
+            undo = run(["scancel", *reversed(submitted)], capture_output=True, text=True)
+            gone = "cancelled" if undo.returncode == 0 else f"NOT cancelled (scancel exit {undo.returncode})"
+            raise ClusterError(
+                f"{e} (array {j + 1} of {len(arrays)}, elements {chunk.elements[0]}..{chunk.elements[-1]}); "
+                f"the {len(submitted)} array(s) of this submit it had accepted ({', '.join(submitted)}) were {gone}"
+            ) from None
         submitted.append(job_id)
+        extra = {"found_after_lost_answer": True} if note else {}
         # recorded at once: an interrupted submit leaves the arrays it made visible to status and cancel
         spec = next(a for a in argv if a.startswith("--array=")).split("=", 1)[1]
-        record_sweep_job(plan.sweep_dir, backend="sbatch", job_id=job_id, array=spec, offset=chunk.offset)
+        record_sweep_job(
+            plan.sweep_dir, backend="sbatch", identity=array_ident, array=spec, offset=chunk.offset, **extra
+        )
         for task, i in zip(chunk.task_ids, chunk.elements):
-            record_job(plan.element_dir(i), backend="sbatch", job_id=array_task_id(job_id, task), array_job_id=job_id)
+            task_ident = dataclasses.replace(array_ident, job_id=array_task_id(job_id, task))  # paths in the sweep dir
+            record_job(plan.element_dir(i), backend="sbatch", identity=task_ident, array_job_id=job_id, **extra)
+        clear_submit_intent(plan.sweep_dir)
     return submitted[0]
 
 

@@ -347,7 +347,7 @@ def submit_run(
     if backend == "sbatch":
         from .sbatch import schedule
 
-        job_id = schedule(plan)
+        job_id = schedule(plan, warn=report.warn)
         report.out(f"submitted job {job_id}; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
     if backend == "submitit":

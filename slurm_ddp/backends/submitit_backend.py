@@ -20,6 +20,7 @@ submitit as its ``python`` command. MASTER_PORT is probed free on the first node
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -355,7 +356,10 @@ def schedule(plan: SubmitPlan) -> str:
     private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
     # train.command's script and workdir in the code snapshot
     callable_ = make_callable(plan.cfg, plan.ranks_cfg, str(rd))
+    from .sbatch import identity_for
+
+    ident = identity_for(plan.run_dir, str(executor.parameters.get("job_name", "")))  # its StdOut: RUN_DIR/submitit
     with submitting("the job"):
         job = executor.submit(callable_)
-    record_job(plan.run_dir, backend="submitit", job_id=str(job.job_id))
+    record_job(plan.run_dir, backend="submitit", identity=dataclasses.replace(ident, job_id=str(job.job_id)))
     return str(job.job_id)

@@ -24,6 +24,7 @@ submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``;
 
 from __future__ import annotations
 
+import dataclasses
 import shlex
 import subprocess
 from dataclasses import dataclass
@@ -225,11 +226,15 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
+    from .sbatch import identity_for
+
     array_ids: List[str] = []
     chain = _chained(plan)
     by_element = dict(zip(plan.todo, callables))
     for j, elements in enumerate(task_arrays(plan)):
         executor = make_executor(plan, elements=elements, dependency=f"afterany:{array_ids[-1]}" if chain and j else "")
+        # Slurm's paths of its tasks (StdOut, Command) lie in the sweep directory's submitit folder
+        ident = identity_for(plan.sweep_dir, str(executor.parameters.get("job_name", "")))
         try:
             with submitting("the job array"), executor.batch():
                 jobs = [executor.submit(by_element[i]) for i in elements]
@@ -247,10 +252,11 @@ def schedule_submitit(plan: SweepPlan) -> str:
         record_sweep_job(
             plan.sweep_dir,
             backend="submitit",
-            job_id=array_job_id,
+            identity=dataclasses.replace(ident, job_id=array_job_id),
             array=",".join(str(i) for i in elements),
             tasks=len(elements),
         )
         for i, job in zip(elements, jobs):
-            record_job(plan.element_dir(i), backend="submitit", job_id=str(job.job_id), array_job_id=array_job_id)
+            task = dataclasses.replace(ident, job_id=str(job.job_id))
+            record_job(plan.element_dir(i), backend="submitit", identity=task, array_job_id=array_job_id)
     return array_ids[0]

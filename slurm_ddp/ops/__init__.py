@@ -7,6 +7,8 @@ One module per job:
   :func:`resolve_run`); reads files;
 - :mod:`.slurm`: what Slurm says about jobs (``scontrol``/``squeue``/``sacct``, job states);
   runs commands through an injectable ``Runner``;
+- :mod:`.ownjob`: whether the job Slurm has under a run's recorded id is the run's own (user, job
+  name, directory, cluster), the one check every verb below asks before it acts on or reports a job;
 - :mod:`.status`: the two joined into a run's state (:class:`RunStatus`), the local launcher's
   liveness, and the refusal of a second job in a busy run directory;
 - :mod:`.actions`: :func:`cancel` and :func:`requeue` (``scancel`` / ``scontrol requeue``);

@@ -1,8 +1,10 @@
 """Acting on a run's latest Slurm job from the login node: :func:`cancel` (``scancel``) and
 :func:`requeue` (``scontrol requeue``).
 
-Side effects: asks Slurm about the job first (:mod:`.slurm`), then runs ``scancel`` or
-``scontrol requeue`` through the injectable ``run_cmd``; returns a sentence saying what was
+Side effects: asks Slurm about the job first (:mod:`.slurm`, on the cluster it was submitted to) and
+refuses, in one line, a job under the run's id that is not the run's (:mod:`.ownjob`: a second cluster
+sharing ``$HOME``, restarted job ids); then runs ``scancel`` or ``scontrol requeue`` through the
+injectable ``run_cmd``; returns a sentence saying what was
 done and raises a one-line error otherwise (printing is the CLI's). Imports no torch.
 """
 
@@ -13,12 +15,13 @@ import signal
 import subprocess
 import time
 from dataclasses import replace
-from typing import List
+from typing import List, Optional, Tuple
 
 from ..errors import ClusterError, UserError
 from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME, record_waiting
+from .ownjob import identity_of, own_job, query_cluster, refusal
 from .runs import Run
-from .slurm import REQUEUED_STATES, Runner, call, last_line, query_jobs
+from .slurm import REQUEUED_STATES, Runner, SlurmAnswer, SlurmJob, call, clusters_args, last_line, query_jobs
 from .status import local_launcher_alive, waiting_status
 
 
@@ -33,6 +36,18 @@ def _slurm_job_of(run: Run, verb: str) -> str:
             f"(its launcher is process {run.latest_job_id} on the machine that submitted it)"
         )
     return run.latest_job_id
+
+
+def _own_job(run: Run, jid: str, run_cmd: Runner, done: str) -> Tuple[Optional[SlurmJob], SlurmAnswer]:
+    """Slurm's word on the run's job ``jid`` (asked on the cluster it was submitted to), checked to be the
+    run's own (``ops.ownjob``); raises ``UserError`` with the one-line refusal (``done``: ``not cancelled``)
+    when the id names another job now."""
+    ident = identity_of(run)
+    ans = query_jobs([jid], run_cmd, detail=True, cluster=query_cluster(ident))
+    job, other, verdict = own_job(ident, ans)
+    if other is not None:
+        raise UserError(refusal(ident, other, verdict, run.name, ans, done))
+    return job, ans
 
 
 def _act(argv: List[str], run_cmd: Runner) -> None:
@@ -58,13 +73,12 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     if run.is_local and run.jobs:
         return _cancel_local(run)
     jid = _slurm_job_of(run, "cancel")
-    ans = query_jobs([jid], run_cmd, detail=True)
-    job = ans.jobs.get(jid)
+    job, ans = _own_job(run, jid, run_cmd, "not cancelled")
     if job is not None and job.final:
         raise UserError(f"job {jid} of run {run.name!r} already ended ({job.state}); nothing to cancel")
     if job is None and ans.controller_answered:
         raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}: it ended; nothing to cancel")
-    _act(["scancel", jid], run_cmd)
+    _act(["scancel", *clusters_args(ans.cluster), jid], run_cmd)
     return (
         f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
         f"continue later with: slurm-ddp requeue {run.path}"
@@ -118,8 +132,7 @@ def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
             f"run {run.name!r} already finished ({FINISHED_NAME} in {run.path}); a requeued job would exit "
             "at once. Submit with another --run-dir to train again"
         )
-    ans = query_jobs([jid], run_cmd, detail=True)
-    job = ans.jobs.get(jid)
+    job, ans = _own_job(run, jid, run_cmd, "not requeued")
     if job is not None and (job.state == "PENDING" or job.state in REQUEUED_STATES):
         raise UserError(
             f"job {jid} of run {run.name!r} is {job.state}: it is already waiting to start; nothing to requeue"
@@ -129,7 +142,7 @@ def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
             f"Slurm no longer knows job {jid} of run {run.name!r}; to resume it, submit again: "
             f"slurm-ddp submit {run.path / CONFIG_NAME} --run-dir {run.path}"
         )
-    _act(["scontrol", "requeue", jid], run_cmd)
+    _act(["scontrol", *clusters_args(ans.cluster), "requeue", jid], run_cmd)
     return (
         f"requeued job {jid} of run {run.name!r}: Slurm stops it (the ranks checkpoint) and starts it again; "
         "it resumes from its newest checkpoint"

@@ -22,6 +22,7 @@ from ..rundir import (
     JOBS_NAME,
     WAITING_NAME,
     InJobRestart,
+    JobIdentity,
     LocalEnd,
     LocalWait,
     Preempted,
@@ -33,6 +34,7 @@ from ..rundir import (
     read_local_end,
     read_metrics,
     read_preempted,
+    read_submit_intent,
     read_waiting,
 )
 
@@ -57,6 +59,9 @@ class Run:
     in_job_restarts: List[InJobRestart] = field(default_factory=list)
     #: a local launcher's wait for the runs it comes after (``rundir.read_waiting``), the latest one
     waiting: Optional[LocalWait] = None
+    #: the job a ``submit`` was about to make (``rundir.read_submit_intent``): a submit under way, or one
+    #: whose sbatch answer was lost
+    submitting: Optional[JobIdentity] = None
 
     @property
     def backend(self) -> Optional[str]:
@@ -230,6 +235,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         local_end=read_local_end(path),
         in_job_restarts=read_in_job_restarts(path),
         waiting=read_waiting(path),
+        submitting=read_submit_intent(path),
     )
 
 

@@ -24,14 +24,16 @@ from __future__ import annotations
 
 import os
 import subprocess
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
-from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
+from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, SUBMITTING_NAME, LocalEnd, status_words
 from ..rundir.local_end import PREEMPTED_STATE
+from .ownjob import gone_words, group_by_cluster, identity_of, not_the_run, own_job, query_cluster
 from .runs import Run, is_run_dir, read_run
 from .slurm import NEVER_SATISFIED_REASON, Runner, SlurmAnswer, SlurmJob, query_jobs
 
@@ -110,6 +112,8 @@ class RunStatus:
     notes: List[str] = field(default_factory=list)
     #: a local run: how its latest start ended (``rundir.LocalEnd``), when the launcher recorded it
     local_end: Optional[LocalEnd] = None
+    #: another job that Slurm has under the run's recorded id (``ops.ownjob``): never reported as the run's
+    other_job: Optional[SlurmJob] = None
 
     def describe_state(self) -> str:
         """``state`` with the detail that explains it, on one line."""
@@ -154,6 +158,7 @@ class RunStatus:
             "last_eval": r.last_eval,
             "notes": self.notes,
             "local_end": None if self.local_end is None else asdict(self.local_end),
+            "other_job": None if self.other_job is None else self.other_job.__dict__,
         }
 
 
@@ -234,9 +239,18 @@ def never_starts_note(run_dir: Path, job: SlurmJob) -> str:
 
 
 def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
+    """The run's state from Slurm's answer ``ans``, once the job under its id is checked to be the
+    run's (``ops.ownjob``): another job holding the id is never reported as the run's."""
     jid = run.latest_job_id
-    job = ans.jobs.get(jid or "")
+    ident = identity_of(run)
+    job, other, verdict = own_job(ident, ans)
     notes = list(ans.notes)
+    if other is not None:  # the id names another job now: the run's job is not there any more
+        notes = [f"{not_the_run(ident, other, verdict, run.name, ans)}; {gone_words(other)}", *notes]
+        if run.finished is not None:
+            return RunStatus(run, "COMPLETED", True, "run directory", notes=notes, other_job=other)
+        notes.append(f"the run did not finish (last step {run.step})")
+        return RunStatus(run, "ENDED", True, "run directory", notes=notes, other_job=other)
     if job is not None:
         notes = [] if job.source != "sacct" else notes
         st = RunStatus(run, job.state, job.final, f"slurm ({job.source})", slurm=job, notes=notes)
@@ -257,8 +271,13 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
             run, "ENDED", True, "run directory", notes=notes + [f"the run did not finish (last step {run.step})"]
         )
     state = "COMPLETED" if run.finished is not None else "UNKNOWN"
+    where = f" on cluster {ans.cluster!r}" if ans.cluster else ""
     return RunStatus(
-        run, state, run.finished is not None, "run directory", notes=[f"cannot ask Slurm about job {jid}"] + notes
+        run,
+        state,
+        run.finished is not None,
+        "run directory",
+        notes=[f"cannot ask Slurm about job {jid}{where}"] + notes,
     )
 
 
@@ -269,10 +288,24 @@ def run_status(run: Run, run_cmd: Runner = subprocess.run) -> RunStatus:
     if waiting is not None:
         return waiting
     if not run.jobs:
-        return _not_submitted(run)
+        return _with_intent(_not_submitted(run))
     if run.is_local:
         return _local_status(run)
-    return _status_from(run, query_jobs([run.latest_job_id or ""], run_cmd, detail=True))
+    ident = identity_of(run)
+    ans = query_jobs([run.latest_job_id or ""], run_cmd, detail=True, cluster=query_cluster(ident))
+    return _with_intent(_status_from(run, ans))
+
+
+def _with_intent(st: RunStatus) -> RunStatus:
+    """``st`` with a note when a submit's intent is in the run directory (``rundir.SUBMITTING_NAME``)."""
+    w = st.run.submitting
+    if w is not None:
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(w.time)) if w.time else "an unknown time"
+        st.notes.append(
+            f"a submit into this run directory (at {when}) is under way or lost sbatch's answer ({SUBMITTING_NAME}): "
+            "the next submit looks for the job it may have made and does not make a second one"
+        )
+    return st
 
 
 def refuse_active_run(run_dir: Path, run_cmd: Runner = subprocess.run) -> Optional[str]:
@@ -308,9 +341,11 @@ def refuse_active_run(run_dir: Path, run_cmd: Runner = subprocess.run) -> Option
 
 
 def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[RunStatus]:
-    """``run_status`` for many runs with one ``squeue`` (and at most one ``sacct``) call."""
-    ids = [r.latest_job_id for r in runs if r.jobs and not r.is_local and r.latest_job_id]
-    ans = query_jobs(sorted(set(ids)), run_cmd) if ids else SlurmAnswer()
+    """``run_status`` for many runs with one ``squeue`` (and at most one ``sacct``) call per cluster their
+    jobs were submitted to (one, but on a multi-cluster site)."""
+    slurm_runs = [r for r in runs if r.jobs and not r.is_local and r.latest_job_id]
+    groups = group_by_cluster(identity_of(r) for r in slurm_runs)
+    answers = {c: query_jobs(sorted(ids), run_cmd, cluster=c) for c, ids in groups.items()}
     out = []
     for r in runs:
         waiting = waiting_status(r)
@@ -321,5 +356,5 @@ def runs_status(runs: Sequence[Run], run_cmd: Runner = subprocess.run) -> List[R
         elif r.is_local:
             out.append(_local_status(r))
         else:
-            out.append(_status_from(r, ans))
+            out.append(_status_from(r, answers.get(query_cluster(identity_of(r)), SlurmAnswer())))
     return out

@@ -20,8 +20,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ..errors import UserError
 from ..rundir import SWEEP_NAME, element_dir_name, is_sweep_dir, read_sweep_jobs, read_sweep_manifest
 from .actions import _act
+from .ownjob import identity_of, query_cluster
 from .runs import Run, find_dirs, read_run
-from .slurm import REQUEUED_STATES, Runner, SlurmAnswer, SlurmJob, _clean, call, last_line
+from .slurm import REQUEUED_STATES, Runner, SlurmAnswer, clusters_args, sacct_rows, squeue_jobs
 from .status import RunStatus, _local_status, _status_from
 
 RUNNING_STATES = frozenset({"RUNNING", "COMPLETING", "SIGNALING", "STAGE_OUT", "CONFIGURING", "RESIZING"})
@@ -106,61 +107,28 @@ def read_sweep(path: Path) -> SweepRun:
     )
 
 
-def array_jobs(array_ids: Sequence[str], run: Runner = subprocess.run) -> SlurmAnswer:
+def array_jobs(array_ids: Sequence[str], run: Runner = subprocess.run, cluster: str = "") -> SlurmAnswer:
     """Every task of the job arrays ``array_ids``, keyed ``ARRAYJOBID_TASKID``: one ``squeue --array``
-    call, then one ``sacct`` for arrays the controller forgot."""
-    ans = SlurmAnswer()
+    call, then one ``sacct`` for arrays the controller forgot. ``cluster``: ``ops.slurm.clusters_args``."""
+    ans = SlurmAnswer(cluster=cluster)
     if not array_ids:
         return ans
-    proc, why = call(
-        run,
-        ["squeue", "--noheader", "--array", "--states=all", f"--jobs={','.join(array_ids)}", "--format=%i|%T|%r|%N"],
-    )
-    if proc is None:
+    jobs, why = squeue_jobs(array_ids, run, cluster, array=True)
+    if why:
         ans.notes.append(why)
-    elif proc.returncode != 0 and "invalid job id" not in (proc.stderr or "").lower():
-        ans.notes.append(f"squeue: {last_line(proc)}")
     else:
         ans.controller_answered = True
-        for line in (proc.stdout or "").splitlines():
-            parts = line.strip().split("|")
-            if len(parts) >= 2 and "_" in parts[0]:
-                ans.jobs[parts[0]] = SlurmJob(
-                    job_id=parts[0],
-                    state=parts[1].split()[0] if parts[1] else "?",
-                    reason=_clean(parts[2]) if len(parts) > 2 else "",
-                    nodes=_clean(parts[3]) if len(parts) > 3 else "",
-                    source="squeue",
-                )
+        ans.jobs.update(jobs)
     seen = {j.split("_", 1)[0] for j in ans.jobs}
     forgotten = [a for a in array_ids if a not in seen]
     if forgotten:
-        proc, why = call(
-            run,
-            [
-                "sacct",
-                "--noheader",
-                "--parsable2",
-                "--allocations",
-                f"--jobs={','.join(forgotten)}",
-                "--format=JobID,State,ExitCode,NodeList",
-            ],
-        )
-        if proc is None:
+        rows, why = sacct_rows(forgotten, run, cluster)
+        if why:
             ans.notes.append(why)
-        elif proc.returncode != 0:
-            ans.notes.append(f"sacct: {last_line(proc)}")
-        else:
-            for line in (proc.stdout or "").splitlines():
-                parts = line.strip().split("|")
-                if len(parts) >= 2 and "_" in parts[0] and parts[1] and parts[0] not in ans.jobs:
-                    ans.jobs[parts[0]] = SlurmJob(
-                        job_id=parts[0],
-                        state=parts[1].split()[0].rstrip("+"),
-                        exit_code=parts[2] if len(parts) > 2 else "",
-                        nodes=_clean(parts[3]) if len(parts) > 3 else "",
-                        source="sacct",
-                    )
+        for r in rows:
+            if "_" in r.job_id and r.job_id not in jobs:
+                ans.jobs[r.job_id] = r
+                ans.history.setdefault(r.job_id, []).append(r)
     return ans
 
 
@@ -171,6 +139,11 @@ class SweepStatus:
     sweep: SweepRun
     elements: List[Tuple[SweepElementRun, RunStatus]]
     notes: List[str] = field(default_factory=list)
+    cluster: str = ""  #: the ``--clusters`` value Slurm was asked with ("": the local cluster)
+
+    def others(self) -> List[RunStatus]:
+        """The elements whose recorded job id names another job now (``RunStatus.other_job``, ``ops.ownjob``)."""
+        return [st for _, st in self.elements if st.other_job is not None]
 
     def progress(self) -> Dict[str, int]:
         """Elements per kind: ``done``, ``running``, ``pending``, ``failed``."""
@@ -200,7 +173,10 @@ def sweep_status(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> SweepStat
             if r.jobs and not r.is_local and r.latest_job_id
         }
     )
-    ans = array_jobs(ids, run_cmd) if ids else SlurmAnswer()
+    submitted = [e.run for e in sweep.elements if e.run.jobs and not e.run.is_local and e.run.latest_job_id]
+    # one array job (or a few, one per submission) on one cluster: asked there
+    cluster = query_cluster(identity_of(submitted[-1])) if submitted else ""
+    ans = array_jobs(ids, run_cmd, cluster) if ids else SlurmAnswer()
     rows: List[Tuple[SweepElementRun, RunStatus]] = []
     for e in sweep.elements:
         r = e.run
@@ -212,7 +188,7 @@ def sweep_status(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> SweepStat
             st = _status_from(r, ans)
             st.notes = [n for n in st.notes if n not in ans.notes]
             rows.append((e, st))
-    return SweepStatus(sweep=sweep, elements=rows, notes=list(ans.notes))
+    return SweepStatus(sweep=sweep, elements=rows, notes=list(ans.notes), cluster=cluster)
 
 
 def lower_is_better(metric: str) -> bool:
@@ -288,15 +264,28 @@ def cancel_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     st = sweep_status(sweep, run_cmd)
     ids = [s.run.latest_job_id for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
     if not ids:
-        raise UserError(f"sweep {sweep.name!r} has no pending or running element; nothing to cancel")
+        raise UserError(f"sweep {sweep.name!r} has no pending or running element; nothing to cancel{_others(st)}")
     # later arrays first: a chained array (--dependency=afterany, sweep.chained) is released when the one
     # before it ends, and must be gone by then
     ids.sort(key=_submit_order, reverse=True)
-    _act(["scancel", *ids], run_cmd)
-    return (
+    _act(["scancel", *clusters_args(st.cluster), *ids], run_cmd)
+    return _others(st, "; ") + (
         f"cancelled {len(ids)} element(s) of sweep {sweep.name!r} ({', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}): "
         f"running ones checkpoint and stop; continue later with: slurm-ddp requeue {sweep.path}"
     )
+
+
+def _others(st: SweepStatus, sep: str = "") -> str:
+    """What the sweep verbs say of elements whose job id names another job now (left alone)."""
+    others = st.others()
+    if not others:
+        return ""
+    ids = ", ".join(str(o.other_job.job_id) for o in others[:8] if o.other_job is not None)
+    text = (
+        f"{len(others)} element(s) left alone: their recorded job ids ({ids}{', ...' if len(others) > 8 else ''}) "
+        "name other jobs now, not this sweep's (see slurm-ddp status)"
+    )
+    return f"{text}{sep}" if sep else f" ({text})"
 
 
 def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
@@ -315,10 +304,13 @@ def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     if not ids:
         raise UserError(
             f"sweep {sweep.name!r} has no running or stopped element Slurm still knows; nothing to requeue "
-            f"(to resume forgotten elements, submit the sweep again with --run-dir {sweep.path})"
+            f"(to resume forgotten elements, submit the sweep again with --run-dir {sweep.path}){_others(st)}"
         )
-    _act(["scontrol", "requeue", ",".join(ids)], run_cmd)
-    return f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: each resumes from its newest checkpoint"
+    _act(["scontrol", *clusters_args(st.cluster), "requeue", ",".join(ids)], run_cmd)
+    return (
+        _others(st, "; ")
+        + f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: each resumes from its newest checkpoint"
+    )
 
 
 def find_sweeps(base: Path, max_depth: int = 3) -> List[Path]:

@@ -8,7 +8,10 @@ A run directory holds:
 
 - ``config.yaml``: the validated job config, as submitted (``CONFIG_NAME``);
 - ``job.sbatch``: the rendered batch script (``SCRIPT_NAME``);
-- ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``);
+- ``jobs.jsonl``: one ``{"backend", "job_id", "time", ...}`` per submission (``JOBS_NAME``), with what
+  identifies the job to Slurm (:class:`JobIdentity`: cluster, user, job name, the directory of its
+  ``Command``/``StdOut``/``WorkDir``); ``submitting.json`` (``SUBMITTING_NAME``): the job a ``submit`` is
+  about to make, present only while sbatch runs or after its answer was lost;
 - ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
   survivor saw (``ENDS_NAME``: the batch shell after srun, the local launcher; :func:`record_end`),
   read by ``slurm-ddp report`` where Slurm accounting is not there; the local launcher's records carry
@@ -108,11 +111,13 @@ from .files import (
     STEP_NODES_VAR,
     STOPS_DIR,
     SUBMITIT_DIR,
+    SUBMITTING_NAME,
     SWEEP_JOBS_NAME,
     SWEEP_NAME,
     TRACKING_NAME,
     WAITING_NAME,
     WANDB_DIR_NAME,
+    JobIdentity,
     LocalWait,
     PathLike,
     Preempted,
@@ -121,6 +126,7 @@ from .files import (
     array_task_id,
     batch_log_name,
     checkpoint_dir,
+    clear_submit_intent,
     diff_name,
     element_dir_name,
     element_width,
@@ -128,6 +134,7 @@ from .files import (
     is_finished,
     is_job_dir,
     is_sweep_dir,
+    job_identity,
     latest_checkpoint_step,
     launcher_log_name,
     peer_lost_record,
@@ -141,12 +148,14 @@ from .files import (
     read_preempted,
     read_progress_samples,
     read_recoveries,
+    read_submit_intent,
     read_sweep_jobs,
     read_sweep_manifest,
     read_waiting,
     record_end,
     record_job,
     record_progress_sample,
+    record_submit_intent,
     record_sweep_job,
     record_waiting,
     requeue_target,
@@ -241,6 +250,8 @@ __all__ = [
     "Hang",
     "HangReport",
     "JOBS_NAME",
+    "SUBMITTING_NAME",
+    "JobIdentity",
     "LAUNCHER_LOCK_NAME",
     "LAUNCHER_OUT_NAME",
     "LOGS_DIR",
@@ -297,7 +308,10 @@ __all__ = [
     "read_finished",
     "read_hang_reports",
     "set_aside_hang_reports",
+    "clear_submit_intent",
+    "job_identity",
     "read_jobs",
+    "read_submit_intent",
     "read_jsonl",
     "read_metrics",
     "read_preempted",
@@ -306,6 +320,7 @@ __all__ = [
     "read_sweep_jobs",
     "read_sweep_manifest",
     "record_job",
+    "record_submit_intent",
     "record_rank_stop",
     "record_sweep_job",
     "requeue_job",

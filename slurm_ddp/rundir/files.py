@@ -19,6 +19,9 @@ PathLike = Union[str, "os.PathLike[str]"]
 CONFIG_NAME = "config.yaml"
 SCRIPT_NAME = "job.sbatch"
 JOBS_NAME = "jobs.jsonl"
+#: the job a ``submit`` is about to make, written before ``sbatch`` runs and removed once its id is in
+#: ``JOBS_NAME`` (:func:`record_submit_intent`): left behind, it names a job whose sbatch answer was lost
+SUBMITTING_NAME = "submitting.json"
 #: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
@@ -221,8 +224,11 @@ def write_sweep_manifest(path: PathLike, record: Dict[str, Any]) -> None:
     atomic_write_text(Path(path) / SWEEP_NAME, json.dumps(record, indent=1) + "\n")
 
 
-def record_sweep_job(path: PathLike, **record: Any) -> None:
-    """Append one ``sbatch --array`` submission (array job id, indices) to ``SWEEP_JOBS_NAME``."""
+def record_sweep_job(path: PathLike, *, identity: Optional[JobIdentity] = None, **record: Any) -> None:
+    """Append one ``sbatch --array`` submission (array job id, indices; the fields of ``identity``,
+    :class:`JobIdentity`, when given) to ``SWEEP_JOBS_NAME``."""
+    if identity is not None:
+        record = {**record, **identity.to_record()}
     record.setdefault("time", time.time())
     append_jsonl(Path(path) / SWEEP_JOBS_NAME, record)
 
@@ -273,8 +279,66 @@ def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
     return out
 
 
-def record_job(run_dir: PathLike, **record: Any) -> None:
-    """Append one submission to ``RUN_DIR/jobs.jsonl`` (backend, job id; ``time`` added)."""
+@dataclass(frozen=True)
+class JobIdentity:
+    """What identifies a run's Slurm job beyond its id, recorded with each submission in ``JOBS_NAME``
+    (:func:`record_job`): a job id names another job on a second cluster that shares the home
+    filesystem, or after the controller's ids restarted, so the login-node verbs check these against
+    the job Slurm now has under the id (``ops.ownjob``) before they act on it or report it.
+
+    Fields Slurm reports for a job (``scontrol show job``: ``ClusterName`` of ``scontrol show config``,
+    ``UserId``, ``JobName``, ``Command``/``StdOut``/``WorkDir``, ``SubmitTime``); ``""`` (0.0) where the
+    record predates them (records before slurm_ddp 0.x hold only backend, job id and time)."""
+
+    job_id: str  #: Slurm's job id (an array task: ``ARRAYJOBID_TASKID``)
+    cluster: str = ""  #: the cluster's ``ClusterName`` (slurm.conf(5)) the job was submitted to
+    user: str = ""  #: the submitting user's name (Slurm's ``UserId`` without the ``(uid)``)
+    job_name: str = ""  #: ``--job-name`` as Slurm knows it
+    #: the directory Slurm's ``Command``, ``StdOut`` or ``WorkDir`` of the job lie in: the run directory
+    #: (sbatch, submitit), the sweep directory for an element of a job array
+    job_dir: str = ""
+    time: float = 0.0  #: when it was submitted (epoch seconds, this machine's clock)
+
+    @property
+    def recorded(self) -> bool:
+        """True when the record holds more than the id (a submission of this version or later)."""
+        return bool(self.cluster or self.user or self.job_name or self.job_dir)
+
+    def to_record(self) -> Dict[str, Any]:
+        """The identity's fields of a ``JOBS_NAME`` record (the ``job_id`` and ``time`` included)."""
+        return {
+            "job_id": self.job_id,
+            "cluster": self.cluster,
+            "user": self.user,
+            "job_name": self.job_name,
+            "job_dir": self.job_dir,
+            "time": self.time or time.time(),
+        }
+
+
+def job_identity(record: Mapping[str, Any]) -> JobIdentity:
+    """The :class:`JobIdentity` of one ``JOBS_NAME`` record; missing or malformed fields are ``""``/0."""
+
+    def text(key: str) -> str:
+        v = record.get(key)
+        return v if isinstance(v, str) else ""
+
+    t = record.get("time")
+    return JobIdentity(
+        job_id=str(record.get("job_id", "")),
+        cluster=text("cluster"),
+        user=text("user"),
+        job_name=text("job_name"),
+        job_dir=text("job_dir"),
+        time=float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else 0.0,
+    )
+
+
+def record_job(run_dir: PathLike, *, identity: Optional[JobIdentity] = None, **record: Any) -> None:
+    """Append one submission to ``RUN_DIR/jobs.jsonl``: backend, job id and what else the caller gives,
+    the fields of ``identity`` (:class:`JobIdentity`) when given; ``time`` added."""
+    if identity is not None:
+        record = {**record, **identity.to_record()}
     record.setdefault("time", time.time())
     append_jsonl(Path(run_dir) / JOBS_NAME, record)
 
@@ -282,6 +346,34 @@ def record_job(run_dir: PathLike, **record: Any) -> None:
 def read_jobs(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The submissions recorded in ``RUN_DIR/jobs.jsonl``, oldest first."""
     return read_jsonl(Path(run_dir) / JOBS_NAME)
+
+
+def record_submit_intent(path: PathLike, identity: JobIdentity) -> None:
+    """Write ``SUBMITTING_NAME`` in the run or sweep directory ``path`` before ``sbatch`` runs: the job
+    it is about to make (``job_id`` ""). A submit whose sbatch answer was lost (or that was killed while
+    sbatch ran) leaves it; the next submit looks for that job (by user, name and directory) instead of
+    making a second one. Raises ``OSError``."""
+    p = Path(path) / SUBMITTING_NAME
+    tmp = p.with_name(p.name + ".tmp")
+    tmp.write_text(json.dumps(identity.to_record()) + "\n", encoding="utf-8")
+    os.replace(tmp, p)
+
+
+def read_submit_intent(path: PathLike) -> Optional[JobIdentity]:
+    """The intent :func:`record_submit_intent` left in ``path``; None when there is none (or it is unreadable)."""
+    try:
+        data = json.loads((Path(path) / SUBMITTING_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return job_identity(data) if isinstance(data, dict) else None
+
+
+def clear_submit_intent(path: PathLike) -> None:
+    """Remove ``SUBMITTING_NAME`` from ``path`` once the job it announced is recorded (or was never made)."""
+    try:
+        (Path(path) / SUBMITTING_NAME).unlink()
+    except FileNotFoundError:
+        pass
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,11 @@
 One digits job that would train for a long time: ``status`` says RUNNING, ``logs --rank 0``
 shows its log, ``logs -f`` follows it, ``requeue`` restarts it (it resumes from its
 checkpoint), ``cancel`` ends it, and ``status`` then says it ended — and ``logs -f`` stops
-by itself. Also ``submit --test-only`` against the real controller.
+by itself. Then an unrelated job of the same user holds the run's recorded id (a second cluster
+sharing ``$HOME``, the controller's ids restarted): ``cancel`` and ``requeue`` refuse in one line
+and leave it running, ``status`` and ``runs`` do not show its state. Also ``submit --test-only``
+against the real controller, and a submit whose sbatch answer was lost finding its job (held, never
+started) instead of submitting a second one.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
     assert r.returncode == 0, r.stdout + r.stderr
     job_id = re.search(r"submitted job (\d+)", r.stdout).group(1)
     follower = None
+    other_id = ""
     try:
         diag = lambda: "\n".join(p.read_text()[-2000:] for p in sorted((run_dir / "logs").glob("*")))  # noqa: E731
         wait_for(lambda: events(run_dir, "train"), 60, "the first logged step", diag)
@@ -126,11 +131,51 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         assert follower.returncode == 0, err
         assert f"[batch {job_id}]" in out and "[rank 0]" in out and "resumed from checkpoint" in out, out[-3000:]
         assert "ended: CANCELLED" in err, err
+
+        # another job of the same user holding the run's id (a second cluster sharing $HOME, ids restarted):
+        # the record points at an unrelated job; cancel and requeue refuse in one line and leave it alone
+        rec = json.loads((run_dir / "jobs.jsonl").read_text().splitlines()[-1])
+        assert rec["job_name"] == "digits" and rec["job_dir"] == str(run_dir) and rec["user"] and rec["cluster"], rec
+        elsewhere = tmp_path / "elsewhere"
+        elsewhere.mkdir()
+        r = slurm_sandbox.run(
+            ["sbatch", "--parsable", "--job-name=other-job", "--wrap", "sleep 300"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            cwd=str(elsewhere),
+        )
+        assert r.returncode == 0, r.stderr
+        other_id = r.stdout.strip().split(";")[0]
+        with open(run_dir / "jobs.jsonl", "a") as f:
+            f.write(json.dumps({**rec, "job_id": other_id}) + "\n")
+
+        def other_state() -> str:
+            q = slurm_sandbox.run(["squeue", "-h", "-j", other_id, "-o", "%T %r"], capture_output=True, text=True)
+            return q.stdout.strip()
+
+        wait_for(lambda: other_state().startswith("RUNNING"), 30, "the unrelated job to run", other_state)
+        for verb, done in (("cancel", "not cancelled"), ("requeue", "not requeued")):
+            rc, out, err = cli(verb, str(run_dir))
+            assert rc == 2 and len(err.splitlines()) == 1, err
+            assert (
+                err.startswith(f"slurm-ddp: error: job {other_id}")
+                and f"is not run 'digits' (it is 'other-job', run dir {elsewhere}): {done}; the run's job is gone from this cluster's queue"
+                in err
+            ), err
+        st = status(cli, run_dir)
+        assert (st["state"], st["final"], st["other_job"]["job_id"]) == ("ENDED", True, other_id), st
+        rc, out, err = cli("runs", str(tmp_path))
+        assert re.search(rf"^digits\s+{job_id},{other_id}\s+ENDED\s", out, re.M), out
+        show = slurm_sandbox.run(["scontrol", "show", "job", other_id], capture_output=True, text=True).stdout
+        assert other_state().startswith("RUNNING") and "Restarts=0" in show, show  # untouched
     finally:
         if follower is not None and follower.poll() is None:
             follower.kill()
             follower.wait()
         slurm_sandbox.run(["scancel", job_id], capture_output=True, timeout=20)
+        if other_id:
+            slurm_sandbox.run(["scancel", other_id], capture_output=True, timeout=20)
 
 
 def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path: Path, monkeypatch) -> None:
@@ -164,3 +209,39 @@ def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path:
     assert list(tmp_path.iterdir()) == []  # no run directory, nothing else
     rc, out, err = cli("runs", str(tmp_path))
     assert out == f"no runs under {tmp_path}\n"
+
+
+def test_a_lost_sbatch_answer_is_found_not_submitted_twice(slurm_sandbox, tmp_path: Path) -> None:
+    """sbatch makes the job but its answer is lost (here: a wrapper that submits the job held, then
+    says "Socket timed out" as sbatch does when the controller's reply never came): ``submit`` finds
+    the job by user, name and run directory in the real squeue, records it and submits nothing more."""
+    import os
+    import shutil
+
+    real = shutil.which("sbatch", path=slurm_sandbox.client_env().get("PATH"))
+    assert real, "sbatch is not on PATH"
+    wrapper = tmp_path / "bin"
+    wrapper.mkdir()
+    (wrapper / "sbatch").write_text(
+        f'#!/bin/sh\n"{real}" --hold "$@" >/dev/null || exit $?\n'
+        'echo "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation" >&2\nexit 1\n'
+    )
+    (wrapper / "sbatch").chmod(0o755)
+    run_dir = tmp_path / "run"
+    env = {**os.environ, "PATH": f"{wrapper}:{os.environ.get('PATH', '')}"}
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    cmd += ["--no-check-task", "--set", "slurm.nodes=1", "--set", "slurm.tasks_per_node=1"]
+    r = slurm_sandbox.run(cmd, capture_output=True, text=True, timeout=120, env=env)
+    found = re.search(r"found the job it made: (\d+) \(not submitted twice\)", r.stderr)
+    ids = slurm_sandbox.run(["squeue", "-h", "--name=digits", "-o", "%i %Z"], capture_output=True, text=True).stdout
+    mine = [ln.split()[0] for ln in ids.splitlines() if ln.split()[1:] == [str(run_dir)]]
+    try:
+        assert r.returncode == 0 and found, r.stdout + r.stderr
+        assert mine == [found.group(1)], ids  # one job, the one found
+        assert f"submitted job {found.group(1)}; run directory {run_dir}" in r.stdout
+        rec = json.loads((run_dir / "jobs.jsonl").read_text().splitlines()[-1])
+        assert rec["job_id"] == found.group(1) and rec["found_after_lost_answer"] is True
+        assert not (run_dir / "submitting.json").exists()
+    finally:
+        for jid in mine:
+            slurm_sandbox.run(["scancel", jid], capture_output=True, timeout=20)

@@ -90,7 +90,7 @@ def test_status_shows_three_rows_their_reasons_and_the_node_hours(tmp_path, slur
             {"event": "preempted", "step": 20, "signal": "SIGTERM", "time": _local("2026-11-23T10:15:00")},
         ],
     )
-    slurm.job("101", "COMPLETED", restarts=2)
+    slurm.job("101", "COMPLETED", restarts=2, run_dir=rd)
     slurm.set("sacct", stdout=SACCT, when=["-D"])
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err
@@ -108,7 +108,7 @@ def test_status_shows_three_rows_their_reasons_and_the_node_hours(tmp_path, slur
 def test_without_accounting_status_and_runs_say_so_in_one_line(tmp_path, slurm, capsys, monkeypatch):  # noqa: F811
     monkeypatch.chdir(tmp_path)
     rd = make_run(tmp_path / "runs")
-    slurm.job("101", "COMPLETED")
+    slurm.job("101", "COMPLETED", run_dir=rd)
     # what Slurm 22.05's sacct really says (exit 1) under AccountingStorageType=accounting_storage/none
     slurm.set("sacct", stderr="Slurm accounting storage is disabled", rc=1, when=["-D"])
     rc, out, err = cli(["status", str(rd)], capsys)
@@ -134,7 +134,7 @@ def _local(iso: str) -> float:
 def test_provenance_changes_are_shown_by_status(tmp_path: Path, slurm, capsys, monkeypatch):  # noqa: F811
     monkeypatch.chdir(tmp_path)
     rd = make_run(tmp_path / "runs")
-    slurm.job("101", "COMPLETED")
+    slurm.job("101", "COMPLETED", run_dir=rd)
     starts = [
         {"job_id": "101", "restart": 0, "nodes": "n1", "versions": {"torch": "2.13.0"}},
         {"job_id": "101", "restart": 1, "nodes": "n2", "versions": {"torch": "2.13.0"}},
@@ -232,8 +232,8 @@ def test_status_and_runs_on_real_output(tmp_path, slurm, capsys, monkeypatch):  
     )
     make_run(tmp_path / "runs", "never", jobs=[("sbatch", jobs["cancelled_pending"])])
     for j, state in ((jobs["self_requeued"], "COMPLETED"), (jobs["preempted"], "COMPLETED")):
-        slurm.job(j, state, restarts=1)
-    slurm.job(jobs["cancelled_pending"], "CANCELLED")
+        slurm.job(j, state, restarts=1, run_dir=rd)
+    slurm.job(jobs["cancelled_pending"], "CANCELLED", run_dir=tmp_path / "runs" / "never")
     slurm.set("sacct", stdout=real_sacct("self_requeued", "preempted"), when=["-D"])
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err

@@ -24,6 +24,7 @@ from lib import require_module
 from slurm_ddp import ops, rundir
 from slurm_ddp.cli import main
 from slurm_ddp.errors import UserError
+from slurm_ddp.ops import slurm as ops_slurm
 
 SLURM_COMMANDS = ("scontrol", "squeue", "sacct", "scancel", "sbatch")
 
@@ -85,13 +86,20 @@ class FakeSlurm:
         exit_code: str = "0:0",
         nodes: str = "n[1-2]",
         dependency: str = "(null)",
+        run_dir: Optional[Path] = None,
+        name: str = "digits",
+        user: str = "root",
     ) -> None:
+        """``run_dir``: the job's Command/WorkDir/StdOut lie in it (None: a job of the directory
+        ``/tmp/other dir``, which is not any test's run)."""
+        d = str(run_dir) if run_dir is not None else "/tmp/other dir"
         line = (
-            f"JobId={job_id} JobName=digits UserId=root(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
+            f"JobId={job_id} JobName={name} UserId={user}(0) GroupId=root(0) MCS_label=N/A Priority=4294901759 "
             f"Nice=0 Account=(null) QOS=(null) JobState={state} Reason={reason} Dependency={dependency} Requeue=1 "
             f"Restarts={restarts} BatchFlag=1 Reboot=0 ExitCode={exit_code} RunTime=00:01:03 "
             f"TimeLimit=00:10:00 NodeList={nodes} BatchHost=n1 NumNodes=2 NumCPUs=2 NumTasks=2 "
-            "WorkDir=/tmp/run dir StdOut=/tmp/run dir/logs/batch-%j.out Power=\n"
+            f"Command={d}/job.sbatch WorkDir={d} StdErr={d}/logs/batch-{job_id}.out StdIn=/dev/null "
+            f"StdOut={d}/logs/batch-{job_id}.out Power=\n"
         )
         self.set("scontrol", stdout=line, when=["show", "job", job_id])
 
@@ -111,6 +119,11 @@ def slurm(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FakeSlurm:
     bindir.mkdir()
     monkeypatch.setenv("PATH", str(bindir))  # only the fakes: the real Slurm clients are never reached
     monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.delenv("SLURM_CLUSTER_NAME", raising=False)
+    # the transient errors' retries (a fake without an answer says "Unable to contact slurm controller")
+    # happen without the pauses; ops.slurm.local_cluster asks again
+    monkeypatch.setattr(ops_slurm, "RETRY", ops_slurm.RetryPolicy(sleep=lambda s: None))
+    monkeypatch.setattr(ops_slurm, "_CLUSTER_CACHE", {})
     return FakeSlurm(bindir)
 
 
@@ -304,7 +317,7 @@ def test_status_joins_scontrol_with_the_run_directory(tmp_path, slurm, capsys):
         metrics=training_metrics(400, resume_at=[200]),
         checkpoints=[200, 400],
     )
-    slurm.job("101", "RUNNING", restarts=1)
+    slurm.job("101", "RUNNING", restarts=1, run_dir=rd)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err
     facts = dict(line.split(":", 1) for line in out.splitlines())
@@ -343,7 +356,7 @@ def test_status_joins_scontrol_with_the_run_directory(tmp_path, slurm, capsys):
 )
 def test_status_preempted_and_requeued_are_not_final(tmp_path, slurm, capsys, state, final):
     rd = make_run(tmp_path, metrics=training_metrics(100))
-    slurm.job("101", state, restarts=1)
+    slurm.job("101", state, restarts=1, run_dir=rd)
     rc, out, err = cli(["status", str(rd), "--json"], capsys)
     rec = json.loads(out)
     assert rec["state"] == state and rec["final"] is final and rec["slurm_restarts"] == 1
@@ -351,7 +364,7 @@ def test_status_preempted_and_requeued_are_not_final(tmp_path, slurm, capsys, st
 
 def test_status_of_a_requeued_pending_job_says_so(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, metrics=training_metrics(100), preempted="101 0 100 SIGUSR2")
-    slurm.job("101", "PENDING", restarts=1, reason="BeginTime")
+    slurm.job("101", "PENDING", restarts=1, reason="BeginTime", run_dir=rd)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert "state:      PENDING (requeued, reason BeginTime)" in out
     assert "preempted:  job 101 restart 0 stopped at step 100 (SIGUSR2)" in out
@@ -402,7 +415,7 @@ def test_status_when_no_slurm_command_exists(tmp_path, slurm, capsys):
 
 def test_status_of_a_job_stopped_for_preemption_and_not_requeued(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, metrics=training_metrics(300), preempted="101 3 300 SIGUSR2", checkpoints=[300])
-    slurm.job("101", "FAILED", restarts=3, reason="NonZeroExitCode", exit_code="75:0")
+    slurm.job("101", "FAILED", restarts=3, reason="NonZeroExitCode", exit_code="75:0", run_dir=rd)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert "state:      FAILED (exit 75:0)" in out
     assert "stopped for preemption (checkpoint of step 300) and not requeued" in out
@@ -466,7 +479,7 @@ def test_run_argument_mistakes_are_one_line_errors(tmp_path, slurm, capsys, monk
 def test_a_run_name_resolves_under_runs(tmp_path, slurm, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     make_run(tmp_path / "runs", "digits", metrics=training_metrics(100))
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=tmp_path / "runs" / "digits")
     rc, out, err = cli(["status", "digits"], capsys)
     assert rc == 0 and "RUNNING" in out and str(tmp_path / "runs" / "digits") in out
 
@@ -542,7 +555,7 @@ def test_logs_follow_of_an_ended_run_prints_everything_and_returns(tmp_path, slu
     rd = make_run(
         tmp_path, logs={"rank-0.log": RANK0, "rank-1.log": RANK1 + "no newline at the end"}, finished={"step": 600}
     )
-    slurm.job("101", "COMPLETED")
+    slurm.job("101", "COMPLETED", run_dir=rd)
     rc, out, err = cli(["logs", str(rd), "-f"], capsys)
     assert rc == 0, err
     lines = out.splitlines()
@@ -645,7 +658,7 @@ def test_follow_waits_with_a_timeout_when_slurm_cannot_be_asked(tmp_path):
 # --------------------------------------------------------------------------- cancel / requeue
 def test_cancel_scancels_the_latest_job(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, jobs=[("sbatch", "100"), ("sbatch", "101")], metrics=training_metrics(100))
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=rd)
     slurm.set("scancel")
     rc, out, err = cli(["cancel", str(rd)], capsys)
     assert rc == 0, err
@@ -655,7 +668,7 @@ def test_cancel_scancels_the_latest_job(tmp_path, slurm, capsys):
 
 def test_requeue_requeues_the_latest_job(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, jobs=[("sbatch", "100"), ("submitit", "101")], metrics=training_metrics(100))
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=rd)
     slurm.set("scontrol", when=["requeue", "101"])
     rc, out, err = cli(["requeue", str(rd)], capsys)
     assert rc == 0, err
@@ -665,7 +678,7 @@ def test_requeue_requeues_the_latest_job(tmp_path, slurm, capsys):
 
 def test_requeue_of_a_job_that_ended_but_is_remembered(tmp_path, slurm, capsys):
     rd = make_run(tmp_path, metrics=training_metrics(100), preempted="101 3 100 SIGUSR2")
-    slurm.job("101", "FAILED", exit_code="75:0")
+    slurm.job("101", "FAILED", exit_code="75:0", run_dir=rd)
     slurm.set("scontrol", when=["requeue", "101"])
     rc, out, err = cli(["requeue", str(rd)], capsys)
     assert rc == 0, err
@@ -685,7 +698,7 @@ def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
         one_error(rc, err, "no job id recorded", f"nothing to {verb}")
 
     ended = make_run(tmp_path, "ended")
-    slurm.job("101", "COMPLETED")
+    slurm.job("101", "COMPLETED", run_dir=ended)
     rc, out, err = cli(["cancel", str(ended)], capsys)
     one_error(rc, err, "job 101 of run 'ended' already ended (COMPLETED)")
 
@@ -694,7 +707,7 @@ def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
     one_error(rc, err, "already finished")
 
     pending = make_run(tmp_path, "pending")
-    slurm.job("101", "PENDING", reason="Priority")
+    slurm.job("101", "PENDING", reason="Priority", run_dir=pending)
     rc, out, err = cli(["requeue", str(pending)], capsys)
     one_error(rc, err, "is PENDING", "nothing to requeue")
 
@@ -711,7 +724,7 @@ def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
 
 def test_cancel_reports_a_failing_scancel_in_one_line(tmp_path, slurm, capsys):
     rd = make_run(tmp_path)
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=rd)
     slurm.set("scancel", stderr="scancel: error: Kill job error on job id 101: Access/permission denied\n", rc=1)
     rc, out, err = cli(["cancel", str(rd)], capsys)
     one_error(rc, err, "scancel 101 failed (exit 1)", "Access/permission denied", code=3)
@@ -864,13 +877,13 @@ def test_submit_refuses_a_run_directory_whose_job_still_runs(tmp_path, slurm, ca
     assert "submitted job 4242" in out
     run_dir = tmp_path / "runs" / "t"
     for state in ("PENDING", "RUNNING", "REQUEUED"):
-        slurm.job("4242", state)
+        slurm.job("4242", state, run_dir=run_dir, name="t")
         rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
         one_error(rc, err, f"already has job 4242 in state {state}", f"slurm-ddp cancel {run_dir}", "--run-dir")
         rc, out, err = cli(["submit", str(job), "--no-check-task", "--dry-run"], capsys)  # submit's checks, too
         one_error(rc, err, f"already has job 4242 in state {state}")
     assert len(slurm.calls("sbatch")) == 1  # nothing more was submitted
-    slurm.job("4242", "CANCELLED")
+    slurm.job("4242", "CANCELLED", run_dir=run_dir, name="t")
     slurm.set("sbatch", stdout="4243\n", when=["--parsable"])
     rc, out, err = cli(["submit", str(job), "--no-check-task"], capsys)
     assert rc == 0 and "submitted job 4243" in out, err
@@ -988,7 +1001,15 @@ def test_after_gives_sbatch_the_runs_current_job_as_dependency_and_status_shows_
         one_error(rc, err, *words)
     assert len(slurm.calls("sbatch")) == 1 and not (tmp_path / "other").exists()
 
-    slurm.job("106", "PENDING", reason="Dependency", dependency="afterok:105(unfulfilled)", nodes="(null)")
+    slurm.job(
+        "106",
+        "PENDING",
+        reason="Dependency",
+        dependency="afterok:105(unfulfilled)",
+        nodes="(null)",
+        run_dir=ev,
+        name="t",
+    )
     rc, out, err = cli(["status", str(ev)], capsys)
     assert rc == 0, err
     assert "state:      PENDING (reason Dependency)" in out and "dependency: afterok:105(unfulfilled)" in out
@@ -1008,8 +1029,16 @@ def test_a_dependency_that_can_never_be_met_is_shown_and_wait_raises_instead_of_
     make_run(tmp_path, "train", jobs=[("sbatch", "105")])
     ev = tmp_path / "eval"
     slurm.set("sbatch", stdout="106\n", when=["--parsable"])
-    slurm.job("105", "FAILED", exit_code="1:0", nodes="n1")
-    slurm.job("106", "PENDING", reason="DependencyNeverSatisfied", dependency="afterok:105(failed)", nodes="(null)")
+    slurm.job("105", "FAILED", exit_code="1:0", nodes="n1", run_dir=tmp_path / "train")
+    slurm.job(
+        "106",
+        "PENDING",
+        reason="DependencyNeverSatisfied",
+        dependency="afterok:105(failed)",
+        nodes="(null)",
+        run_dir=ev,
+        name="t",
+    )
     argv = ["submit", str(job), "--backend", "sbatch", "--run-dir", str(ev), "--no-check-task"]
     rc, out, err = cli([*argv, "--after", str(tmp_path / "train"), "--wait"], capsys)
     assert rc == DependencyNeverSatisfied.exit_code == 6, err
