@@ -576,14 +576,16 @@ def resume_at_start(
     restart: int,
     rank: int,
     world_size: int,
+    publish: bool = True,
 ) -> Tuple[List[str], Optional[ScriptResume]]:
     """The launch wrapper's one call for a ``train.command`` rank: ``(argv to run, the start's record)``.
 
     The first rank of the start decides (``decide_resume``) and publishes (``publish_resume``); the others
     read its record, so every rank of a start passes the same checkpoint. ``argv`` gets the record's
     ``passed`` words appended, unless it already gives the option. Returns ``(argv, None)`` when there is
-    nothing to record (no ``train.resume`` and no checkpoint in a preset's layout). Raises ``OSError`` when
-    the record can be neither written nor read."""
+    nothing to record (no ``train.resume`` and no checkpoint in a preset's layout). ``publish=False``: this
+    rank's own decision (a start's record read if there is one), not recorded (``launch --dry-run``).
+    Raises ``OSError`` when the record can be neither written nor read."""
     attempt = attempt_from_environ(environ)
     path = Path(run_dir) / resume_file_name(str(job_id), restart, attempt)
     record = read_resume(path)
@@ -602,7 +604,7 @@ def resume_at_start(
         )
         if mine is None:
             return list(argv), None
-        record, _ = publish_resume(run_dir, mine)
+        record = publish_resume(run_dir, mine)[0] if publish else mine
     out = list(argv)
     spec = cfg.train.resume_spec
     if record.passed and spec is not None and option_value(out, (spec.arg_option, *spec.arg_aliases)) is None:
