@@ -383,3 +383,50 @@ def test_find_script_checkpoints_from_outside_the_ranks(tmp_path: Path, run_dir:
     assert find_script_checkpoints(other, run_dir) == (None, [])  # $SCRATCH is the rank's: unknown here
     unset = config_from_dict(job("python t.py", None), tmp_path)
     assert find_script_checkpoints(unset, run_dir) == (None, [])
+
+
+# --------------------------------------------------------------------------- slurm-ddp init
+@pytest.mark.parametrize(
+    "text, preset, takes",
+    [
+        (
+            "from transformers import HfArgumentParser, Trainer, TrainingArguments\n"
+            "args = HfArgumentParser((TrainingArguments,)).parse_args_into_dataclasses()\ntrainer = Trainer(model)\n",
+            "hf",
+            True,
+        ),
+        ("import transformers\nt = transformers.Trainer(model, args=TrainingArguments('o'))\n", "hf", False),
+        ("from trl import SFTTrainer, SFTConfig, HfArgumentParser\nSFTTrainer(m)  # TrainingArguments\n", "hf", True),
+        (
+            "from accelerate import Accelerator\np.add_argument('--resume_from_checkpoint')\n"
+            "accelerator.save_state(d)\n",
+            "accelerate",
+            True,
+        ),
+        ("import lightning as L\nfrom lightning.pytorch.cli import LightningCLI\nLightningCLI(M)\n", "lightning", True),
+        ("import pytorch_lightning as pl\ntrainer.fit(model)\n", "lightning", False),
+        ("import torch\n# from transformers import Trainer  (a comment)\n", None, None),
+        ("from transformers import AutoModel\nmodel = AutoModel.from_pretrained('x')\n", None, None),
+    ],
+)
+def test_init_detects_the_framework_from_the_script(text: str, preset: Any, takes: Any) -> None:
+    from slurm_ddp.scaffold import detect_resume
+
+    guess = detect_resume(text)
+    assert (guess.preset, guess.takes_option) == (preset, takes) if guess else preset is None
+
+
+def test_init_writes_train_resume_and_the_file_loads(tmp_path: Path) -> None:
+    from slurm_ddp.scaffold import init_job
+
+    script = tmp_path / "run_clm.py"
+    script.write_text("from transformers import HfArgumentParser, Trainer, TrainingArguments\nTrainer(m)\n")
+    init_job(str(script), str(tmp_path / "job.yaml"), run=lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    text = (tmp_path / "job.yaml").read_text()
+    assert "\n  resume: hf\n" in text and "init saw that the script imports transformers, builds a Trainer" in text
+    assert load_config(tmp_path / "job.yaml").train.resume == "hf"
+    plain = tmp_path / "plain.py"
+    plain.write_text("import torch\n")
+    init_job(str(plain), str(tmp_path / "plain.yaml"), run=lambda *a, **k: (_ for _ in ()).throw(OSError()))
+    assert load_config(tmp_path / "plain.yaml").train.resume is None
+    assert "  # resume: hf " in (tmp_path / "plain.yaml").read_text()
