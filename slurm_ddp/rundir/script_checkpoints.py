@@ -547,7 +547,7 @@ def resume_lines(record: ScriptResume) -> List[str]:
     elif record.outcome == GIVEN_BY_COMMAND:
         out.append(f"{spec}: the command passes its own checkpoint ({record.given!r}); nothing added")
     elif record.outcome == FIRST_START:
-        out.append(f"{spec}: the run's first start: nothing passed (checkpoints in {record.dir} go from here)")
+        out.append(f"{spec}: the run's first start: nothing passed (later starts look for checkpoints in {record.dir})")
     elif record.outcome == NO_CHECKPOINT:
         out.append(f"{spec}: no checkpoint of this run in {record.dir}: nothing passed, the script starts from step 0")
     elif record.outcome == NO_COMPLETE:
