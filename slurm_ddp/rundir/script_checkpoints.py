@@ -25,6 +25,7 @@ Side effects: reads the checkpoint directory, reads and writes ``RUN_DIR/resumes
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import os
 import re
@@ -32,10 +33,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
 from ..config import JobConfig, ResumeSpec, command_arg_flags, expand_variables
-from .files import ELEMENT_WORKDIR, PEER_LOST_VAR, PathLike, read_jobs
+from .files import ELEMENT_WORKDIR, PEER_LOST_VAR, PathLike, array_task_id, read_jobs
 
 #: ``RUN_DIR/resumes/``: one ``ScriptResume`` per start of a ``train.command`` run (``resume_file_name``).
 RESUMES_DIR = "resumes"
@@ -286,6 +287,20 @@ def _order_key(spec: ResumeSpec, c: ScriptCheckpoint) -> Tuple[float, float, str
     return (c.mtime, step, c.path)
 
 
+def _matches(root: Path, pattern: str) -> Iterator[Path]:
+    """``root.glob(pattern)``; ``**/NAME`` walks without entering hidden directories (``.venv``, ``.git``)
+    or following links to directories, so that a working directory full of other things is cheap to search."""
+    rest = pattern[3:]
+    if not pattern.startswith("**/") or "/" in rest or "**" in rest:
+        yield from root.glob(pattern)
+        return
+    for top, dirs, files in os.walk(root):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        for name in (*dirs, *files):
+            if fnmatch.fnmatchcase(name, rest):
+                yield Path(top) / name
+
+
 def list_checkpoints(
     spec: ResumeSpec, directory: PathLike, world_size: int, since: Optional[float] = None
 ) -> List[ScriptCheckpoint]:
@@ -301,7 +316,7 @@ def list_checkpoints(
     seen: Dict[str, Path] = {}
     for pattern in spec.patterns:
         try:
-            for p in root.glob(pattern):
+            for p in _matches(root, pattern):
                 if not any(part.startswith(".") for part in p.relative_to(root).parts):
                     seen.setdefault(str(p), p)
         except (OSError, ValueError):
@@ -336,14 +351,21 @@ def first_submission_time(run_dir: PathLike) -> Optional[float]:
     return None
 
 
-def is_first_start(run_dir: PathLike, job_id: str, restart: int, attempt: Optional[int]) -> bool:
+def is_first_start(
+    run_dir: PathLike, job_id: str, restart: int, attempt: Optional[int], environ: Optional[Mapping[str, str]] = None
+) -> bool:
     """Whether the start ``job_id``/``restart``/``attempt`` is the run directory's first: the first job of
-    ``jobs.jsonl`` (or none recorded), not restarted (``restart`` 0; for the local launcher its launch
-    count), no in-job restart before it, and no earlier start recorded in ``RESUMES_DIR``."""
+    ``jobs.jsonl`` (or none recorded; an array task recorded as ``ARRAYJOBID_TASKID``, from ``environ``'s
+    ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``), not restarted (``restart`` 0; for the local launcher
+    its launch count), no in-job restart before it, and no earlier start recorded in ``RESUMES_DIR``."""
     if restart or attempt:
         return False
+    names = {str(job_id)}
+    env = environ or {}
+    if env.get("SLURM_ARRAY_JOB_ID") and env.get("SLURM_ARRAY_TASK_ID"):
+        names.add(array_task_id(env["SLURM_ARRAY_JOB_ID"], env["SLURM_ARRAY_TASK_ID"]))
     jobs = read_jobs(run_dir)
-    if jobs and str(jobs[0].get("job_id")) != str(job_id):
+    if jobs and str(jobs[0].get("job_id")) not in names:
         return False
     return not any((r.job_id, r.restart) != (str(job_id), restart) for r in read_script_resumes(run_dir))
 
@@ -374,7 +396,7 @@ def decide_resume(
 
     now = time.time() if now is None else now
     base = dict(job_id=str(job_id), restart=int(restart), attempt=attempt, time=now, rank=rank, world_size=world_size)
-    first = is_first_start(run_dir, str(job_id), restart, attempt)
+    first = is_first_start(run_dir, str(job_id), restart, attempt, environ)
     since = first_submission_time(run_dir)
     if spec is None:
         for name in ("hf", "accelerate"):

@@ -226,6 +226,17 @@ def test_the_first_start_passes_nothing_and_old_checkpoints_do_not_count(tmp_pat
     assert "no complete checkpoint in" in resume_lines(decide(cfg, run_dir, argv, tmp_path))[0]
 
 
+def test_an_array_tasks_first_start_is_its_first(tmp_path: Path) -> None:
+    element = tmp_path / "003"
+    element.mkdir()
+    record_job(element, backend="sbatch", job_id="120_3", array_job_id="120")  # as backends.array records it
+    cfg = config_from_dict(job("python t.py --output_dir out"))
+    env = {"SLURM_ARRAY_JOB_ID": "120", "SLURM_ARRAY_TASK_ID": "3"}
+    argv = ["python", "t.py", "--output_dir", "out"]
+    assert decide(cfg, element, argv, tmp_path, restart=0, environ=env).outcome == FIRST_START  # its SLURM_JOB_ID: 7
+    assert decide(cfg, element, argv, tmp_path, restart=1, environ=env).outcome == NO_CHECKPOINT
+
+
 def test_a_resume_option_in_the_command_is_not_given_twice(tmp_path: Path, run_dir: Path) -> None:
     hf_checkpoint(tmp_path / "out", 20)
     for words in (
@@ -279,6 +290,8 @@ def test_lightning_ckpt_files_must_be_whole_zip_archives(tmp_path: Path) -> None
     whole = (ck / "epoch=1-step=20.ckpt").read_bytes()
     (ck / "epoch=2-step=30.ckpt").write_bytes(whole[: len(whole) // 2])  # cut off while it was written
     (tmp_path / "sharded.ckpt").mkdir()  # DeepSpeed's directory: not this preset's
+    (tmp_path / ".venv" / "lib").mkdir(parents=True)
+    (tmp_path / ".venv" / "lib" / "epoch=9-step=90.ckpt").write_bytes(whole)  # hidden: not searched
     found = list_checkpoints(spec, checkpoint_directory(spec, ["t.py", "fit"], tmp_path) or tmp_path, 2)
     by_name = {c.name: c for c in found}
     assert by_name["epoch=1-step=20.ckpt"].step == 20 and by_name["last.ckpt"].step is None
@@ -287,6 +300,7 @@ def test_lightning_ckpt_files_must_be_whole_zip_archives(tmp_path: Path) -> None
     chosen, skipped = choose(found)  # order: mtime (last.ckpt is written after the step-named one)
     assert chosen is not None and chosen.name == "last.ckpt", found
     assert {s.name for s in skipped} == {"epoch=2-step=30.ckpt", "sharded.ckpt"}
+    assert not [c for c in found if ".venv" in c.path]
     assert spec.pass_words(chosen.path) == ["--ckpt_path", chosen.path]
 
 
