@@ -444,3 +444,42 @@ def test_init_writes_train_resume_and_the_file_loads(tmp_path: Path) -> None:
     init_job(str(plain), str(tmp_path / "plain.yaml"), run=lambda *a, **k: (_ for _ in ()).throw(OSError()))
     assert load_config(tmp_path / "plain.yaml").train.resume is None
     assert "  # resume: hf " in (tmp_path / "plain.yaml").read_text()
+
+
+# --------------------------------------------------------------------------- the launch wrapper
+def test_the_launch_wrapper_appends_the_checkpoint_logs_it_and_dry_run_records_nothing(tmp_path: Path) -> None:
+    import json
+    import subprocess
+    import sys
+
+    from slurm_ddp.env import synthetic_slurm_env
+
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    command = "python -c 'import sys, json; print(json.dumps(sys.argv[1:]))' --output_dir $SLURM_DDP_RUN_DIR/hf"
+    cfg = config_from_dict(job(command, workdir=str(tmp_path)), tmp_path)
+    (run / "config.yaml").write_text(dump_config(cfg))
+    record_job(run, backend="sbatch", job_id="41", time=time.time() - 60)
+    hf_checkpoint(run / "hf", 10)
+    hf_checkpoint(run / "hf", 20, ranks=(0,))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "OMP_", "KMP_", "TORCHELASTIC"))}
+    env.update(synthetic_slurm_env(rank=1, nodes=1, tasks_per_node=2, job_id="41", restart_count=1))
+    env["MASTER_ADDR"], env["MASTER_PORT"] = "127.0.0.1", "29511"
+    env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parents[2]), env.get("PYTHONPATH", "")])
+    words = list(cfg.train.command)
+    launch = [sys.executable, "-m", "slurm_ddp.launch", "--run-dir", str(run)]
+    dry = subprocess.run([*launch, "--dry-run", "--", *words], env=env, capture_output=True, text=True, timeout=60)
+    assert dry.returncode == 0, dry.stderr
+    passed = ["--resume_from_checkpoint", f"{run.resolve()}/hf/checkpoint-10"]
+    assert json.loads(dry.stdout)["command"][-2:] == passed
+    assert not (run / "resumes").exists()  # a dry run decides, records nothing
+    r = subprocess.run([*launch, "--", *words], env=env, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == ["--output_dir", f"{run.resolve()}/hf", *passed]
+    assert f"slurm_ddp launch: rank 1: train.resume: hf: resuming from {passed[1]} (step 10, written " in r.stderr
+    assert (
+        f"rank 1: train.resume: hf: skipped {run.resolve()}/hf/checkpoint-20 (step 20): no rng_state_1.pth\n"
+        in r.stderr
+    )
+    (record,) = read_script_resumes(run)
+    assert (record.job_id, record.restart, record.rank, record.world_size, record.step) == ("41", 1, 1, 2, 10)
