@@ -15,7 +15,8 @@ create the name, on NFS too); every other rank of that start finds the record an
 Listing on every rank would agree only while nothing writes the directory and every node sees the same
 listing (NFS caches directory attributes per node for up to ``acdirmax``, 60 s by default, nfs(5)).
 
-Only checkpoints written since the run's first submission count (``since``, from ``jobs.jsonl``): a
+Only checkpoints written since the run began count (``run_began``: its first start's record, else its first
+submission in ``jobs.jsonl`` less ``CLOCK_SKEW_S``): a
 directory shared with an earlier run (Lightning's ``lightning_logs`` under the working directory, a reused
 ``--output_dir``) does not make a new run resume from that run's checkpoint; the first start passes nothing.
 
@@ -45,7 +46,7 @@ RESUMES_DIR = "resumes"
 RESUMED = "resumed"
 #: ... nothing was passed: the run directory's first start (checkpoints found there predate the run).
 FIRST_START = "none: first start"
-#: ... a later start, and the directory holds no checkpoint written since the run's first submission.
+#: ... a later start, and the directory holds no checkpoint written since the run began (``run_began``).
 NO_CHECKPOINT = "none: no checkpoint"
 #: ... checkpoints exist, none complete (each skipped with its reason).
 NO_COMPLETE = "none: no complete checkpoint"
@@ -68,7 +69,7 @@ class ScriptCheckpoint:
     """One checkpoint of a script: ``path`` (absolute), ``step`` read from its name (None: the name gives
     none), ``mtime`` (epoch seconds: a directory's newest of itself and its files), and ``problem``: None
     for a complete one, else why it is not used (``"no rng_state_1.pth"``, ``"not a whole zip archive"``,
-    ``"written before this run's first submission"``)."""
+    ``"written before this run began"``)."""
 
     path: str
     step: Optional[int]
@@ -308,7 +309,7 @@ def list_checkpoints(
     step, then the mtime; or the mtime, then the step), each with its ``problem`` for a start of
     ``world_size`` ranks: a file ``spec.complete_files`` lacks (``{rank}`` once per rank), a file that is
     not a whole zip archive (``spec.complete_zip``), or a modification time before ``since`` (epoch
-    seconds: the run's first submission). A missing directory has none. Hidden names (``.tmp``) are left
+    seconds: ``run_began``). A missing directory has none. Hidden names (``.tmp``) are left
     out. Reads the file system."""
     root = Path(directory)
     if not root.is_dir():
@@ -325,7 +326,7 @@ def list_checkpoints(
     for text, p in seen.items():
         mtime, problem = _examine(spec, p, world_size)
         if problem is None and since is not None and mtime < since:
-            problem = "written before this run's first submission"
+            problem = "written before this run began"
         out.append(
             ScriptCheckpoint(path=os.path.abspath(text), step=_step_of(spec, p.name), mtime=mtime, problem=problem)
         )
@@ -342,6 +343,34 @@ def choose(checkpoints: Sequence[ScriptCheckpoint]) -> Tuple[Optional[ScriptChec
 
 
 # --------------------------------------------------------------------------- one start
+#: Seconds a checkpoint's modification time may lie before the run's first submission and still count as the
+#: run's, where the run's first start left no record: the submitting host's clock (``jobs.jsonl``) and the file
+#: server's (which stamps ``mtime`` on NFS) may disagree by that much.
+CLOCK_SKEW_S = 60.0
+
+
+def run_began(run_dir: PathLike) -> Optional[float]:
+    """When the run began, for telling its checkpoints from older ones (epoch seconds; None unknown): the
+    modification time of its first start's record in ``RESUMES_DIR`` (outcome ``FIRST_START``: written at
+    that start, before the script saved anything, and stamped by the same file server as the checkpoints
+    where they share one), else its first submission (``jobs.jsonl``) less ``CLOCK_SKEW_S`` (a run given
+    ``train.resume`` after its first start has no such record)."""
+    folder = Path(run_dir) / RESUMES_DIR
+    times: List[float] = []
+    try:
+        for p in folder.iterdir():
+            if p.suffix == ".json" and not p.name.startswith("."):
+                record = read_resume(p)
+                if record is not None and record.outcome == FIRST_START:
+                    times.append(p.stat().st_mtime)
+    except OSError:
+        pass
+    if times:
+        return min(times)
+    first = first_submission_time(run_dir)
+    return None if first is None else first - CLOCK_SKEW_S
+
+
 def first_submission_time(run_dir: PathLike) -> Optional[float]:
     """When the run was first submitted (epoch seconds, ``jobs.jsonl``'s first record), None unknown."""
     for job in read_jobs(run_dir):
@@ -387,8 +416,8 @@ def decide_resume(
     """The decision of one start: which checkpoint ``argv`` (the rank's command, expanded) gets, or why none.
 
     With ``spec`` (``train.resume``): the command's own resume option (``GIVEN_BY_COMMAND``: nothing added),
-    the first start (``FIRST_START``), the newest complete checkpoint written since the run's first
-    submission (``RESUMED``, ``passed`` the words to add), else ``NO_COMPLETE`` or ``NO_CHECKPOINT``.
+    the first start (``FIRST_START``), the newest complete checkpoint written since the run began
+    (``run_began``) (``RESUMED``, ``passed`` the words to add), else ``NO_COMPLETE`` or ``NO_CHECKPOINT``.
     Without: the presets whose directory option the command gives (``--output_dir``) are looked at; when
     one shows a complete checkpoint at a later start, ``UNSET_WITH_CHECKPOINTS`` (nothing passed), else None
     (nothing to record). Reads the run directory and the checkpoint directory; writes nothing."""
@@ -397,7 +426,7 @@ def decide_resume(
     now = time.time() if now is None else now
     base = dict(job_id=str(job_id), restart=int(restart), attempt=attempt, time=now, rank=rank, world_size=world_size)
     first = is_first_start(run_dir, str(job_id), restart, attempt, environ)
-    since = first_submission_time(run_dir)
+    since = run_began(run_dir)
     if spec is None:
         for name in ("hf", "accelerate"):
             preset = PRESETS[name]
@@ -464,7 +493,7 @@ def find_script_checkpoints(
     if d is None:
         return None, []
     size = world_size if world_size is not None else cfg.slurm.world_size
-    return d, list_checkpoints(spec, d, size, first_submission_time(run_dir))
+    return d, list_checkpoints(spec, d, size, run_began(run_dir))
 
 
 # --------------------------------------------------------------------------- the record

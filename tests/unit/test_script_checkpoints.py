@@ -220,7 +220,7 @@ def test_the_first_start_passes_nothing_and_old_checkpoints_do_not_count(tmp_pat
     assert first.outcome == FIRST_START and first.passed == ()
     later = decide(cfg, run_dir, argv, tmp_path)
     assert later.outcome == NO_CHECKPOINT and later.passed == ()
-    assert [s.problem for s in later.skipped] == ["written before this run's first submission"]
+    assert [s.problem for s in later.skipped] == ["written before this run began"]
     hf_checkpoint(out, 60, ranks=(0,))
     assert decide(cfg, run_dir, argv, tmp_path).outcome == NO_COMPLETE
     assert "no complete checkpoint in" in resume_lines(decide(cfg, run_dir, argv, tmp_path))[0]
@@ -483,3 +483,16 @@ def test_the_launch_wrapper_appends_the_checkpoint_logs_it_and_dry_run_records_n
     )
     (record,) = read_script_resumes(run)
     assert (record.job_id, record.restart, record.rank, record.world_size, record.step) == ("41", 1, 1, 2, 10)
+
+
+def test_the_run_began_at_its_first_starts_record_or_its_first_submission(tmp_path: Path, run_dir: Path) -> None:
+    from slurm_ddp.rundir.script_checkpoints import CLOCK_SKEW_S, ScriptResume, first_submission_time, run_began
+
+    first = first_submission_time(run_dir)
+    assert first is not None and run_began(run_dir) == first - CLOCK_SKEW_S  # no start recorded: submission
+    later = ScriptResume("7", 2, None, time.time(), 0, 2, "hf", "/o", NO_CHECKPOINT)
+    publish_resume(run_dir, later)  # given train.resume at its third start: not where the run began
+    assert run_began(run_dir) == first - CLOCK_SKEW_S
+    start = ScriptResume("7", 0, None, time.time(), 0, 2, "hf", "/o", FIRST_START)
+    publish_resume(run_dir, start)
+    assert run_began(run_dir) == (run_dir / resume_file_name("7", 0, None)).stat().st_mtime
