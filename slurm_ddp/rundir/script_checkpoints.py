@@ -496,6 +496,14 @@ def find_script_checkpoints(
     return d, list_checkpoints(spec, d, size, run_began(run_dir))
 
 
+def newest_script_checkpoint(
+    cfg: JobConfig, run_dir: PathLike, world_size: Optional[int] = None
+) -> Optional[ScriptCheckpoint]:
+    """The checkpoint the next start of a ``train.resume`` run would pass (``find_script_checkpoints``, then
+    ``choose``), None when there is none or it cannot be told from here."""
+    return choose(find_script_checkpoints(cfg, run_dir, world_size)[1])[0]
+
+
 # --------------------------------------------------------------------------- the record
 def start_key(job_id: str, restart: int, attempt: Optional[int]) -> str:
     """``JOB.RESTART`` or ``JOB.RESTART.ATTEMPT``: a start's name in ``RESUMES_DIR``."""
@@ -600,9 +608,15 @@ def resume_lines(record: ScriptResume) -> List[str]:
     elif record.outcome == FIRST_START:
         out.append(f"{spec}: the run's first start: nothing passed (later starts look for checkpoints in {record.dir})")
     elif record.outcome == NO_CHECKPOINT:
-        out.append(f"{spec}: no checkpoint of this run in {record.dir}: nothing passed, the script starts from step 0")
+        out.append(
+            f"{spec}: no checkpoint of this run in {record.dir}: nothing passed (unless the script finds one "
+            "itself, it starts from step 0)"
+        )
     elif record.outcome == NO_COMPLETE:
-        out.append(f"{spec}: no complete checkpoint in {record.dir}: nothing passed, the script starts from step 0")
+        out.append(
+            f"{spec}: no complete checkpoint in {record.dir}: nothing passed (unless the script finds one "
+            "itself, it starts from step 0)"
+        )
     elif record.outcome == UNKNOWN_DIR:
         out.append(f"{spec}: the checkpoint directory is unknown (train.resume.dir names an unset variable)")
     elif record.outcome == UNSET_WITH_CHECKPOINTS:

@@ -16,7 +16,7 @@ import pytest
 
 from slurm_ddp.config import config_from_dict, dump_config, load_config, resume_spec
 from slurm_ddp.errors import ConfigError
-from slurm_ddp.rundir import record_job
+from slurm_ddp.rundir import newest_script_checkpoint, record_job
 from slurm_ddp.rundir.script_checkpoints import (
     FIRST_START,
     GIVEN_BY_COMMAND,
@@ -393,6 +393,8 @@ def test_find_script_checkpoints_from_outside_the_ranks(tmp_path: Path, run_dir:
     d, found = find_script_checkpoints(cfg, run_dir)
     assert d == (run_dir / "hf").resolve()
     assert [(c.step, c.complete) for c in found] == [(10, True), (20, False)]
+    newest = newest_script_checkpoint(cfg, run_dir)
+    assert newest is not None and newest.step == 10
     other = config_from_dict(job("python t.py --output_dir $SCRATCH/hf"), tmp_path)
     assert find_script_checkpoints(other, run_dir) == (None, [])  # $SCRATCH is the rank's: unknown here
     unset = config_from_dict(job("python t.py", None), tmp_path)
