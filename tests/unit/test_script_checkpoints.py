@@ -10,7 +10,7 @@ import os
 import time
 import zipfile
 from pathlib import Path
-from typing import Any, Dict, Iterable
+from typing import Any, Dict, Iterable, List
 
 import pytest
 
@@ -63,7 +63,7 @@ def hf_checkpoint(out: Path, step: int, ranks: Iterable[int] = (0, 1), state: bo
     return d
 
 
-def decide(cfg: Any, run_dir: Path, argv: list, workdir: Path, restart: int = 1, world: int = 2, **kw: Any) -> Any:
+def decide(cfg: Any, run_dir: Path, argv: List[str], workdir: Path, restart: int = 1, world: int = 2, **kw: Any) -> Any:
     return decide_resume(
         cfg.train.resume_spec,
         argv,
