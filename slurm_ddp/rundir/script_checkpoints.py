@@ -15,9 +15,8 @@ create the name, on NFS too); every other rank of that start finds the record an
 Listing on every rank would agree only while nothing writes the directory and every node sees the same
 listing (NFS caches directory attributes per node for up to ``acdirmax``, 60 s by default, nfs(5)).
 
-Only checkpoints written since the run began count (``run_began``: its first start's record, else its first
-submission in ``jobs.jsonl`` less ``CLOCK_SKEW_S``): a
-directory shared with an earlier run (Lightning's ``lightning_logs`` under the working directory, a reused
+Only checkpoints written since the run began count (``run_began``: its first start's record, else its
+first submission in ``jobs.jsonl`` less ``CLOCK_SKEW_S``): a directory shared with an earlier run (Lightning's ``lightning_logs`` under the working directory, a reused
 ``--output_dir``) does not make a new run resume from that run's checkpoint; the first start passes nothing.
 
 Side effects: reads the checkpoint directory, reads and writes ``RUN_DIR/resumes/``. Imports no torch.
@@ -34,10 +33,12 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
+from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, Sequence, Set, Tuple
 
-from ..config import JobConfig, ResumeSpec, command_arg_flags, expand_variables
 from .files import ELEMENT_WORKDIR, PEER_LOST_VAR, PathLike, array_task_id, read_jobs
+
+if TYPE_CHECKING:  # the config (and PyYAML) are imported where used: the batch shell's rundir calls need neither
+    from ..config import JobConfig, ResumeSpec
 
 #: ``RUN_DIR/resumes/``: one ``ScriptResume`` per start of a ``train.command`` run (``resume_file_name``).
 RESUMES_DIR = "resumes"
@@ -183,6 +184,7 @@ def command_words(cfg: JobConfig, run_dir: PathLike) -> Optional[List[str]]:
     """``train.command`` as a rank runs it, seen from outside a rank (``status``, ``report``): ``$NAME``
     expanded with only ``SLURM_DDP_RUN_DIR`` known, ``${args.NAME}`` placed and the other ``train.args``
     appended (``config.command_arg_flags``); None when a word names another variable (unknown here)."""
+    from ..config import command_arg_flags, expand_variables
     from ..errors import UserError
 
     env = {"SLURM_DDP_RUN_DIR": str(Path(run_dir).resolve())}
@@ -211,6 +213,7 @@ def checkpoint_directory(
     ``workdir``: ``spec.dir`` (``$NAME`` expanded in ``environ``; None when one is not set there), else the
     value of ``spec.dir_args`` in ``argv``, else ``spec.default_dir``; relative to ``workdir``. None when
     nothing names one (a general form whose ``dir_arg`` the command does not give)."""
+    from ..config import expand_variables
     from ..errors import UserError
 
     if spec.dir is not None:
