@@ -23,7 +23,10 @@ rank's environment expanded (``$$`` is a literal ``$``; :func:`expand_command`),
 replaced by the run's ``train.args.NAME``, and the other ``train.args`` entries appended as
 ``--NAME=VALUE`` (``slurm_ddp.config.command``): how a sweep element's values reach the script. A
 sweep element's rank runs in the element's own working directory, ``RUN_DIR/work``
-(``rundir.ELEMENT_WORKDIR``), made at submit. And the wrapper
+(``rundir.ELEMENT_WORKDIR``), made at submit. With ``train.resume`` the words end with the newest complete
+checkpoint of the script's own (``--resume_from_checkpoint PATH`` for ``hf``) at every start but the first,
+the same on every rank of a start (:func:`resume_command`, ``rundir.script_checkpoints``), and the rank's log
+names it and every newer one skipped as incomplete. And the wrapper
 does not replace itself: it forks the command (binding, rank log and hang watchdog as above) and
 stays as its parent, so that it sees the signals its rank is sent — Slurm signals every process
 of a task (``proctrack``), torchrun the worker's pid, the local launcher the rank's process
@@ -205,6 +208,46 @@ def python_first_on_path(path: str, python: str) -> str:
     return os.pathsep.join([d, *parts])
 
 
+def resume_command(
+    cfg: JobConfig, denv: DistEnv, env: Mapping[str, str], cmd: List[str], publish: bool = True
+) -> Tuple[List[str], List[str]]:
+    """``(cmd, log lines)``: the ``train.command`` words ``cmd`` (expanded) with the checkpoint this start
+    resumes from (``train.resume``; ``rundir.script_checkpoints.resume_at_start``), and what the rank's log
+    says of it. Runs in the ranks' working directory.
+
+    Every rank of a start passes the SAME checkpoint: the first rank of the start to get here decides and
+    records its decision in the run directory (``RUN_DIR/resumes/JOB.RESTART[.ATTEMPT].json``, linked into
+    place whole: one writer), and every other rank of the start reads that record instead of listing the
+    directory itself (a node's NFS cache can show another listing). ``publish=False`` (``--dry-run``): this
+    rank's own decision, not recorded. A run directory where the record can be neither written nor read:
+    this rank's own decision too, with a note."""
+    from .rundir import ScriptResume, resume_at_start, resume_lines
+
+    def start(publish: bool) -> Tuple[List[str], Optional[ScriptResume]]:
+        return resume_at_start(
+            cfg,
+            env[RUN_DIR_VAR],
+            cmd,
+            os.getcwd(),
+            env,
+            job_id=str(denv.job_id),
+            restart=denv.restart_count,
+            rank=denv.rank,
+            world_size=denv.world_size,
+            publish=publish,
+        )
+
+    notes: List[str] = []
+    try:
+        out, record = start(publish)
+    except OSError as err:
+        notes.append(f"note: could not record this start's train.resume decision ({err}); this rank decided alone")
+        out, record = start(False)
+    if record is not None:
+        notes += resume_lines(record)
+    return out, notes
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """Entry of ``python -m slurm_ddp.launch``: does not return when CMD starts; else the exit status
     (2 a bad run directory or binding, 127 CMD cannot run), after one ``slurm_ddp launch: error:`` line."""
@@ -270,6 +313,9 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
                 os.chdir(work)
             except OSError as err:
                 raise UserError(f"cannot enter the sweep element's working directory {work}: {err}") from None
+        cmd, resume_notes = resume_command(cfg, denv, env, cmd, publish=not dry)
+    else:
+        resume_notes = []
     full = plan.command(cmd)
     if dry:
         print(
@@ -316,6 +362,8 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
         os.dup2(fd, 1)
         os.dup2(fd, 2)
         os.close(fd)
+    for note in resume_notes:  # in the rank's log (srun's --output, or the one opened above)
+        print(f"slurm_ddp launch: rank {denv.rank}: {note}", file=sys.stderr, flush=True)
     if cfg.train.command:
         return _supervise(cfg, denv, env, full, watchdog=not no_watchdog)
     if cfg.watchdog.enabled and not no_watchdog:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)

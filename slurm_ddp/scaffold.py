@@ -1,6 +1,9 @@
 """``slurm-ddp init``: a commented job YAML to start from.
 
-Command mode (``train.command``) when given a script, the task template (``train.task``) otherwise. Where
+Command mode (``train.command``) when given a script, the task template (``train.task``) otherwise. For a
+script that uses the Transformers ``Trainer``, Accelerate's ``save_state`` or Lightning, ``train.resume``
+(``detect_resume``, from the script's imports and calls; commented out where the script seems not to take
+the option the preset passes). Where
 Slurm answers (``sinfo`` on PATH, a reachable controller), the cluster's partitions, their time limits,
 node counts, CPUs and GPUs per node are written as commented choices — never chosen for the user.
 
@@ -103,14 +106,92 @@ def _gpu_lines(parts: Sequence[Partition]) -> List[str]:
     return [f"  # gpus_per_node: {counts[-1]}        # GPUs per node on this cluster: {choices} (one rank per GPU)"]
 
 
+# What ``detect_resume`` looks for in a script's text (its imports and calls, not its behaviour).
+_IMPORT = r"^[ \t]*(?:from[ \t]+{mod}(?:\.[\w.]+)?[ \t]+import\b|import[ \t]+{mod}\b)"
+_HF_IMPORT = re.compile(_IMPORT.format(mod=r"(?:transformers|trl)"), re.M)
+_HF_TRAINER = re.compile(r"\b\w*Trainer\s*\(")
+_HF_PARSER = re.compile(r"\bHfArgumentParser\b")
+_ACCELERATE_IMPORT = re.compile(_IMPORT.format(mod="accelerate"), re.M)
+_LIGHTNING_IMPORT = re.compile(_IMPORT.format(mod=r"(?:lightning|pytorch_lightning)"), re.M)
+
+
+@dataclass(frozen=True)
+class ResumeGuess:
+    """What ``slurm-ddp init`` writes for ``train.resume``: the preset, whether the script takes the
+    option the preset passes (else the line is written commented out), and what was seen."""
+
+    preset: str
+    takes_option: bool
+    evidence: str
+
+
+def detect_resume(text: str) -> Optional[ResumeGuess]:
+    """The ``train.resume`` preset a script's ``text`` calls for, from its imports and calls; None when it
+    uses none of the frameworks. ``hf``: imports ``transformers`` (or ``trl``) and builds a ``...Trainer(``;
+    it takes ``--resume_from_checkpoint`` when it parses ``TrainingArguments`` with ``HfArgumentParser``.
+    ``accelerate``: imports ``accelerate`` and calls ``save_state``; takes the option when its text names
+    ``resume_from_checkpoint`` (the ``no_trainer`` examples). ``lightning``: imports ``lightning`` (or
+    ``pytorch_lightning``); takes ``--ckpt_path`` with ``LightningCLI`` or when its text names ``ckpt_path``.
+    Pure."""
+    if _HF_IMPORT.search(text) and _HF_TRAINER.search(text):
+        parser = bool(_HF_PARSER.search(text) and "TrainingArguments" in text)
+        seen = "imports transformers, builds a Trainer" + (
+            " and parses TrainingArguments (HfArgumentParser)" if parser else ""
+        )
+        return ResumeGuess("hf", parser, seen)
+    if _ACCELERATE_IMPORT.search(text) and "save_state(" in text:
+        return ResumeGuess(
+            "accelerate", "resume_from_checkpoint" in text, "imports accelerate and calls Accelerator.save_state"
+        )
+    if _LIGHTNING_IMPORT.search(text):
+        cli = "LightningCLI" in text
+        return ResumeGuess(
+            "lightning", cli or "ckpt_path" in text, "imports lightning" + (" and runs LightningCLI" if cli else "")
+        )
+    return None
+
+
+_RESUME_OPTION = {
+    "hf": "--resume_from_checkpoint",
+    "accelerate": "--resume_from_checkpoint",
+    "lightning": "--ckpt_path",
+}
+
+
+def _resume_lines(guess: Optional[ResumeGuess]) -> List[str]:
+    if guess is None:
+        return [
+            "  # resume: hf          # how the script resumes from its own checkpoints: hf | lightning | accelerate |",
+            "  #                     # a mapping (docs: own-script.md); unset: a restart passes nothing",
+        ]
+    option = _RESUME_OPTION[guess.preset]
+    lines = [f"  # train.resume: init saw that the script {guess.evidence}"]
+    if guess.takes_option:
+        lines += [
+            f"  # Every start after the first passes it the newest complete checkpoint as {option} PATH.",
+            f"  resume: {guess.preset}",
+        ]
+    else:
+        lines += [
+            f"  # It does not seem to take {option} PATH, which train.resume: {guess.preset} passes; give it",
+            "  # that option, then uncomment (see own-script.md):",
+            f"  # resume: {guess.preset}",
+        ]
+    if guess.preset in ("hf", "accelerate"):
+        lines.append("  # keep its checkpoints in the run directory: --output_dir $SLURM_DDP_RUN_DIR/out in command")
+    return lines
+
+
 def job_yaml(
     script: Optional[str],
     out_dir: str,
     partitions: Sequence[Partition] = (),
     schema_path: Optional[str] = None,
+    resume: Optional[ResumeGuess] = None,
 ) -> str:
     """The commented job YAML: ``train.command`` running ``script`` (a path, relative to ``out_dir`` where
-    the file will live), or the ``train.task`` template when ``script`` is None. Pure."""
+    the file will live) with ``train.resume`` from ``resume`` (``detect_resume`` of its text), or the
+    ``train.task`` template when ``script`` is None. Pure."""
     head = []
     if schema_path:
         head.append(f"# yaml-language-server: $schema={schema_path}")
@@ -124,6 +205,7 @@ def job_yaml(
             "  # your own torchrun-style script, unchanged: every rank gets RANK, LOCAL_RANK, WORLD_SIZE,",
             "  # MASTER_ADDR/PORT and SLURM_DDP_RUN_DIR (keep its snapshots there: it survives requeues)",
             f"  command: python {_shell_word(rel)}   # relative paths: from this file's directory",
+            *_resume_lines(resume),
         ]
         what = f"runs {script} on every rank (command mode)"
     else:
@@ -188,6 +270,12 @@ def init_job(script: Optional[str], output: str, run: Optional[Runner] = None) -
     from .jobschema import shipped_schema_path
 
     out_dir = os.path.dirname(os.path.abspath(output))
-    text = job_yaml(script, out_dir, cluster_partitions(run), schema_path=shipped_schema_path())
+    guess = None
+    if script is not None:
+        try:
+            guess = detect_resume(Path(script).read_text(encoding="utf-8", errors="replace"))
+        except OSError as e:
+            raise UserError(f"cannot read the script {script!r}: {e.strerror}") from None
+    text = job_yaml(script, out_dir, cluster_partitions(run), schema_path=shipped_schema_path(), resume=guess)
     write_job_file(output, text)
     return output

@@ -13,8 +13,13 @@ equals that of the same script without the callback (the Trainer's ``log_history
 With ``report_to=["mlflow"]`` and ``tracking.mlflow`` on, the Trainer's own ``MLflowCallback`` logs every
 step's loss once into the run directory's one MLflow run, across the three starts.
 
-Without the callback (``--plain``, the unchanged script): SIGUSR2 kills the ranks, the run is not finished,
-and the next ``submit`` resumes from the newest ``checkpoint-N`` (the steps after it are redone).
+Without the callback: a script written as the current Transformers examples are (``hf_clm_script.py``:
+``HfArgumentParser``, resumes only through ``--resume_from_checkpoint``), unchanged, with ``train.resume: hf``.
+SIGUSR2 after ``checkpoint-20`` kills the ranks, the run is not finished; a ``checkpoint-N`` cut off mid-save
+(no ``trainer_state.json``, no rank 1 ``rng_state_1.pth``) is put beside the newest; the next ``submit``
+passes both ranks the newest complete checkpoint (``--resume_from_checkpoint``), names the cut-off one as
+skipped in every rank's log, redoes fewer than ``save_steps`` steps and finishes. It trains the same model,
+data and arguments as the example, so its losses are the callback run's reference.
 One run of each (each start of a Transformers rank costs ~5 CPU-s of imports).
 """
 
@@ -96,11 +101,38 @@ def losses(run_dir: Path) -> Dict[int, float]:
     return {int(h["step"]): float(h["loss"]) for h in state["log_history"] if "loss" in h}
 
 
+CLM_SCRIPT = Path(__file__).resolve().parent / "hf_clm_script.py"
+#: the script's HfArgumentParser words: the example's model, data and TrainingArguments (train.py's defaults)
+CLM_ARGS = (
+    f"--output_dir $SLURM_DDP_RUN_DIR/hf --max_steps {MAX_STEPS} --save_steps {SAVE_STEPS} --logging_steps 1 "
+    "--per_device_train_batch_size 8 --learning_rate 0.001 --seed 0 --ddp_find_unused_parameters false "
+    "--use_cpu --report_to none --step_sleep 0.2"
+)
+
+
+def write_clm_job(tmp_path: Path) -> Path:
+    require_module("transformers", "the Trainer script")
+    shutil.copy(CLM_SCRIPT, tmp_path / "run_clm.py")
+    job = tmp_path / "job.yaml"
+    job.write_text(
+        "name: clm\n"
+        'slurm: {nodes: 1, tasks_per_node: 2, time: "00:10:00"}\n'
+        f"train:\n  command: python run_clm.py {CLM_ARGS}\n  resume: hf\n"
+        "requeue: {signal_delay_s: 60}\n"
+    )
+    return job
+
+
+def step_lines(tmp_path: Path) -> List[dict]:
+    return [json.loads(line) for line in (tmp_path / "steps.jsonl").read_text().splitlines()]
+
+
 @pytest.fixture(scope="module")
 def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
-    """The unchanged script (no callback): SIGUSR2 after its first checkpoint, then a resubmit that finishes."""
+    """The unchanged script (no callback, train.resume: hf): SIGUSR2 after its first checkpoint, a
+    checkpoint cut off mid-save beside the newest, then a resubmit that finishes."""
     tmp_path = tmp_path_factory.mktemp("plain")
-    job, run_dir = write_job(tmp_path, "--plain"), tmp_path / "run"
+    job, run_dir = write_clm_job(tmp_path), tmp_path / "run"
     stopped = stop_when(
         job,
         run_dir,
@@ -108,25 +140,63 @@ def plain_run(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, object]:
         "checkpoint-20 of the plain script, written",
         signal.SIGUSR2,
     )
-    newest = checkpoints(run_dir)[-1]
+    newest = max(s for s in checkpoints(run_dir) if saved(run_dir, s))
+    cut = max(checkpoints(run_dir)) + SAVE_STEPS  # as the Trainer leaves one killed before rank 1's rng state
+    shutil.copytree(run_dir / "hf" / f"checkpoint-{newest}", run_dir / "hf" / f"checkpoint-{cut}")
+    for name in ("trainer_state.json", "rng_state_1.pth"):
+        (run_dir / "hf" / f"checkpoint-{cut}" / name).unlink()
+    first = step_lines(tmp_path)
     again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
-    return {"stopped": stopped, "newest": newest, "again": again, "run_dir": run_dir}
+    return {
+        "stopped": stopped,
+        "newest": newest,
+        "cut": cut,
+        "again": again,
+        "run_dir": run_dir,
+        "first": first,
+        "steps": step_lines(tmp_path),
+    }
 
 
-def test_without_the_callback_the_script_dies_of_the_signal_and_resumes_from_its_last_checkpoint(
+def test_without_the_callback_train_resume_passes_the_newest_complete_checkpoint_and_skips_a_cut_off_one(
     plain_run: Dict[str, object],
 ) -> None:
+    from slurm_ddp.rundir import read_script_resumes
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED
+
     stopped, again, run_dir = plain_run["stopped"], plain_run["again"], plain_run["run_dir"]
+    newest, cut = plain_run["newest"], plain_run["cut"]
     assert isinstance(stopped, subprocess.CompletedProcess) and isinstance(again, subprocess.CompletedProcess)
     assert isinstance(run_dir, Path)
     assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stdout + stopped.stderr
     assert read_preempted(run_dir) is None  # no handler: no step agreed, no marker of the script's
-    assert not (run_dir / "metrics.jsonl").exists() or not train_steps(run_dir)
     assert again.returncode == 0, again.stdout + again.stderr
     assert read_finished(run_dir) is not None
     out = again.stdout + again.stderr
-    assert f"resuming from {run_dir}/hf/checkpoint-{plain_run['newest']}\n" in out, out
     assert f"done: step {MAX_STEPS}," in out, out
+    # every rank of the start passed the same, newest complete checkpoint, and names the cut-off one
+    passed = f"{run_dir}/hf/checkpoint-{newest}"
+    for rank in (0, 1):
+        log = (run_dir / "logs" / f"rank-{rank}.log").read_text()
+        assert "train.resume: hf: the run's first start: nothing passed" in log, log
+        assert f"train.resume: hf: resuming from {passed} (step {newest}, written " in log, log
+        assert (
+            f"train.resume: hf: skipped {run_dir}/hf/checkpoint-{cut} (step {cut}): no trainer_state.json, rng_state_1.pth"
+            in log
+        ), log
+    assert f"resume_from_checkpoint: {passed}\n" in (run_dir / "logs" / "rank-0.log").read_text()  # what the script got
+    first, second = read_script_resumes(run_dir)
+    assert first.outcome == FIRST_START and first.passed == (), first
+    assert second.outcome == RESUMED and second.step == newest and second.passed == ("--resume_from_checkpoint", passed)
+    assert [(s.step, s.problem) for s in second.skipped][:1] == [(cut, "no trainer_state.json, rng_state_1.pth")]
+    # fewer than save_steps steps redone: the script's own record of the steps each start trained
+    steps = plain_run["steps"]
+    assert isinstance(steps, list)
+    before = [s["step"] for s in steps if s["resume_from_checkpoint"] is None]
+    after = [s["step"] for s in steps if s["resume_from_checkpoint"] == passed]
+    assert before[0] == 1 and after == list(range(newest + 1, MAX_STEPS + 1)), (before, after)
+    redone = [s for s in before if s > newest]
+    assert len(redone) < SAVE_STEPS, redone
     assert sorted(losses(run_dir)) == list(range(1, MAX_STEPS + 1))
 
 
