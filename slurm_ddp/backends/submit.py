@@ -376,7 +376,7 @@ def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Su
     backend = plan.backend
     report.out(
         f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
-        + (" (resuming)" if plan.resuming else "")
+        + plan.existing_words()
         + "\n"
     )
     status = local_schedule(plan, echo=report.echo, say=report.say)

@@ -38,6 +38,9 @@ time by construction (``other`` is the rest):
 - ``checkpoint``: checkpoint time that blocked training (``checkpoint`` events' ``blocked_s``; the
   save after a stop signal is ``stop``);
 - ``stop``: the stop signal's arrival (``preempted`` event's ``signal_time``) → the start's end;
+- ``unknown``: a start that recorded no step with a time (a script of one's own that writes no
+  metrics and reports no progress): its start → its stop signal (else its end), which may be start-up
+  or training; slurm_ddp cannot tell, so it is neither;
 - ``other``: the rest (e.g. the final weights' write, the gap between a killed start's last record
   and its end, a failure's tail).
 
@@ -82,7 +85,7 @@ from ..rundir.local_end import PREEMPTED_STATE
 from .accounting import Accounting, AccountingRow, Runner
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
-PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "other")
+PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "unknown", "other")
 #: how a phase reads in a sentence
 PHASE_WORDS = {
     "startup": "start-up",
@@ -91,6 +94,7 @@ PHASE_WORDS = {
     "eval": "evaluation",
     "checkpoint": "checkpoint stalls",
     "stop": "stopping",
+    "unknown": "unknown",
     "other": "other",
 }
 #: how a start can end (``ended``)
@@ -604,8 +608,8 @@ def _split(
     ph = st.phases_s
     stop_at = st.signal_time if st.signal_time is not None else st.end
     stop_at = min(max(stop_at, st.start), st.end)
-    if not steps:
-        ph["startup"] = stop_at - st.start
+    if not steps:  # no step recorded: start-up, training and saves cannot be told apart
+        ph["unknown"] = stop_at - st.start
         ph["stop"] = st.end - stop_at
         return stop_at
     t_first, first = steps[0]
@@ -702,6 +706,9 @@ def _loss_words(rep: RunReport, phase: str, frac: float) -> str:
         return f"{head}: {sum(per):.1f} s of evaluation"
     if phase == "checkpoint":
         return f"{head}: {sum(per):.1f} s of training blocked by checkpoint saves"
+    if phase == "unknown":
+        blind = [s for s in rep.starts if s.phases_s["unknown"] > 0]
+        return f"{head}: {sum(per):.1f} s of {len(blind)} start(s) that recorded no step (start-up or training: unknown)"
     if phase == "stop":
         stops = [s for s in rep.starts if s.phases_s["stop"] > 0]
         return f"{head}: {sum(per):.1f} s from stop signal to exit over {len(stops)} stop(s) (includes the final save)"

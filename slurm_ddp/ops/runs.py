@@ -21,13 +21,20 @@ from ..rundir import (
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
     WAITING_NAME,
+    AtStop,
+    HandlerRecord,
     InJobRestart,
     LocalEnd,
     LocalWait,
+    NextStart,
     Preempted,
+    RunFacts,
+    SavedCheckpoint,
+    at_stop,
     is_sweep_dir,
     latest_checkpoint_step,
     read_finished,
+    read_handlers,
     read_in_job_restarts,
     read_jobs,
     read_local_end,
@@ -35,6 +42,7 @@ from ..rundir import (
     read_preempted,
     read_waiting,
 )
+from ..rundir import next_start as _next_start_rule
 
 
 @dataclass
@@ -57,6 +65,12 @@ class Run:
     in_job_restarts: List[InJobRestart] = field(default_factory=list)
     #: a local launcher's wait for the runs it comes after (``rundir.read_waiting``), the latest one
     waiting: Optional[LocalWait] = None
+    command: bool = False  #: a ``train.command`` script (else the shared worker, ``train.task``)
+    resume: Optional[str] = None  #: ``train.resume`` (``rundir.RunFacts.resume``); None when unset
+    #: the latest start ``(job_id, restart)`` (``provenance.json``), None before any
+    latest_start: Optional[Tuple[str, int]] = None
+    #: the stop handlers its ranks recorded (``rundir.read_handlers``), oldest first
+    handlers: List[HandlerRecord] = field(default_factory=list)
 
     @property
     def backend(self) -> Optional[str]:
@@ -86,14 +100,47 @@ class Run:
         return [m for m in self.metrics if m.get("event") == kind]
 
     @property
-    def step(self) -> int:
-        """The furthest step the run's record shows (train events, checkpoints, markers)."""
+    def step(self) -> Optional[int]:
+        """The furthest step the run's record shows (train events, checkpoints, markers); 0 for the
+        worker before any; None (unknown) for a ``train.command`` script that recorded none (it
+        writes no metrics: slurm_ddp cannot see its steps)."""
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), (int, float))]
         if self.finished and isinstance(self.finished.get("step"), int):
             steps.append(self.finished["step"])
         if self.last_checkpoint is not None:
             steps.append(self.last_checkpoint)
+        if not steps and self.command:
+            return None
         return max(steps, default=0)
+
+    @property
+    def step_text(self) -> str:
+        """:attr:`step` as the tables show it: ``N/MAX``, ``N`` or ``unknown``."""
+        if self.step is None:
+            return "unknown"
+        return f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
+
+    def facts(self) -> RunFacts:
+        """What the rule of a stop (``rundir.at_stop``) decides from, for this run."""
+        ck = None
+        if not self.command and self.last_checkpoint is not None:
+            ck = SavedCheckpoint(step=self.last_checkpoint)
+        return RunFacts(
+            command=self.command,
+            resume=self.resume,
+            checkpoint=ck,
+            start=self.latest_start,
+            handlers=tuple(self.handlers),
+        )
+
+    def at_stop(self, signal: str = "SIGTERM") -> AtStop:
+        """What the stop signal ``signal`` does to this run now and what its next start trains from
+        (``rundir.at_stop``: the one rule every message asks)."""
+        return at_stop(self.facts(), signal)
+
+    def next_start(self) -> NextStart:
+        """What the run's next start trains from, as the run directory stands (``rundir.next_start``)."""
+        return _next_start_rule(self.facts())
 
     @property
     def resumes(self) -> List[Dict[str, Any]]:
@@ -161,32 +208,50 @@ def resolve_run(arg: str, runs_dir: str = DEFAULT_RUNS_DIR) -> Path:
     return p.resolve()
 
 
-def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
-    """(name, train.max_steps, world size) from a run's config file (``CONFIG_NAME``),
-    without validating it. Unreadable or malformed: ``(None, None, None)``."""
+def _config_data(path: Path) -> Optional[Dict[str, Any]]:
+    """A run's config file (``CONFIG_NAME``) as a mapping, without validating it; None when unreadable."""
     import yaml
 
     try:
         # libyaml's safe loader when present: a sweep's status reads a config per element
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None, None, None
-    if not isinstance(data, dict):
-        return None, None, None
+        return None
+    return data if isinstance(data, dict) else None
 
-    def get(section: str, key: str) -> Any:
-        sect = data.get(section)
-        return sect.get(key) if isinstance(sect, dict) else None
+
+def _get(data: Optional[Dict[str, Any]], section: str, key: str) -> Any:
+    sect = data.get(section) if data is not None else None
+    return sect.get(key) if isinstance(sect, dict) else None
+
+
+def _facts_of(data: Optional[Dict[str, Any]]) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    if data is None:
+        return None, None, None
 
     def as_int(v: Any, default: Optional[int]) -> Optional[int]:
         return v if isinstance(v, int) and not isinstance(v, bool) else default
 
     name = data.get("name") if isinstance(data.get("name"), str) else None
-    nodes, tasks = as_int(get("slurm", "nodes"), 1), as_int(get("slurm", "tasks_per_node"), 1)
+    nodes, tasks = as_int(_get(data, "slurm", "nodes"), 1), as_int(_get(data, "slurm", "tasks_per_node"), 1)
     world = nodes * tasks if nodes and tasks else None
     # train.command: the script's own steps (metrics.jsonl) have no known end; max_steps is the worker's
-    max_steps = None if get("train", "command") else as_int(get("train", "max_steps"), None)
+    max_steps = None if _get(data, "train", "command") else as_int(_get(data, "train", "max_steps"), None)
     return name, max_steps, world
+
+
+def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    """(name, train.max_steps, world size) from a run's config file (``CONFIG_NAME``),
+    without validating it. Unreadable or malformed: ``(None, None, None)``."""
+    return _facts_of(_config_data(path))
+
+
+def _resume_of(data: Optional[Dict[str, Any]]) -> Optional[str]:
+    """``train.resume`` in words: a preset's name, ``custom`` for the general form; None when unset."""
+    value = _get(data, "train", "resume")
+    if value in (None, False, ""):
+        return None
+    return value if isinstance(value, str) else "custom"
 
 
 def read_requeue_signal(run_dir: Path) -> str:
@@ -210,8 +275,13 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     path = Path(path)
     from ..provenance import read as read_provenance
 
-    name, max_steps, world = facts if facts is not None else read_config_facts(path / CONFIG_NAME)
+    data = _config_data(path / CONFIG_NAME)
+    name, max_steps, world = facts if facts is not None else _facts_of(data)
     metrics = read_metrics(path)
+    starts = read_provenance(str(path)).get("starts", [])
+    last = starts[-1] if starts and isinstance(starts[-1], dict) else {}
+    restart = last.get("restart")
+    latest_start = (str(last["job_id"]), restart) if last.get("job_id") and isinstance(restart, int) else None
     last_checkpoint = latest_checkpoint_step(path)
     if last_checkpoint is None:  # a script of one's own: its metrics.jsonl "checkpoint" events, if it writes them
         saved = [m["step"] for m in metrics if m.get("event") == "checkpoint" and isinstance(m.get("step"), int)]
@@ -226,10 +296,14 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         finished=read_finished(path),
         preempted=read_preempted(path),
         last_checkpoint=last_checkpoint,
-        starts=len(read_provenance(str(path)).get("starts", [])),
+        starts=len(starts),
         local_end=read_local_end(path),
         in_job_restarts=read_in_job_restarts(path),
         waiting=read_waiting(path),
+        command=bool(_get(data, "train", "command")),
+        resume=_resume_of(data),
+        latest_start=latest_start,
+        handlers=read_handlers(path),
     )
 
 

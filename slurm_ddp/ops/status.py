@@ -179,8 +179,8 @@ def _local_status(run: Run) -> RunStatus:
             True,
             src,
             notes=[
-                f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; "
-                "submit it again with the same --run-dir to resume"
+                f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; submit it again "
+                f"with the same --run-dir: {run.next_start().words}"
             ],
         )
     return RunStatus(
@@ -233,6 +233,18 @@ def never_starts_note(run_dir: Path, job: SlurmJob) -> str:
     )
 
 
+def stopped_words(run: Run) -> str:
+    """How the run's last stop for preemption left it, from its evidence: rank 0's ``PREEMPTED`` marker
+    (its step: the worker's committed checkpoint, or a script's ``slurm_ddp.preemption`` stop), else the
+    worker's newest checkpoint, else, for a script of one's own, that slurm_ddp saw no checkpoint."""
+    if run.preempted is not None:
+        what = "checkpoint of step" if not run.command else "the script stopped through slurm_ddp.preemption at step"
+        return f"{what} {run.preempted.step}"
+    if not run.command:
+        return f"checkpoint of step {run.last_checkpoint}" if run.last_checkpoint is not None else "no checkpoint"
+    return "its ranks were stopped by the signal; no slurm_ddp stop recorded, so no checkpoint at the stop"
+
+
 def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     jid = run.latest_job_id
     job = ans.jobs.get(jid or "")
@@ -243,10 +255,9 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         if job.never_starts:
             st.notes.append(never_starts_note(run.path, job))
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
-            step = run.preempted.step if run.preempted else run.last_checkpoint
             st.notes.append(
-                f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption (checkpoint of step {step}) and not "
-                f"requeued; continue with: slurm-ddp requeue {run.path}"
+                f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption ({stopped_words(run)}) and not requeued; "
+                f"continue with: slurm-ddp requeue {run.path} ({run.next_start().words})"
             )
         return st
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago
@@ -254,7 +265,11 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes)
         return RunStatus(
-            run, "ENDED", True, "run directory", notes=notes + [f"the run did not finish (last step {run.step})"]
+            run,
+            "ENDED",
+            True,
+            "run directory",
+            notes=notes + [f"the run did not finish (last step {'unknown' if run.step is None else run.step})"],
         )
     state = "COMPLETED" if run.finished is not None else "UNKNOWN"
     return RunStatus(

@@ -267,22 +267,37 @@ def element_path(arg: str) -> Optional[Path]:
 def cancel_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     """``scancel`` the sweep's unfinished array tasks that Slurm still runs or holds (one call)."""
     st = sweep_status(sweep, run_cmd)
-    ids = [s.run.latest_job_id for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
+    chosen = [s for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
+    ids = [s.run.latest_job_id or "" for s in chosen]
     if not ids:
         raise UserError(f"sweep {sweep.name!r} has no pending or running element; nothing to cancel")
     _act(["scancel", *ids], run_cmd)
+    running = [s.run for s in chosen if s.slurm is not None and s.slurm.state != "PENDING"]
+    what = f"running ones: {_at_stop_words(running)}" if running else "none had started"
     return (
         f"cancelled {len(ids)} element(s) of sweep {sweep.name!r} ({', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}): "
-        f"running ones checkpoint and stop; continue later with: slurm-ddp requeue {sweep.path}"
+        f"{what}. Continue later with: slurm-ddp requeue {sweep.path}"
     )
+
+
+def _at_stop_words(runs: Sequence[Run], ended: bool = False) -> str:
+    """What a stop does to each of ``runs`` (``Run.at_stop``; ``ended``: they are not running, only their
+    next start), one sentence per distinct answer with the elements it is for when they differ."""
+    groups: Dict[str, List[str]] = {}
+    for r in runs:
+        words = r.next_start().words if ended else r.at_stop().sentence()
+        groups.setdefault(words, []).append(r.path.name)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"element(s) {', '.join(names)}: {words}" for words, names in groups.items())
 
 
 def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     """``scontrol requeue`` the sweep's unfinished elements that are running or ended (one call);
     pending ones already wait and finished ones never train again."""
     st = sweep_status(sweep, run_cmd)
-    ids = [
-        s.run.latest_job_id
+    chosen = [
+        s
         for _, s in st.elements
         if s.run.finished is None
         and s.slurm is not None
@@ -290,13 +305,20 @@ def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
         and s.slurm.state not in REQUEUED_STATES
         and s.run.latest_job_id
     ]
+    ids = [s.run.latest_job_id or "" for s in chosen]
     if not ids:
         raise UserError(
             f"sweep {sweep.name!r} has no running or stopped element Slurm still knows; nothing to requeue "
             f"(to resume forgotten elements, submit the sweep again with --run-dir {sweep.path})"
         )
     _act(["scontrol", "requeue", ",".join(ids)], run_cmd)
-    return f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: each resumes from its newest checkpoint"
+    running = [s.run for s in chosen if not s.final]
+    ended = [s.run for s in chosen if s.final]
+    parts = [f"running ones: {_at_stop_words(running)}"] if running else []
+    parts += [f"ended ones start again: {_at_stop_words(ended, ended=True)}"] if ended else []
+    return f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: Slurm stops and starts them again; " + ". ".join(
+        parts
+    )
 
 
 def find_sweeps(base: Path, max_depth: int = 3) -> List[Path]:

@@ -23,6 +23,7 @@ from .report import PHASES, RunReport, SweepReport
 from .runs import read_requeue_signal
 
 if TYPE_CHECKING:
+    from .runs import Run
     from .status import RunStatus
     from .sweeps import SweepStatus
 
@@ -39,6 +40,20 @@ def format_eval(m: Optional[Dict[str, Any]]) -> str:
     return "-"
 
 
+def format_checkpoint(r: Run) -> str:
+    """The ``checkpoint:`` line of ``status``: the newest one the next start would use, or what is not known."""
+    if not r.command:
+        return f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"
+    ck = r.facts().checkpoint
+    if ck is not None:
+        return f"{ck.words()}, passed to the next start (train.resume: {r.resume})"
+    if r.resume:
+        return f"no complete checkpoint of the script yet (train.resume: {r.resume})"
+    if r.last_checkpoint is not None:
+        return f"step {r.last_checkpoint} (the script's own checkpoint event in metrics.jsonl; train.resume unset)"
+    return "unknown (the script's own; train.resume unset, so slurm_ddp neither reads nor passes them)"
+
+
 def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> str:
     """The ``slurm-ddp runs`` table."""
     cwd = Path.cwd() if cwd is None else cwd
@@ -49,7 +64,7 @@ def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> st
         jobs = ",".join(r.job_ids) or "-"
         if r.is_local:
             jobs = "local:" + jobs
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        step = r.step_text
         try:
             where = str(r.path.relative_to(cwd))
         except ValueError:
@@ -70,9 +85,8 @@ def format_status(st: RunStatus) -> str:
     lines.append(("state", f"{st.describe_state()}  [{st.source}]"))
     if st.slurm is not None and st.slurm.dependency:
         lines.append(("dependency", st.slurm.dependency))
-    step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
-    lines.append(("step", step))
-    lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))
+    lines.append(("step", r.step_text))
+    lines.append(("checkpoint", format_checkpoint(r)))
     if r.finished is not None:
         acc = r.finished.get("eval_accuracy")
         lines.append(
@@ -143,7 +157,7 @@ def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
     rows = [header]
     for e, rs in rows_src:
         r = e.run
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        step = r.step_text
         vals = sweeps.metric_values(r, metric) if metric else []
         best = sweeps.best_value(r, metric) if metric else None
         state = rs.state if r.finished is None or rs.state == "COMPLETED" else f"{rs.state} (finished)"
@@ -316,6 +330,7 @@ def format_report(rep: RunReport) -> str:
         "EVAL",
         "CKPT",
         "STOP",
+        "UNKNOWN",
         "OTHER",
         "STEPS",
     )

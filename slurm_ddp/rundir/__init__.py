@@ -38,6 +38,9 @@ A run directory holds:
   submitit's folder); everything else gets the user's umask;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
+- ``handlers/JOBID.RESTART/rank-N.json``: that rank N of a ``train.command`` run installed a slurm_ddp
+  stop handler at that start (``slurm_ddp.preemption.install``, directly or through a callback; which
+  signals), the evidence for what a stop does to the run (:func:`at_stop`, ``rundir.handlers``);
 - ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
   (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
   ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
@@ -62,7 +65,8 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
-``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
+``stops`` (the stop signals of ``train.command`` ranks), ``handlers`` (their stop handlers, and the rule
+of what a stop does to a run: :func:`at_stop`), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
 after a lost or hung node, with its evidence and entry points).
 """
@@ -83,6 +87,7 @@ from .files import (
     ENDS_NAME,
     FINAL_MODEL_NAME,
     FINISHED_NAME,
+    HANDLERS_DIR,
     HANGS_DIR,
     JOBS_NAME,
     LAUNCHER_LOCK_NAME,
@@ -155,6 +160,23 @@ from .files import (
     write_step_end,
     write_sweep_manifest,
 )
+from .handlers import (
+    CHECKPOINT,
+    KILLED,
+    RESUMES,
+    STEP_ZERO,
+    UNKNOWN,
+    AtStop,
+    HandlerRecord,
+    NextStart,
+    RunFacts,
+    SavedCheckpoint,
+    at_stop,
+    handler_dir,
+    next_start,
+    read_handlers,
+    record_handler,
+)
 from .hangs import (
     Hang,
     HangReport,
@@ -191,6 +213,22 @@ from .stops import (
 )
 
 __all__ = [
+    "CHECKPOINT",
+    "KILLED",
+    "RESUMES",
+    "STEP_ZERO",
+    "UNKNOWN",
+    "HANDLERS_DIR",
+    "AtStop",
+    "HandlerRecord",
+    "NextStart",
+    "RunFacts",
+    "SavedCheckpoint",
+    "at_stop",
+    "handler_dir",
+    "next_start",
+    "read_handlers",
+    "record_handler",
     "WAITING_NAME",
     "LocalWait",
     "read_waiting",

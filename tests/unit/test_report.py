@@ -80,6 +80,7 @@ def test_accounting_times_and_states_win(tmp_path: Path) -> None:
         "eval": 5.0,
         "checkpoint": 1.0,  # the preemption save is part of the stop
         "stop": 6.0,  # signal (T+58) → end (T+64)
+        "unknown": 0.0,
         "other": 0.0,
     }
     assert b.phases_s["startup"] == 10 and b.phases_s["train_kept"] == 40 and b.phases_s["other"] == 10
