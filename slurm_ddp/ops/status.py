@@ -257,7 +257,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
             st.notes.append(
                 f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption ({stopped_words(run)}) and not requeued; "
-                f"continue with: slurm-ddp requeue {run.path} ({run.next_start().words})"
+                f"continue with: slurm-ddp requeue {run.path}; {run.next_start().words}"
             )
         return st
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago

@@ -86,7 +86,9 @@ def test_usr2_to_an_own_script_is_a_preemption_in_status_and_the_next_submit_res
     assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
     err = (tmp_path / "err").read_text()
     assert "PREEMPTED: stopped by SIGUSR2 (the requeue signal)" in err, err
-    assert "resume from the script's own last checkpoint" in err, err
+    # a plain script: nothing passes it a checkpoint (train.resume unset); it loads its own snapshot itself
+    assert "submit again with the same --run-dir: its script's checkpoints are not passed to it" in err, err
+    assert "unless the script loads a save of its own" in err, err
     assert "checkpoint saved" not in err and "scontrol" not in err and "failed" not in err, err  # nothing untrue
     assert f"resume with: slurm-ddp submit {OWN_SCRIPT} --backend local --run-dir {run_dir}" in err, err
 

@@ -129,8 +129,11 @@ def make_run(
     checkpoints: Sequence[int] = (),
     logs: Optional[Dict[str, str]] = None,
     t0: float = 1_700_000_000.0,
+    command: Sequence[str] = (),
+    starts: Sequence[Any] = (),
 ) -> Path:
-    """A run directory as the backends and the worker leave it."""
+    """A run directory as the backends and the worker leave it; ``command``: a ``train.command`` run's
+    script instead of the worker; ``starts``: the ``(job_id, restart)`` of each start (``provenance.json``)."""
     rd = root / name
     (rd / "logs").mkdir(parents=True)
     (rd / "checkpoints").mkdir()
@@ -139,7 +142,12 @@ def make_run(
         "slurm": {"nodes": nodes, "tasks_per_node": tasks_per_node, "time": "00:20:00"},
         "train": {"task": "digits_task:DigitsTask", "max_steps": max_steps},
     }
+    if command:
+        cfg["train"] = {"command": list(command)}
     (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if starts:
+        recs = [{"time": t0 + i, "job_id": j, "restart": r} for i, (j, r) in enumerate(starts)]
+        (rd / "provenance.json").write_text(json.dumps({"submits": [], "starts": recs}))
     if jobs:
         with open(rd / "jobs.jsonl", "w") as f:
             for i, (backend, job_id) in enumerate(jobs):
@@ -670,6 +678,96 @@ def test_requeue_of_a_job_that_ended_but_is_remembered(tmp_path, slurm, capsys):
     rc, out, err = cli(["requeue", str(rd)], capsys)
     assert rc == 0, err
     assert [c["args"] for c in slurm.calls("scontrol")][-1] == ["requeue", "101"]
+
+
+def test_cancel_and_requeue_say_what_a_stop_does_to_this_run(tmp_path, slurm, capsys):
+    """The shared worker checkpoints at the step boundary; a plain train.command script (no handler
+    recorded) is killed and nothing passes it a checkpoint; one whose ranks recorded slurm_ddp's handler
+    in this start checkpoints (issue 49)."""
+    worker = make_run(tmp_path, "worker", metrics=training_metrics(100), checkpoints=[100], starts=[("101", 0)])
+    plain = make_run(tmp_path, "plain", command=["python", "train.py"], starts=[("101", 0)])
+    slurm.job("101", "RUNNING")
+    slurm.set("scancel")
+    slurm.set("scontrol", when=["requeue", "101"])
+    rc, out, err = cli(["cancel", str(worker)], capsys)
+    assert rc == 0, err
+    assert out == (
+        "cancelled job 101 of run 'worker': its ranks checkpoint at the next step boundary and stop; the next "
+        f"start resumes from the checkpoint they write at the stop. Continue later with: slurm-ddp requeue {worker}\n"
+    )
+    for verb in ("cancel", "requeue"):
+        rc, out, err = cli([verb, str(plain)], capsys)
+        assert rc == 0, err
+        assert "checkpoint at the next step boundary" not in out and "resumes" not in out, out
+        assert "its ranks have no slurm_ddp handler for SIGTERM (none recorded)" in out, out
+        assert "its script's checkpoints are not passed to it (train.resume unset)" in out, out
+        assert "the next start trains from step 0" in out, out
+    assert out.startswith("requeued job 101 of run 'plain': Slurm stops it with SIGTERM and starts it again: ")
+    rundir.record_handler(
+        "slurm_ddp.transformers",
+        ["SIGUSR2", "SIGTERM"],
+        {"SLURM_DDP_RUN_DIR": str(plain), "SLURM_JOB_ID": "101", "SLURM_RESTART_COUNT": "0", "RANK": "0"},
+    )
+    rc, out, err = cli(["cancel", str(plain)], capsys)
+    assert "its ranks checkpoint at the next step boundary and stop (handler: slurm_ddp.transformers)" in out, out
+    # a pending job: nothing started, nothing is said about ranks
+    slurm.job("101", "PENDING", reason="Priority")
+    rc, out, err = cli(["cancel", str(plain)], capsys)
+    assert out.startswith("cancelled job 101 of run 'plain' while it was pending: no rank of it started; "), out
+
+
+def test_a_sweeps_cancel_and_requeue_words_are_each_elements_own(tmp_path):
+    """Elements that stop alike share one sentence; elements that differ are named (issue 49)."""
+    from slurm_ddp.ops.sweeps import _at_stop_words
+
+    a = ops.read_run(make_run(tmp_path, "000", command=["python", "t.py"], starts=[("5_0", 0)]))
+    b = ops.read_run(make_run(tmp_path, "001", command=["python", "t.py"], starts=[("5_1", 0)]))
+    w = ops.read_run(make_run(tmp_path, "002", starts=[("5_2", 0)]))
+    assert _at_stop_words([a, b]) == a.at_stop().sentence() and "no slurm_ddp handler" in _at_stop_words([a, b])
+    mixed = _at_stop_words([a, b, w])
+    assert mixed.startswith("element(s) 000, 001: its ranks have no slurm_ddp handler") and (
+        "element(s) 002: its ranks checkpoint at the next step boundary and stop" in mixed
+    )
+    assert _at_stop_words([a], ended=True) == a.next_start().words
+
+
+def test_the_dry_run_says_resuming_only_where_a_checkpoint_will_be_used(tmp_path, make_config):
+    """``submit --dry-run``/local submit of an existing run directory: "(exists: …)" says what the next
+    start trains from, not "resumes" for a script whose checkpoints nothing passes (issue 49)."""
+    from slurm_ddp.backends import SubmitPlan
+
+    worker = make_run(tmp_path, "w", checkpoints=[200])
+    plain = make_run(tmp_path, "p", command=["python", "t.py"], starts=[("101", 0)])
+
+    def plan(rd: Path, resuming: bool = True) -> SubmitPlan:
+        return SubmitPlan(cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=resuming)  # type: ignore[arg-type]
+
+    assert plan(worker).existing_words() == " (exists: the next start resumes from its newest checkpoint (step 200))"
+    assert plan(plain).existing_words() == (
+        " (exists: its script's checkpoints are not passed to it (train.resume unset): the next start trains from "
+        "step 0 unless the script loads a save of its own)"
+    )
+    assert plan(tmp_path / "new", resuming=False).existing_words() == ""
+
+
+def test_status_and_runs_say_unknown_for_what_a_plain_script_does_not_tell(tmp_path, slurm, capsys, monkeypatch):
+    """A train.command script that writes no metrics: its step and checkpoint are unknown, not 0 and
+    'none yet'; a stop of it is not 'a checkpoint of step None' (issue 49)."""
+    plain = make_run(tmp_path / "runs", "plain", command=["python", "train.py"], starts=[("101", 0)])
+    slurm.job("101", "FAILED", reason="NonZeroExitCode", exit_code="75:0")
+    rc, out, err = cli(["status", str(plain)], capsys)
+    assert rc == 0, err
+    assert "step:       unknown\n" in out and "none yet" not in out, out
+    assert "checkpoint: unknown (the script's own; train.resume unset" in out, out
+    assert "stopped for preemption (its ranks were stopped by the signal; no slurm_ddp stop recorded" in out, out
+    assert "checkpoint of step" not in out, out
+    assert f"continue with: slurm-ddp requeue {plain}; its script's checkpoints are not passed to it" in out, out
+    rc, out, err = cli(["status", str(plain), "--json"], capsys)
+    assert json.loads(out)["step"] is None
+    slurm.set("squeue", stdout="101|RUNNING|None|n1\n")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["runs"], capsys)
+    assert out.splitlines()[1].split()[:4] == ["plain", "101", "RUNNING", "unknown"], out
 
 
 def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):

@@ -16,6 +16,7 @@ from lib import require_module
 from slurm_ddp import cli
 from slurm_ddp.ops.accounting import Accounting, parse_sacct
 from slurm_ddp.ops.report import PHASES, RUN_FIELDS, START_FIELDS, run_report
+from slurm_ddp.ops.view import format_report
 from slurm_ddp.rundir import append_jsonl, record_end, record_job
 
 T = 1_800_000_000.0
@@ -182,6 +183,9 @@ def test_own_script_without_timed_steps_gets_per_start_figures_and_says_what_is_
     assert rep.allocated_node_s == 100 and rep.goodput is None and rep.productive_node_s is None
     assert rep.redone_steps is None and rep.losses == []
     assert any("no time" in u for u in rep.unknown) and any("goodput" in u for u in rep.unknown)
+    # its time is unknown, not start-up (issue 49): start-up or training, slurm_ddp cannot tell
+    assert st.phases_s["unknown"] == 50 and st.phases_s["startup"] == 0 and st.phases_s["train_kept"] == 0
+    assert "UNKNOWN" in format_report(rep).splitlines()[1].split()
 
 
 def test_cli_report_json_and_table_of_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
