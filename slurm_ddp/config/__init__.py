@@ -9,7 +9,7 @@ one-line message that names the key, says what was given and what is valid.
 
 The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a mapping → a checked
 ``JobConfig``: types, ranges, cross-checks), ``loading`` (YAML files, ``--set`` overrides, dumping)
-and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.config``.
+``command`` (``train.command``'s argv) and ``resume`` (``train.resume``: how such a script resumes). Import every name from ``slurm_ddp.config``.
 """
 
 from .command import (
@@ -27,6 +27,7 @@ from .command import (
 )
 from .loading import _yaml_load as _yaml_load  # sweep.py parses --sweep values as YAML the same way
 from .loading import apply_overrides, dump_config, load_config, read_yaml
+from .resume import RESUME_PRESETS, ResumeSpec, resume_spec
 from .schema import (
     CONTAINER_RUNTIMES,
     GPU_BIND_FORMS,
@@ -55,6 +56,9 @@ from .schema import (
 from .validate import COMMAND_TRAIN_KEYS, config_from_dict, image_is_path, unused_settings
 
 __all__ = [
+    "RESUME_PRESETS",
+    "ResumeSpec",
+    "resume_spec",
     "COMMAND_TRAIN_KEYS",
     "CONTAINER_RUNTIMES",
     "ContainerConfig",

@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
 
+from .resume import RESUME_DOC, RESUME_KEYS, RESUME_PRESETS, ResumeSpec
+
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
 # Patterns end in \Z, not $: "$" also matches before a trailing newline, and these values
@@ -497,6 +499,28 @@ class EnvironmentConfig:
     )
 
 
+def _check_resume(v: Any) -> Optional[str]:
+    # the value's own check, with the key named in each message (config.resume); the rest in validate
+    from .resume import resume_spec
+
+    resume_spec(v)
+    return None
+
+
+_RESUME_SCHEMA: Dict[str, Any] = {
+    "type": ["string", "object", "null"],
+    "anyOf": [
+        {"type": "string", "enum": list(RESUME_PRESETS)},
+        {
+            "type": "object",
+            "properties": {k: {"description": d} for k, d in RESUME_KEYS.items()},
+            "additionalProperties": False,
+        },
+        {"type": "null"},
+    ],
+}
+
+
 @dataclass(frozen=True)
 class TrainConfig:
     """What the shared DDP worker trains and how."""
@@ -578,6 +602,16 @@ class TrainConfig:
             "--NAME=VALUE appended to the command, or where a word says ${args.NAME} (sweep train.args.NAME)"
         ),
     )
+    resume: Union[str, Mapping[str, Any], None] = field(
+        default=None, metadata=_meta(RESUME_DOC, check=_check_resume, json_schema=_RESUME_SCHEMA)
+    )
+
+    @property
+    def resume_spec(self) -> Optional[ResumeSpec]:
+        """``resume`` checked and resolved (``config.resume.resume_spec``); None when unset."""
+        from .resume import resume_spec
+
+        return resume_spec(self.resume)
 
 
 @dataclass(frozen=True)
@@ -776,13 +810,17 @@ class JobConfig:
         return plain
 
     def _hashed(self) -> Dict[str, Any]:
-        """``to_dict`` without ``UNHASHED_SECTIONS``, and without ``environment.container`` when it is the
-        default (no container): the hashes of configs written before that key existed stay the same."""
+        """``to_dict`` without ``UNHASHED_SECTIONS`` and ``train.resume``, and without ``environment.container``
+        when it is the default (no container): the hashes of configs written before those keys existed stay
+        the same."""
         plain = self.to_dict()
         for section in UNHASHED_SECTIONS:
             plain.pop(section, None)
         if self.environment.container == ContainerConfig():
             plain["environment"].pop("container", None)
+        # how a script of one's own resumes does not change what it trains: a run that restarted from step 0
+        # can be given train.resume and resubmitted into its run directory (and older hashes stay the same)
+        plain["train"].pop("resume", None)
         return plain
 
     def config_hash(self) -> str:

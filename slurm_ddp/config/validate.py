@@ -246,7 +246,7 @@ def _given_keys(cls: type, data: Any, prefix: str = "") -> Set[str]:
 #: ``train`` keys a ``train.command`` job uses: the script, where it runs, its code snapshot, and
 #: ``num_workers`` (the binding pins OpenMP threads only without loader workers); every other ``train``
 #: key, and ``checkpoint``, is the shared worker's (own-script.md).
-COMMAND_TRAIN_KEYS = ("task", "command", "args", "workdir", "snapshot", "snapshot_max_mb", "num_workers")
+COMMAND_TRAIN_KEYS = ("task", "command", "args", "workdir", "snapshot", "snapshot_max_mb", "num_workers", "resume")
 
 #: Settings that take effect only when a switch turns their feature on: (the settings, the switch keys, whether
 #: the feature is on, what the user gets without it, how to turn it on). ``unused_settings`` warns about a
@@ -465,6 +465,13 @@ def _cross_checks(cfg: JobConfig) -> None:
                     f"a train.args entry for each ${{args.NAME}} it names (train.args has no {name!r})",
                     f"set train.args.{name}, or sweep it",
                 )
+    if t.resume is not None and not t.command:
+        raise _bad(
+            "train.resume",
+            t.resume if isinstance(t.resume, str) else dict(t.resume),
+            "no value without train.command (the shared worker of train.task resumes from its own checkpoints)",
+            "leave train.resume out, or run your own script with train.command",
+        )
     if not t.task and not t.command:
         raise ConfigError(
             "config key 'train.task' is missing, and so is 'train.command'; set exactly one: train.task (an "

@@ -44,6 +44,9 @@ A run directory holds:
 - ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
   (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
   ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
+- ``resumes/JOBID.RESTART[.ATTEMPT].json``: for a ``train.command`` run, what each start passed its
+  script from the script's own checkpoints (``train.resume``): the checkpoint, its step and time, the
+  skipped ones and why, or why none (``script_checkpoints``: ``ScriptResume``, :func:`read_script_resumes`);
 - ``recoveries.jsonl``: one record per in-job recovery decision after a node was lost or hung
   (``recovery``); ``recovery/peer-lost.JOBID.RESTART.ATTEMPT``: the marker a rank leaves when a peer
   of its step vanished (``PEER_LOST_VAR``, :func:`write_peer_lost`), and ``….save.claim`` beside it:
@@ -66,7 +69,8 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
 ``stops`` (the stop signals of ``train.command`` ranks), ``handlers`` (their stop handlers, and the rule
-of what a stop does to a run: :func:`at_stop`), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
+of what a stop does to a run: :func:`at_stop`), ``script_checkpoints`` (a ``train.command`` script's
+own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
 after a lost or hung node, with its evidence and entry points).
 """
@@ -202,6 +206,16 @@ from .requeue import (
     marker_is_not_this,
     requeue_job,
 )
+from .script_checkpoints import (
+    RESUMES_DIR,
+    ScriptCheckpoint,
+    ScriptResume,
+    find_script_checkpoints,
+    last_script_resume,
+    read_script_resumes,
+    resume_at_start,
+    resume_lines,
+)
 from .stops import (
     STOP_SIGNALS,
     RankStops,
@@ -229,6 +243,14 @@ __all__ = [
     "next_start",
     "read_handlers",
     "record_handler",
+    "RESUMES_DIR",
+    "ScriptCheckpoint",
+    "ScriptResume",
+    "find_script_checkpoints",
+    "last_script_resume",
+    "read_script_resumes",
+    "resume_at_start",
+    "resume_lines",
     "WAITING_NAME",
     "LocalWait",
     "read_waiting",
