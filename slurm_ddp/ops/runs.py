@@ -30,6 +30,8 @@ from ..rundir import (
     Preempted,
     RunFacts,
     SavedCheckpoint,
+    ScriptCheckpoint,
+    ScriptResume,
     at_stop,
     is_sweep_dir,
     latest_checkpoint_step,
@@ -40,9 +42,11 @@ from ..rundir import (
     read_local_end,
     read_metrics,
     read_preempted,
+    read_script_resumes,
     read_waiting,
 )
 from ..rundir import next_start as _next_start_rule
+from ..rundir.script_checkpoints import NO_COMPLETE, UNSET_WITH_CHECKPOINTS, choose, find_script_checkpoints
 
 
 @dataclass
@@ -71,6 +75,16 @@ class Run:
     latest_start: Optional[Tuple[str, int]] = None
     #: the stop handlers its ranks recorded (``rundir.read_handlers``), oldest first
     handlers: List[HandlerRecord] = field(default_factory=list)
+    #: every start ``(job_id, restart)``, oldest first (``provenance.json``)
+    start_ids: List[Tuple[str, int]] = field(default_factory=list)
+    #: ``train.resume`` runs: the script's newest complete checkpoint (``rundir.find_script_checkpoints``)
+    script_checkpoint: Optional[ScriptCheckpoint] = None
+    #: ``train.resume`` runs: the script's checkpoint directory; None where it cannot be known here
+    script_checkpoint_dir: Optional[str] = None
+    #: what each start passed the script (``rundir.read_script_resumes``), oldest first
+    script_resumes: List[ScriptResume] = field(default_factory=list)
+    #: ``train.resume`` runs: every checkpoint of the script, complete or not, oldest first
+    script_listing: List[ScriptCheckpoint] = field(default_factory=list)
 
     @property
     def backend(self) -> Optional[str]:
@@ -109,6 +123,8 @@ class Run:
             steps.append(self.finished["step"])
         if self.last_checkpoint is not None:
             steps.append(self.last_checkpoint)
+        if self.script_checkpoint is not None and self.script_checkpoint.step is not None:
+            steps.append(self.script_checkpoint.step)
         if not steps and self.command:
             return None
         return max(steps, default=0)
@@ -125,13 +141,60 @@ class Run:
         ck = None
         if not self.command and self.last_checkpoint is not None:
             ck = SavedCheckpoint(step=self.last_checkpoint)
+        sc = self.script_checkpoint
+        if self.command and self.resume and sc is not None:
+            ck = SavedCheckpoint(step=sc.step, time=sc.mtime, name=sc.name)
         return RunFacts(
             command=self.command,
             resume=self.resume,
             checkpoint=ck,
             start=self.latest_start,
             handlers=tuple(self.handlers),
+            checkpoint_known=not (self.command and self.resume and self.script_checkpoint_dir is None),
         )
+
+    def start_number(self, job_id: str, restart: int) -> Optional[int]:
+        """The number of the start ``job_id``/``restart`` among the run's starts, from 0 as ``slurm-ddp report``
+        numbers them; None when unrecorded."""
+        try:
+            return self.start_ids.index((str(job_id), int(restart)))
+        except ValueError:
+            return None
+
+    def trained_from_zero(self) -> List[str]:
+        """One line per later start that trained from step 0 while the run had checkpoints: its record
+        says checkpoints existed but none was passed (``train.resume`` unset, or none complete), or the
+        script wrote checkpoints of lower steps after a start that was passed a higher one."""
+        out: List[str] = []
+        for r in self.script_resumes:
+            n = self.start_number(r.job_id, r.restart)
+            which = f"start {n}" if n is not None else f"the start of job {r.job_id} restart {r.restart}"
+            name = os.path.basename(r.checkpoint or "") or "a checkpoint"
+            step = "step unknown" if r.step is None else f"step {r.step}"
+            if r.outcome == UNSET_WITH_CHECKPOINTS:
+                out.append(
+                    f"{which} trained from step 0: no checkpoint passed (train.resume unset) while {r.dir} held "
+                    f"{name} ({step}); set train.resume: {r.resume} to resume from the newest"
+                )
+            elif r.outcome == NO_COMPLETE:
+                out.append(
+                    f"{which} trained from step 0: no complete checkpoint in {r.dir} "
+                    f"({len(r.skipped)} skipped as incomplete)"
+                )
+        passed = [r for r in self.script_resumes if r.resumed and r.step is not None]
+        for k, r in enumerate(passed):
+            until = passed[k + 1].time if k + 1 < len(passed) else float("inf")
+            low = [c for c in self.script_listing if r.time <= c.mtime < until and c.step is not None]
+            low = [c for c in low if c.step is not None and r.step is not None and c.step < r.step]
+            if low:
+                n = self.start_number(r.job_id, r.restart)
+                first = min(low, key=lambda c: c.mtime)
+                out.append(
+                    f"start {n if n is not None else '?'} was passed step {r.step} but its script then wrote "
+                    f"{first.name} (step {first.step}): it trained from a lower step (does it read "
+                    f"{' '.join(r.passed[:1]) or 'the resume option'}?)"
+                )
+        return out
 
     def at_stop(self, signal: str = "SIGTERM") -> AtStop:
         """What the stop signal ``signal`` does to this run now and what its next start trains from
@@ -246,12 +309,32 @@ def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optiona
     return _facts_of(_config_data(path))
 
 
-def _resume_of(data: Optional[Dict[str, Any]]) -> Optional[str]:
-    """``train.resume`` in words: a preset's name, ``custom`` for the general form; None when unset."""
+def _start_id(p: Dict[str, Any]) -> Optional[Tuple[str, int]]:
+    restart = p.get("restart")
+    return (str(p["job_id"]), restart) if p.get("job_id") and isinstance(restart, int) else None
+
+
+def _script_checkpoints(
+    path: Path, data: Optional[Dict[str, Any]]
+) -> Tuple[Optional[str], Optional[str], List[ScriptCheckpoint]]:
+    """``(train.resume's name, checkpoint directory, checkpoints oldest first)`` of a ``train.command`` run
+    (``rundir.find_script_checkpoints``, the one reader of a script's checkpoints); the directory is None
+    where it cannot be known here (no ``train.resume``, a config this version cannot read, a ``$NAME`` of
+    the ranks' environment)."""
     value = _get(data, "train", "resume")
-    if value in (None, False, ""):
-        return None
-    return value if isinstance(value, str) else "custom"
+    if value in (None, False, "") or data is None:
+        return None, None, []
+    from ..config import config_from_dict
+
+    try:
+        cfg = config_from_dict(data)
+        spec = cfg.train.resume_spec
+        if spec is None:
+            return None, None, []
+        d, found = find_script_checkpoints(cfg, path)
+    except (ConfigError, OSError, ValueError):
+        return (value if isinstance(value, str) else "custom"), None, []
+    return spec.name, None if d is None else str(d), found
 
 
 def read_requeue_signal(run_dir: Path) -> str:
@@ -280,13 +363,19 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     metrics = read_metrics(path)
     starts = read_provenance(str(path)).get("starts", [])
     last = starts[-1] if starts and isinstance(starts[-1], dict) else {}
-    restart = last.get("restart")
-    latest_start = (str(last["job_id"]), restart) if last.get("job_id") and isinstance(restart, int) else None
+    start_ids = [
+        (str(p["job_id"]), p["restart"])
+        for p in starts
+        if isinstance(p, dict) and p.get("job_id") and isinstance(p.get("restart"), int)
+    ]
+    latest_start = start_ids[-1] if start_ids and start_ids[-1] == _start_id(last) else None
+    command = bool(_get(data, "train", "command"))
+    resume, ck_dir, listing = _script_checkpoints(path, data) if command else (None, None, [])
     last_checkpoint = latest_checkpoint_step(path)
     if last_checkpoint is None:  # a script of one's own: its metrics.jsonl "checkpoint" events, if it writes them
         saved = [m["step"] for m in metrics if m.get("event") == "checkpoint" and isinstance(m.get("step"), int)]
         last_checkpoint = max(saved) if saved else None
-    return Run(
+    run = Run(
         path=path,
         name=name or path.name,
         max_steps=max_steps,
@@ -300,11 +389,17 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         local_end=read_local_end(path),
         in_job_restarts=read_in_job_restarts(path),
         waiting=read_waiting(path),
-        command=bool(_get(data, "train", "command")),
-        resume=_resume_of(data),
+        command=command,
+        resume=resume,
         latest_start=latest_start,
         handlers=read_handlers(path),
+        start_ids=start_ids,
+        script_checkpoint=choose(listing)[0],
+        script_checkpoint_dir=ck_dir,
+        script_resumes=read_script_resumes(path) if command else [],
+        script_listing=listing,
     )
+    return run
 
 
 def find_dirs(

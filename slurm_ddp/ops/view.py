@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..rundir.script_checkpoints import resume_lines
 from .accounting import reason
 from .overview import RunsReport, StatusReport
 from .report import PHASES, RunReport, SweepReport
@@ -44,11 +45,14 @@ def format_checkpoint(r: Run) -> str:
     """The ``checkpoint:`` line of ``status``: the newest one the next start would use, or what is not known."""
     if not r.command:
         return f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"
-    ck = r.facts().checkpoint
+    facts = r.facts()
+    ck = facts.checkpoint
     if ck is not None:
         return f"{ck.words()}, passed to the next start (train.resume: {r.resume})"
+    if r.resume and not facts.checkpoint_known:
+        return f"unknown (train.resume: {r.resume}; the script's checkpoint directory cannot be read here)"
     if r.resume:
-        return f"no complete checkpoint of the script yet (train.resume: {r.resume})"
+        return f"no complete checkpoint of the script yet in {r.script_checkpoint_dir} (train.resume: {r.resume})"
     if r.last_checkpoint is not None:
         return f"step {r.last_checkpoint} (the script's own checkpoint event in metrics.jsonl; train.resume unset)"
     return "unknown (the script's own; train.resume unset, so slurm_ddp neither reads nor passes them)"
@@ -87,6 +91,8 @@ def format_status(st: RunStatus) -> str:
         lines.append(("dependency", st.slurm.dependency))
     lines.append(("step", r.step_text))
     lines.append(("checkpoint", format_checkpoint(r)))
+    if r.script_resumes:  # what the latest start passed the script (rundir.script_checkpoints' words)
+        lines.append(("last start", resume_lines(r.script_resumes[-1])[0]))
     if r.finished is not None:
         acc = r.finished.get("eval_accuracy")
         lines.append(
@@ -116,6 +122,8 @@ def format_status(st: RunStatus) -> str:
         p = r.preempted
         lines.append(("preempted", f"job {p.job_id} restart {p.restart} stopped at step {p.step} ({p.signal})"))
     for n in st.notes:
+        lines.append(("note", n))
+    for n in r.trained_from_zero():
         lines.append(("note", n))
     width = max(len(k) for k, _ in lines)
     return "".join(f"{k + ':':<{width + 1}} {v}\n" for k, v in lines)
@@ -358,6 +366,8 @@ def format_report(rep: RunReport) -> str:
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows]
     for s in rep.starts:
         out.append(f"  start {s.index}: {s.reason}\n")
+        if s.resume:
+            out.append(f"  start {s.index}: {s.resume}\n")
         for x in s.in_job_restarts:
             out.append(f"  start {s.index}: in-job restart {x['attempt']}: {x['line']}\n")
     g = rep.goodput

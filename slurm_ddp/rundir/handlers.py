@@ -139,6 +139,9 @@ class RunFacts:
     #: the run's latest start ``(job_id, restart)`` (``provenance.json``), None before any
     start: Optional[Tuple[str, int]] = None
     handlers: Tuple[HandlerRecord, ...] = ()  #: every handler record of the run (:func:`read_handlers`)
+    #: False where the script's checkpoints cannot be looked at here (``train.resume`` names a directory
+    #: through a variable of the ranks' environment, or the config cannot be read): then unknown
+    checkpoint_known: bool = True
 
 
 @dataclass(frozen=True)
@@ -199,6 +202,12 @@ def next_start(facts: RunFacts, *, saves_at_stop: bool = False) -> NextStart:
         return NextStart(STEP_ZERO, "no checkpoint is committed yet: the next start trains from step 0")
     if facts.resume:
         how = f"train.resume: {facts.resume}"
+        if not facts.checkpoint_known:
+            return NextStart(
+                UNKNOWN,
+                f"the script's checkpoint directory cannot be read here ({how}): what the next start is passed "
+                "is unknown until it starts (its rank 0 log says)",
+            )
         if saves_at_stop:
             return NextStart(RESUMES, f"the next start is passed the checkpoint the script saves at the stop ({how})")
         if ck is not None:

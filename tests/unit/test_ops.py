@@ -770,6 +770,111 @@ def test_status_and_runs_say_unknown_for_what_a_plain_script_does_not_tell(tmp_p
     assert out.splitlines()[1].split()[:4] == ["plain", "101", "RUNNING", "unknown"], out
 
 
+def hf_checkpoint(out: Path, step: int, complete: bool = True, mtime: Optional[float] = None) -> Path:
+    """``OUTPUT_DIR/checkpoint-N`` as the Trainer writes it for 2 ranks (``trainer_state.json`` last)."""
+    d = out / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    for r in (0, 1):
+        (d / f"rng_state_{r}.pth").write_bytes(b"r")
+    if complete:
+        (d / "trainer_state.json").write_text("{}")
+    if mtime is not None:
+        for p in (*d.iterdir(), d):
+            os.utime(p, (mtime, mtime))
+    return d
+
+
+def hf_run(root: Path, name: str, resume: Optional[str], starts: Sequence[Any]) -> Path:
+    rd = make_run(
+        root, name, command=["python", "run_clm.py", "--output_dir", "$SLURM_DDP_RUN_DIR/hf"], starts=starts
+    )
+    if resume:
+        cfg = yaml.safe_load((rd / "config.yaml").read_text())
+        cfg["train"]["resume"] = resume
+        (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return rd
+
+
+def resume_record(rd: Path, restart: int, outcome: str, t: float, step: Optional[int] = None, **kw: Any) -> None:
+    from slurm_ddp.rundir.script_checkpoints import ScriptResume, publish_resume
+
+    ck = str(rd / "hf" / f"checkpoint-{step}") if step is not None else None
+    rec = ScriptResume(
+        job_id="101", restart=restart, attempt=None, time=t, rank=0, world_size=2, resume="hf",
+        dir=str(rd / "hf"), outcome=outcome, checkpoint=ck, step=step, mtime=t, **kw,
+    )  # fmt: skip
+    publish_resume(rd, rec)
+
+
+def test_status_cancel_and_submit_know_the_scripts_own_checkpoint_with_train_resume(
+    tmp_path, slurm, capsys, make_config
+):
+    """train.resume: status, cancel and the resubmit line name the newest complete checkpoint of the
+    script (its step and time), never an incomplete one (issue 49)."""
+    from slurm_ddp.backends import SubmitPlan
+
+    rd = hf_run(tmp_path, "hf", "hf", starts=[("101", 0)])
+    hf_checkpoint(rd / "hf", 50)
+    hf_checkpoint(rd / "hf", 100, mtime=time.time() - 5)
+    hf_checkpoint(rd / "hf", 150, complete=False)  # cut off mid-save
+    slurm.job("101", "RUNNING")
+    rc, out, err = cli(["status", str(rd)], capsys)
+    assert rc == 0, err
+    saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))[:-3]  # to the minute
+    assert "step:       100\n" in out, out
+    assert "checkpoint: checkpoint-100 (step 100, saved " in out and saved in out, out
+    assert "passed to the next start (train.resume: hf)" in out and "checkpoint-150" not in out, out
+    slurm.set("scancel")
+    rc, out, err = cli(["cancel", str(rd)], capsys)
+    assert "its ranks have no slurm_ddp handler for SIGTERM" in out, out
+    assert "the next start is passed the script's checkpoint-100 (step 100, saved " in out, out
+    plan = SubmitPlan(cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=True)  # type: ignore[arg-type]
+    assert plan.existing_words().startswith(" (exists: the next start is passed the script's checkpoint-100 (step 100")
+    rc, out, err = cli(["status", str(rd), "--json"], capsys)
+    rec = json.loads(out)
+    assert rec["script_checkpoint"]["step"] == 100 and rec["step"] == 100, rec
+    # none complete yet: said so, and no resume claimed
+    empty = hf_run(tmp_path, "empty", "hf", starts=[("101", 0)])
+    hf_checkpoint(empty / "hf", 50, complete=False)
+    rc, out, err = cli(["status", str(empty)], capsys)
+    assert f"checkpoint: no complete checkpoint of the script yet in {empty / 'hf'} (train.resume: hf)" in out, out
+    assert "step:       unknown" in out, out
+
+
+def test_status_says_which_start_trained_from_step_0(tmp_path, slurm, capsys):
+    """A later start that had checkpoints but trained from step 0 is named in status, numbered as ``report``
+    numbers starts (from 0) (issue 49): nothing
+    passed (train.resume unset), or the script wrote lower steps after it was passed a higher one."""
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED, UNSET_WITH_CHECKPOINTS
+
+    t = time.time()
+    unset = hf_run(tmp_path, "unset", None, starts=[("101", 0), ("101", 1)])
+    hf_checkpoint(unset / "hf", 100)
+    resume_record(unset, 1, UNSET_WITH_CHECKPOINTS, t, step=100)
+    slurm.job("101", "RUNNING", restarts=1)
+    rc, out, err = cli(["status", str(unset)], capsys)
+    assert (
+        f"note:       start 1 trained from step 0: no checkpoint passed (train.resume unset) while {unset / 'hf'} "
+        "held checkpoint-100 (step 100); set train.resume: hf to resume from the newest"
+    ) in out, out
+    assert "last start: train.resume unset, and" in out, out
+    rc, out, err = cli(["status", str(unset), "--json"], capsys)
+    assert json.loads(out)["trained_from_step_0"][0].startswith("start 1 trained from step 0"), out
+
+    ignored = hf_run(tmp_path, "ignored", "hf", starts=[("101", 0), ("101", 1)])
+    resume_record(ignored, 0, FIRST_START, t - 100)
+    hf_checkpoint(ignored / "hf", 100, mtime=t - 50)
+    resume_record(ignored, 1, RESUMED, t - 10, step=100, passed=("--resume_from_checkpoint", "X"))
+    (ignored / "hf" / "checkpoint-100").rename(ignored / "hf" / "kept-100")  # the rotation deleted it
+    hf_checkpoint(ignored / "hf", 50, mtime=t)  # written after start 2 was passed step 100
+    rc, out, err = cli(["status", str(ignored)], capsys)
+    assert (
+        "start 1 was passed step 100 but its script then wrote checkpoint-50 (step 50): it trained from a lower "
+        "step (does it read --resume_from_checkpoint?)"
+    ) in out, out
+    assert "last start: train.resume: hf: resuming from" in out, out
+
+
 def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
     local = make_run(tmp_path, "local", jobs=[("local", "4321")])
     never = make_run(tmp_path, "never", jobs=[])

@@ -268,3 +268,34 @@ def test_own_script_steps_from_the_watchdog_samples(tmp_path: Path) -> None:
     assert any("watchdog's samples" in u for u in a.unknown)
     for st in rep.starts:
         assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)
+
+
+def test_a_train_resume_start_resumed_from_the_checkpoint_it_passed(tmp_path: Path) -> None:
+    """A ``train.command`` start's record of what it passed its script (``RUN_DIR/resumes/``) is the step
+    it resumed from, and the report says it per start (issue 49); the first start passed nothing: step 0."""
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED, ScriptResume, publish_resume
+
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T, "job_id": "3", "restart": 0, "nodes": "n[1-2]"},
+            {"time": T + 100, "job_id": "3", "restart": 1, "nodes": "n[1-2]"},
+        ],
+        [],
+        command=True,
+    )
+    record_job(p, backend="sbatch", job_id="3", time=T - 5)
+    base = dict(job_id="3", attempt=None, rank=0, world_size=2, resume="hf", dir=str(p / "hf"))
+    publish_resume(p, ScriptResume(restart=0, time=T + 1, outcome=FIRST_START, **base))  # type: ignore[arg-type]
+    ck = str(p / "hf" / "checkpoint-100")
+    passed = ("--resume_from_checkpoint", ck)
+    rec = ScriptResume(restart=1, time=T + 101, outcome=RESUMED, checkpoint=ck, step=100, passed=passed, **base)  # type: ignore[arg-type]
+    publish_resume(p, rec)
+    rep = run_report(p, config_nodes=2)
+    a, b = rep.starts
+    assert (a.resumed_from_step, b.resumed_from_step) == (0, 100)
+    assert a.resume is not None and "the run's first start: nothing passed" in a.resume
+    assert b.resume is not None and b.resume.startswith(f"train.resume: hf: resuming from {ck} (step 100, written ")
+    text = format_report(rep)
+    assert f"  start {b.index}: train.resume: hf: resuming from {ck} (step 100" in text, text
+    assert tuple(b.to_dict()) == START_FIELDS and b.to_dict()["resume"] == b.resume
