@@ -27,7 +27,12 @@ from slurm_ddp.rundir import (
 
 
 def env(run_dir: Path, job: str = "7", restart: int = 0, rank: int = 0) -> dict:
-    return {"SLURM_DDP_RUN_DIR": str(run_dir), "SLURM_JOB_ID": job, "SLURM_RESTART_COUNT": str(restart), "RANK": str(rank)}
+    return {
+        "SLURM_DDP_RUN_DIR": str(run_dir),
+        "SLURM_JOB_ID": job,
+        "SLURM_RESTART_COUNT": str(restart),
+        "RANK": str(rank),
+    }
 
 
 def handler(job: str = "7", restart: int = 0, signals=("SIGUSR2", "SIGTERM"), via="slurm_ddp.preemption"):
@@ -124,7 +129,10 @@ def test_a_script_with_a_handler_in_this_start_checkpoints() -> None:
     assert a.next.kind == UNKNOWN and "train.resume unset" in a.next.words
     with_resume = at_stop(RunFacts(command=True, resume="hf", start=("7", 1), handlers=facts.handlers))
     assert with_resume.next.resumes
-    assert with_resume.next.words == "the next start is passed the checkpoint the script saves at the stop (train.resume: hf)"
+    assert (
+        with_resume.next.words
+        == "the next start is passed the checkpoint the script saves at the stop (train.resume: hf)"
+    )
 
 
 def test_a_handler_of_an_earlier_start_only_or_of_another_signal_is_not_a_checkpoint() -> None:
@@ -144,7 +152,10 @@ def test_train_resume_resumes_only_from_a_complete_checkpoint() -> None:
     assert a.next.words == "the next start is passed the script's checkpoint-300 (step 300) (train.resume: hf)"
     none_yet = next_start(RunFacts(command=True, resume="hf", start=("7", 0)))
     assert none_yet.kind == STEP_ZERO
-    assert none_yet.words == "the script has no complete checkpoint yet (train.resume: hf): the next start trains from step 0"
+    assert (
+        none_yet.words
+        == "the script has no complete checkpoint yet (train.resume: hf): the next start trains from step 0"
+    )
 
 
 @pytest.mark.parametrize("step", [None, 5])

@@ -740,7 +740,9 @@ def test_the_dry_run_says_resuming_only_where_a_checkpoint_will_be_used(tmp_path
     plain = make_run(tmp_path, "p", command=["python", "t.py"], starts=[("101", 0)])
 
     def plan(rd: Path, resuming: bool = True) -> SubmitPlan:
-        return SubmitPlan(cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=resuming)  # type: ignore[arg-type]
+        return SubmitPlan(
+            cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=resuming
+        )  # type: ignore[arg-type]
 
     assert plan(worker).existing_words() == " (exists: the next start resumes from its newest checkpoint (step 200))"
     assert plan(plain).existing_words() == (
@@ -785,9 +787,7 @@ def hf_checkpoint(out: Path, step: int, complete: bool = True, mtime: Optional[f
 
 
 def hf_run(root: Path, name: str, resume: Optional[str], starts: Sequence[Any]) -> Path:
-    rd = make_run(
-        root, name, command=["python", "run_clm.py", "--output_dir", "$SLURM_DDP_RUN_DIR/hf"], starts=starts
-    )
+    rd = make_run(root, name, command=["python", "run_clm.py", "--output_dir", "$SLURM_DDP_RUN_DIR/hf"], starts=starts)
     if resume:
         cfg = yaml.safe_load((rd / "config.yaml").read_text())
         cfg["train"]["resume"] = resume
