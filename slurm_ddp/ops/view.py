@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ..rundir.script_checkpoints import resume_lines
+from ..rundir.script_checkpoints import UNSET_WITH_CHECKPOINTS, resume_lines
 from .accounting import reason
 from .overview import RunsReport, StatusReport
 from .report import PHASES, RunReport, SweepReport
@@ -55,6 +55,13 @@ def format_checkpoint(r: Run) -> str:
         return f"no complete checkpoint of the script yet in {r.script_checkpoint_dir} (train.resume: {r.resume})"
     if r.last_checkpoint is not None:
         return f"step {r.last_checkpoint} (the script's own checkpoint event in metrics.jsonl; train.resume unset)"
+    seen = r.script_resumes[-1] if r.script_resumes else None
+    if seen is not None and seen.outcome == UNSET_WITH_CHECKPOINTS:  # its latest start saw them, passed none
+        step = "step unknown" if seen.step is None else f"step {seen.step}"
+        return (
+            f"not passed to the script (train.resume unset); its latest start found {Path(seen.checkpoint or '').name} "
+            f"({step}) in {seen.dir}: set train.resume: {seen.resume} to resume from the newest"
+        )
     return "unknown (the script's own; train.resume unset, so slurm_ddp neither reads nor passes them)"
 
 

@@ -858,6 +858,10 @@ def test_status_says_which_start_trained_from_step_0(tmp_path, slurm, capsys):
         "held checkpoint-100 (step 100); set train.resume: hf to resume from the newest"
     ) in out, out
     assert "last start: train.resume unset, and" in out, out
+    assert (
+        "checkpoint: not passed to the script (train.resume unset); its latest start found checkpoint-100 (step 100) "
+        f"in {unset / 'hf'}: set train.resume: hf"
+    ) in out, out
     rc, out, err = cli(["status", str(unset), "--json"], capsys)
     assert json.loads(out)["trained_from_step_0"][0].startswith("start 1 trained from step 0"), out
 
