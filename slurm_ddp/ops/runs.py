@@ -46,7 +46,14 @@ from ..rundir import (
     read_waiting,
 )
 from ..rundir import next_start as _next_start_rule
-from ..rundir.script_checkpoints import NO_COMPLETE, UNSET_WITH_CHECKPOINTS, choose, find_script_checkpoints
+from ..rundir.script_checkpoints import (
+    NO_COMPLETE,
+    UNSET_WITH_CHECKPOINTS,
+    choose,
+    find_script_checkpoints,
+    first_submission_time,
+    list_checkpoints,
+)
 
 
 @dataclass
@@ -162,37 +169,40 @@ class Run:
             return None
 
     def trained_from_zero(self) -> List[str]:
-        """One line per later start that trained from step 0 while the run had checkpoints: its record
-        says checkpoints existed but none was passed (``train.resume`` unset, or none complete), or the
-        script wrote checkpoints of lower steps after a start that was passed a higher one."""
+        """One line per start that had checkpoints to resume from but began lower: its record (``RUN_DIR/
+        resumes/``) says checkpoints existed and none was passed (``train.resume`` unset, or none complete),
+        or it was passed step S and the script then wrote a checkpoint of a lower step (seen in
+        :attr:`script_listing`: the evidence that it trained from there)."""
         out: List[str] = []
-        for r in self.script_resumes:
+        for k, r in enumerate(self.script_resumes):
             n = self.start_number(r.job_id, r.restart)
             which = f"start {n}" if n is not None else f"the start of job {r.job_id} restart {r.restart}"
             name = os.path.basename(r.checkpoint or "") or "a checkpoint"
             step = "step unknown" if r.step is None else f"step {r.step}"
+            until = self.script_resumes[k + 1].time if k + 1 < len(self.script_resumes) else float("inf")
+            lower = [
+                c
+                for c in self.script_listing
+                if r.time <= c.mtime < until and c.step is not None and r.step is not None and c.step < r.step
+            ]
+            wrote = min(lower, key=lambda c: c.mtime) if lower else None
+            then = f"; it then wrote {wrote.name} (step {wrote.step})" if wrote is not None else ""
             if r.outcome == UNSET_WITH_CHECKPOINTS:
+                head = f"{which} trained from step 0" if wrote is not None else f"{which}"
+                tail = "" if wrote is not None else ": unless the script finds them itself it trains from step 0"
                 out.append(
-                    f"{which} trained from step 0: no checkpoint passed (train.resume unset) while {r.dir} held "
-                    f"{name} ({step}); set train.resume: {r.resume} to resume from the newest"
+                    f"{head}: no checkpoint passed (train.resume unset) while {r.dir} held {name} ({step}){then}"
+                    f"{tail}; set train.resume: {r.resume} to resume from the newest"
                 )
             elif r.outcome == NO_COMPLETE:
                 out.append(
                     f"{which} trained from step 0: no complete checkpoint in {r.dir} "
                     f"({len(r.skipped)} skipped as incomplete)"
                 )
-        passed = [r for r in self.script_resumes if r.resumed and r.step is not None]
-        for k, r in enumerate(passed):
-            until = passed[k + 1].time if k + 1 < len(passed) else float("inf")
-            low = [c for c in self.script_listing if r.time <= c.mtime < until and c.step is not None]
-            low = [c for c in low if c.step is not None and r.step is not None and c.step < r.step]
-            if low:
-                n = self.start_number(r.job_id, r.restart)
-                first = min(low, key=lambda c: c.mtime)
+            elif r.resumed and wrote is not None:
                 out.append(
-                    f"start {n if n is not None else '?'} was passed step {r.step} but its script then wrote "
-                    f"{first.name} (step {first.step}): it trained from a lower step (does it read "
-                    f"{' '.join(r.passed[:1]) or 'the resume option'}?)"
+                    f"{which} was passed step {r.step} but its script then wrote {wrote.name} (step {wrote.step}): "
+                    f"it trained from a lower step (does it read {' '.join(r.passed[:1]) or 'the resume option'}?)"
                 )
         return out
 
@@ -314,6 +324,22 @@ def _start_id(p: Dict[str, Any]) -> Optional[Tuple[str, int]]:
     return (str(p["job_id"]), restart) if p.get("job_id") and isinstance(restart, int) else None
 
 
+def _seen_checkpoints(path: Path, resumes: List[ScriptResume]) -> List[ScriptCheckpoint]:
+    """A script without ``train.resume`` whose start found checkpoints in a preset's layout (its record:
+    ``UNSET_WITH_CHECKPOINTS``): that directory's checkpoints now, by that preset
+    (``rundir.script_checkpoints.list_checkpoints``), oldest first; [] otherwise."""
+    from ..config.resume import PRESETS
+
+    seen = [r for r in resumes if r.outcome == UNSET_WITH_CHECKPOINTS and r.dir and r.resume in PRESETS]
+    if not seen:
+        return []
+    r = seen[-1]
+    try:
+        return list_checkpoints(PRESETS[str(r.resume)], r.dir or "", r.world_size, first_submission_time(path))
+    except (OSError, ValueError):
+        return []
+
+
 def _script_checkpoints(
     path: Path, data: Optional[Dict[str, Any]]
 ) -> Tuple[Optional[str], Optional[str], List[ScriptCheckpoint]]:
@@ -371,6 +397,9 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     latest_start = start_ids[-1] if start_ids and start_ids[-1] == _start_id(last) else None
     command = bool(_get(data, "train", "command"))
     resume, ck_dir, listing = _script_checkpoints(path, data) if command else (None, None, [])
+    resumes = read_script_resumes(path) if command else []
+    if command and resume is None:
+        listing = _seen_checkpoints(path, resumes)
     last_checkpoint = latest_checkpoint_step(path)
     if last_checkpoint is None:  # a script of one's own: its metrics.jsonl "checkpoint" events, if it writes them
         saved = [m["step"] for m in metrics if m.get("event") == "checkpoint" and isinstance(m.get("step"), int)]
@@ -396,7 +425,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         start_ids=start_ids,
         script_checkpoint=choose(listing)[0],
         script_checkpoint_dir=ck_dir,
-        script_resumes=read_script_resumes(path) if command else [],
+        script_resumes=resumes,
         script_listing=listing,
     )
     return run

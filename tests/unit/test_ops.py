@@ -849,13 +849,19 @@ def test_status_says_which_start_trained_from_step_0(tmp_path, slurm, capsys):
 
     t = time.time()
     unset = hf_run(tmp_path, "unset", None, starts=[("101", 0), ("101", 1)])
-    hf_checkpoint(unset / "hf", 100)
+    hf_checkpoint(unset / "hf", 100, mtime=t - 50)
     resume_record(unset, 1, UNSET_WITH_CHECKPOINTS, t, step=100)
     slurm.job("101", "RUNNING", restarts=1)
     rc, out, err = cli(["status", str(unset)], capsys)
+    assert (  # nothing shows yet what the script did with them
+        f"note:       start 1: no checkpoint passed (train.resume unset) while {unset / 'hf'} held checkpoint-100 "
+        "(step 100): unless the script finds them itself it trains from step 0; set train.resume: hf to resume"
+    ) in out, out
+    hf_checkpoint(unset / "hf", 50, mtime=t + 5)  # the Trainer's save of step 50 again: it started over
+    rc, out, err = cli(["status", str(unset)], capsys)
     assert (
         f"note:       start 1 trained from step 0: no checkpoint passed (train.resume unset) while {unset / 'hf'} "
-        "held checkpoint-100 (step 100); set train.resume: hf to resume from the newest"
+        "held checkpoint-100 (step 100); it then wrote checkpoint-50 (step 50); set train.resume: hf to resume"
     ) in out, out
     assert "last start: train.resume unset, and" in out, out
     assert (
