@@ -44,6 +44,7 @@ from ..rundir import (
     read_preempted,
     read_script_resumes,
     read_waiting,
+    script_saved,
 )
 from ..rundir import next_start as _next_start_rule
 from ..rundir.script_checkpoints import (
@@ -148,9 +149,8 @@ class Run:
         ck = None
         if not self.command and self.last_checkpoint is not None:
             ck = SavedCheckpoint(step=self.last_checkpoint)
-        sc = self.script_checkpoint
-        if self.command and self.resume and sc is not None:
-            ck = SavedCheckpoint(step=sc.step, time=sc.mtime, name=sc.name)
+        if self.command and self.resume:
+            ck = script_saved(self.script_checkpoint)
         return RunFacts(
             command=self.command,
             resume=self.resume,

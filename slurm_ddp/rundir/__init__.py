@@ -176,10 +176,12 @@ from .handlers import (
     RunFacts,
     SavedCheckpoint,
     at_stop,
+    command_facts_here,
     handler_dir,
     next_start,
     read_handlers,
     record_handler,
+    script_saved,
 )
 from .hangs import (
     Hang,
@@ -239,6 +241,8 @@ __all__ = [
     "RunFacts",
     "SavedCheckpoint",
     "at_stop",
+    "command_facts_here",
+    "script_saved",
     "handler_dir",
     "next_start",
     "read_handlers",

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import List, Mapping, Optional, Sequence, Tuple
 
 from .files import HANDLERS_DIR, PathLike
+from .script_checkpoints import ScriptCheckpoint
 
 # --------------------------------------------------------------------------- the evidence
 
@@ -168,6 +169,39 @@ class AtStop:
     def sentence(self) -> str:
         """``ranks_words; next.words``: the message's middle part."""
         return f"{self.ranks_words}; {self.next.words}"
+
+
+def script_saved(checkpoint: Optional[ScriptCheckpoint]) -> Optional[SavedCheckpoint]:
+    """A script's complete checkpoint (``rundir.script_checkpoints``) as the rule reads one; None for None."""
+    if checkpoint is None:
+        return None
+    return SavedCheckpoint(step=checkpoint.step, time=checkpoint.mtime, name=checkpoint.name)
+
+
+def command_facts_here(run_dir: PathLike, environ: Optional[Mapping[str, str]] = None) -> RunFacts:
+    """:class:`RunFacts` of a ``train.command`` run inside its job (the batch shell's requeue decision):
+    its config's ``train.resume``, the script's newest complete checkpoint (``find_script_checkpoints``),
+    this start (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT`` of ``environ``) and the handler records. The
+    login-node verbs build theirs from ``ops.runs.Run``, which reads the same records. Raises
+    ``ConfigError`` (an unreadable config) or ``OSError``."""
+    from ..config import config_from_dict, read_yaml
+    from .files import CONFIG_NAME
+    from .script_checkpoints import choose, find_script_checkpoints
+
+    env = os.environ if environ is None else environ
+    cfg = config_from_dict(read_yaml(Path(run_dir) / CONFIG_NAME))
+    spec = cfg.train.resume_spec
+    directory, found = find_script_checkpoints(cfg, run_dir) if spec is not None else (None, [])
+    restart = env.get("SLURM_RESTART_COUNT") or "0"
+    job_id = env.get("SLURM_JOB_ID", "")
+    return RunFacts(
+        command=bool(cfg.train.command),
+        resume=None if spec is None else spec.name,
+        checkpoint=script_saved(choose(found)[0]) if spec is not None else None,
+        start=(job_id, int(restart)) if job_id and restart.isdigit() else None,
+        handlers=tuple(read_handlers(run_dir)),
+        checkpoint_known=spec is None or directory is not None,
+    )
 
 
 def _handlers_of(facts: RunFacts) -> Tuple[List[HandlerRecord], List[HandlerRecord]]:

@@ -476,6 +476,14 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
+        if args.command_mode and decision.preempted:
+            # what the next start (a requeue, or a resubmit) trains from: the run's own (rundir.next_start)
+            try:
+                from .handlers import command_facts_here, next_start
+
+                blog.info("%s", next_start(command_facts_here(args.run_dir, env)).words)
+            except Exception as e:
+                blog.info("what the next start trains from is unknown (%s)", e)
         restart_text = env.get("SLURM_RESTART_COUNT") or "0"
         if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
             try:
