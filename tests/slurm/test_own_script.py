@@ -117,6 +117,8 @@ def test_plain_script_srun_two_nodes_time_limit_signal_requeues_and_resumes(slur
     batch = batch_log(job.run_dir)
     assert "received SIGUSR2; forwarding it to the ranks" in batch, batch
     assert "the ranks got the time-limit signal" in batch and "requeueing (restart 1 of at most 3)" in batch, batch
+    # what that requeue trains from, said by the batch log: nothing passes this script its snapshot (it loads it)
+    assert "its script's checkpoints are not passed to it (train.resume unset): the next start trains" in batch, batch
     resumed = re.findall(r"\[rank 0\] resuming from snapshot \S+ at epoch (\d+)", rank_log(job.run_dir, 0))
     assert len(resumed) == 1 and int(resumed[0]) >= 1, rank_log(job.run_dir, 0)
     for rank in (0, 1):
