@@ -165,11 +165,12 @@ from .files import (
     write_sweep_manifest,
 )
 from .handlers import (
-    CHECKPOINT,
-    KILLED,
-    RESUMES,
-    STEP_ZERO,
-    UNKNOWN,
+    NEXT_RESUMES,
+    NEXT_STEP_0,
+    NEXT_UNKNOWN,
+    STOP_CHECKPOINT,
+    STOP_KILLED,
+    STOP_UNKNOWN,
     AtStop,
     HandlerRecord,
     NextStart,
@@ -229,10 +230,12 @@ from .stops import (
 )
 
 __all__ = [
-    "CHECKPOINT",
-    "KILLED",
-    "RESUMES",
-    "STEP_ZERO",
+    "STOP_CHECKPOINT",
+    "STOP_KILLED",
+    "NEXT_RESUMES",
+    "NEXT_STEP_0",
+    "NEXT_UNKNOWN",
+    "STOP_UNKNOWN",
     "UNKNOWN",
     "HANDLERS_DIR",
     "AtStop",

@@ -106,9 +106,9 @@ def read_handlers(run_dir: PathLike) -> List[HandlerRecord]:
 # --------------------------------------------------------------------------- the rule
 
 #: what the ranks do at a stop signal (``AtStop.ranks``)
-CHECKPOINT, KILLED, UNKNOWN = "checkpoint", "killed", "unknown"
+STOP_CHECKPOINT, STOP_KILLED, STOP_UNKNOWN = "checkpoint", "killed", "unknown"
 #: what the next start trains from (``NextStart.kind``)
-RESUMES, STEP_ZERO = "resumes", "step0"
+NEXT_RESUMES, NEXT_STEP_0, NEXT_UNKNOWN = "resumes", "step0", "unknown"
 
 
 @dataclass(frozen=True)
@@ -149,12 +149,12 @@ class RunFacts:
 class NextStart:
     """What the run's next start trains from, in words (:func:`next_start`)."""
 
-    kind: str  #: ``RESUMES``, ``STEP_ZERO`` or ``UNKNOWN``
+    kind: str  #: ``NEXT_RESUMES``, ``NEXT_STEP_0`` or ``NEXT_UNKNOWN``
     words: str  #: one clause, e.g. "the next start resumes from its newest checkpoint (step 300)"
 
     @property
     def resumes(self) -> bool:
-        return self.kind == RESUMES
+        return self.kind == NEXT_RESUMES
 
 
 @dataclass(frozen=True)
@@ -162,7 +162,7 @@ class AtStop:
     """What a stop signal (``scancel``, ``scontrol requeue``, a preemption, the time limit) does to
     the run now, and what its next start trains from (:func:`at_stop`)."""
 
-    ranks: str  #: ``CHECKPOINT``, ``KILLED`` or ``UNKNOWN``
+    ranks: str  #: ``STOP_CHECKPOINT``, ``STOP_KILLED`` or ``STOP_UNKNOWN``
     ranks_words: str  #: one clause: what the ranks do, e.g. "its ranks checkpoint at the next step boundary and stop"
     next: NextStart  #: the start after the stop
 
@@ -230,31 +230,35 @@ def next_start(facts: RunFacts, *, saves_at_stop: bool = False) -> NextStart:
     ck = facts.checkpoint
     if not facts.command:
         if saves_at_stop:
-            return NextStart(RESUMES, "the next start resumes from the checkpoint they write at the stop")
+            return NextStart(NEXT_RESUMES, "the next start resumes from the checkpoint they write at the stop")
         if ck is not None:
-            return NextStart(RESUMES, f"the next start resumes from {ck.words()}")
-        return NextStart(STEP_ZERO, "no checkpoint is committed yet: the next start trains from step 0")
+            return NextStart(NEXT_RESUMES, f"the next start resumes from {ck.words()}")
+        return NextStart(NEXT_STEP_0, "no checkpoint is committed yet: the next start trains from step 0")
     if facts.resume:
         how = f"train.resume: {facts.resume}"
         if not facts.checkpoint_known:
             return NextStart(
-                UNKNOWN,
+                NEXT_UNKNOWN,
                 f"the script's checkpoint directory cannot be read here ({how}): what the next start is passed "
                 "is unknown until it starts (its rank 0 log says)",
             )
         if saves_at_stop:
-            return NextStart(RESUMES, f"the next start is passed the checkpoint the script saves at the stop ({how})")
+            return NextStart(
+                NEXT_RESUMES, f"the next start is passed the checkpoint the script saves at the stop ({how})"
+            )
         if ck is not None:
-            return NextStart(RESUMES, f"the next start is passed the script's {ck.words()} ({how})")
+            return NextStart(NEXT_RESUMES, f"the next start is passed the script's {ck.words()} ({how})")
         return NextStart(
-            STEP_ZERO, f"the script has no complete checkpoint yet ({how}): the next start trains from step 0"
+            NEXT_STEP_0, f"the script has no complete checkpoint yet ({how}): the next start trains from step 0"
         )
     unset = "its script's checkpoints are not passed to it (train.resume unset)"
     if saves_at_stop or facts.handlers:
         return NextStart(
-            UNKNOWN, f"{unset}: whether the next start resumes is up to the script (slurm_ddp cannot see it)"
+            NEXT_UNKNOWN, f"{unset}: whether the next start resumes is up to the script (slurm_ddp cannot see it)"
         )
-    return NextStart(STEP_ZERO, f"{unset}: the next start trains from step 0 unless the script loads a save of its own")
+    return NextStart(
+        NEXT_STEP_0, f"{unset}: the next start trains from step 0 unless the script loads a save of its own"
+    )
 
 
 def at_stop(facts: RunFacts, signal: str = "SIGTERM") -> AtStop:
@@ -273,7 +277,7 @@ def at_stop(facts: RunFacts, signal: str = "SIGTERM") -> AtStop:
     """
     if not facts.command:
         return AtStop(
-            CHECKPOINT,
+            STOP_CHECKPOINT,
             "its ranks checkpoint at the next step boundary and stop",
             next_start(facts, saves_at_stop=True),
         )
@@ -282,25 +286,25 @@ def at_stop(facts: RunFacts, signal: str = "SIGTERM") -> AtStop:
     before = [h for h in before if signal in h.signals]
     if now:
         return AtStop(
-            CHECKPOINT,
+            STOP_CHECKPOINT,
             f"its ranks checkpoint at the next step boundary and stop (handler: {_via_words(now)})",
             next_start(facts, saves_at_stop=True),
         )
     if before:
         return AtStop(
-            UNKNOWN,
+            STOP_UNKNOWN,
             f"its script installed a stop handler in an earlier start ({_via_words(before)}) but not (yet) in "
             "this one: its ranks checkpoint at the next step boundary only once it has",
             next_start(facts),
         )
     if facts.start is None:
         return AtStop(
-            UNKNOWN,
+            STOP_UNKNOWN,
             "its script has not started: whether it installs a stop handler is unknown",
             next_start(facts),
         )
     return AtStop(
-        KILLED,
+        STOP_KILLED,
         f"its ranks have no slurm_ddp handler for {signal} (none recorded): unless the script handles it "
         "itself, it kills them wherever they are, after the script's own last save",
         next_start(facts),

@@ -10,11 +10,12 @@ import pytest
 
 from slurm_ddp import preemption
 from slurm_ddp.rundir import (
-    CHECKPOINT,
-    KILLED,
-    RESUMES,
-    STEP_ZERO,
-    UNKNOWN,
+    NEXT_RESUMES,
+    NEXT_STEP_0,
+    NEXT_UNKNOWN,
+    STOP_CHECKPOINT,
+    STOP_KILLED,
+    STOP_UNKNOWN,
     HandlerRecord,
     RunFacts,
     SavedCheckpoint,
@@ -97,7 +98,7 @@ def test_an_unwritable_run_directory_does_not_stop_the_install(tmp_path: Path, m
 # --------------------------------------------------------------------------- the rule
 def test_the_shared_worker_checkpoints_and_resumes() -> None:
     a = at_stop(RunFacts(command=False, start=("7", 0)))
-    assert a.ranks == CHECKPOINT and a.next.kind == RESUMES
+    assert a.ranks == STOP_CHECKPOINT and a.next.kind == NEXT_RESUMES
     assert a.sentence() == (
         "its ranks checkpoint at the next step boundary and stop; "
         "the next start resumes from the checkpoint they write at the stop"
@@ -111,7 +112,7 @@ def test_the_shared_worker_checkpoints_and_resumes() -> None:
 
 def test_a_plain_script_is_killed_and_nothing_resumes_it() -> None:
     a = at_stop(RunFacts(command=True, start=("7", 0)))
-    assert a.ranks == KILLED and a.next.kind == STEP_ZERO and not a.next.resumes
+    assert a.ranks == STOP_KILLED and a.next.kind == NEXT_STEP_0 and not a.next.resumes
     assert "checkpoint at the next step boundary" not in a.sentence()
     assert a.ranks_words.startswith("its ranks have no slurm_ddp handler for SIGTERM (none recorded)")
     assert a.next.words == (
@@ -123,10 +124,10 @@ def test_a_plain_script_is_killed_and_nothing_resumes_it() -> None:
 def test_a_script_with_a_handler_in_this_start_checkpoints() -> None:
     facts = RunFacts(command=True, start=("7", 1), handlers=(handler(restart=1, via="slurm_ddp.transformers"),))
     a = at_stop(facts)
-    assert a.ranks == CHECKPOINT
+    assert a.ranks == STOP_CHECKPOINT
     assert a.ranks_words == "its ranks checkpoint at the next step boundary and stop (handler: slurm_ddp.transformers)"
     # without train.resume, whether the next start loads that save is the script's own: unknown, not "resumes"
-    assert a.next.kind == UNKNOWN and "train.resume unset" in a.next.words
+    assert a.next.kind == NEXT_UNKNOWN and "train.resume unset" in a.next.words
     with_resume = at_stop(RunFacts(command=True, resume="hf", start=("7", 1), handlers=facts.handlers))
     assert with_resume.next.resumes
     assert (
@@ -137,21 +138,21 @@ def test_a_script_with_a_handler_in_this_start_checkpoints() -> None:
 
 def test_a_handler_of_an_earlier_start_only_or_of_another_signal_is_not_a_checkpoint() -> None:
     earlier = at_stop(RunFacts(command=True, start=("7", 1), handlers=(handler(restart=0),)))
-    assert earlier.ranks == UNKNOWN and "in an earlier start" in earlier.ranks_words
+    assert earlier.ranks == STOP_UNKNOWN and "in an earlier start" in earlier.ranks_words
     usr2_only = RunFacts(command=True, start=("7", 0), handlers=(handler(signals=("SIGUSR2",)),))
-    assert at_stop(usr2_only).ranks == KILLED  # scancel's SIGTERM is not handled
-    assert at_stop(usr2_only, "SIGUSR2").ranks == CHECKPOINT  # the time-limit signal is
-    assert at_stop(RunFacts(command=True)).ranks == UNKNOWN  # not started: unknown
+    assert at_stop(usr2_only).ranks == STOP_KILLED  # scancel's SIGTERM is not handled
+    assert at_stop(usr2_only, "SIGUSR2").ranks == STOP_CHECKPOINT  # the time-limit signal is
+    assert at_stop(RunFacts(command=True)).ranks == STOP_UNKNOWN  # not started: unknown
     assert "has not started" in at_stop(RunFacts(command=True)).ranks_words
 
 
 def test_train_resume_resumes_only_from_a_complete_checkpoint() -> None:
     ck = SavedCheckpoint(step=300, time=None, name="checkpoint-300")
     a = at_stop(RunFacts(command=True, resume="hf", checkpoint=ck, start=("7", 0)))
-    assert a.ranks == KILLED and a.next.resumes
+    assert a.ranks == STOP_KILLED and a.next.resumes
     assert a.next.words == "the next start is passed the script's checkpoint-300 (step 300) (train.resume: hf)"
     none_yet = next_start(RunFacts(command=True, resume="hf", start=("7", 0)))
-    assert none_yet.kind == STEP_ZERO
+    assert none_yet.kind == NEXT_STEP_0
     assert (
         none_yet.words
         == "the script has no complete checkpoint yet (train.resume: hf): the next start trains from step 0"
