@@ -169,15 +169,17 @@ class Run:
         return buf.getvalue()
 
     def cancel(self) -> str:
-        """Stop it: ``scancel`` its Slurm job, or SIGTERM to its local launcher; the ranks checkpoint
-        first. Returns what was done. Raises ``UserError`` when it already ended."""
+        """Stop it: ``scancel`` its Slurm job, or SIGTERM to its local launcher. Returns what was done, with
+        what SIGTERM does to this run's ranks (``rundir.at_stop``: a checkpoint at the step boundary only
+        where a handler exists). Raises ``UserError`` when it already ended."""
         from .ops.targets import cancel_target
 
         self._reap()
         return cancel_target(self.path)
 
     def requeue(self) -> str:
-        """``scontrol requeue`` its Slurm job: it stops (checkpoint) and starts again, resuming.
+        """``scontrol requeue`` its Slurm job: Slurm stops it (SIGTERM) and starts it again; the returned
+        sentence says what that does to this run and what the next start trains from (``rundir.at_stop``).
         Raises ``UserError`` (local run, pending or finished run) or ``ClusterError``."""
         from .ops.targets import requeue_target
 

@@ -101,7 +101,7 @@ def plot_run(run: Union[Run, str, os.PathLike], out: Union[str, os.PathLike, Non
         ax.grid(True, alpha=0.3)
     if ax_loss.get_legend_handles_labels()[0]:
         ax_loss.legend(loc="upper right", fontsize=8)
-    title = f"{run.name}: step {run.step}" + (f"/{run.max_steps}" if run.max_steps else "")
+    title = f"{run.name}: step {run.step_text}"
     if run.restarts:
         title += f", {run.restarts} restart{'s' if run.restarts > 1 else ''}"
     fig.suptitle(title)
@@ -198,6 +198,7 @@ PHASE_COLOURS = {
     "eval": "tab:blue",
     "checkpoint": "tab:purple",
     "stop": "tab:brown",
+    "unknown": "tab:olive",
     "other": "tab:gray",
 }
 
@@ -206,7 +207,7 @@ def plot_timeline(report: Any, out: Union[str, os.PathLike, None] = None, *, dpi
     """Write the timeline PNG of a report (``slurm_ddp.ops.report``: a ``RunReport``, one row per
     start; a ``SweepReport``, one row per element with its starts in place) to ``out`` (default
     ``RUN/timeline.png``); returns its path. The x axis is seconds since the first start; each start
-    is a bar of its phases (start-up, training kept, redone, eval, checkpoint stalls, stop, other) in
+    is a bar of its phases (start-up, training kept, redone, eval, checkpoint stalls, stop, unknown, other) in
     that order, the queue wait before it hatched, and how it ended written after it; the title holds
     the goodput. Raises ``UserError`` when matplotlib is missing, no start is recorded, or ``out``
     cannot be written."""

@@ -75,14 +75,36 @@ _agreement: Optional[StepAgreement] = None
 
 def install(signals: Optional[Iterable[SignalSpec]] = None) -> PreemptionFlag:
     """Install the flag's handlers (main thread only): the job's requeue signal (``$SLURM_DDP_REQUEUE_SIGNAL``,
-    else ``USR2``) and SIGTERM, unless ``signals`` are given. Returns the flag; calling it again reinstalls."""
+    else ``USR2``) and SIGTERM, unless ``signals`` are given. Returns the flag; calling it again reinstalls.
+
+    Inside a slurm-ddp run it records the install in the run directory (``rundir.record_handler``:
+    which signals, and the caller: ``slurm_ddp.preemption``, or the callback of
+    ``slurm_ddp.transformers``/``slurm_ddp.lightning`` that called it), the evidence from which
+    ``cancel``, ``requeue`` and ``status`` say the ranks checkpoint at a stop (``rundir.at_stop``)."""
     global _flag, _agreement
     if _flag is not None:
         _flag.restore()
     chosen = tuple(signals) if signals is not None else worker_signals(os.environ.get(SIGNAL_VAR) or "USR2")
     _flag = PreemptionFlag(chosen).install()
     _agreement = None
+    caller = str(sys._getframe(1).f_globals.get("__name__", ""))
+    _record_install(_flag, caller if caller.startswith("slurm_ddp.") else "slurm_ddp.preemption")
     return _flag
+
+
+def _record_install(f: PreemptionFlag, via: str) -> None:
+    """Leave the evidence that this rank has a stop handler (``rundir.record_handler``; inside a
+    slurm-ddp run only): ``cancel``, ``requeue`` and ``status`` say "checkpoint at the next step
+    boundary" for a ``train.command`` run only where it exists. A failure to write it is one stderr
+    line: the handler works without it."""
+    from .rundir import record_handler
+
+    try:
+        record_handler(via, [s.name for s in f.signals])
+    except OSError as e:
+        print(
+            f"slurm_ddp.preemption: note: could not record the stop handler in the run directory: {e}", file=sys.stderr
+        )
 
 
 def loader_worker_init(worker_id: int) -> None:

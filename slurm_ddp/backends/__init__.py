@@ -68,11 +68,20 @@ class SubmitPlan:
     def script_path(self) -> str:
         return os.path.join(self.run_dir, SCRIPT_NAME)
 
+    def existing_words(self) -> str:
+        """`` (exists: the next start resumes from …)`` for a run directory that already holds this run: what
+        its next start trains from (``ops.runs.Run.next_start``, the rule of ``rundir.next_start``), so that
+        "resumes" is said only where a checkpoint will be used; "" for a new run directory."""
+        if not self.resuming:
+            return ""
+        from ..ops.runs import read_run
+
+        return f" (exists: {read_run(Path(self.run_dir)).next_start().words})"
+
     def describe(self) -> str:
         head = [
             f"# backend: {self.backend}",
-            f"# run directory: {self.run_dir}"
-            + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
+            f"# run directory: {self.run_dir}" + self.existing_words(),
             f"# command: {shlex.join(self.command)}",
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",

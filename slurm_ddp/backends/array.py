@@ -309,7 +309,8 @@ def schedule_local(
     One element at a time runs in this process. Several run each in a forked process of its own
     session, with its own launcher (``backends.local``: its own ``MASTER_PORT``, reserved while its
     ranks run: ``rendezvous.reserve_port``, so no two elements share one) and its lines prefixed ``[NNN]``; a signal to this process (Ctrl-C, SIGTERM, the requeue
-    signal) is passed to every running element, whose ranks checkpoint and stop, and an element
+    signal) is passed to every running element, whose ranks stop as ``rundir.at_stop`` says (the worker's
+    checkpoint at the step boundary; a ``train.command`` script's only with a slurm_ddp handler), and an element
     whose parent dies gets SIGTERM (prctl PR_SET_PDEATHSIG). After an element stopped for
     preemption no further element starts: submitting the sweep again resumes the unfinished ones.
     """

@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
 
@@ -46,6 +47,7 @@ from ..rundir import (
     LOGS_DIR,
     Hang,
     RequeueDecision,
+    at_stop,
     decide_requeue_here,
     find_hang,
     is_finished,
@@ -373,9 +375,19 @@ class LocalJob:
         """Signal handler: only records the signal; ``wait()``'s loop acts on it (``_act_on``)."""
         self._pending.append(signum)
 
+    def _at_stop_words(self) -> str:
+        """What SIGTERM does to the ranks (``ops.runs.Run.at_stop``: a checkpoint only where a handler exists)."""
+        from ..ops.runs import read_run
+
+        try:
+            run = read_run(Path(self.plan.run_dir))
+        except (OSError, ValueError):
+            return "what it does to them is unknown"
+        return at_stop(replace(run.facts(), command=bool(self.plan.cfg.train.command))).ranks_words
+
     def _act_on(self, signum: int) -> None:
-        """Forward ``signum`` to the ranks, as srun does; SIGINT asks them to checkpoint and stop
-        (SIGTERM), a second SIGINT kills them."""
+        """Forward ``signum`` to the ranks, as srun does; SIGINT asks them to stop (SIGTERM: a
+        checkpoint at the step boundary where they have a handler), a second SIGINT kills them."""
         if self.cancelled is None and (
             signum == signal.SIGINT or (signum == signal.SIGTERM and signum != self._requeue_signal())
         ):
@@ -383,7 +395,7 @@ class LocalJob:
         if signum == signal.SIGINT:
             self._interrupts += 1
             if self._interrupts == 1:
-                self.say("interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)")
+                self.say(f"interrupted: SIGTERM to the ranks: {self._at_stop_words()} (Ctrl-C again to kill them)")
                 self.told.add(signal.SIGTERM)
                 self.send(signal.SIGTERM)
             else:
@@ -508,6 +520,16 @@ def schedule(
     return status if decision is None else decision.exit_code
 
 
+def _next_start_words(run_dir: str) -> Optional[str]:
+    """What the run's next start trains from (``ops.runs.Run.next_start``), None when it cannot be read."""
+    from ..ops.runs import read_run
+
+    try:
+        return read_run(Path(run_dir)).next_start().words
+    except (OSError, ValueError):
+        return None
+
+
 def _record_end(
     job: LocalJob, status: int, decision: Optional[RequeueDecision], hang: Optional[Hang], command: bool
 ) -> None:
@@ -536,6 +558,7 @@ def _record_end(
         hang=hang,
         cancelled=job.cancelled if (job.failed is None or job.cancelled_first) else None,
         stopped_by=stopped_by,
+        next_start=_next_start_words(run_dir) if command else None,
     )
     try:
         write_local_end(run_dir, end, status)  # one record of this start's end (report, status)

@@ -376,7 +376,7 @@ def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Su
     backend = plan.backend
     report.out(
         f"slurm-ddp: running {cfg.slurm.world_size} ranks locally; run directory {plan.run_dir}"
-        + (" (resuming)" if plan.resuming else "")
+        + plan.existing_words()
         + "\n"
     )
     status = local_schedule(plan, echo=report.echo, say=report.say)
@@ -394,7 +394,11 @@ def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Su
         )
     elif status == PREEMPTED_EXIT_CODE or getattr(read_local_end(plan.run_dir), "state", "") == "CANCELLED":
         # what happened: the launcher's PREEMPTED/CANCELLED line (rundir.local_end)
-        report.say(f"resume with: slurm-ddp submit {job} --backend local --run-dir {plan.run_dir}")
+        # "resume" only where the next start has a checkpoint to use (ops.runs.Run.next_start)
+        from ..ops.runs import read_run
+
+        verb = "resume" if read_run(Path(plan.run_dir)).next_start().resumes else "submit again"
+        report.say(f"{verb} with: slurm-ddp submit {job} --backend local --run-dir {plan.run_dir}")
     else:
         report.say(f"job failed with status {status}; logs in {Path(plan.run_dir) / LOGS_DIR}")
     return Submitted(plan.run_dir, backend, sweep=False, exit_status=status)

@@ -339,7 +339,7 @@ def describe(plan: SubmitPlan) -> str:
     head = [
         "# backend: submitit (submitit.SlurmExecutor writes its own batch script and submits it; every task",
         "#   runs the pickled slurm_ddp callable through slurm_ddp.launch)",
-        f"# run directory: {plan.run_dir}" + (" (exists: resumes from its newest checkpoint)" if plan.resuming else ""),
+        f"# run directory: {plan.run_dir}" + plan.existing_words(),
         f"# each rank runs, inside submitit's callable: {' '.join(plan.command[1:])}",
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.run_dir) / SUBMITIT_DIR}/<job id>):",

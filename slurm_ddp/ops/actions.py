@@ -59,8 +59,10 @@ def _act(argv: List[str], run_cmd: Runner) -> None:
 
 
 def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
-    """``scancel`` the run's latest job; returns what was done. The ranks get SIGTERM: they
-    checkpoint at the next step boundary and the batch script does not requeue.
+    """``scancel`` the run's latest job; returns what was done. The ranks get SIGTERM and the batch
+    script does not requeue; what SIGTERM does to the ranks and what a later start trains from is
+    the run's own (``Run.at_stop``: the worker and a script with a slurm_ddp handler checkpoint at the
+    next step boundary, a plain script is killed).
 
     A local run's launcher (its job id is the launcher's pid) gets SIGTERM, which it passes to the
     ranks as srun would; a local launcher still waiting on ``--after`` (``rundir.WAITING_NAME``) gets
@@ -79,9 +81,14 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     if job is None and ans.controller_answered:
         raise UserError(f"Slurm no longer knows job {jid} of run {run.name!r}: it ended; nothing to cancel")
     _act(["scancel", *clusters_args(ans.cluster), jid], run_cmd)
+    if job is not None and job.state == "PENDING":
+        return (
+            f"cancelled job {jid} of run {run.name!r} while it was pending: no rank of it started; "
+            f"{run.next_start().words}. Continue later with: slurm-ddp requeue {run.path}"
+        )
     return (
-        f"cancelled job {jid} of run {run.name!r}: its ranks checkpoint at the next step boundary and stop; "
-        f"continue later with: slurm-ddp requeue {run.path}"
+        f"cancelled job {jid} of run {run.name!r}: {run.at_stop().sentence()}. "
+        f"Continue later with: slurm-ddp requeue {run.path}"
     )
 
 
@@ -112,16 +119,16 @@ def _cancel_local(run: Run) -> str:
             f"the local launcher of run {run.name!r} (process {pid}) already ended; nothing to cancel"
         ) from None
     return (
-        f"sent SIGTERM to the local launcher of run {run.name!r} (process {pid}): its ranks checkpoint at the next "
-        f"step boundary and stop; continue later with: slurm-ddp submit {run.path / CONFIG_NAME} --backend local "
-        f"--run-dir {run.path}"
+        f"sent SIGTERM to the local launcher of run {run.name!r} (process {pid}), which passes it to the ranks: "
+        f"{run.at_stop().sentence()}. Continue later with: slurm-ddp submit {run.path / CONFIG_NAME} "
+        f"--backend local --run-dir {run.path}"
     )
 
 
 def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
-    """``scontrol requeue`` the run's latest job: Slurm stops it (SIGTERM: the ranks checkpoint)
-    and starts it again, and it resumes from its newest checkpoint. A job that ended but that
-    the controller still remembers is started again too.
+    """``scontrol requeue`` the run's latest job: Slurm stops it (SIGTERM) and starts it again; the
+    returned sentence says what SIGTERM does to the ranks and what the next start trains from
+    (``Run.at_stop``). A job that ended but that the controller still remembers is started again too.
 
     Raises ``UserError`` (local run, no job id, pending job, finished run, forgotten job) or
     ``ClusterError``.
@@ -143,7 +150,9 @@ def requeue(run: Run, run_cmd: Runner = subprocess.run) -> str:
             f"slurm-ddp submit {run.path / CONFIG_NAME} --run-dir {run.path}"
         )
     _act(["scontrol", *clusters_args(ans.cluster), "requeue", jid], run_cmd)
+    if job is not None and job.final:
+        return f"requeued job {jid} of run {run.name!r}: it had ended; Slurm starts it again: {run.next_start().words}"
     return (
-        f"requeued job {jid} of run {run.name!r}: Slurm stops it (the ranks checkpoint) and starts it again; "
-        "it resumes from its newest checkpoint"
+        f"requeued job {jid} of run {run.name!r}: Slurm stops it with SIGTERM and starts it again: "
+        f"{run.at_stop().sentence()}"
     )

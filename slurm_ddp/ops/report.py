@@ -38,6 +38,9 @@ time by construction (``other`` is the rest):
 - ``checkpoint``: checkpoint time that blocked training (``checkpoint`` events' ``blocked_s``; the
   save after a stop signal is ``stop``);
 - ``stop``: the stop signal's arrival (``preempted`` event's ``signal_time``) → the start's end;
+- ``unknown``: a start that recorded no step with a time (a script of one's own that writes no
+  metrics and reports no progress): its start → its stop signal (else its end), which may be start-up
+  or training; slurm_ddp cannot tell, so it is neither;
 - ``other``: the rest (e.g. the final weights' write, the gap between a killed start's last record
   and its end, a failure's tail).
 
@@ -46,8 +49,9 @@ time by construction (``other`` is the rest):
 0's hang watchdog took of its ``slurm_ddp.progress`` reports (``rundir.PROGRESS_NAME``: at most one a
 second, each phase change, its first step and its last): steps and their times, ``eval`` and
 ``checkpoint`` phases (their length to the next sample: up to a second too long). The step a start
-resumed from is its first reported step − 1 (the script's own count: slurm_ddp does not see its
-checkpoints), so the redone steps are right when the script numbers its steps across restarts;
+resumed from is the step of the checkpoint the start passed it (``train.resume``: its record in
+``RUN_DIR/resumes/``, also shown as ``resume``), else its first reported step − 1 (the script's own count),
+else 0 when its record says there was nothing to pass, so the redone steps are right when the script numbers its steps across restarts;
 a stop's signal time is when its launch wrapper recorded the signal (``rundir.stop_dir``).
 
 **Run totals**: ``allocated_node_s`` (Σ wall × nodes), ``productive_node_s`` (Σ ``train_kept`` ×
@@ -79,10 +83,21 @@ from ..rundir import (
 )
 from ..rundir import in_job_restarts as join_in_job_restarts
 from ..rundir.local_end import PREEMPTED_STATE
+from ..rundir.script_checkpoints import (
+    FIRST_START,
+    NO_CHECKPOINT,
+    NO_COMPLETE,
+    read_script_resumes,
+    resume_lines,
+)
 from .accounting import Accounting, AccountingRow, Runner
 
+#: the outcomes of a start's record (``rundir.script_checkpoints``) that leave its script no checkpoint to
+#: resume from (``UNSET_WITH_CHECKPOINTS`` is not one: the script may find its checkpoints itself)
+FROM_STEP_0 = (FIRST_START, NO_CHECKPOINT, NO_COMPLETE)
+
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
-PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "other")
+PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "unknown", "other")
 #: how a phase reads in a sentence
 PHASE_WORDS = {
     "startup": "start-up",
@@ -91,6 +106,7 @@ PHASE_WORDS = {
     "eval": "evaluation",
     "checkpoint": "checkpoint stalls",
     "stop": "stopping",
+    "unknown": "unknown",
     "other": "other",
 }
 #: how a start can end (``ended``)
@@ -136,6 +152,7 @@ START_FIELDS = (
     "redone_steps",
     "signal_time",
     "in_job_restarts",
+    "resume",
     "unknown",
 )
 
@@ -167,6 +184,9 @@ class StartReport:
     signal_time: Optional[float] = None
     #: restarts inside this start after a lost node (``rundir.InJobRestart.to_dict``), oldest first
     in_job_restarts: List[Dict[str, Any]] = field(default_factory=list)
+    #: a ``train.command`` start: what it passed its script (``rundir.script_checkpoints.resume_lines``),
+    #: None where it recorded nothing (the worker; a script without ``train.resume`` and no checkpoint seen)
+    resume: Optional[str] = None
     unknown: List[str] = field(default_factory=list)
 
     @property
@@ -343,6 +363,7 @@ def run_report(
     # an array task: accounting names it ARRAYJOBID_TASKID, its ranks' records SLURM_JOB_ID
     by_restart = {r: row for (_, r), row in rows.items()} if len({j for j, _ in rows}) == 1 else {}
     finished = read_finished(path)
+    script_resumes = read_script_resumes(path)
     in_job = join_in_job_restarts(read_recoveries(path), metrics)
     unknown: List[str] = []
     if metrics and not timed:
@@ -421,8 +442,15 @@ def run_report(
         )
         resume = next((m for m in window if m.get("event") == "resume"), None)
         st.resumed_from_step = _int(resume.get("step")) if resume is not None else None
+        passed = next((r for r in script_resumes if (r.job_id, r.restart) == (job_id, restart)), None)
+        if passed is not None:  # a train.command start: what it passed its script decides where it began
+            st.resume = resume_lines(passed)[0]
+            if st.resumed_from_step is None and passed.resumed and passed.step is not None:
+                st.resumed_from_step = passed.step
         if st.resumed_from_step is None and fs is not None:
             st.resumed_from_step = (_int(fs.get("step")) or 1) - 1
+        if st.resumed_from_step is None and passed is not None and passed.outcome in FROM_STEP_0:
+            st.resumed_from_step = 0  # nothing to pass it: a checkpoint-less start (its records show no step)
         steps = [
             (float(m["time"]), int(m["step"]))
             for m in window
@@ -604,8 +632,8 @@ def _split(
     ph = st.phases_s
     stop_at = st.signal_time if st.signal_time is not None else st.end
     stop_at = min(max(stop_at, st.start), st.end)
-    if not steps:
-        ph["startup"] = stop_at - st.start
+    if not steps:  # no step recorded: start-up, training and saves cannot be told apart
+        ph["unknown"] = stop_at - st.start
         ph["stop"] = st.end - stop_at
         return stop_at
     t_first, first = steps[0]
@@ -702,6 +730,11 @@ def _loss_words(rep: RunReport, phase: str, frac: float) -> str:
         return f"{head}: {sum(per):.1f} s of evaluation"
     if phase == "checkpoint":
         return f"{head}: {sum(per):.1f} s of training blocked by checkpoint saves"
+    if phase == "unknown":
+        blind = [s for s in rep.starts if s.phases_s["unknown"] > 0]
+        return (
+            f"{head}: {sum(per):.1f} s of {len(blind)} start(s) that recorded no step (start-up or training: unknown)"
+        )
     if phase == "stop":
         stops = [s for s in rep.starts if s.phases_s["stop"] > 0]
         return f"{head}: {sum(per):.1f} s from stop signal to exit over {len(stops)} stop(s) (includes the final save)"

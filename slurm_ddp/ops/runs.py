@@ -21,21 +21,41 @@ from ..rundir import (
     DEFAULT_RUNS_DIR,
     JOBS_NAME,
     WAITING_NAME,
+    AtStop,
+    HandlerRecord,
     InJobRestart,
     JobIdentity,
     LocalEnd,
     LocalWait,
+    NextStart,
     Preempted,
+    RunFacts,
+    SavedCheckpoint,
+    ScriptCheckpoint,
+    ScriptResume,
+    at_stop,
     is_sweep_dir,
     latest_checkpoint_step,
     read_finished,
+    read_handlers,
     read_in_job_restarts,
     read_jobs,
     read_local_end,
     read_metrics,
     read_preempted,
+    read_script_resumes,
     read_submit_intent,
     read_waiting,
+    script_saved,
+)
+from ..rundir import next_start as _next_start_rule
+from ..rundir.script_checkpoints import (
+    NO_COMPLETE,
+    UNSET_WITH_CHECKPOINTS,
+    choose,
+    find_script_checkpoints,
+    list_checkpoints,
+    run_began,
 )
 
 
@@ -62,6 +82,22 @@ class Run:
     #: the job a ``submit`` was about to make (``rundir.read_submit_intent``): a submit under way, or one
     #: whose sbatch answer was lost
     submitting: Optional[JobIdentity] = None
+    command: bool = False  #: a ``train.command`` script (else the shared worker, ``train.task``)
+    resume: Optional[str] = None  #: ``train.resume`` (``rundir.RunFacts.resume``); None when unset
+    #: the latest start ``(job_id, restart)`` (``provenance.json``), None before any
+    latest_start: Optional[Tuple[str, int]] = None
+    #: the stop handlers its ranks recorded (``rundir.read_handlers``), oldest first
+    handlers: List[HandlerRecord] = field(default_factory=list)
+    #: every start ``(job_id, restart)``, oldest first (``provenance.json``)
+    start_ids: List[Tuple[str, int]] = field(default_factory=list)
+    #: ``train.resume`` runs: the script's newest complete checkpoint (``rundir.find_script_checkpoints``)
+    script_checkpoint: Optional[ScriptCheckpoint] = None
+    #: ``train.resume`` runs: the script's checkpoint directory; None where it cannot be known here
+    script_checkpoint_dir: Optional[str] = None
+    #: what each start passed the script (``rundir.read_script_resumes``), oldest first
+    script_resumes: List[ScriptResume] = field(default_factory=list)
+    #: ``train.resume`` runs: every checkpoint of the script, complete or not, oldest first
+    script_listing: List[ScriptCheckpoint] = field(default_factory=list)
 
     @property
     def backend(self) -> Optional[str]:
@@ -91,14 +127,98 @@ class Run:
         return [m for m in self.metrics if m.get("event") == kind]
 
     @property
-    def step(self) -> int:
-        """The furthest step the run's record shows (train events, checkpoints, markers)."""
+    def step(self) -> Optional[int]:
+        """The furthest step the run's record shows (train events, checkpoints, markers); 0 for the
+        worker before any; None (unknown) for a ``train.command`` script that recorded none (it
+        writes no metrics: slurm_ddp cannot see its steps)."""
         steps = [int(m["step"]) for m in self.metrics if isinstance(m.get("step"), (int, float))]
         if self.finished and isinstance(self.finished.get("step"), int):
             steps.append(self.finished["step"])
         if self.last_checkpoint is not None:
             steps.append(self.last_checkpoint)
+        if self.script_checkpoint is not None and self.script_checkpoint.step is not None:
+            steps.append(self.script_checkpoint.step)
+        if not steps and self.command:
+            return None
         return max(steps, default=0)
+
+    @property
+    def step_text(self) -> str:
+        """:attr:`step` as the tables show it: ``N/MAX``, ``N`` or ``unknown``."""
+        if self.step is None:
+            return "unknown"
+        return f"{self.step}/{self.max_steps}" if self.max_steps else str(self.step)
+
+    def facts(self) -> RunFacts:
+        """What the rule of a stop (``rundir.at_stop``) decides from, for this run."""
+        ck = None
+        if not self.command and self.last_checkpoint is not None:
+            ck = SavedCheckpoint(step=self.last_checkpoint)
+        if self.command and self.resume:
+            ck = script_saved(self.script_checkpoint)
+        return RunFacts(
+            command=self.command,
+            resume=self.resume,
+            checkpoint=ck,
+            start=self.latest_start,
+            handlers=tuple(self.handlers),
+            checkpoint_known=not (self.command and self.resume and self.script_checkpoint_dir is None),
+        )
+
+    def start_number(self, job_id: str, restart: int) -> Optional[int]:
+        """The number of the start ``job_id``/``restart`` among the run's starts, from 0 as ``slurm-ddp report``
+        numbers them; None when unrecorded."""
+        try:
+            return self.start_ids.index((str(job_id), int(restart)))
+        except ValueError:
+            return None
+
+    def trained_from_zero(self) -> List[str]:
+        """One line per start that had checkpoints to resume from but began lower: its record (``RUN_DIR/
+        resumes/``) says checkpoints existed and none was passed (``train.resume`` unset, or none complete),
+        or it was passed step S and the script then wrote a checkpoint of a lower step (seen in
+        :attr:`script_listing`: the evidence that it trained from there)."""
+        out: List[str] = []
+        for k, r in enumerate(self.script_resumes):
+            n = self.start_number(r.job_id, r.restart)
+            which = f"start {n}" if n is not None else f"the start of job {r.job_id} restart {r.restart}"
+            name = os.path.basename(r.checkpoint or "") or "a checkpoint"
+            step = "step unknown" if r.step is None else f"step {r.step}"
+            until = self.script_resumes[k + 1].time if k + 1 < len(self.script_resumes) else float("inf")
+            lower = [
+                c
+                for c in self.script_listing
+                if r.time <= c.mtime < until and c.step is not None and r.step is not None and c.step < r.step
+            ]
+            wrote = min(lower, key=lambda c: c.mtime) if lower else None
+            then = f"; it then wrote {wrote.name} (step {wrote.step})" if wrote is not None else ""
+            if r.outcome == UNSET_WITH_CHECKPOINTS:
+                head = f"{which} trained from step 0" if wrote is not None else f"{which}"
+                tail = "" if wrote is not None else ": unless the script finds them itself it trains from step 0"
+                out.append(
+                    f"{head}: no checkpoint passed (train.resume unset) while {r.dir} held {name} ({step}){then}"
+                    f"{tail}; set train.resume: {r.resume} to resume from the newest"
+                )
+            elif r.outcome == NO_COMPLETE:
+                out.append(
+                    f"{which} trained from step 0: no complete checkpoint in {r.dir} "
+                    f"({len(r.skipped)} skipped as incomplete)"
+                )
+            elif r.resumed and wrote is not None:
+                out.append(
+                    f"{which} was passed step {r.step} but its script then wrote {wrote.name} (step {wrote.step}): "
+                    f"it trained from a lower step (does it read {' '.join(r.passed[:1]) or 'the resume option'}?)"
+                )
+        return out
+
+    def at_stop(self, signal: str = "SIGTERM") -> AtStop:
+        """What the stop signal ``signal`` does to this run now and what its next start trains from
+        (``rundir.at_stop``: the one rule every message asks)."""
+        return at_stop(self.facts(), signal)
+
+    def next_start(self) -> NextStart:
+        """What the run's next start trains from, as the run directory stands (``rundir.next_start``)."""
+        return _next_start_rule(self.facts())
 
     @property
     def resumes(self) -> List[Dict[str, Any]]:
@@ -166,32 +286,86 @@ def resolve_run(arg: str, runs_dir: str = DEFAULT_RUNS_DIR) -> Path:
     return p.resolve()
 
 
-def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
-    """(name, train.max_steps, world size) from a run's config file (``CONFIG_NAME``),
-    without validating it. Unreadable or malformed: ``(None, None, None)``."""
+def _config_data(path: Path) -> Optional[Dict[str, Any]]:
+    """A run's config file (``CONFIG_NAME``) as a mapping, without validating it; None when unreadable."""
     import yaml
 
     try:
         # libyaml's safe loader when present: a sweep's status reads a config per element
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except (OSError, UnicodeDecodeError, yaml.YAMLError):
-        return None, None, None
-    if not isinstance(data, dict):
-        return None, None, None
+        return None
+    return data if isinstance(data, dict) else None
 
-    def get(section: str, key: str) -> Any:
-        sect = data.get(section)
-        return sect.get(key) if isinstance(sect, dict) else None
+
+def _get(data: Optional[Dict[str, Any]], section: str, key: str) -> Any:
+    sect = data.get(section) if data is not None else None
+    return sect.get(key) if isinstance(sect, dict) else None
+
+
+def _facts_of(data: Optional[Dict[str, Any]]) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    if data is None:
+        return None, None, None
 
     def as_int(v: Any, default: Optional[int]) -> Optional[int]:
         return v if isinstance(v, int) and not isinstance(v, bool) else default
 
     name = data.get("name") if isinstance(data.get("name"), str) else None
-    nodes, tasks = as_int(get("slurm", "nodes"), 1), as_int(get("slurm", "tasks_per_node"), 1)
+    nodes, tasks = as_int(_get(data, "slurm", "nodes"), 1), as_int(_get(data, "slurm", "tasks_per_node"), 1)
     world = nodes * tasks if nodes and tasks else None
     # train.command: the script's own steps (metrics.jsonl) have no known end; max_steps is the worker's
-    max_steps = None if get("train", "command") else as_int(get("train", "max_steps"), None)
+    max_steps = None if _get(data, "train", "command") else as_int(_get(data, "train", "max_steps"), None)
     return name, max_steps, world
+
+
+def read_config_facts(path: Path) -> Tuple[Optional[str], Optional[int], Optional[int]]:
+    """(name, train.max_steps, world size) from a run's config file (``CONFIG_NAME``),
+    without validating it. Unreadable or malformed: ``(None, None, None)``."""
+    return _facts_of(_config_data(path))
+
+
+def _start_id(p: Dict[str, Any]) -> Optional[Tuple[str, int]]:
+    restart = p.get("restart")
+    return (str(p["job_id"]), restart) if p.get("job_id") and isinstance(restart, int) else None
+
+
+def _seen_checkpoints(path: Path, resumes: List[ScriptResume]) -> List[ScriptCheckpoint]:
+    """A script without ``train.resume`` whose start found checkpoints in a preset's layout (its record:
+    ``UNSET_WITH_CHECKPOINTS``): that directory's checkpoints now, by that preset
+    (``rundir.script_checkpoints.list_checkpoints``), oldest first; [] otherwise."""
+    from ..config.resume import PRESETS
+
+    seen = [r for r in resumes if r.outcome == UNSET_WITH_CHECKPOINTS and r.dir and r.resume in PRESETS]
+    if not seen:
+        return []
+    r = seen[-1]
+    try:
+        return list_checkpoints(PRESETS[str(r.resume)], r.dir or "", r.world_size, run_began(path))
+    except (OSError, ValueError):
+        return []
+
+
+def _script_checkpoints(
+    path: Path, data: Optional[Dict[str, Any]]
+) -> Tuple[Optional[str], Optional[str], List[ScriptCheckpoint]]:
+    """``(train.resume's name, checkpoint directory, checkpoints oldest first)`` of a ``train.command`` run
+    (``rundir.find_script_checkpoints``, the one reader of a script's checkpoints); the directory is None
+    where it cannot be known here (no ``train.resume``, a config this version cannot read, a ``$NAME`` of
+    the ranks' environment)."""
+    value = _get(data, "train", "resume")
+    if value in (None, False, "") or data is None:
+        return None, None, []
+    from ..config import config_from_dict
+
+    try:
+        cfg = config_from_dict(data)
+        spec = cfg.train.resume_spec
+        if spec is None:
+            return None, None, []
+        d, found = find_script_checkpoints(cfg, path)
+    except (ConfigError, OSError, ValueError):
+        return (value if isinstance(value, str) else "custom"), None, []
+    return spec.name, None if d is None else str(d), found
 
 
 def read_requeue_signal(run_dir: Path) -> str:
@@ -215,13 +389,27 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     path = Path(path)
     from ..provenance import read as read_provenance
 
-    name, max_steps, world = facts if facts is not None else read_config_facts(path / CONFIG_NAME)
+    data = _config_data(path / CONFIG_NAME)
+    name, max_steps, world = facts if facts is not None else _facts_of(data)
     metrics = read_metrics(path)
+    starts = read_provenance(str(path)).get("starts", [])
+    last = starts[-1] if starts and isinstance(starts[-1], dict) else {}
+    start_ids = [
+        (str(p["job_id"]), p["restart"])
+        for p in starts
+        if isinstance(p, dict) and p.get("job_id") and isinstance(p.get("restart"), int)
+    ]
+    latest_start = start_ids[-1] if start_ids and start_ids[-1] == _start_id(last) else None
+    command = bool(_get(data, "train", "command"))
+    resume, ck_dir, listing = _script_checkpoints(path, data) if command else (None, None, [])
+    resumes = read_script_resumes(path) if command else []
+    if command and resume is None:
+        listing = _seen_checkpoints(path, resumes)
     last_checkpoint = latest_checkpoint_step(path)
     if last_checkpoint is None:  # a script of one's own: its metrics.jsonl "checkpoint" events, if it writes them
         saved = [m["step"] for m in metrics if m.get("event") == "checkpoint" and isinstance(m.get("step"), int)]
         last_checkpoint = max(saved) if saved else None
-    return Run(
+    run = Run(
         path=path,
         name=name or path.name,
         max_steps=max_steps,
@@ -231,12 +419,22 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
         finished=read_finished(path),
         preempted=read_preempted(path),
         last_checkpoint=last_checkpoint,
-        starts=len(read_provenance(str(path)).get("starts", [])),
+        starts=len(starts),
         local_end=read_local_end(path),
         in_job_restarts=read_in_job_restarts(path),
         waiting=read_waiting(path),
         submitting=read_submit_intent(path),
+        command=command,
+        resume=resume,
+        latest_start=latest_start,
+        handlers=read_handlers(path),
+        start_ids=start_ids,
+        script_checkpoint=choose(listing)[0],
+        script_checkpoint_dir=ck_dir,
+        script_resumes=resumes,
+        script_listing=listing,
     )
+    return run
 
 
 def find_dirs(

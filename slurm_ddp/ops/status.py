@@ -151,6 +151,9 @@ class RunStatus:
             "step": r.step,
             "max_steps": r.max_steps,
             "last_checkpoint_step": r.last_checkpoint,
+            "script_checkpoint": None if r.script_checkpoint is None else r.script_checkpoint.to_dict(),
+            "next_start": r.next_start().words,
+            "trained_from_step_0": r.trained_from_zero(),
             "finished": r.finished is not None,
             "restarts": r.restarts,
             "in_job_restarts": [x.to_dict() for x in r.in_job_restarts],
@@ -184,8 +187,8 @@ def _local_status(run: Run) -> RunStatus:
             True,
             src,
             notes=[
-                f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; "
-                "submit it again with the same --run-dir to resume"
+                f"stopped for preemption ({run.preempted.signal}) at step {run.preempted.step}; submit it again "
+                f"with the same --run-dir: {run.next_start().words}"
             ],
         )
     return RunStatus(
@@ -238,6 +241,18 @@ def never_starts_note(run_dir: Path, job: SlurmJob) -> str:
     )
 
 
+def stopped_words(run: Run) -> str:
+    """How the run's last stop for preemption left it, from its evidence: rank 0's ``PREEMPTED`` marker
+    (its step: the worker's committed checkpoint, or a script's ``slurm_ddp.preemption`` stop), else the
+    worker's newest checkpoint, else, for a script of one's own, that slurm_ddp saw no checkpoint."""
+    if run.preempted is not None:
+        what = "checkpoint of step" if not run.command else "the script stopped through slurm_ddp.preemption at step"
+        return f"{what} {run.preempted.step}"
+    if not run.command:
+        return f"checkpoint of step {run.last_checkpoint}" if run.last_checkpoint is not None else "no checkpoint"
+    return "its ranks were stopped by the signal; no slurm_ddp stop recorded, so no checkpoint at the stop"
+
+
 def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     """The run's state from Slurm's answer ``ans``, once the job under its id is checked to be the
     run's (``ops.ownjob``): another job holding the id is never reported as the run's."""
@@ -257,10 +272,9 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         if job.never_starts:
             st.notes.append(never_starts_note(run.path, job))
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
-            step = run.preempted.step if run.preempted else run.last_checkpoint
             st.notes.append(
-                f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption (checkpoint of step {step}) and not "
-                f"requeued; continue with: slurm-ddp requeue {run.path}"
+                f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption ({stopped_words(run)}) and not requeued; "
+                f"continue with: slurm-ddp requeue {run.path}; {run.next_start().words}"
             )
         return st
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago
@@ -268,7 +282,11 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes)
         return RunStatus(
-            run, "ENDED", True, "run directory", notes=notes + [f"the run did not finish (last step {run.step})"]
+            run,
+            "ENDED",
+            True,
+            "run directory",
+            notes=notes + [f"the run did not finish (last step {'unknown' if run.step is None else run.step})"],
         )
     state = "COMPLETED" if run.finished is not None else "UNKNOWN"
     where = f" on cluster {ans.cluster!r}" if ans.cluster else ""

@@ -262,16 +262,19 @@ def _submit_order(job_id: str) -> Tuple[int, int]:
 def cancel_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     """``scancel`` the sweep's unfinished array tasks that Slurm still runs or holds (one call)."""
     st = sweep_status(sweep, run_cmd)
-    ids = [s.run.latest_job_id for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
+    chosen = [s for _, s in st.elements if s.slurm is not None and not s.final and s.run.latest_job_id]
+    ids = [s.run.latest_job_id or "" for s in chosen]
     if not ids:
         raise UserError(f"sweep {sweep.name!r} has no pending or running element; nothing to cancel{_others(st)}")
     # later arrays first: a chained array (--dependency=afterany, sweep.chained) is released when the one
     # before it ends, and must be gone by then
     ids.sort(key=_submit_order, reverse=True)
     _act(["scancel", *clusters_args(st.cluster), *ids], run_cmd)
+    running = [s.run for s in chosen if s.slurm is not None and s.slurm.state != "PENDING"]
+    what = f"running ones: {_at_stop_words(running)}" if running else "none had started"
     return _others(st, "; ") + (
         f"cancelled {len(ids)} element(s) of sweep {sweep.name!r} ({', '.join(ids[:8])}{', ...' if len(ids) > 8 else ''}): "
-        f"running ones checkpoint and stop; continue later with: slurm-ddp requeue {sweep.path}"
+        f"{what}. Continue later with: slurm-ddp requeue {sweep.path}"
     )
 
 
@@ -288,12 +291,24 @@ def _others(st: SweepStatus, sep: str = "") -> str:
     return f"{text}{sep}" if sep else f" ({text})"
 
 
+def _at_stop_words(runs: Sequence[Run], ended: bool = False) -> str:
+    """What a stop does to each of ``runs`` (``Run.at_stop``; ``ended``: they are not running, only their
+    next start), one sentence per distinct answer with the elements it is for when they differ."""
+    groups: Dict[str, List[str]] = {}
+    for r in runs:
+        words = r.next_start().words if ended else r.at_stop().sentence()
+        groups.setdefault(words, []).append(r.path.name)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return "; ".join(f"element(s) {', '.join(names)}: {words}" for words, names in groups.items())
+
+
 def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
     """``scontrol requeue`` the sweep's unfinished elements that are running or ended (one call);
     pending ones already wait and finished ones never train again."""
     st = sweep_status(sweep, run_cmd)
-    ids = [
-        s.run.latest_job_id
+    chosen = [
+        s
         for _, s in st.elements
         if s.run.finished is None
         and s.slurm is not None
@@ -301,15 +316,20 @@ def requeue_sweep(sweep: SweepRun, run_cmd: Runner = subprocess.run) -> str:
         and s.slurm.state not in REQUEUED_STATES
         and s.run.latest_job_id
     ]
+    ids = [s.run.latest_job_id or "" for s in chosen]
     if not ids:
         raise UserError(
             f"sweep {sweep.name!r} has no running or stopped element Slurm still knows; nothing to requeue "
             f"(to resume forgotten elements, submit the sweep again with --run-dir {sweep.path}){_others(st)}"
         )
     _act(["scontrol", *clusters_args(st.cluster), "requeue", ",".join(ids)], run_cmd)
-    return (
-        _others(st, "; ")
-        + f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: each resumes from its newest checkpoint"
+    running = [s.run for s in chosen if not s.final]
+    ended = [s.run for s in chosen if s.final]
+    parts = [f"running ones: {_at_stop_words(running)}"] if running else []
+    parts += [f"ended ones start again: {_at_stop_words(ended, ended=True)}"] if ended else []
+    return _others(st, "; ") + (
+        f"requeued {len(ids)} element(s) of sweep {sweep.name!r}: Slurm stops and starts them again; "
+        + ". ".join(parts)
     )
 
 

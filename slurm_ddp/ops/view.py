@@ -17,12 +17,14 @@ import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ..rundir.script_checkpoints import UNSET_WITH_CHECKPOINTS, resume_lines
 from .accounting import reason
 from .overview import RunsReport, StatusReport
 from .report import PHASES, RunReport, SweepReport
 from .runs import read_requeue_signal
 
 if TYPE_CHECKING:
+    from .runs import Run
     from .status import RunStatus
     from .sweeps import SweepStatus
 
@@ -39,6 +41,30 @@ def format_eval(m: Optional[Dict[str, Any]]) -> str:
     return "-"
 
 
+def format_checkpoint(r: Run) -> str:
+    """The ``checkpoint:`` line of ``status``: the newest one the next start would use, or what is not known."""
+    if not r.command:
+        return f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"
+    facts = r.facts()
+    ck = facts.checkpoint
+    if ck is not None:
+        return f"{ck.words()}, passed to the next start (train.resume: {r.resume})"
+    if r.resume and not facts.checkpoint_known:
+        return f"unknown (train.resume: {r.resume}; the script's checkpoint directory cannot be read here)"
+    if r.resume:
+        return f"no complete checkpoint of the script yet in {r.script_checkpoint_dir} (train.resume: {r.resume})"
+    if r.last_checkpoint is not None:
+        return f"step {r.last_checkpoint} (the script's own checkpoint event in metrics.jsonl; train.resume unset)"
+    seen = r.script_resumes[-1] if r.script_resumes else None
+    if seen is not None and seen.outcome == UNSET_WITH_CHECKPOINTS:  # its latest start saw them, passed none
+        step = "step unknown" if seen.step is None else f"step {seen.step}"
+        return (
+            f"not passed to the script (train.resume unset); its latest start found {Path(seen.checkpoint or '').name} "
+            f"({step}) in {seen.dir}: set train.resume: {seen.resume} to resume from the newest"
+        )
+    return "unknown (the script's own; train.resume unset, so slurm_ddp neither reads nor passes them)"
+
+
 def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> str:
     """The ``slurm-ddp runs`` table."""
     cwd = Path.cwd() if cwd is None else cwd
@@ -49,7 +75,7 @@ def format_runs(statuses: Sequence[RunStatus], cwd: Optional[Path] = None) -> st
         jobs = ",".join(r.job_ids) or "-"
         if r.is_local:
             jobs = "local:" + jobs
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        step = r.step_text
         try:
             where = str(r.path.relative_to(cwd))
         except ValueError:
@@ -70,9 +96,10 @@ def format_status(st: RunStatus) -> str:
     lines.append(("state", f"{st.describe_state()}  [{st.source}]"))
     if st.slurm is not None and st.slurm.dependency:
         lines.append(("dependency", st.slurm.dependency))
-    step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
-    lines.append(("step", step))
-    lines.append(("checkpoint", f"step {r.last_checkpoint}" if r.last_checkpoint is not None else "none yet"))
+    lines.append(("step", r.step_text))
+    lines.append(("checkpoint", format_checkpoint(r)))
+    if r.script_resumes:  # what the latest start passed the script (rundir.script_checkpoints' words)
+        lines.append(("last start", resume_lines(r.script_resumes[-1])[0]))
     if r.finished is not None:
         acc = r.finished.get("eval_accuracy")
         lines.append(
@@ -102,6 +129,8 @@ def format_status(st: RunStatus) -> str:
         p = r.preempted
         lines.append(("preempted", f"job {p.job_id} restart {p.restart} stopped at step {p.step} ({p.signal})"))
     for n in st.notes:
+        lines.append(("note", n))
+    for n in r.trained_from_zero():
         lines.append(("note", n))
     width = max(len(k) for k, _ in lines)
     return "".join(f"{k + ':':<{width + 1}} {v}\n" for k, v in lines)
@@ -151,7 +180,7 @@ def format_sweep_status(st: Any, metric: Optional[str], sort: bool) -> str:
     rows = [header]
     for e, rs in rows_src:
         r = e.run
-        step = f"{r.step}/{r.max_steps}" if r.max_steps else str(r.step)
+        step = r.step_text
         vals = sweeps.metric_values(r, metric) if metric else []
         best = sweeps.best_value(r, metric) if metric else None
         state = rs.state if r.finished is None or rs.state == "COMPLETED" else f"{rs.state} (finished)"
@@ -324,6 +353,7 @@ def format_report(rep: RunReport) -> str:
         "EVAL",
         "CKPT",
         "STOP",
+        "UNKNOWN",
         "OTHER",
         "STEPS",
     )
@@ -351,6 +381,8 @@ def format_report(rep: RunReport) -> str:
     out += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() + "\n" for r in rows]
     for s in rep.starts:
         out.append(f"  start {s.index}: {s.reason}\n")
+        if s.resume:
+            out.append(f"  start {s.index}: {s.resume}\n")
         for x in s.in_job_restarts:
             out.append(f"  start {s.index}: in-job restart {x['attempt']}: {x['line']}\n")
     g = rep.goodput

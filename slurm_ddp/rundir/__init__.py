@@ -41,6 +41,9 @@ A run directory holds:
   submitit's folder); everything else gets the user's umask;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
+- ``handlers/JOBID.RESTART/rank-N.json``: that rank N of a ``train.command`` run installed a slurm_ddp
+  stop handler at that start (``slurm_ddp.preemption.install``, directly or through a callback; which
+  signals), the evidence for what a stop does to the run (:func:`at_stop`, ``rundir.handlers``);
 - ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
   (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
   ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
@@ -70,7 +73,8 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
-``stops`` (the stop signals of ``train.command`` ranks), ``script_checkpoints`` (a ``train.command`` script's
+``stops`` (the stop signals of ``train.command`` ranks), ``handlers`` (their stop handlers, and the rule
+of what a stop does to a run: :func:`at_stop`), ``script_checkpoints`` (a ``train.command`` script's
 own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
 after a lost or hung node, with its evidence and entry points).
@@ -93,6 +97,7 @@ from .files import (
     ENDS_NAME,
     FINAL_MODEL_NAME,
     FINISHED_NAME,
+    HANDLERS_DIR,
     HANGS_DIR,
     JOBS_NAME,
     LAUNCHER_LOCK_NAME,
@@ -172,6 +177,26 @@ from .files import (
     write_step_end,
     write_sweep_manifest,
 )
+from .handlers import (
+    NEXT_RESUMES,
+    NEXT_STEP_0,
+    NEXT_UNKNOWN,
+    STOP_CHECKPOINT,
+    STOP_KILLED,
+    STOP_UNKNOWN,
+    AtStop,
+    HandlerRecord,
+    NextStart,
+    RunFacts,
+    SavedCheckpoint,
+    at_stop,
+    command_facts_here,
+    handler_dir,
+    next_start,
+    read_handlers,
+    record_handler,
+    script_saved,
+)
 from .hangs import (
     Hang,
     HangReport,
@@ -219,6 +244,26 @@ from .stops import (
 )
 
 __all__ = [
+    "STOP_CHECKPOINT",
+    "STOP_KILLED",
+    "NEXT_RESUMES",
+    "NEXT_STEP_0",
+    "NEXT_UNKNOWN",
+    "STOP_UNKNOWN",
+    "UNKNOWN",
+    "HANDLERS_DIR",
+    "AtStop",
+    "HandlerRecord",
+    "NextStart",
+    "RunFacts",
+    "SavedCheckpoint",
+    "at_stop",
+    "command_facts_here",
+    "script_saved",
+    "handler_dir",
+    "next_start",
+    "read_handlers",
+    "record_handler",
     "RESUMES_DIR",
     "ScriptCheckpoint",
     "ScriptResume",

@@ -97,6 +97,9 @@ WANDB_DIR_NAME = "wandb"
 HANGS_DIR = "hangs"
 #: the stop signals a ``train.command`` rank got, ``RUN_DIR/stops/JOBID.RESTART/rank-N``
 STOPS_DIR = "stops"
+#: the stop handlers a ``train.command`` rank installed (``slurm_ddp.preemption.install``, the callbacks),
+#: ``RUN_DIR/handlers/JOBID.RESTART/rank-N.json`` (:mod:`slurm_ddp.rundir.handlers`)
+HANDLERS_DIR = "handlers"
 SWEEP_NAME = "sweep.json"
 #: a ``train.command`` sweep element's working directory, ``RUN_DIR/work``: the element's relative
 #: outputs (``checkpoint.pt``, HF's ``output_dir``) are its own; the project's files are linked in

@@ -108,6 +108,7 @@ def local_end(
     hang: Optional[Hang] = None,
     cancelled: Optional[str] = None,
     stopped_by: Optional[str] = None,
+    next_start: Optional[str] = None,
 ) -> LocalEnd:
     """How a local start ended, in Slurm's state names, with its one-line reason. Pure.
 
@@ -119,7 +120,8 @@ def local_end(
     launcher passed on) and ``failed_log`` its log; ``hang``: the watchdogs' report of this start;
     ``cancelled``: the signal that told the launcher to stop (SIGINT, or SIGTERM that is not the
     requeue signal) when it came before any rank failed; ``stopped_by``: the requeue signal or
-    SIGTERM the launcher passed on to the ranks, if any.
+    SIGTERM the launcher passed on to the ranks, if any; ``next_start``: for a ``train.command`` run,
+    what its next start trains from (``rundir.next_start``'s words), said after "submit again".
     """
     exit_code = decision.exit_code if decision is not None else status
 
@@ -129,7 +131,8 @@ def local_end(
         )
 
     resume = "submit again with the same --run-dir to resume"
-    own = " from the script's own last checkpoint"
+    # train.command: what the next start trains from is the run's own (rundir.next_start), not a given
+    again = f"submit again with the same --run-dir: {next_start or 'what the next start trains from is unknown'}"
     if finished and failed is None and hang is None:
         late = f"; {status_words(status)} came from a stop signal that arrived after the run finished" if status else ""
         return end("COMPLETED", "the run finished" + late)
@@ -148,18 +151,18 @@ def local_end(
     if marker is not None and not command:
         saved = f"rank 0 committed the checkpoint of step {marker.step}; {resume} from it"
     elif marker is not None:
-        saved = f"the script stopped at its step {marker.step} (slurm_ddp.preemption); {resume}{own}"
+        saved = f"the script stopped at its step {marker.step} (slurm_ddp.preemption); {again}"
     elif command and exit_code == PREEMPTED_EXIT_CODE and status == 0:
-        saved = f"the ranks exited with status 0: stopped, not finished; {resume}{own}"
+        saved = f"the ranks exited with status 0: stopped, not finished; {again}"
     elif command:
-        saved = f"the ranks stopped ({status_words(status)}); {resume}{own}"
+        saved = f"the ranks stopped ({status_words(status)}); {again}"
     else:
         saved = f"the ranks stopped ({status_words(status)}); {resume} from the last committed checkpoint, if any"
     if cancelled is not None:
         how = "SIGINT (Ctrl-C)" if cancelled == "SIGINT" else cancelled
         reason = f"cancelled by {how} to the launcher: the ranks were told to stop (SIGTERM)"
         if command and status == 0 and marker is None:
-            reason += f" and exited with status 0: stopped, not finished; {resume}{own}"
+            reason += f" and exited with status 0: stopped, not finished; {again}"
         else:
             reason += f"; {saved}"
         return end("CANCELLED", reason, signal=cancelled)

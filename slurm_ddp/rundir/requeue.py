@@ -22,8 +22,16 @@ from .files import ENDS_NAME, PathLike, Preempted, is_finished, read_preempted, 
 from .hangs import Hang, find_hang
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
-
 # --------------------------------------------------------------------------- the requeue decision
+#: What follows a SIGTERM to the batch shell, which cannot tell its sender: ``scancel`` ends the job;
+#: ``scontrol requeue`` and a preemption under ``PreemptMode=REQUEUE`` (scontrol(1) "requeue",
+#: slurm.conf(5) PreemptMode) make Slurm itself start the job again, with ``SLURM_RESTART_COUNT`` + 1.
+SIGTERM_WORDS = (
+    "this job does not requeue itself: after scancel it ends; after scontrol requeue (slurm-ddp requeue) or "
+    "a preemption with PreemptMode=REQUEUE, Slurm starts it again itself"
+)
+
+
 @dataclass(frozen=True)
 class RequeueDecision:
     """What a job does after its ranks stopped: requeue itself or not, and its exit status."""
@@ -142,12 +150,12 @@ def decide_requeue(
         if (got_term or got_signal) and (exit_code == PREEMPTED_EXIT_CODE or exit_code > 128):
             notes.append(f"status {exit_code} came from a stop signal that arrived after the run finished: reporting 0")
             exit_code = 0
+    elif not preempted and got_term:
+        notes.append(f"the ranks ended with status {exit_code} after SIGTERM; {SIGTERM_WORDS}")
     elif not preempted:
         pass
     elif got_term:
-        notes.append(
-            "stopped by SIGTERM (preemption or scancel): not requeueing; Slurm requeues a preempted job itself"
-        )
+        notes.append(f"stopped by SIGTERM; {SIGTERM_WORDS}")
     elif not can_requeue:
         notes.append(f"{saved}, but scontrol is missing: cannot requeue")
     elif not job_id:
@@ -221,7 +229,7 @@ def _decide_hang(
 def _why_not_requeue(*, got_term: bool, can_requeue: bool, job_id: str, restart_count: int, max_requeues: int) -> str:
     """Why a job that a hang or a lost node ended cannot requeue itself, in words; "" when it can."""
     if got_term:
-        return "stopped by SIGTERM (preemption or scancel): not requeueing"
+        return f"stopped by SIGTERM; {SIGTERM_WORDS}"
     if not can_requeue:
         return "scontrol is missing: cannot requeue"
     if not job_id:
@@ -468,6 +476,14 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
+        if args.command_mode and decision.preempted:
+            # what the next start (a requeue, or a resubmit) trains from: the run's own (rundir.next_start)
+            try:
+                from .handlers import command_facts_here, next_start
+
+                blog.info("%s", next_start(command_facts_here(args.run_dir, env)).words)
+            except Exception as e:
+                blog.info("what the next start trains from is unknown (%s)", e)
         restart_text = env.get("SLURM_RESTART_COUNT") or "0"
         if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
             try:

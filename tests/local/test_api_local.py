@@ -55,6 +55,7 @@ def test_cancel_a_running_local_run(tmp_path: Path) -> None:
     assert run.status().state == "RUNNING"
     said = run.cancel()
     assert "sent SIGTERM to the local launcher" in said
+    assert "its ranks checkpoint at the next step boundary and stop" in said, said  # the worker's handler
     st = run.wait(timeout_s=120, poll_s=0.5)
     assert st.final and st.state != "COMPLETED" and st.run.finished is None, st
     assert any(m.get("event") == "preempted" for m in run.metrics())  # the ranks checkpointed and stopped

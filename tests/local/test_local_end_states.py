@@ -86,9 +86,11 @@ def test_usr2_to_an_own_script_is_a_preemption_in_status_and_the_next_submit_res
     assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
     err = (tmp_path / "err").read_text()
     assert "PREEMPTED: stopped by SIGUSR2 (the requeue signal)" in err, err
-    assert "resume from the script's own last checkpoint" in err, err
+    # a plain script: nothing passes it a checkpoint (train.resume unset); it loads its own snapshot itself
+    assert "submit again with the same --run-dir: its script's checkpoints are not passed to it" in err, err
+    assert "unless the script loads a save of its own" in err, err
     assert "checkpoint saved" not in err and "scontrol" not in err and "failed" not in err, err  # nothing untrue
-    assert f"resume with: slurm-ddp submit {OWN_SCRIPT} --backend local --run-dir {run_dir}" in err, err
+    assert f"submit again with: slurm-ddp submit {OWN_SCRIPT} --backend local --run-dir {run_dir}" in err, err
 
     text = status(run_dir)
     assert re.search(r"state:\s+PREEMPTED \(exit 75\)", text), text
@@ -143,10 +145,21 @@ def test_ctrl_c_or_sigterm_to_the_launcher_is_cancelled(tmp_path: Path, sig: sig
         "both ranks to start",
         tmp_path / "err",
     )
-    proc.send_signal(sig)
+    if sig == signal.SIGTERM:  # slurm-ddp cancel: SIGTERM to the launcher, and what it does to this run
+        said = subprocess.run(
+            [sys.executable, "-m", "slurm_ddp", "cancel", str(run_dir)], capture_output=True, text=True, timeout=60
+        )
+        assert said.returncode == 0, said.stdout + said.stderr
+        cancel_line = said.stdout
+    else:
+        proc.send_signal(sig)
     rc = proc.wait(timeout=120)
     err = (tmp_path / "err").read_text()
     assert rc == 128 + signal.SIGTERM, err  # the ranks died of the SIGTERM passed on to them
+    # ... as the messages said: a plain script gets no checkpoint at a step boundary (issue 49)
+    told = cancel_line if sig == signal.SIGTERM else err
+    assert "its ranks have no slurm_ddp handler for SIGTERM (none recorded)" in told, told
+    assert "checkpoint at the next step boundary" not in told, told
     how = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
     assert f"CANCELLED: cancelled by {how} to the launcher" in err and "job failed" not in err, err
     rec = status_json(run_dir)

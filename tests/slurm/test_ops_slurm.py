@@ -110,7 +110,12 @@ def test_status_logs_requeue_cancel_on_a_running_job(slurm_sandbox, cli, tmp_pat
         # requeue: the ranks checkpoint on SIGTERM, Slurm starts the job again, it resumes
         rc, out, err = cli("requeue", str(run_dir))
         assert rc == 0 and out.startswith(f"requeued job {job_id}"), err
+        assert "its ranks checkpoint at the next step boundary and stop" in out, out  # the worker's handler
         wait_for(lambda: events(run_dir, "resume"), 60, "the requeued job to resume", diag)
+        # the batch shell got SIGTERM and did not requeue the job itself; its log says Slurm restarts it
+        batch = "".join(p.read_text() for p in (run_dir / "logs").glob("batch-*"))
+        assert "stopped by SIGTERM; this job does not requeue itself: after scancel it ends; after scontrol " in batch
+        assert "requeue (slurm-ddp requeue) or a preemption with PreemptMode=REQUEUE, Slurm starts it again" in batch
         st = status(cli, run_dir)
         assert st["restarts"] == 1 and st["slurm_restarts"] == 1, st
         stopped = events(run_dir, "preempted")[-1]["step"]

@@ -23,6 +23,8 @@ from typing import List
 import pytest
 from lib import require_module, wait_for
 
+from slurm_ddp.rundir import read_handlers
+
 pytestmark = pytest.mark.slurm
 
 REPO = Path(__file__).resolve().parents[2]
@@ -115,12 +117,15 @@ def test_plain_script_srun_two_nodes_time_limit_signal_requeues_and_resumes(slur
     batch = batch_log(job.run_dir)
     assert "received SIGUSR2; forwarding it to the ranks" in batch, batch
     assert "the ranks got the time-limit signal" in batch and "requeueing (restart 1 of at most 3)" in batch, batch
+    # what that requeue trains from, said by the batch log: nothing passes this script its snapshot (it loads it)
+    assert "its script's checkpoints are not passed to it (train.resume unset): the next start trains" in batch, batch
     resumed = re.findall(r"\[rank 0\] resuming from snapshot \S+ at epoch (\d+)", rank_log(job.run_dir, 0))
     assert len(resumed) == 1 and int(resumed[0]) >= 1, rank_log(job.run_dir, 0)
     for rank in (0, 1):
         assert f"[rank {rank}] done: 6 epochs" in rank_log(job.run_dir, rank), logs(job.run_dir)
         assert "local_rank 0 of world 2" in rank_log(job.run_dir, rank)
     assert sorted(set(hosts(job.run_dir, 2))) == ["n1", "n2"]
+    assert read_handlers(job.run_dir) == []  # no stop handler: cancel/requeue/status say its ranks are killed
 
 
 def test_plain_script_torchrun_two_nodes_two_processes(slurm_sandbox, tmp_path: Path) -> None:
@@ -181,6 +186,10 @@ def test_api_variant_torchrun_signalled_stops_at_a_step_on_every_rank_requeues_a
     batch_text = batch_log(job.run_dir)
     assert "rank 0 committed the checkpoint" in batch_text and "requeueing (restart 1" in batch_text, batch_text
     assert int(job.field("Restarts")) == 1
+    # every rank of both starts left the evidence of its handler (preemption.install, under torchrun too)
+    recs = read_handlers(job.run_dir)
+    assert {(r.job_id, r.restart, r.rank) for r in recs} == {(job.id, s, k) for s in (0, 1) for k in range(4)}, recs
+    assert all(r.via == "slurm_ddp.preemption" and {"SIGUSR2", "SIGTERM"} <= set(r.signals) for r in recs), recs
 
 
 def test_a_crashing_script_is_not_requeued(slurm_sandbox, tmp_path: Path) -> None:

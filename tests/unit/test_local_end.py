@@ -24,7 +24,11 @@ def test_the_state_of_each_ending() -> None:
     own = end(status=140, decision=PREEMPTED, stopped_by="SIGUSR2")
     assert own.state == "PREEMPTED" and own.signal == "SIGUSR2" and own.exit_code == PREEMPTED_EXIT_CODE
     assert own.reason.startswith("stopped by SIGUSR2 (the requeue signal)")
-    assert "the script's own last checkpoint" in own.reason and "checkpoint saved" not in own.reason
+    assert "checkpoint saved" not in own.reason and "own last checkpoint" not in own.reason
+    # what the next start trains from is the run's own (rundir.next_start), said as it is; unknown without it
+    assert own.reason.endswith("submit again with the same --run-dir: what the next start trains from is unknown")
+    told = end(status=140, decision=PREEMPTED, stopped_by="SIGUSR2", next_start="the next start trains from step 0")
+    assert told.reason.endswith("submit again with the same --run-dir: the next start trains from step 0")
     marker = Preempted(job_id="77", restart=1, step=120, signal="SIGUSR2")
     worker = end(status=75, decision=PREEMPTED, command=False, marker=marker, stopped_by="SIGUSR2")
     assert worker.state == "PREEMPTED" and "rank 0 committed the checkpoint of step 120" in worker.reason

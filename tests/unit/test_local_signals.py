@@ -11,6 +11,7 @@ import sys
 
 import pytest
 
+from slurm_ddp import provenance
 from slurm_ddp.backends import plan_submit
 from slurm_ddp.backends.local import LocalJob
 from slurm_ddp.signals import forwarded_signals
@@ -39,8 +40,25 @@ def test_acting_on_signals_forwards_them_and_ctrl_c_twice_kills(job, monkeypatch
     for sig in (signal.SIGUSR2, signal.SIGINT, signal.SIGINT):
         job._act_on(sig)
     assert job.sent == [signal.SIGUSR2, signal.SIGTERM, signal.SIGKILL]
-    assert job.said == ["interrupted: ranks checkpoint and stop (Ctrl-C again to kill them)"]
+    assert job.said == [
+        "interrupted: SIGTERM to the ranks: its ranks checkpoint at the next step boundary and stop "
+        "(Ctrl-C again to kill them)"
+    ]
     assert capsys.readouterr() == ("", "")
+
+
+def test_ctrl_c_says_a_plain_script_is_killed(tmp_path, make_config, monkeypatch):
+    """A ``train.command`` script without a slurm_ddp handler does not checkpoint at Ctrl-C: the line says so."""
+    cfg = make_config({"train": {"task": "", "command": ["python", "train.py"]}})
+    plan = plan_submit(cfg, "local", str(tmp_path / "run"))
+    (tmp_path / "run").mkdir()
+    provenance.record_start(str(tmp_path / "run"), {}, job_id="77", restart=0, world_size=1)  # the ranks started
+    said: list = []
+    j = LocalJob(plan, say=said.append)
+    monkeypatch.setattr(j, "send", lambda sig: None)
+    j._act_on(signal.SIGINT)
+    assert len(said) == 1 and "checkpoint" not in said[0].split(":", 2)[2].split(";")[0], said
+    assert "no slurm_ddp handler for SIGTERM" in said[0] and "Ctrl-C again to kill them" in said[0], said
 
 
 def test_wait_acts_on_a_recorded_signal_and_a_rank_it_stops_has_not_failed(job, capsys):

@@ -142,8 +142,11 @@ def make_run(
     checkpoints: Sequence[int] = (),
     logs: Optional[Dict[str, str]] = None,
     t0: float = 1_700_000_000.0,
+    command: Sequence[str] = (),
+    starts: Sequence[Any] = (),
 ) -> Path:
-    """A run directory as the backends and the worker leave it."""
+    """A run directory as the backends and the worker leave it; ``command``: a ``train.command`` run's
+    script instead of the worker; ``starts``: the ``(job_id, restart)`` of each start (``provenance.json``)."""
     rd = root / name
     (rd / "logs").mkdir(parents=True)
     (rd / "checkpoints").mkdir()
@@ -152,7 +155,12 @@ def make_run(
         "slurm": {"nodes": nodes, "tasks_per_node": tasks_per_node, "time": "00:20:00"},
         "train": {"task": "digits_task:DigitsTask", "max_steps": max_steps},
     }
+    if command:
+        cfg["train"] = {"command": list(command)}
     (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    if starts:
+        recs = [{"time": t0 + i, "job_id": j, "restart": r} for i, (j, r) in enumerate(starts)]
+        (rd / "provenance.json").write_text(json.dumps({"submits": [], "starts": recs}))
     if jobs:
         with open(rd / "jobs.jsonl", "w") as f:
             for i, (backend, job_id) in enumerate(jobs):
@@ -683,6 +691,211 @@ def test_requeue_of_a_job_that_ended_but_is_remembered(tmp_path, slurm, capsys):
     rc, out, err = cli(["requeue", str(rd)], capsys)
     assert rc == 0, err
     assert [c["args"] for c in slurm.calls("scontrol")][-1] == ["requeue", "101"]
+
+
+def test_cancel_and_requeue_say_what_a_stop_does_to_this_run(tmp_path, slurm, capsys):
+    """The shared worker checkpoints at the step boundary; a plain train.command script (no handler
+    recorded) is killed and nothing passes it a checkpoint; one whose ranks recorded slurm_ddp's handler
+    in this start checkpoints (issue 49)."""
+    worker = make_run(tmp_path, "worker", metrics=training_metrics(100), checkpoints=[100], starts=[("101", 0)])
+    plain = make_run(tmp_path, "plain", command=["python", "train.py"], starts=[("101", 0)])
+    slurm.job("101", "RUNNING")
+    slurm.set("scancel")
+    slurm.set("scontrol", when=["requeue", "101"])
+    rc, out, err = cli(["cancel", str(worker)], capsys)
+    assert rc == 0, err
+    assert out == (
+        "cancelled job 101 of run 'worker': its ranks checkpoint at the next step boundary and stop; the next "
+        f"start resumes from the checkpoint they write at the stop. Continue later with: slurm-ddp requeue {worker}\n"
+    )
+    for verb in ("cancel", "requeue"):
+        rc, out, err = cli([verb, str(plain)], capsys)
+        assert rc == 0, err
+        assert "checkpoint at the next step boundary" not in out and "resumes" not in out, out
+        assert "its ranks have no slurm_ddp handler for SIGTERM (none recorded)" in out, out
+        assert "its script's checkpoints are not passed to it (train.resume unset)" in out, out
+        assert "the next start trains from step 0" in out, out
+    assert out.startswith("requeued job 101 of run 'plain': Slurm stops it with SIGTERM and starts it again: ")
+    rundir.record_handler(
+        "slurm_ddp.transformers",
+        ["SIGUSR2", "SIGTERM"],
+        {"SLURM_DDP_RUN_DIR": str(plain), "SLURM_JOB_ID": "101", "SLURM_RESTART_COUNT": "0", "RANK": "0"},
+    )
+    rc, out, err = cli(["cancel", str(plain)], capsys)
+    assert "its ranks checkpoint at the next step boundary and stop (handler: slurm_ddp.transformers)" in out, out
+    # a pending job: nothing started, nothing is said about ranks
+    slurm.job("101", "PENDING", reason="Priority")
+    rc, out, err = cli(["cancel", str(plain)], capsys)
+    assert out.startswith("cancelled job 101 of run 'plain' while it was pending: no rank of it started; "), out
+
+
+def test_a_sweeps_cancel_and_requeue_words_are_each_elements_own(tmp_path):
+    """Elements that stop alike share one sentence; elements that differ are named (issue 49)."""
+    from slurm_ddp.ops.sweeps import _at_stop_words
+
+    a = ops.read_run(make_run(tmp_path, "000", command=["python", "t.py"], starts=[("5_0", 0)]))
+    b = ops.read_run(make_run(tmp_path, "001", command=["python", "t.py"], starts=[("5_1", 0)]))
+    w = ops.read_run(make_run(tmp_path, "002", starts=[("5_2", 0)]))
+    assert _at_stop_words([a, b]) == a.at_stop().sentence() and "no slurm_ddp handler" in _at_stop_words([a, b])
+    mixed = _at_stop_words([a, b, w])
+    assert mixed.startswith("element(s) 000, 001: its ranks have no slurm_ddp handler") and (
+        "element(s) 002: its ranks checkpoint at the next step boundary and stop" in mixed
+    )
+    assert _at_stop_words([a], ended=True) == a.next_start().words
+
+
+def test_the_dry_run_says_resuming_only_where_a_checkpoint_will_be_used(tmp_path, make_config):
+    """``submit --dry-run``/local submit of an existing run directory: "(exists: …)" says what the next
+    start trains from, not "resumes" for a script whose checkpoints nothing passes (issue 49)."""
+    from slurm_ddp.backends import SubmitPlan
+
+    worker = make_run(tmp_path, "w", checkpoints=[200])
+    plain = make_run(tmp_path, "p", command=["python", "t.py"], starts=[("101", 0)])
+
+    def plan(rd: Path, resuming: bool = True) -> SubmitPlan:
+        return SubmitPlan(
+            cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=resuming
+        )  # type: ignore[arg-type]
+
+    assert plan(worker).existing_words() == " (exists: the next start resumes from its newest checkpoint (step 200))"
+    assert plan(plain).existing_words() == (
+        " (exists: its script's checkpoints are not passed to it (train.resume unset): the next start trains from "
+        "step 0 unless the script loads a save of its own)"
+    )
+    assert plan(tmp_path / "new", resuming=False).existing_words() == ""
+
+
+def test_status_and_runs_say_unknown_for_what_a_plain_script_does_not_tell(tmp_path, slurm, capsys, monkeypatch):
+    """A train.command script that writes no metrics: its step and checkpoint are unknown, not 0 and
+    'none yet'; a stop of it is not 'a checkpoint of step None' (issue 49)."""
+    plain = make_run(tmp_path / "runs", "plain", command=["python", "train.py"], starts=[("101", 0)])
+    slurm.job("101", "FAILED", reason="NonZeroExitCode", exit_code="75:0")
+    rc, out, err = cli(["status", str(plain)], capsys)
+    assert rc == 0, err
+    assert "step:       unknown\n" in out and "none yet" not in out, out
+    assert "checkpoint: unknown (the script's own; train.resume unset" in out, out
+    assert "stopped for preemption (its ranks were stopped by the signal; no slurm_ddp stop recorded" in out, out
+    assert "checkpoint of step" not in out, out
+    assert f"continue with: slurm-ddp requeue {plain}; its script's checkpoints are not passed to it" in out, out
+    rc, out, err = cli(["status", str(plain), "--json"], capsys)
+    assert json.loads(out)["step"] is None
+    slurm.set("squeue", stdout="101|RUNNING|None|n1\n")
+    monkeypatch.chdir(tmp_path)
+    rc, out, err = cli(["runs"], capsys)
+    assert out.splitlines()[1].split()[:4] == ["plain", "101", "RUNNING", "unknown"], out
+
+
+def hf_checkpoint(out: Path, step: int, complete: bool = True, mtime: Optional[float] = None) -> Path:
+    """``OUTPUT_DIR/checkpoint-N`` as the Trainer writes it for 2 ranks (``trainer_state.json`` last)."""
+    d = out / f"checkpoint-{step}"
+    d.mkdir(parents=True)
+    for r in (0, 1):
+        (d / f"rng_state_{r}.pth").write_bytes(b"r")
+    if complete:
+        (d / "trainer_state.json").write_text("{}")
+    if mtime is not None:
+        for p in (*d.iterdir(), d):
+            os.utime(p, (mtime, mtime))
+    return d
+
+
+def hf_run(root: Path, name: str, resume: Optional[str], starts: Sequence[Any]) -> Path:
+    rd = make_run(root, name, command=["python", "run_clm.py", "--output_dir", "$SLURM_DDP_RUN_DIR/hf"], starts=starts)
+    if resume:
+        cfg = yaml.safe_load((rd / "config.yaml").read_text())
+        cfg["train"]["resume"] = resume
+        (rd / "config.yaml").write_text(yaml.safe_dump(cfg))
+    return rd
+
+
+def resume_record(rd: Path, restart: int, outcome: str, t: float, step: Optional[int] = None, **kw: Any) -> None:
+    from slurm_ddp.rundir.script_checkpoints import ScriptResume, publish_resume
+
+    ck = str(rd / "hf" / f"checkpoint-{step}") if step is not None else None
+    rec = ScriptResume(
+        job_id="101", restart=restart, attempt=None, time=t, rank=0, world_size=2, resume="hf",
+        dir=str(rd / "hf"), outcome=outcome, checkpoint=ck, step=step, mtime=t, **kw,
+    )  # fmt: skip
+    publish_resume(rd, rec)
+
+
+def test_status_cancel_and_submit_know_the_scripts_own_checkpoint_with_train_resume(
+    tmp_path, slurm, capsys, make_config
+):
+    """train.resume: status, cancel and the resubmit line name the newest complete checkpoint of the
+    script (its step and time), never an incomplete one (issue 49)."""
+    from slurm_ddp.backends import SubmitPlan
+
+    rd = hf_run(tmp_path, "hf", "hf", starts=[("101", 0)])
+    hf_checkpoint(rd / "hf", 50)
+    hf_checkpoint(rd / "hf", 100, mtime=time.time() - 5)
+    hf_checkpoint(rd / "hf", 150, complete=False)  # cut off mid-save
+    slurm.job("101", "RUNNING")
+    rc, out, err = cli(["status", str(rd)], capsys)
+    assert rc == 0, err
+    saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))[:-3]  # to the minute
+    assert "step:       100\n" in out, out
+    assert "checkpoint: checkpoint-100 (step 100, saved " in out and saved in out, out
+    assert "passed to the next start (train.resume: hf)" in out and "checkpoint-150" not in out, out
+    slurm.set("scancel")
+    rc, out, err = cli(["cancel", str(rd)], capsys)
+    assert "its ranks have no slurm_ddp handler for SIGTERM" in out, out
+    assert "the next start is passed the script's checkpoint-100 (step 100, saved " in out, out
+    plan = SubmitPlan(cfg=make_config({}), backend="sbatch", run_dir=str(rd), rendered=None, command=(), resuming=True)  # type: ignore[arg-type]
+    assert plan.existing_words().startswith(" (exists: the next start is passed the script's checkpoint-100 (step 100")
+    rc, out, err = cli(["status", str(rd), "--json"], capsys)
+    rec = json.loads(out)
+    assert rec["script_checkpoint"]["step"] == 100 and rec["step"] == 100, rec
+    # none complete yet: said so, and no resume claimed
+    empty = hf_run(tmp_path, "empty", "hf", starts=[("101", 0)])
+    hf_checkpoint(empty / "hf", 50, complete=False)
+    rc, out, err = cli(["status", str(empty)], capsys)
+    assert f"checkpoint: no complete checkpoint of the script yet in {empty / 'hf'} (train.resume: hf)" in out, out
+    assert "step:       unknown" in out, out
+
+
+def test_status_says_which_start_trained_from_step_0(tmp_path, slurm, capsys):
+    """A later start that had checkpoints but trained from step 0 is named in status, numbered as ``report``
+    numbers starts (from 0) (issue 49): nothing
+    passed (train.resume unset), or the script wrote lower steps after it was passed a higher one."""
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED, UNSET_WITH_CHECKPOINTS
+
+    t = time.time()
+    unset = hf_run(tmp_path, "unset", None, starts=[("101", 0), ("101", 1)])
+    hf_checkpoint(unset / "hf", 100, mtime=t - 50)
+    resume_record(unset, 1, UNSET_WITH_CHECKPOINTS, t, step=100)
+    slurm.job("101", "RUNNING", restarts=1)
+    rc, out, err = cli(["status", str(unset)], capsys)
+    assert (  # nothing shows yet what the script did with them
+        f"note:       start 1: no checkpoint passed (train.resume unset) while {unset / 'hf'} held checkpoint-100 "
+        "(step 100): unless the script finds them itself it trains from step 0; set train.resume: hf to resume"
+    ) in out, out
+    hf_checkpoint(unset / "hf", 50, mtime=t + 5)  # the Trainer's save of step 50 again: it started over
+    rc, out, err = cli(["status", str(unset)], capsys)
+    assert (
+        f"note:       start 1 trained from step 0: no checkpoint passed (train.resume unset) while {unset / 'hf'} "
+        "held checkpoint-100 (step 100); it then wrote checkpoint-50 (step 50); set train.resume: hf to resume"
+    ) in out, out
+    assert "last start: train.resume unset, and" in out, out
+    assert (
+        "checkpoint: not passed to the script (train.resume unset); its latest start found checkpoint-100 (step 100) "
+        f"in {unset / 'hf'}: set train.resume: hf"
+    ) in out, out
+    rc, out, err = cli(["status", str(unset), "--json"], capsys)
+    assert json.loads(out)["trained_from_step_0"][0].startswith("start 1 trained from step 0"), out
+
+    ignored = hf_run(tmp_path, "ignored", "hf", starts=[("101", 0), ("101", 1)])
+    resume_record(ignored, 0, FIRST_START, t - 100)
+    hf_checkpoint(ignored / "hf", 100, mtime=t - 50)
+    resume_record(ignored, 1, RESUMED, t - 10, step=100, passed=("--resume_from_checkpoint", "X"))
+    (ignored / "hf" / "checkpoint-100").rename(ignored / "hf" / "kept-100")  # the rotation deleted it
+    hf_checkpoint(ignored / "hf", 50, mtime=t)  # written after start 2 was passed step 100
+    rc, out, err = cli(["status", str(ignored)], capsys)
+    assert (
+        "start 1 was passed step 100 but its script then wrote checkpoint-50 (step 50): it trained from a lower "
+        "step (does it read --resume_from_checkpoint?)"
+    ) in out, out
+    assert "last start: train.resume: hf: resuming from" in out, out
 
 
 def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):

@@ -16,6 +16,7 @@ from lib import require_module
 from slurm_ddp import cli
 from slurm_ddp.ops.accounting import Accounting, parse_sacct
 from slurm_ddp.ops.report import PHASES, RUN_FIELDS, START_FIELDS, run_report
+from slurm_ddp.ops.view import format_report
 from slurm_ddp.rundir import append_jsonl, record_end, record_job
 
 T = 1_800_000_000.0
@@ -80,6 +81,7 @@ def test_accounting_times_and_states_win(tmp_path: Path) -> None:
         "eval": 5.0,
         "checkpoint": 1.0,  # the preemption save is part of the stop
         "stop": 6.0,  # signal (T+58) → end (T+64)
+        "unknown": 0.0,
         "other": 0.0,
     }
     assert b.phases_s["startup"] == 10 and b.phases_s["train_kept"] == 40 and b.phases_s["other"] == 10
@@ -181,6 +183,9 @@ def test_own_script_without_timed_steps_gets_per_start_figures_and_says_what_is_
     assert rep.allocated_node_s == 100 and rep.goodput is None and rep.productive_node_s is None
     assert rep.redone_steps is None and rep.losses == []
     assert any("no time" in u for u in rep.unknown) and any("goodput" in u for u in rep.unknown)
+    # its time is unknown, not start-up (issue 49): start-up or training, slurm_ddp cannot tell
+    assert st.phases_s["unknown"] == 50 and st.phases_s["startup"] == 0 and st.phases_s["train_kept"] == 0
+    assert "UNKNOWN" in format_report(rep).splitlines()[1].split()
 
 
 def test_cli_report_json_and_table_of_a_sweep(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -263,3 +268,34 @@ def test_own_script_steps_from_the_watchdog_samples(tmp_path: Path) -> None:
     assert any("watchdog's samples" in u for u in a.unknown)
     for st in rep.starts:
         assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)
+
+
+def test_a_train_resume_start_resumed_from_the_checkpoint_it_passed(tmp_path: Path) -> None:
+    """A ``train.command`` start's record of what it passed its script (``RUN_DIR/resumes/``) is the step
+    it resumed from, and the report says it per start (issue 49); the first start passed nothing: step 0."""
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED, ScriptResume, publish_resume
+
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T, "job_id": "3", "restart": 0, "nodes": "n[1-2]"},
+            {"time": T + 100, "job_id": "3", "restart": 1, "nodes": "n[1-2]"},
+        ],
+        [],
+        command=True,
+    )
+    record_job(p, backend="sbatch", job_id="3", time=T - 5)
+    base = dict(job_id="3", attempt=None, rank=0, world_size=2, resume="hf", dir=str(p / "hf"))
+    publish_resume(p, ScriptResume(restart=0, time=T + 1, outcome=FIRST_START, **base))  # type: ignore[arg-type]
+    ck = str(p / "hf" / "checkpoint-100")
+    passed = ("--resume_from_checkpoint", ck)
+    rec = ScriptResume(restart=1, time=T + 101, outcome=RESUMED, checkpoint=ck, step=100, passed=passed, **base)  # type: ignore[arg-type]
+    publish_resume(p, rec)
+    rep = run_report(p, config_nodes=2)
+    a, b = rep.starts
+    assert (a.resumed_from_step, b.resumed_from_step) == (0, 100)
+    assert a.resume is not None and "the run's first start: nothing passed" in a.resume
+    assert b.resume is not None and b.resume.startswith(f"train.resume: hf: resuming from {ck} (step 100, written ")
+    text = format_report(rep)
+    assert f"  start {b.index}: train.resume: hf: resuming from {ck} (step 100" in text, text
+    assert tuple(b.to_dict()) == START_FIELDS and b.to_dict()["resume"] == b.resume

@@ -272,7 +272,12 @@ def test_sigterm_to_the_batch_shell_is_not_requeued(make_config, tmp_path: Path)
         stop_script(proc)
     assert proc.returncode == P, output
     assert not requeued(stubs), output
-    assert "stopped by SIGTERM" in output and "not requeueing" in output, output
+    # the batch shell cannot tell scancel from scontrol requeue or a preemption: it says what follows each
+    assert "stopped by SIGTERM; this job does not requeue itself: after scancel it ends" in output, output
+    assert (
+        "after scontrol requeue (slurm-ddp requeue) or a preemption with PreemptMode=REQUEUE, Slurm starts it again"
+        in output
+    )
 
 
 @pytest.mark.parametrize("python_does", ["exit 1", "echo '1 75 more'", "echo requeue", "echo '1 -1'"])

@@ -304,3 +304,37 @@ def test_submitit_writes_the_same_sbatch_options_as_the_script(make_config, tmp_
 
     assert strip(theirs) - {"--wckey=submitit"} == strip(ours)
     assert "--time=0-01:30:30" in theirs and "--job-name=my_job" in theirs and "--hold" in theirs
+
+
+def test_the_batch_log_says_what_the_next_start_of_a_script_trains_from(tmp_path: Path, make_config, capsys) -> None:
+    """A ``train.command`` job stopped at the time-limit signal: after the decision, the batch log says what
+    its next start trains from (``rundir.next_start``): nothing passed without ``train.resume``; the newest
+    complete checkpoint with it (issue 49)."""
+    from slurm_ddp.config import dump_config
+
+    def decide_here(resume=None) -> str:
+        train = {"task": "", "command": ["python", "run_clm.py", "--output_dir", "$SLURM_DDP_RUN_DIR/hf"]}
+        if resume:
+            train["resume"] = resume
+        cfg = make_config({"slurm": {"tasks_per_node": 2}, "train": train})
+        (tmp_path / "config.yaml").write_text(dump_config(cfg))
+        argv = ["requeue-decision", "--run-dir", str(tmp_path), "--exit-code", "140", "--got-term", "0"]
+        argv += ["--can-requeue", "1", "--max-requeues", "3", "--got-signal", "1", "--command-mode", "1"]
+        capsys.readouterr()
+        assert rundir.main(argv, {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}) == 0
+        out, err = capsys.readouterr()
+        assert out == f"1 {P}\n", (out, err)
+        return err
+
+    rundir.record_job(tmp_path, backend="sbatch", job_id="9", time=1.0)
+    err = decide_here()
+    assert "requeueing (restart 1 of at most 3)" in err, err
+    assert (
+        "its script's checkpoints are not passed to it (train.resume unset): the next start trains from step 0" in err
+    )
+    ck = tmp_path / "hf" / "checkpoint-50"
+    ck.mkdir(parents=True)
+    for name in ("rng_state_0.pth", "rng_state_1.pth", "trainer_state.json"):
+        (ck / name).write_text("x")
+    err = decide_here("hf")
+    assert "the next start is passed the script's checkpoint-50 (step 50, saved " in err and "(train.resume: hf)" in err
