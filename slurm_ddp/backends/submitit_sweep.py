@@ -169,7 +169,7 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
-    with submitting("the job array"), executor.batch():
+    with submitting("the job array", keep=plan.pass_env), executor.batch():
         jobs = [executor.submit(c) for c in callables]
     first = str(jobs[0].job_id)
     array_job_id = first.split("_", 1)[0]

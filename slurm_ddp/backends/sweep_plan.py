@@ -70,6 +70,12 @@ class SweepPlan:
         return self.todo
 
     @property
+    def pass_env(self) -> Tuple[str, ...]:
+        """The names any element hands on from the submitting shell (``environment.pass_env`` may be
+        swept), sorted: what the sweep's one sbatch keeps (``submitenv.submit_environ``)."""
+        return tuple(sorted({n for e in self.sweep.elements for n in e.cfg.environment.pass_env}))
+
+    @property
     def script_path(self) -> str:
         return os.path.join(self.sweep_dir, ARRAY_SCRIPT_NAME)
 
