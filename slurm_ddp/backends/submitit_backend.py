@@ -355,6 +355,7 @@ def describe(plan: SubmitPlan) -> str:
         "#   runs the pickled slurm_ddp callable through slurm_ddp.launch)",
         f"# run directory: {plan.run_dir}" + (" (exists: resumes from its newest checkpoint)" if plan.resuming else ""),
         f"# each rank runs, inside submitit's callable: {' '.join(plan.command[1:])}",
+        *([f"# {plan.memory}"] if plan.memory else []),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.run_dir) / SUBMITIT_DIR}/<job id>):",
     ]

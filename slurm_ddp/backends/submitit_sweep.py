@@ -149,6 +149,7 @@ def describe(plan: SweepPlan) -> str:
         + (" (exists: resumes its unfinished elements)" if plan.resuming else ""),
         f"# elements: {n}, to run: {len(plan.todo)}, sbatch {array_flag(plan) if plan.todo else '(nothing)'}",
         f"# submitit task -> element: {shown or '(none)'}",
+        *([f"# {plan.memory}"] if plan.memory else []),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.sweep_dir) / SUBMITIT_DIR}):",
     ]

@@ -59,6 +59,8 @@ class SweepPlan:
     #: directory (``project_links``), and the ones left out because they hold checkpoints
     linked: Tuple[str, ...] = ()
     not_linked: Tuple[str, ...] = ()
+    #: what memory each element will get (``ops.memory.memory_line`` of the base config); set by ``submit``
+    memory: str = ""
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -88,6 +90,7 @@ class SweepPlan:
             f"# elements: {n}, to run: {len(self.todo)}"
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
+            *([f"# {self.memory}"] if self.memory else []),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             *(
                 [
