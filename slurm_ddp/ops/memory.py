@@ -20,10 +20,8 @@ from typing import Dict, Optional
 
 from ..config import JobConfig
 from ..render import sbatch_options
+from ..rundir import MEM_KEY
 from .slurm import Runner, call, last_line
-
-#: the key a user sets to ask for memory (GB per node)
-MEM_KEY = "slurm.mem_gb"
 
 _UNITS_MB = {"K": 1 / 1024, "M": 1.0, "G": 1024.0, "T": 1024.0 * 1024}
 
@@ -115,9 +113,9 @@ def memory_line(cfg: JobConfig, site: Optional[SiteMemory]) -> str:
     node = size_mb(opts.get("mem") or "")
     if node:
         return f"memory: {_mb(node)} per node ({key}), {_mb(node / ranks)} per rank ({ranks} per node){node_note}"
-    for opt, per in (("mem_per_cpu", "CPU"), ("mem_per_gpu", "GPU")):
+    for opt, unit in (("mem_per_cpu", "CPU"), ("mem_per_gpu", "GPU")):
         if opts.get(opt):
-            return f"memory: {opts[opt]} per {per} (slurm.extra.{opt}){node_note}"
+            return f"memory: {opts[opt]} per {unit} (slurm.extra.{opt}){node_note}"
     unset = f"{MEM_KEY} unset"
     fix = f"set {MEM_KEY} (GB per node) to choose"
     if site is None or site.unknown:

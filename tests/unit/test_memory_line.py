@@ -15,15 +15,19 @@ import pytest
 from slurm_ddp.backends.submit import memory_note
 from slurm_ddp.ops.memory import SiteMemory, ask_site_memory, memory_line, parse_site_memory, size_mb
 
-CONFIG_CPU = "DefMemPerCPU            = 1000\nMaxMemPerNode           = UNLIMITED\nSelectTypeParameters    = CR_CORE_MEMORY\n"
+CONFIG_CPU = (
+    "DefMemPerCPU            = 1000\nMaxMemPerNode           = UNLIMITED\nSelectTypeParameters    = CR_CORE_MEMORY\n"
+)
 CONFIG_NONE = "DefMemPerNode           = UNLIMITED\nMaxMemPerNode           = UNLIMITED\nSelectTypeParameters    = CR_CORE_MEMORY\n"
 PART_DEBUG = (
     "PartitionName=debug AllowGroups=ALL Default=YES QoS=N/A Nodes=n[1-2] State=UP TotalCPUs=4 TotalNodes=2 "
     "SelectTypeParameters=NONE JobDefaults=(null) DefMemPerNode=UNLIMITED MaxMemPerNode=UNLIMITED "
     "TRES=cpu=4,mem=2000M,node=2,billing=4\n"
 )
-PART_HIGH = PART_DEBUG.replace("debug", "high").replace("Default=YES", "Default=NO").replace(
-    "DefMemPerNode=UNLIMITED", "DefMemPerNode=1500"
+PART_HIGH = (
+    PART_DEBUG.replace("debug", "high")
+    .replace("Default=YES", "Default=NO")
+    .replace("DefMemPerNode=UNLIMITED", "DefMemPerNode=1500")
 )
 
 
@@ -132,7 +136,7 @@ def test_the_dry_run_prints_the_memory_line(tmp_path: Path, monkeypatch: pytest.
     bindir.mkdir()
     (bindir / "scontrol").write_text(
         "#!/bin/bash\ncase \"$2\" in config) printf 'DefMemPerCPU = 700\\nSelectTypeParameters = CR_CPU_MEMORY\\n';;"
-        f" partition) printf '%s';; esac\n" % PART_DEBUG.strip()
+        f" partition) printf '{PART_DEBUG.strip()}';; esac\n"
     )
     (bindir / "scontrol").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:/usr/bin:/bin")
