@@ -9,9 +9,9 @@ ENVIRONMENT VARIABLES": ``SLURM_CPU_BIND``, ``SLURM_DISTRIBUTION``, ``SLURM_MEM_
 ``SLURM_NTASKS``, ``SLURM_GPUS_PER_TASK``, …). Submitted from inside a job (an ``salloc`` shell, an
 interactive ``srun --pty``, a step of a chain), the new job would run its ranks with the *caller's*
 step options wherever its own request does not set that variable again. Seen on the sandbox (Slurm
-22.05): from inside ``srun -c1 --cpu-bind=map_cpu:0``, a 2-node × 2-task job got
-``SLURM_DISTRIBUTION=cyclic`` (ranks 0 and 1 on different nodes) and ``SLURM_CPU_BIND=map_cpu:0``
-for every rank (on a cluster with ``task/affinity``: every rank on CPU 0). sbatch itself reads
+22.05): from inside ``srun -c1 --mem=500M``, a 2-node × 2-task job got ``SLURM_DISTRIBUTION=cyclic``
+(ranks 0 and 1 on different nodes) and, on the production profile (``task/affinity``), the step's
+``SLURM_CPU_BIND=quiet,mask_cpu:1`` for every rank: all four ranks on CPU 0. sbatch itself reads
 ``SBATCH_*`` variables, and Slurm sets a few of those in a job too (sbatch(1), "OUTPUT ENVIRONMENT
 VARIABLES": ``SBATCH_MEM_BIND*``, ``SBATCH_THREADS_PER_CORE``).
 
