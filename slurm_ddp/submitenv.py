@@ -19,20 +19,26 @@ The choice: ``submit`` gives the ``sbatch`` it runs (and submitit's) an environm
 caller's job and step variables (:func:`submit_environ`), rather than ``sbatch --export=…``:
 ``--export`` can only name what to pass, not what to leave out, and naming a list would drop what a
 login shell hands on (``PATH``, modules, conda, ``environment.pass_env``). A requeue keeps the
-environment of the submit, so it stays clean. For a script started by hand (``sbatch job.sbatch``
-inside an allocation), the batch script unsets, before its ``srun``, the srun input variables its
-own request does not set (:func:`batch_unset`).
+environment of the submit, so it stays clean. That environment also names the directory submitted
+(:data:`SUBMIT_DIR_VAR`); a batch script that does not find its own there was started by hand
+(``sbatch job.sbatch``, maybe inside an allocation) and unsets, before its ``srun``, the srun input
+variables its own request does not set (:func:`batch_unset`): by then it cannot tell a caller's job
+from the user's own settings.
 
-The rule (:func:`caller_job_variables`):
+The rule (:func:`caller_job_variables`), inside a job only (``SLURM_JOB_ID`` or ``SLURM_JOBID`` set:
+an ``salloc`` shell, a step, a rank); from a login shell nothing is left out, so a submit from there
+works as it always did (a site's ``SLURM_MPI_TYPE``, your ``SBATCH_*`` defaults):
 
-- every ``SLURM_*``, ``SLURMD_*`` and ``SRUN_*`` variable is a job's or step's (Slurm sets them in
+- every ``SLURM_*``, ``SLURMD_*`` and ``SRUN_*`` variable is the job's or step's (Slurm sets them in
   a job; slurm_ddp's own ``SLURM_DDP_*`` job markers too), except the client settings in
   :data:`CLIENT_SETTINGS` (``SLURM_CONF``, which names the cluster, ``SLURM_CLUSTERS``, ...);
-- inside a job (``SLURM_JOB_ID`` or ``SLURM_JOBID`` set), also the ``SBATCH_*``/``SALLOC_*`` variables
-  Slurm sets in a job (:data:`SLURM_SET_SUBMIT_OPTIONS`) and a rank's torch.distributed variables
+- so are the ``SBATCH_*``/``SALLOC_*`` variables Slurm sets in a job (:data:`SLURM_SET_SUBMIT_OPTIONS`;
+  your own ``SBATCH_*`` defaults stay) and a rank's torch.distributed variables
   (:data:`RANK_VARIABLES`: ``MASTER_ADDR`` of the caller's job would be the new job's rendezvous);
-  outside a job those are the user's own settings and stay;
 - a name in ``environment.pass_env`` is always kept: that is how a user hands one on on purpose.
+
+The local backend's ranks get a synthetic job of their own: for them every such variable of the
+caller counts, inside a job or not (``inside=True``).
 
 ``submitit.helpers.clean_env`` does a similar job for submitit users, but drops ``SLURM_CONF`` (the
 sandbox's and some sites' way to name the cluster) and the user's own ``SBATCH_*`` defaults.
@@ -62,6 +68,10 @@ CLIENT_SETTINGS: FrozenSet[str] = frozenset(
         "SLURM_DDP_REQUIRE_SLURM",
     }
 )
+
+#: what ``submit`` puts in the environment it gives sbatch: the directory submitted (a run's, a sweep's),
+#: which the batch script compares with its own to know it was not started by hand
+SUBMIT_DIR_VAR = "SLURM_DDP_SUBMIT_DIR"
 
 #: ``SBATCH_*``/``SALLOC_*`` variables that Slurm itself sets in a job (sbatch(1) and salloc(1),
 #: "OUTPUT ENVIRONMENT VARIABLES", Slurm 22.05); sbatch reads the ``SBATCH_`` ones as options.
@@ -227,25 +237,38 @@ def in_job(environ: Mapping[str, str]) -> bool:
     return bool(environ.get("SLURM_JOB_ID") or environ.get("SLURM_JOBID"))
 
 
-def caller_job_variables(environ: Mapping[str, str], keep: Sequence[str] = ()) -> List[str]:
+def caller_job_variables(
+    environ: Mapping[str, str], keep: Sequence[str] = (), *, inside: Optional[bool] = None
+) -> List[str]:
     """The names in ``environ`` that belong to the caller's Slurm job or step (the rule in the module
-    docstring), sorted; ``keep`` (``environment.pass_env``) are never listed."""
+    docstring), sorted; none outside a job. ``keep`` (``environment.pass_env``) are never listed;
+    ``inside``: whether the caller counts as inside a job (default :func:`in_job`)."""
+    if not (in_job(environ) if inside is None else inside):
+        return []
     kept = set(keep) | CLIENT_SETTINGS
-    inside = in_job(environ)
-    out = []
-    for name in environ:
-        if name in kept:
-            continue
-        if name.startswith(JOB_PREFIXES) or (inside and (name in SLURM_SET_SUBMIT_OPTIONS or name in RANK_VARIABLES)):
-            out.append(name)
-    return sorted(out)
+    return sorted(
+        name
+        for name in environ
+        if name not in kept
+        and (name.startswith(JOB_PREFIXES) or name in SLURM_SET_SUBMIT_OPTIONS or name in RANK_VARIABLES)
+    )
 
 
-def submit_environ(environ: Mapping[str, str], keep: Sequence[str] = ()) -> Dict[str, str]:
-    """``environ`` without :func:`caller_job_variables`: the environment for the ``sbatch`` a submit
-    runs (what the job then gets, ``--export=ALL``) and the base of a local rank's."""
-    drop = set(caller_job_variables(environ, keep))
-    return {k: v for k, v in environ.items() if k not in drop}
+def submit_environ(
+    environ: Mapping[str, str],
+    keep: Sequence[str] = (),
+    *,
+    submit_dir: Optional[str] = None,
+    inside: Optional[bool] = None,
+) -> Dict[str, str]:
+    """``environ`` without :func:`caller_job_variables` (``keep``, ``inside`` as there): the environment
+    for the ``sbatch`` a submit runs (what the job then gets, ``--export=ALL``), with ``submit_dir``
+    (the run or sweep directory submitted) as :data:`SUBMIT_DIR_VAR`; and the base of a local rank's."""
+    drop = set(caller_job_variables(environ, keep, inside=inside))
+    out = {k: v for k, v in environ.items() if k not in drop}
+    if submit_dir is not None:
+        out[SUBMIT_DIR_VAR] = submit_dir
+    return out
 
 
 def batch_unset(options: Mapping[str, Optional[str]], keep: Sequence[str] = ()) -> List[str]:
@@ -255,7 +278,7 @@ def batch_unset(options: Mapping[str, Optional[str]], keep: Sequence[str] = ()) 
     ``options`` (``render.sbatch_options``: ``SLURM_<OPTION>`` and :data:`OPTION_SETS`). Present in a batch job, such a
     variable came from the shell that ran sbatch (a job submitted by hand from inside another).
     ``keep`` (``environment.pass_env``) are never listed."""
-    own = set(BATCH_JOB_SETS) | CLIENT_SETTINGS | set(keep)
+    own = set(BATCH_JOB_SETS) | CLIENT_SETTINGS | set(keep)  # SUBMIT_DIR_VAR is no srun input
     for option in options:
         option = option.replace("-", "_")
         own.update(("SLURM_" + option.upper(), *OPTION_SETS.get(option, ())))
@@ -270,6 +293,7 @@ __all__ = [
     "RANK_VARIABLES",
     "SLURM_SET_SUBMIT_OPTIONS",
     "SRUN_INPUT",
+    "SUBMIT_DIR_VAR",
     "batch_unset",
     "caller_job_variables",
     "in_job",

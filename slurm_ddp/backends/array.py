@@ -205,7 +205,7 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
     prepare_sweep_dir(plan)
     # without the variables of a job this shell runs inside (submitenv), as the single-run backend
-    env = submit_environ(os.environ, keep=plan.pass_env)
+    env = submit_environ(os.environ, keep=plan.pass_env, submit_dir=plan.sweep_dir)
     proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.sweep_dir, env=env)
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout or "").strip().splitlines()

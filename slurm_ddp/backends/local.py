@@ -72,12 +72,13 @@ NAME_WINDOW_S = 2.0
 def rank_environ(
     plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int, base: Optional[Dict[str, str]] = None
 ) -> Dict[str, str]:
-    """The environment of ``rank``: ``base`` (default os.environ) without the variables of a job or
-    step it runs inside (``submitenv.submit_environ``: ``SLURM_*`` but ``SLURM_CONF`` and the like,
-    a rank's ``MASTER_ADDR``…; ``environment.pass_env`` kept), plus the config's ``environment.env``
-    (values with ``$NAME`` are set by the launch wrapper) and srun's task variables."""
+    """The environment of ``rank``: ``base`` (default os.environ) without any Slurm job's or step's
+    variables (``submitenv.submit_environ`` with ``inside=True``, whether this shell is in a job or not:
+    ``SLURM_*`` but ``SLURM_CONF`` and the like, a rank's ``MASTER_ADDR``…; ``environment.pass_env``
+    kept), plus the config's ``environment.env`` (values with ``$NAME`` are set by the launch wrapper)
+    and the task variables srun would give the rank's synthetic job."""
     s = plan.cfg.slurm
-    env = submit_environ(os.environ if base is None else base, keep=plan.cfg.environment.pass_env)
+    env = submit_environ(os.environ if base is None else base, keep=plan.cfg.environment.pass_env, inside=True)
     env.update(env_as_written(plan.cfg.environment.env))  # values with $NAME: the launch wrapper's, expanded
     env.update(
         synthetic_slurm_env(

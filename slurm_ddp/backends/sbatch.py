@@ -18,14 +18,14 @@ def schedule(plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] =
     """Submit ``plan`` with sbatch; returns the job id. ``run`` is injectable for tests.
 
     sbatch runs in this shell's environment without the variables of a job or step it runs inside
-    (``submitenv.submit_environ``; ``environment.pass_env`` kept): the job gets that environment
-    (``--export=ALL``), as from a login shell. Raises ``ClusterError`` when sbatch is missing or
-    refuses the job (its message included).
+    (``submitenv.submit_environ``; ``environment.pass_env`` kept), naming the run directory
+    (``submitenv.SUBMIT_DIR_VAR``): the job gets that environment (``--export=ALL``), as from a login
+    shell. Raises ``ClusterError`` when sbatch is missing or refuses the job (its message included).
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
     prepare_run_dir(plan)
-    env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env)
+    env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env, submit_dir=plan.run_dir)
     proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.run_dir, env=env)
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout or "").strip().splitlines()
@@ -57,7 +57,8 @@ def sbatch_test_only(
         script.chmod(0o755)
         argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
         try:
-            env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env)  # as schedule() submits it
+            # as schedule() submits it
+            env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env, submit_dir=plan.run_dir)
             proc = run(
                 argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL, env=env
             )

@@ -98,12 +98,19 @@ def test_pass_env_keeps_a_name_on_purpose() -> None:
     assert "SLURM_CPU_BIND" not in env
 
 
-def test_outside_a_job_a_rank_s_names_and_sbatch_s_are_the_user_s_own() -> None:
-    login = {"MASTER_PORT": "29500", "SBATCH_MEM_BIND": "local", "SLURM_CONF": "/etc/slurm/slurm.conf", "X": "1"}
+def test_from_a_login_shell_nothing_is_left_out() -> None:
+    login = {
+        "MASTER_PORT": "29500",
+        "SBATCH_MEM_BIND": "local",
+        "SLURM_CONF": "/etc/slurm/slurm.conf",
+        "SLURM_MPI_TYPE": "pmix",  # a site's module sets it for srun
+        "X": "1",
+    }
     assert not in_job(login)
-    assert submit_environ(login) == login
-    # a stray SLURM_* variable is a job's even outside one (no client setting of that name)
-    assert caller_job_variables({**login, "SLURM_CPU_BIND": "cores"}) == ["SLURM_CPU_BIND"]
+    assert caller_job_variables(login) == []
+    assert submit_environ(login, submit_dir="/runs/a") == {**login, "SLURM_DDP_SUBMIT_DIR": "/runs/a"}
+    # a local rank's synthetic job: every Slurm and rank variable of the caller counts
+    assert caller_job_variables(login, inside=True) == ["MASTER_PORT", "SBATCH_MEM_BIND", "SLURM_MPI_TYPE"]
 
 
 def test_the_batch_script_unsets_only_what_its_own_request_does_not_set(make_config: Any) -> None:
@@ -119,12 +126,24 @@ def test_the_batch_script_unsets_only_what_its_own_request_does_not_set(make_con
     assert {"SLURM_MEM_PER_NODE", "SLURM_GPUS_PER_TASK", "SLURM_DISTRIBUTION", "SLURM_MPI_TYPE"} <= kept
 
 
-def test_the_rendered_script_drops_an_inherited_srun_option_and_keeps_its_own(tmp_path: Path, make_config: Any) -> None:
+def _script_env(script: str, env: Dict[str, str]) -> Dict[str, str]:
+    """The SLURM_* variables the batch script's shell holds before its first line that needs the run directory."""
+    head = script[: script.index("\nRUN_DIR=")]
+    out = subprocess.run(
+        ["bash", "-c", head + "\nenv"], env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stderr
+    return dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith("SLURM_"))
+
+
+def test_a_script_started_by_hand_drops_an_inherited_srun_option_and_keeps_its_own(
+    tmp_path: Path, make_config: Any
+) -> None:
     cfg = make_config(
         {"slurm": {"cpus_per_task": 2}, "environment": {"env": {"SLURM_MPI_TYPE": "pmix"}, "pass_env": ["SLURM_HINT"]}}
     )
-    script = render(cfg, str(tmp_path / "run")).script
-    head = script[: script.index("\nRUN_DIR=")]  # up to the first line that needs the run directory
+    run_dir = tmp_path / "run dir"
+    script = render(cfg, str(run_dir)).script
     inherited = {
         "SLURM_DISTRIBUTION": "cyclic",
         "SLURM_CPU_BIND": "quiet,map_cpu:0",
@@ -135,18 +154,19 @@ def test_the_rendered_script_drops_an_inherited_srun_option_and_keeps_its_own(tm
         "SLURM_HINT": "nomultithread",  # environment.pass_env
         "SLURM_MPI_TYPE": "pmi2",  # the export of environment.env comes later, and wins
     }
-    out = subprocess.run(
-        ["bash", "-c", head + "\nenv"], env={"PATH": os.environ["PATH"], **inherited}, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    seen = dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith("SLURM_"))
-    assert seen == {
+    assert _script_env(script, inherited) == {
         "SLURM_CPUS_PER_TASK": "2",
         "SLURM_JOB_ID": "7",
         "SLURM_CONF": "/etc/slurm/slurm.conf",
         "SLURM_HINT": "nomultithread",
         "SLURM_MPI_TYPE": "pmi2",
     }
+    # submitted by slurm-ddp submit (its environment names this run directory): nothing is unset, so what a
+    # login shell handed on (a site's SLURM_MPI_TYPE, ...) reaches srun as it always did
+    submitted = submit_environ(inherited, submit_dir=str(run_dir), inside=False)
+    assert _script_env(script, submitted) == {**inherited, "SLURM_DDP_SUBMIT_DIR": str(run_dir)}
+    # ... but a marker of another run directory (a rank of another run that ran sbatch by hand) is not this one
+    assert "SLURM_DISTRIBUTION" not in _script_env(script, {**inherited, "SLURM_DDP_SUBMIT_DIR": "/other"})
 
 
 @pytest.fixture
@@ -173,6 +193,7 @@ def test_sbatch_runs_without_the_caller_s_job(tmp_path: Path, make_config: Any, 
     assert "MASTER_ADDR" not in env and "SLURM_DDP_BACKEND" not in env
     assert env["SLURM_CONF"] == STEP_ENV["SLURM_CONF"] and env["WANDB_API_KEY"] == "k"
     assert env["SLURM_HINT"] == "nomultithread" and env["PATH"] == os.environ["PATH"]
+    assert env["SLURM_DDP_SUBMIT_DIR"] == str(tmp_path / "run")  # the batch script then unsets nothing
     assert os.environ["SLURM_JOB_ID"] == "2"  # this process's own environment is untouched
 
 
@@ -207,3 +228,5 @@ def test_a_local_rank_gets_none_of_the_caller_s_job(tmp_path: Path, make_config:
     assert env["SLURM_PROCID"] == "1" and env["SLURM_JOB_ID"] == "9" and env["MASTER_PORT"] == "29501"
     assert "SLURM_CPU_BIND" not in env and "SLURM_DISTRIBUTION" not in env and "SRUN_DEBUG" not in env
     assert "RANK" not in env and env["SLURM_CONF"] == STEP_ENV["SLURM_CONF"]
+    login = rank_environ(plan, 0, "9", 29501, 0, base={"SLURM_CPU_BIND": "cores", "MASTER_ADDR": "x", "HOME": "/h"})
+    assert "SLURM_CPU_BIND" not in login and login["MASTER_ADDR"] == "127.0.0.1" and login["HOME"] == "/h"
