@@ -57,6 +57,8 @@ class SubmitPlan:
     snapshot: Optional[SnapshotPlan] = None  #: the code snapshot (None: train.snapshot is off)
     warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
     submit_argv: Tuple[str, ...] = ()  #: the submit command, for ``provenance.json``
+    #: what memory the job will get (``ops.memory.memory_line``); set by ``submit`` for a Slurm backend
+    memory: str = ""
 
     @property
     def ranks_cfg(self) -> JobConfig:
@@ -83,6 +85,7 @@ class SubmitPlan:
             f"# backend: {self.backend}",
             f"# run directory: {self.run_dir}" + self.existing_words(),
             f"# command: {shlex.join(self.command)}",
+            *([f"# {self.memory}"] if self.memory else []),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]

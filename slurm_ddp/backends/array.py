@@ -40,6 +40,7 @@ from ..rundir import (
 )
 from ..secrets import check_pass_env
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
+from ..submitenv import submit_environ
 from ..sweep import ArrayChunk, Sweep, array_spec, plan_arrays
 from ..tracking import check_installed
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
@@ -263,6 +264,8 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
     prepare_sweep_dir(plan)
     # the intent first, and a lost answer's job looked for, never submitted twice (backends.sbatch)
     ident = identity_for(plan.sweep_dir, script_job_name(plan.rendered.script))
+    # without the variables of a job this shell runs inside (submitenv), as the single-run backend
+    env = submit_environ(os.environ, keep=plan.pass_env, submit_dir=plan.sweep_dir)
     arrays = plan.arrays or (ArrayChunk(offset=0, elements=plan.todo),)
     submitted: List[str] = []
     for j, chunk in enumerate(arrays):
@@ -270,7 +273,7 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
             _make_array_links(plan, chunk)
         argv = plan.array_argv(j, submitted[-1] if submitted else "")
         try:
-            job_id, array_ident, note = submit_once(argv, ident, [*known, *submitted], run, "the job array")
+            job_id, array_ident, note = submit_once(argv, ident, [*known, *submitted], run, "the job array", env=env)
         except ClusterError as e:
             if not submitted:
                 raise

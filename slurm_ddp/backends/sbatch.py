@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 from datetime import datetime
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ClusterError, UserError
 from ..rundir import (
@@ -30,6 +30,7 @@ from ..rundir import (
     record_job,
     record_submit_intent,
 )
+from ..submitenv import submit_environ
 from . import SubmitPlan, prepare_run_dir
 
 #: seconds sbatch may take to answer before its answer counts as lost (it retries a busy controller
@@ -143,6 +144,7 @@ def submit_once(
     known: Sequence[str],
     run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
     what: str = "the job",
+    env: Optional[Mapping[str, str]] = None,
 ) -> Tuple[str, JobIdentity, str]:
     """Run ``sbatch --parsable`` (``argv``) from ``ident.job_dir`` once: the intent is written first
     (``rundir.record_submit_intent``); an answer lost to a timeout or a transient controller error is
@@ -151,12 +153,14 @@ def submit_once(
     The caller records the job and then removes the intent (``rundir.clear_submit_intent``).
 
     Raises ``ClusterError`` when sbatch refuses the job, prints no id, or its answer was lost and the job
-    cannot be found (the intent stays: the next submit looks again)."""
+    cannot be found (the intent stays: the next submit looks again). ``env``: sbatch's environment
+    (``submitenv.submit_environ``), default this process's."""
     record_submit_intent(ident.job_dir, ident)
     proc: Optional[subprocess.CompletedProcess] = None
     lost = ""
     try:
-        proc = run(list(argv), capture_output=True, text=True, cwd=ident.job_dir, timeout=SBATCH_TIMEOUT_S)
+        extra = {} if env is None else {"env": dict(env)}
+        proc = run(list(argv), capture_output=True, text=True, cwd=ident.job_dir, timeout=SBATCH_TIMEOUT_S, **extra)
     except subprocess.TimeoutExpired:
         lost = f"sbatch did not answer within {SBATCH_TIMEOUT_S:.0f} s"
     except OSError as e:
@@ -204,6 +208,11 @@ def schedule(
     Raises ``ClusterError`` when sbatch is missing or refuses the job (its message included), or its
     answer was lost and the job it may have made cannot be found (:func:`submit_once`); ``UserError``
     when an earlier submit into this run directory lost its answer and its job still runs.
+
+    sbatch runs in this shell's environment without the variables of a job or step it runs inside
+    (``submitenv.submit_environ``; ``environment.pass_env`` kept), naming the run directory
+    (``submitenv.SUBMIT_DIR_VAR``): the job gets that environment (``--export=ALL``), as from a login
+    shell.
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
@@ -219,8 +228,9 @@ def schedule(
             f"slurm-ddp status {plan.run_dir}, or cancel it first: slurm-ddp cancel {plan.run_dir}"
         )
     prepare_run_dir(plan)
+    env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env, submit_dir=plan.run_dir)
     ident = identity_for(plan.run_dir, script_job_name(plan.rendered.script))
-    job_id, ident, note = submit_once(plan.command, ident, known, run)
+    job_id, ident, note = submit_once(plan.command, ident, known, run, env=env)
     record_job(plan.run_dir, backend="sbatch", identity=ident, **({"found_after_lost_answer": True} if note else {}))
     clear_submit_intent(plan.run_dir)
     if note:
@@ -248,7 +258,11 @@ def sbatch_test_only(
         script.chmod(0o755)
         argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
         try:
-            proc = run(argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            # as schedule() submits it
+            env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env, submit_dir=plan.run_dir)
+            proc = run(
+                argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL, env=env
+            )
         except FileNotFoundError:
             raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
         except subprocess.TimeoutExpired:

@@ -205,6 +205,7 @@ def describe(plan: SweepPlan) -> str:
         f"# elements: {n}, to run: {len(plan.todo)}, sbatch {array_flag(plan) if plan.todo else '(nothing)'}",
         f"# submitit task -> element: {shown or '(none)'}",
         *_arrays_lines(plan),
+        *([f"# {plan.memory}"] if plan.memory else []),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.sweep_dir) / SUBMITIT_DIR}):",
     ]
@@ -236,7 +237,7 @@ def schedule_submitit(plan: SweepPlan) -> str:
         # Slurm's paths of its tasks (StdOut, Command) lie in the sweep directory's submitit folder
         ident = identity_for(plan.sweep_dir, str(executor.parameters.get("job_name", "")))
         try:
-            with submitting("the job array"), executor.batch():
+            with submitting("the job array", keep=plan.pass_env), executor.batch():
                 jobs = [executor.submit(by_element[i]) for i in elements]
         except ClusterError as e:
             if not array_ids:

@@ -68,6 +68,8 @@ class SweepPlan:
     max_array_size: Optional[int] = None  #: the cluster's ``MaxArraySize``; None: not known
     #: the submit limit line of ``submit --dry-run`` (``sweep.SubmitLimit.describe``); "" when not asked
     limit_line: str = ""
+    #: what memory each element will get (``ops.memory.memory_line`` of the base config); set by ``submit``
+    memory: str = ""
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -133,6 +135,12 @@ class SweepPlan:
         return lines
 
     @property
+    def pass_env(self) -> Tuple[str, ...]:
+        """The names any element hands on from the submitting shell (``environment.pass_env`` may be
+        swept), sorted: what the sweep's one sbatch keeps (``submitenv.submit_environ``)."""
+        return tuple(sorted({n for e in self.sweep.elements for n in e.cfg.environment.pass_env}))
+
+    @property
     def script_path(self) -> str:
         return os.path.join(self.sweep_dir, ARRAY_SCRIPT_NAME)
 
@@ -146,6 +154,7 @@ class SweepPlan:
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
             *self._arrays_lines(),
+            *([f"# {self.memory}"] if self.memory else []),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             *(
                 [

@@ -15,6 +15,8 @@ One module per job:
 - :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``;
 - :mod:`.targets`: what a verb's argument names (run, sweep, ``SWEEP/N``) and the verbs that take either;
 - :mod:`.report`: what ``runs`` and ``status`` report (states joined with accounting and provenance);
+- :mod:`.memory`: the memory a job will get (what it asks for, else the site's default from ``scontrol``),
+  the line ``submit`` and its dry run print;
 - :mod:`.view`: the text of all of it, shared by the CLI and the Python API.
 
 The run directory's file names and readers belong to :mod:`slurm_ddp.rundir`. Nothing here

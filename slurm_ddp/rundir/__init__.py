@@ -17,7 +17,8 @@ A run directory holds:
   read by ``slurm-ddp report`` where Slurm accounting is not there; the local launcher's records carry
   how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
   ``FAILED``, the first failing rank, its status and log); a launcher killed with ``kill -9`` writes
-  none, so a record of an earlier start does not describe the latest one;
+  none, so a record of an earlier start does not describe the latest one; a batch start whose step was
+  killed for memory carries ``oom`` (:class:`OomKill`'s record: tasks, hosts, events, memory per node);
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
 - ``progress.jsonl``: for a ``train.command`` script that reports its steps through
@@ -75,7 +76,8 @@ The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME``
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
 ``stops`` (the stop signals of ``train.command`` ranks), ``handlers`` (their stop handlers, and the rule
 of what a stop does to a run: :func:`at_stop`), ``script_checkpoints`` (a ``train.command`` script's
-own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
+own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``oom`` (an
+out-of-memory kill recognised in Slurm's lines and states), ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
 after a lost or hung node, with its evidence and entry points).
 """
@@ -212,6 +214,7 @@ from .hangs import (
     write_hang_report,
 )
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
+from .oom import MEM_KEY, OOM_STATE, OomKill, describe_oom, find_oom, mem_per_node_mb, oom_note, oom_of_ends
 from .recovery import InJobRestart, RecoveryDecision, decide_recovery, in_job_restarts, read_in_job_restarts
 from .requeue import (
     RequeueDecision,
@@ -273,6 +276,14 @@ __all__ = [
     "read_script_resumes",
     "resume_at_start",
     "resume_lines",
+    "MEM_KEY",
+    "OOM_STATE",
+    "OomKill",
+    "describe_oom",
+    "find_oom",
+    "mem_per_node_mb",
+    "oom_of_ends",
+    "oom_note",
     "WAITING_NAME",
     "LocalWait",
     "read_waiting",
