@@ -699,7 +699,7 @@ def test_cancel_and_requeue_say_what_a_stop_does_to_this_run(tmp_path, slurm, ca
     in this start checkpoints (issue 49)."""
     worker = make_run(tmp_path, "worker", metrics=training_metrics(100), checkpoints=[100], starts=[("101", 0)])
     plain = make_run(tmp_path, "plain", command=["python", "train.py"], starts=[("101", 0)])
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=worker)  # the same id in both runs: each test asks Slurm about its own
     slurm.set("scancel")
     slurm.set("scontrol", when=["requeue", "101"])
     rc, out, err = cli(["cancel", str(worker)], capsys)
@@ -708,6 +708,7 @@ def test_cancel_and_requeue_say_what_a_stop_does_to_this_run(tmp_path, slurm, ca
         "cancelled job 101 of run 'worker': its ranks checkpoint at the next step boundary and stop; the next "
         f"start resumes from the checkpoint they write at the stop. Continue later with: slurm-ddp requeue {worker}\n"
     )
+    slurm.job("101", "RUNNING", run_dir=plain)
     for verb in ("cancel", "requeue"):
         rc, out, err = cli([verb, str(plain)], capsys)
         assert rc == 0, err
@@ -724,7 +725,7 @@ def test_cancel_and_requeue_say_what_a_stop_does_to_this_run(tmp_path, slurm, ca
     rc, out, err = cli(["cancel", str(plain)], capsys)
     assert "its ranks checkpoint at the next step boundary and stop (handler: slurm_ddp.transformers)" in out, out
     # a pending job: nothing started, nothing is said about ranks
-    slurm.job("101", "PENDING", reason="Priority")
+    slurm.job("101", "PENDING", reason="Priority", run_dir=plain)
     rc, out, err = cli(["cancel", str(plain)], capsys)
     assert out.startswith("cancelled job 101 of run 'plain' while it was pending: no rank of it started; "), out
 
@@ -769,7 +770,7 @@ def test_status_and_runs_say_unknown_for_what_a_plain_script_does_not_tell(tmp_p
     """A train.command script that writes no metrics: its step and checkpoint are unknown, not 0 and
     'none yet'; a stop of it is not 'a checkpoint of step None' (issue 49)."""
     plain = make_run(tmp_path / "runs", "plain", command=["python", "train.py"], starts=[("101", 0)])
-    slurm.job("101", "FAILED", reason="NonZeroExitCode", exit_code="75:0")
+    slurm.job("101", "FAILED", reason="NonZeroExitCode", exit_code="75:0", run_dir=plain)
     rc, out, err = cli(["status", str(plain)], capsys)
     assert rc == 0, err
     assert "step:       unknown\n" in out and "none yet" not in out, out
@@ -830,7 +831,7 @@ def test_status_cancel_and_submit_know_the_scripts_own_checkpoint_with_train_res
     hf_checkpoint(rd / "hf", 50)
     hf_checkpoint(rd / "hf", 100, mtime=time.time() - 5)
     hf_checkpoint(rd / "hf", 150, complete=False)  # cut off mid-save
-    slurm.job("101", "RUNNING")
+    slurm.job("101", "RUNNING", run_dir=rd)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err
     saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))[:-3]  # to the minute
@@ -849,6 +850,7 @@ def test_status_cancel_and_submit_know_the_scripts_own_checkpoint_with_train_res
     # none complete yet: said so, and no resume claimed
     empty = hf_run(tmp_path, "empty", "hf", starts=[("101", 0)])
     hf_checkpoint(empty / "hf", 50, complete=False)
+    slurm.job("101", "RUNNING", run_dir=empty)
     rc, out, err = cli(["status", str(empty)], capsys)
     assert f"checkpoint: no complete checkpoint of the script yet in {empty / 'hf'} (train.resume: hf)" in out, out
     assert "step:       unknown" in out, out
@@ -864,7 +866,7 @@ def test_status_says_which_start_trained_from_step_0(tmp_path, slurm, capsys):
     unset = hf_run(tmp_path, "unset", None, starts=[("101", 0), ("101", 1)])
     hf_checkpoint(unset / "hf", 100, mtime=t - 50)
     resume_record(unset, 1, UNSET_WITH_CHECKPOINTS, t, step=100)
-    slurm.job("101", "RUNNING", restarts=1)
+    slurm.job("101", "RUNNING", restarts=1, run_dir=unset)
     rc, out, err = cli(["status", str(unset)], capsys)
     assert (  # nothing shows yet what the script did with them
         f"note:       start 1: no checkpoint passed (train.resume unset) while {unset / 'hf'} held checkpoint-100 "
