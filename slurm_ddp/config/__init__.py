@@ -9,9 +9,21 @@ one-line message that names the key, says what was given and what is valid.
 
 The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a mapping → a checked
 ``JobConfig``: types, ranges, cross-checks), ``loading`` (YAML files, ``--set`` overrides, dumping)
-and ``command`` (``train.command``'s argv). Import every name from ``slurm_ddp.config``.
+``command`` (``train.command``'s argv) and ``cluster_defaults`` (a user file of job keys per cluster, merged
+under the job file). Import every name from ``slurm_ddp.config``.
 """
 
+from .cluster_defaults import (
+    CLUSTERS_FILE_VAR,
+    ClusterDefaults,
+    apply_defaults,
+    clusters_file,
+    config_with_defaults,
+    job_given_keys,
+    load_config_with_defaults,
+    name_source,
+    read_cluster_defaults,
+)
 from .command import (
     ARG_NAME,
     COMMAND_VAR,
@@ -68,6 +80,15 @@ from .schema import (
 from .validate import COMMAND_TRAIN_KEYS, config_from_dict, image_is_path, unused_settings
 
 __all__ = [
+    "CLUSTERS_FILE_VAR",
+    "ClusterDefaults",
+    "apply_defaults",
+    "clusters_file",
+    "config_with_defaults",
+    "job_given_keys",
+    "load_config_with_defaults",
+    "name_source",
+    "read_cluster_defaults",
     "COMMAND_TRAIN_KEYS",
     "CONTAINER_RUNTIMES",
     "ContainerConfig",
