@@ -44,6 +44,12 @@ def _add_job_args(p: argparse.ArgumentParser) -> None:
         help="override a config key (repeatable), e.g. --set slurm.nodes=2",
     )
     p.add_argument("--run-dir", help="run directory (default: ./runs/<name>)")
+    p.add_argument(
+        "--cluster",
+        metavar="NAME",
+        help="take the per-cluster defaults (~/.config/slurm_ddp/clusters.yaml) of cluster NAME instead of this "
+        "machine's (render, env, submit --dry-run)",
+    )
 
 
 def _add_sweep_arg(p: argparse.ArgumentParser) -> None:
@@ -215,9 +221,10 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
 
 
 def _load(args: argparse.Namespace):
-    from .config import load_config
+    from .backends.submit import cluster_defaults
+    from .config import load_config_with_defaults
 
-    return load_config(args.job, args.overrides)
+    return load_config_with_defaults(args.job, args.overrides, cluster_defaults(args.cluster))
 
 
 def _command_line(argv: Sequence[str]) -> List[str]:
@@ -228,7 +235,13 @@ def cmd_render(args: argparse.Namespace, argv: Sequence[str]) -> int:
     from .backends.submit import render
 
     shown = render(
-        args.job, args.overrides, args.sweep, run_dir=args.run_dir, command=_command_line(argv), warn=_reporter().warn
+        args.job,
+        args.overrides,
+        args.sweep,
+        run_dir=args.run_dir,
+        command=_command_line(argv),
+        warn=_reporter().warn,
+        cluster=args.cluster,
     )
     sys.stdout.write(shown)  # credential-looking values as *** (slurm_ddp.secrets)
     return 0
@@ -266,6 +279,7 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         check_task=not args.no_check_task,
         accept_new_code=args.accept_new_code,
         after=args.after,
+        cluster=args.cluster,
     )
     if not args.wait or not done.started or done.backend == "local":  # a local run was waited for already
         return done.exit_status

@@ -370,6 +370,7 @@ def explain_job(
         code_line(cfg),
         path_line(cfg),
         *environment_lines(cfg, environ),
+        *cfg.cluster_defaults,  # where the keys a per-cluster defaults file gave got their values
     ]
     warnings = [*unused_settings(cfg), loader_cpu_warning(cfg, cpt), live_line(cfg)]
     out[1:1] = [f"warning: {w}" for w in warnings if w]

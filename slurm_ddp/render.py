@@ -448,6 +448,8 @@ def render(
             version=version,
             command=shlex.join(made_by),
             config_hash=(config_hash or cfg.config_hash()) if array is None else f"{array.sweep_hash} (sweep)",
+            # where the keys a per-cluster defaults file gave got their values (config.cluster_defaults)
+            cluster_defaults=cfg.cluster_defaults,
             array=array,
             # the job that requeues itself (rundir.requeue_target): an array task names itself ARRAY_TASK
             requeue_id='"${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' if array is not None else '"$SLURM_JOB_ID"',

@@ -50,11 +50,15 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import yaml
 
 from .config import (
+    ClusterDefaults,
     JobConfig,
+    apply_defaults,
     apply_overrides,
     config_from_dict,
     given_keys_with,
+    job_given_keys,
     key_fields,
+    name_source,
     plain_copy,
     read_job,
 )
@@ -377,13 +381,22 @@ def expand(
     return Sweep(name=name or named[0].cfg.name, keys=tuple(keys), elements=named, parallelism=parallelism)
 
 
-def load_sweep(path: Union[str, Path], overrides: Sequence[str] = (), flags: Sequence[str] = ()) -> Optional[Sweep]:
-    """Read a job YAML and expand its sweep (see :func:`expand`); None for a single job.
+def load_sweep(
+    path: Union[str, Path],
+    overrides: Sequence[str] = (),
+    flags: Sequence[str] = (),
+    defaults: Optional[ClusterDefaults] = None,
+) -> Optional[Sweep]:
+    """Read a job YAML and expand its sweep (see :func:`expand`) over the per-cluster ``defaults``
+    (``config.cluster_defaults``; not under a written config, which holds them already); None for a
+    single job.
 
     Raises ``ConfigError``/``UserError`` like :func:`expand`.
     """
     data, recorded = read_job(path)
-    sweep = sweep_from_data(data, overrides, flags, base_dir=Path(path).parent)
+    sweep = sweep_from_data(
+        data, overrides, flags, base_dir=Path(path).parent, defaults=defaults if recorded is None else None
+    )
     if sweep is None or recorded is None:
         return sweep
     # a run directory's config.yaml: the keys its job gave, the overridden ones and the swept ones (read_job)
@@ -393,15 +406,33 @@ def load_sweep(path: Union[str, Path], overrides: Sequence[str] = (), flags: Seq
 
 
 def sweep_from_data(
-    data: Any, overrides: Sequence[str] = (), flags: Sequence[str] = (), base_dir: Union[str, Path, None] = None
+    data: Any,
+    overrides: Sequence[str] = (),
+    flags: Sequence[str] = (),
+    base_dir: Union[str, Path, None] = None,
+    defaults: Optional[ClusterDefaults] = None,
 ) -> Optional[Sweep]:
     """:func:`load_sweep` of a job already read (``data``, the YAML's mapping; relative paths against
-    ``base_dir``); None for a single job."""
+    ``base_dir``) over the per-cluster ``defaults``; None for a single job."""
     if not isinstance(data, Mapping) or ("sweep" not in data and not flags and not _has_parallelism(data, overrides)):
         return None
-    if overrides:
-        data = apply_overrides(data, overrides)
-    return expand(data, flags, base_dir=base_dir)
+    if defaults is None:
+        return expand(apply_overrides(data, overrides) if overrides else data, flags, base_dir=base_dir)
+    merged = apply_defaults(data, defaults, overrides)
+    try:
+        sweep = expand(apply_overrides(merged.data, overrides), flags, base_dir=base_dir)
+    except ConfigError as e:
+        raise name_source(e, merged, defaults) from None
+    if sweep is None:
+        return None
+    # the keys the job gave (a default gives none), and where each key the defaults gave got its value
+    given = job_given_keys(data, overrides, sweep.keys)
+    lines = apply_defaults(data, defaults, overrides, swept=sweep.keys).lines
+    elements = tuple(
+        dataclasses.replace(e, cfg=dataclasses.replace(e.cfg, given_keys=given, cluster_defaults=lines))
+        for e in sweep.elements
+    )
+    return dataclasses.replace(sweep, elements=elements)
 
 
 def _has_parallelism(data: Mapping[str, Any], overrides: Sequence[str]) -> bool:

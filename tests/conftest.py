@@ -25,6 +25,10 @@ pytest_plugins = ["slurm_ddp.testing"]
 # worker). This process only: the processes the tests start keep the variable.
 sys.dont_write_bytecode = False
 
+# The suite reads no user's per-cluster defaults file (~/.config/slurm_ddp/clusters.yaml): a test that wants one
+# sets SLURM_DDP_CLUSTERS_FILE (slurm_ddp.config.cluster_defaults) itself. The processes tests start inherit it.
+os.environ.setdefault("SLURM_DDP_CLUSTERS_FILE", "")
+
 DURATIONS = Path(__file__).with_name("durations.json")
 _seen: Dict[str, float] = {}
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any, Callable, Dict, Mapping, Optional, Sequence, Union
 
-from ..config import JobConfig
+from ..config import ClusterDefaults, JobConfig
 from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 
@@ -118,19 +118,19 @@ def render(
     warn: Callable[[str], None],
     run_dir: Optional[str] = None,
     command: Optional[Sequence[str]] = None,
+    cluster: Optional[str] = None,
 ) -> str:
     """``slurm-ddp render``: the batch script ``submit`` would write for ``job`` (a sweep: its array
     script), with credential-looking values shown as ``***`` (``slurm_ddp.secrets``). Reads the
     checkout for the code snapshot's paths; writes nothing and does not check ``run_dir`` (it may
-    name a cluster path). Warnings (literal credentials, the renderer's) go to ``warn``.
+    name a cluster path). Warnings (literal credentials, the renderer's) go to ``warn``. ``cluster``: whose
+    per-cluster defaults apply (``cluster_defaults``; default this machine's).
 
     Raises ``UserError`` for a bad config or code that cannot be snapshotted."""
     from ..secrets import literal_warning
-    from ..sweep import load_sweep
-    from . import default_run_dir, plan_script
 
-    loaded = load_sweep(job, overrides, sweep)
-    if loaded is not None:
+    loaded = load_job(job, overrides, sweep, cluster=cluster)
+    if not isinstance(loaded, JobConfig):
         from .array import default_sweep_dir, plan_sweep_script
 
         line = literal_warning({k: v for e in loaded.elements for k, v in e.cfg.environment.env.items()})
@@ -138,9 +138,9 @@ def render(
             warn(line)
         _, rendered = plan_sweep_script(loaded, run_dir or default_sweep_dir(loaded), command=command)
     else:
-        from ..config import load_config
+        from . import default_run_dir, plan_script
 
-        cfg = load_config(job, overrides)
+        cfg = loaded
         line = literal_warning(cfg.environment.env)
         if line:
             warn(line)
@@ -172,20 +172,39 @@ def _preflight(cfg: JobConfig, backend: str, warn: Callable[[str], None]) -> Non
         check_task_imports(cfg, cwd_on_path=backend == "local", warn=warn, cache=ImportCache.default())
 
 
-def load_job(job: Job, overrides: Sequence[str] = (), sweep: Sequence[str] = ()) -> Union[JobConfig, Sweep]:
-    """The job's validated config, or its sweep (``sweep`` specs or a ``sweep:`` section). ``job``: a
-    YAML path, or a mapping (relative paths from the current directory). Raises ``ConfigError``."""
-    from ..config import apply_overrides, config_from_dict, load_config
+def cluster_defaults(cluster: Optional[str] = None) -> Optional[ClusterDefaults]:
+    """The per-cluster defaults file's entries (``config.cluster_defaults``) for ``cluster`` (``--cluster``),
+    default this machine's cluster (``ops.slurm.local_cluster``, asked only when the file exists); None
+    without a file. Raises ``ConfigError`` for a bad file."""
+    from ..config import read_cluster_defaults
+
+    if cluster is not None:
+        return read_cluster_defaults(cluster, how="--cluster")
+    from ..ops.slurm import local_cluster
+
+    return read_cluster_defaults(lambda: local_cluster(), how="this machine's")
+
+
+def load_job(
+    job: Job, overrides: Sequence[str] = (), sweep: Sequence[str] = (), cluster: Optional[str] = None
+) -> Union[JobConfig, Sweep]:
+    """The job's validated config, or its sweep (``sweep`` specs or a ``sweep:`` section), over the
+    per-cluster defaults of ``cluster`` (:func:`cluster_defaults`). ``job``: a YAML path, or a mapping
+    (relative paths from the current directory). Raises ``ConfigError``."""
+    from ..config import apply_overrides, config_from_dict, config_with_defaults, load_config_with_defaults
     from ..sweep import load_sweep, sweep_from_data
 
+    defaults = cluster_defaults(cluster)
     if isinstance(job, Mapping):
-        loaded = sweep_from_data(dict(job), overrides, sweep, base_dir=Path.cwd())
+        loaded = sweep_from_data(dict(job), overrides, sweep, base_dir=Path.cwd(), defaults=defaults)
         if loaded is not None:
             return loaded
+        if defaults is not None:
+            return config_with_defaults(dict(job), defaults, overrides, base_dir=Path.cwd(), job_label="job mapping")
         data: Any = apply_overrides(dict(job), overrides) if overrides else dict(job)
         return config_from_dict(data, base_dir=Path.cwd())
-    loaded = load_sweep(os.fspath(job), overrides, sweep)
-    return loaded if loaded is not None else load_config(job, overrides)
+    loaded = load_sweep(os.fspath(job), overrides, sweep, defaults=defaults)
+    return loaded if loaded is not None else load_config_with_defaults(job, overrides, defaults)
 
 
 def submit(
@@ -203,18 +222,26 @@ def submit(
     accept_new_code: bool = False,
     after: Sequence[str] = (),
     detach: bool = False,
+    cluster: Optional[str] = None,
 ) -> Submitted:
     """Submit the job ``job`` (a YAML path or mapping, with ``--set`` ``overrides``; a sweep when
     ``sweep`` specs or the file's ``sweep:`` section say so) on ``backend``. ``command``: the command
     line recorded in the script header and ``provenance.json``. ``after``: ``--after`` specs
     (``backends.after``). A local run is waited for, unless ``detach``: then its launcher runs in a
     process of its own session (output in the run directory's ``LAUNCHER_OUT_NAME``) and
-    ``Submitted.launcher`` is that process. Slurm backends return once the job is accepted.
+    ``Submitted.launcher`` is that process. Slurm backends return once the job is accepted. The job
+    file is merged over the per-cluster defaults of this machine's cluster (:func:`cluster_defaults`);
+    ``cluster`` names another one, for a ``dry_run`` only.
 
     Raises ``UserError`` (bad config, run directory, backend, flags, dependency) or ``ClusterError``
     (sbatch or submitit refused the job); nothing is submitted then.
     """
-    loaded = load_job(job, overrides, sweep)
+    if cluster is not None and not dry_run:
+        raise UserError(
+            f"--cluster {cluster} picks the per-cluster defaults for render, env and submit --dry-run; a submit "
+            "goes to this machine's cluster with its defaults: run it on a login node of that cluster"
+        )
+    loaded = load_job(job, overrides, sweep, cluster=cluster)
     if test_only and backend == "auto":
         chosen = "sbatch"  # check_test_only says when it is not here
     else:

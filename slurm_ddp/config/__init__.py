@@ -8,10 +8,23 @@ Keys follow sbatch's long option names with ``_`` for ``-`` (``cpus_per_task`` i
 one-line message that names the key, says what was given and what is valid.
 
 The parts, one job each: ``schema`` (the sections and keys), ``validate`` (a mapping → a checked
-``JobConfig``: types, ranges, cross-checks), ``loading`` (YAML files, ``--set`` overrides, dumping)
-``command`` (``train.command``'s argv) and ``resume`` (``train.resume``: how such a script resumes). Import every name from ``slurm_ddp.config``.
+``JobConfig``: types, ranges, cross-checks), ``loading`` (YAML files, ``--set`` overrides, dumping),
+``command`` (``train.command``'s argv), ``resume`` (``train.resume``: how such a script resumes) and
+``cluster_defaults`` (a user file of job keys per cluster, merged under the job file). Import every name from
+``slurm_ddp.config``.
 """
 
+from .cluster_defaults import (
+    CLUSTERS_FILE_VAR,
+    ClusterDefaults,
+    apply_defaults,
+    clusters_file,
+    config_with_defaults,
+    job_given_keys,
+    load_config_with_defaults,
+    name_source,
+    read_cluster_defaults,
+)
 from .command import (
     ARG_NAME,
     COMMAND_VAR,
@@ -72,6 +85,15 @@ __all__ = [
     "RESUME_PRESETS",
     "ResumeSpec",
     "resume_spec",
+    "CLUSTERS_FILE_VAR",
+    "ClusterDefaults",
+    "apply_defaults",
+    "clusters_file",
+    "config_with_defaults",
+    "job_given_keys",
+    "load_config_with_defaults",
+    "name_source",
+    "read_cluster_defaults",
     "COMMAND_TRAIN_KEYS",
     "CONTAINER_RUNTIMES",
     "ContainerConfig",

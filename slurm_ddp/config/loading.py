@@ -346,12 +346,15 @@ def dump_config(cfg: JobConfig) -> str:
     """YAML text of ``cfg`` that ``load_config`` reads back into an equal config (``dump_yaml``): a string
     that looks like a number, bool or null quoted, a number as written in the job file. Every key is
     written (defaults filled in); a comment first names the keys the job gave (``JobConfig.given_keys``),
-    which ``read_job`` reads back while the mapping is unedited."""
+    which ``read_job`` reads back while the mapping is unedited; then, for a job merged over per-cluster
+    defaults, where the keys they gave got their values (``JobConfig.cluster_defaults``: the values are in the
+    mapping, so a later change of that file does not change this config)."""
     plain = cfg.to_dict()
     given = ", ".join(sorted(cfg.given_keys, key=_key_order))
     head = (
         "# The config of this run as slurm-ddp loaded it: every key, defaults filled in.\n"
         f"# given keys (mapping {_mapping_digest(plain)}): {given}".rstrip()
         + "\n"
+        + "".join(f"# {_printable(line)}\n" for line in cfg.cluster_defaults)
     )
     return head + dump_yaml(plain)

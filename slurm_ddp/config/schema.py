@@ -791,6 +791,10 @@ class JobConfig:
     #: ``environment.env`` as a whole), as opposed to defaults: what ``config.unused_settings`` warns about.
     #: Not a config key: no YAML sets it, and ``to_dict``, the hashes, equality and the key reference leave it out.
     given_keys: FrozenSet[str] = field(default=frozenset(), compare=False, repr=False, metadata={"internal": True})
+    #: Where the keys a per-cluster defaults file gave got their values (``config.cluster_defaults``): its
+    #: headline, then one line per key; empty without such a file. Shown by ``render`` (the script's header)
+    #: and ``env --explain``. Not a config key, like ``given_keys``.
+    cluster_defaults: Tuple[str, ...] = field(default=(), compare=False, repr=False, metadata={"internal": True})
 
     @property
     def in_job_recovery(self) -> bool:

@@ -639,20 +639,7 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
     ``base_dir`` (the YAML file's directory) resolves relative ``train.pythonpath``
     entries and is the default ``pythonpath``. Raises ``ConfigError``.
     """
-    if isinstance(data, Mapping) and isinstance(data.get("environment"), Mapping):
-        env = data["environment"].get("env")
-        if isinstance(env, Mapping):  # numbers in env values are written as strings
-            data = {
-                **data,
-                "environment": {
-                    **data["environment"],
-                    "env": {
-                        k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
-                        for k, v in env.items()
-                    },
-                },
-            }
-    data = _split_command(data)
+    data = _as_written(data)
     cfg: JobConfig = _build(JobConfig, data, "")
     cfg = dataclasses.replace(cfg, given_keys=frozenset(_given_keys(JobConfig, data)))
     cfg = _default_tasks_per_node(cfg, data)
@@ -677,6 +664,33 @@ def config_from_dict(data: Any, base_dir: Union[str, os.PathLike[str], None] = N
             env = dataclasses.replace(cfg.environment, container=dataclasses.replace(c, image=image))
             cfg = dataclasses.replace(cfg, environment=env)
     return cfg
+
+
+def _as_written(data: Any) -> Any:
+    """``data`` as ``_build`` checks it: numbers in ``environment.env`` values as their text, ``train.command``
+    as one string split into its argv (``_split_command``). A new mapping where it changes anything."""
+    if isinstance(data, Mapping) and isinstance(data.get("environment"), Mapping):
+        env = data["environment"].get("env")
+        if isinstance(env, Mapping):  # numbers in env values are written as strings
+            data = {
+                **data,
+                "environment": {
+                    **data["environment"],
+                    "env": {
+                        k: (str(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else v)
+                        for k, v in env.items()
+                    },
+                },
+            }
+    return _split_command(data)
+
+
+def check_keys(data: Any) -> None:
+    """Check the keys and values of a partial job mapping one by one (names, types, ranges, choices), as
+    ``config_from_dict`` does, without the checks across keys nor the keys a job must give (``name``,
+    ``train.task`` or ``train.command``): a mapping of defaults (``config.cluster_defaults``). Raises
+    ``ConfigError``."""
+    _build(JobConfig, _as_written(data), "")
 
 
 def _split_command(data: Any) -> Any:
