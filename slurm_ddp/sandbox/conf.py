@@ -15,7 +15,8 @@ from pathlib import Path
 
 from slurm_ddp.errors import SandboxUnavailable
 
-from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
+from .job_container import job_container_conf_text
+from .layout import _CONTROLLER_HOST, DEF_MEM_PER_CPU_MB, SandboxLayout
 from .oci import oci_conf_text, runtime_root
 from .procs import _executable
 
@@ -32,7 +33,7 @@ class SandboxConf(SandboxLayout):
         shutil.rmtree(self.root / "state", ignore_errors=True)
         for d in ("etc", "log", "state", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        short = Path(f"{_SHORT_BASE}/sdsb-{self.id}")
+        short = Path(f"{self._short_base}/sdsb-{self.id}")
         if short.exists():  # left by a sandbox with this id that was not stopped (its bridge is gone)
             shutil.rmtree(short)
         short.mkdir(mode=0o755)
@@ -57,13 +58,18 @@ class SandboxConf(SandboxLayout):
         # reverse lookups of IPv4-mapped peers (dual-stack servers such as torch's TCPStore)
         hosts += [f"::ffff:{a}\t{n}" for a, n in names]
         (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
-        (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        (self.root / "etc" / "cgroup.conf").write_text(self._render_cgroup_conf())
         self._make_gpu_devices()
         oci_conf = self.slurm_conf.parent / "oci.conf"  # oci.conf(5): beside slurm.conf, read at slurmd's start
         if self.oci:
             oci_conf.write_text(oci_conf_text(_executable("runc"), runtime_root(self.id)))
         else:
             oci_conf.unlink(missing_ok=True)
+        jc_conf = self.slurm_conf.parent / "job_container.conf"  # beside slurm.conf, read at slurmd's start
+        if self.production:
+            jc_conf.write_text(job_container_conf_text(self.root / "jc", self.node_names))
+        else:
+            jc_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())
         if self.accounting:
             dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
@@ -123,9 +129,7 @@ class SandboxConf(SandboxLayout):
             f"SlurmdLogFile={r}/log/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
+            *self._plugin_lines(),
             *(
                 [
                     "AccountingStorageType=accounting_storage/slurmdbd",
@@ -141,7 +145,8 @@ class SandboxConf(SandboxLayout):
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
+            f"SelectTypeParameters={'CR_Core_Memory' if self.production else 'CR_Core'}",
+            *([f"DefMemPerCPU={DEF_MEM_PER_CPU_MB}"] if self.production else []),
             "SlurmdParameters=config_overrides",
             "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1",
             "SwitchType=switch/none",
@@ -163,6 +168,54 @@ class SandboxConf(SandboxLayout):
             f"PartitionName=high Nodes={all_nodes} Default=NO PriorityTier=10 MaxTime=INFINITE State=UP",
         ]
         return "\n".join(lines) + "\n"
+
+    def _plugin_lines(self) -> list:
+        """slurm.conf's process tracking, task and accounting-gather plugins of the profile (slurm.conf(5)).
+
+        ``basic``: no cgroups (``proctrack/linuxproc``, ``task/none``). ``production``: what most sites run:
+        ``proctrack/cgroup`` (a job's processes are the members of its cgroup, killed through the freezer),
+        ``task/cgroup,task/affinity`` (cgroup.conf's constraints, CPU binding by Slurm's masks),
+        ``jobacct_gather/cgroup``, and ``PrologFlags=Contain`` (an ``extern`` step holds the allocation on
+        every node from its start, so processes that reach a node outside srun are contained and killed too),
+        ``job_container/tmpfs`` (a private ``/tmp`` and ``/dev/shm`` per job: ``job_container``).
+        """
+        if not self.production:
+            return [
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "JobAcctGatherType=jobacct_gather/none",
+            ]
+        return [
+            "ProctrackType=proctrack/cgroup",
+            "TaskPlugin=task/cgroup,task/affinity",
+            "JobAcctGatherType=jobacct_gather/cgroup",
+            "PrologFlags=Contain",
+            "JobContainerType=job_container/tmpfs",
+        ]
+
+    def _render_cgroup_conf(self) -> str:
+        """cgroup.conf(5). Slurm 22.05's slurmd loads a cgroup plugin even with ``task/none``: ``basic`` lets it
+        autodetect and ignore systemd; ``production`` constrains cores, RAM (to the job's ``--mem``, no swap
+        headroom) and devices (GRES GPUs a step was not given are denied) in the v1 hierarchies under
+        ``/sys/fs/cgroup``, which each slurmd sees as its node's own subtree (``cgroups``)."""
+        if not self.production:
+            return "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
+        return (
+            "\n".join(
+                [
+                    "# Written by slurm_ddp.sandbox: the production profile.",
+                    "CgroupPlugin=cgroup/v1",
+                    "CgroupMountpoint=/sys/fs/cgroup",
+                    "CgroupAutomount=no",
+                    "IgnoreSystemd=yes",
+                    "ConstrainCores=yes",
+                    "ConstrainRAMSpace=yes",
+                    "AllowedRAMSpace=100",
+                    "ConstrainDevices=yes",
+                ]
+            )
+            + "\n"
+        )
 
     def _render_dbd_conf(self) -> str:
         r, s = self.root, self.short_dir

@@ -53,8 +53,20 @@ def check_timeouts(slurmd_timeout_s: int, message_timeout_s: int, kill_wait_s: i
         )
 
 
+#: The sandbox's configuration profiles (``SlurmSandbox(profile=...)``): ``basic`` (jobs as root,
+#: ``proctrack/linuxproc``, ``task/none``, CPUs only) and ``production`` (cgroup plugins with per-node cgroup
+#: subtrees, memory as a consumable resource, ``PrologFlags=Contain``, ``job_container/tmpfs``: ``conf``).
+PROFILES = ("basic", "production")
+#: ``DefMemPerCPU`` (MB) of the production profile: the memory a job gets per allocated CPU when it asks for
+#: none (``--mem``/``--mem-per-cpu``); each node's ``RealMemory`` is this times its CPUs.
+DEF_MEM_PER_CPU_MB = 1000
+
 _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
+#: The production profile's jobs have a private /tmp (``job_container/tmpfs``): its sockets live here instead.
+_SHORT_BASE_PRIVATE_TMP = "/run"
+#: What ``job_container/tmpfs`` makes private to each job (Slurm 22.05: always both).
+_PRIVATE_DIRS = (Path("/tmp"), Path("/dev/shm"))
 
 
 class SandboxLayout:
@@ -72,7 +84,10 @@ class SandboxLayout:
         kill_wait_s: int = 5,
         accounting: bool = False,
         oci: bool = False,
+        profile: str = "basic",
     ) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
         if int(cpus_per_node) < 1:
@@ -84,17 +99,30 @@ class SandboxLayout:
         self.message_timeout_s = int(message_timeout_s)
         self.kill_wait_s = int(kill_wait_s)
         self.root = Path(root).absolute()
+        if profile == "production" and any(
+            self.root.resolve().is_relative_to(d) for d in _PRIVATE_DIRS
+        ):  # its jobs would not see the sandbox's slurm.conf
+            raise ValueError(
+                f"the production profile gives every job a private /tmp and /dev/shm (job_container/tmpfs): put the "
+                f"sandbox root outside them, not {self.root} (e.g. under /var/tmp)"
+            )
         self.num_nodes = int(nodes)
         self.cpus_per_node = int(cpus_per_node)
         self.gpus_per_node = int(gpus_per_node)
         self.accounting = bool(accounting)
         self.oci = bool(oci)
+        self.profile = profile
         self.id = self._make_id(name)
-        self.real_memory_mb = 1000
+        self.real_memory_mb = DEF_MEM_PER_CPU_MB * self.cpus_per_node if self.production else 1000
         self._state: Dict[str, Any] = {}
         self._procs: Dict[str, subprocess.Popen] = {}
 
     # ------------------------------------------------------------------ naming
+
+    @property
+    def production(self) -> bool:
+        """Whether this sandbox runs the ``production`` profile (see ``PROFILES``)."""
+        return self.profile == "production"
 
     @staticmethod
     def _make_id(name: Optional[str]) -> str:
@@ -129,7 +157,11 @@ class SandboxLayout:
 
     @property
     def short_dir(self) -> Path:
-        return Path(self._state.get("short_dir") or f"{_SHORT_BASE}/sdsb-{self.id}")
+        return Path(self._state.get("short_dir") or f"{self._short_base}/sdsb-{self.id}")
+
+    @property
+    def _short_base(self) -> str:
+        return _SHORT_BASE_PRIVATE_TMP if self.production else _SHORT_BASE
 
     @property
     def log_dir(self) -> Path:
@@ -193,6 +225,7 @@ class SandboxLayout:
             kill_wait_s=self.kill_wait_s,
             accounting=self.accounting,
             oci=self.oci,
+            profile=self.profile,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )
