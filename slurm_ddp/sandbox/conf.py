@@ -31,6 +31,10 @@ class SandboxConf(SandboxLayout):
         """A fresh ``state/``, the root's directories, and the sockets' directory under ``/tmp``."""
         # every start is a fresh cluster: slurmctld refuses state saved under another ClusterName
         shutil.rmtree(self.root / "state", ignore_errors=True)
+        # and job_container/tmpfs's per-job directories (job ids restart at 1): a directory left by a job of
+        # an earlier start whose namespace is gone made the same id's steps fail ("container_p_join: open
+        # failed for BasePath/<node>/<job>/.ns: No such file or directory", seen with 22.05)
+        shutil.rmtree(self.job_container_dir, ignore_errors=True)
         for d in ("etc", "log", "state", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
         short = Path(f"{self._short_base}/sdsb-{self.id}")
@@ -67,7 +71,7 @@ class SandboxConf(SandboxLayout):
             oci_conf.unlink(missing_ok=True)
         jc_conf = self.slurm_conf.parent / "job_container.conf"  # beside slurm.conf, read at slurmd's start
         if self.production:
-            jc_conf.write_text(job_container_conf_text(self.root / "jc", self.node_names))
+            jc_conf.write_text(job_container_conf_text(self.job_container_dir, self.node_names))
         else:
             jc_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())

@@ -168,6 +168,11 @@ class SandboxLayout:
         return self.root / "log"
 
     @property
+    def job_container_dir(self) -> Path:
+        """``job_container/tmpfs``'s ``BasePath`` of each node is ``<this>/<node>`` (production profile)."""
+        return self.root / "jc"
+
+    @property
     def gpu_dir(self) -> Path:
         """Where the placeholder GPU devices live (``nvidia0`` …)."""
         return self.root / "dev"
