@@ -49,6 +49,17 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
     an ``oci.conf`` for Slurm's own container support (``srun --container=BUNDLE``) with ``runc``
     (Debian package ``runc``; ``slurm_ddp.sandbox.oci``).
 
+    ``profile`` (``layout.PROFILES``): ``"basic"`` (default: jobs as root with ``proctrack/linuxproc`` and
+    ``task/none``, nothing constrained) or ``"production"``, what most clusters run: ``proctrack/cgroup``,
+    ``task/cgroup,task/affinity``, cgroup v1 ``ConstrainCores``/``ConstrainRAMSpace``/``ConstrainDevices`` in a
+    cgroup subtree per node (``slurm_ddp.sandbox.cgroups``), ``CR_Core_Memory`` with ``DefMemPerCPU``
+    (``layout.DEF_MEM_PER_CPU_MB``; ``RealMemory`` that times the node's CPUs), ``PrologFlags=Contain`` and a
+    private ``/tmp`` and ``/dev/shm`` per job (``job_container/tmpfs``; ``slurm_ddp.sandbox.job_container``).
+    It needs the cgroup v1 controllers mounted under ``/sys/fs/cgroup`` and at most as many ``cpus_per_node``
+    as this process may use, and refuses (ValueError) a ``root`` under ``/tmp`` or ``/dev/shm``, which its jobs
+    do not share; run directories its jobs use must be outside them too. Jobs still run as root
+    (``SlurmUser=root``).
+
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
     ``message_timeout_s`` (``MessageTimeout``, one RPC's round trip) and ``kill_wait_s``
@@ -135,10 +146,17 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         """Start the cluster and wait until every node is idle; return self.
 
         Raises :class:`SandboxUnavailable` if this machine cannot run it (not root,
-        packages missing, no network namespaces) or if it did not come up within
+        packages missing, no network namespaces; for the production profile no cgroup v1 controllers, or fewer
+        CPUs than ``cpus_per_node``) or if it did not come up within
         ``timeout_s`` (whatever did start is stopped first).
         """
         problems = check_prerequisites(oci=self.oci, production=self.production)
+        usable = len(os.sched_getaffinity(0))
+        if self.production and self.cpus_per_node > usable:  # seen: "Unable to layout tasks on given cpus"
+            problems.append(
+                f"the production profile binds tasks to real CPUs (task/affinity, ConstrainCores): cpus_per_node="
+                f"{self.cpus_per_node} but this process may use {usable}; use cpus_per_node<={usable}"
+            )
         if problems:
             raise SandboxUnavailable("; ".join(problems))
         deadline = time.monotonic() + timeout_s
