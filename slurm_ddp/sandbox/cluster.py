@@ -14,6 +14,7 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Union
@@ -94,7 +95,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
     # ------------------------------------------------------------------ status
 
     def status(self) -> Dict[str, Any]:
-        """Where the sandbox stands: ``up``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
+        """Where the sandbox stands: ``up``, ``profile``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
         live = self._live_pids()
         expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)}
         up = bool(self._state.get("pids")) and expected <= set(live)
@@ -116,6 +117,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         return {
             "up": up,
             "id": self.id,
+            "profile": self.profile,
             "root": str(self.root),
             "nodes": nodes,
             "pids": live,
@@ -152,6 +154,8 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         """
         problems = check_prerequisites(oci=self.oci, production=self.production)
         usable = len(os.sched_getaffinity(0))
+        if self.production:
+            problems += self._unreachable_by_slurm_user()
         if self.production and self.cpus_per_node > usable:  # seen: "Unable to layout tasks on given cpus"
             problems.append(
                 f"the production profile binds tasks to real CPUs (task/affinity, ConstrainCores): cpus_per_node="
@@ -202,6 +206,17 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         self._state["started_at"] = time.time()
         self._save_state()
         return self
+
+    def _unreachable_by_slurm_user(self) -> List[str]:
+        """Why slurmctld, running as :attr:`slurm_user`, could not reach the sandbox root (its config, state and
+        logs are there): a directory above it without o+x (pytest's and mkdtemp's are 0700)."""
+        for d in [self.root, *self.root.parents]:
+            if d.exists() and not d.stat().st_mode & stat.S_IXOTH:
+                return [
+                    f"the production profile's slurmctld runs as {self.slurm_user!r}, which cannot reach {self.root}: "
+                    f"{d} is mode {stat.S_IMODE(d.stat().st_mode):04o}; chmod o+x it or root the sandbox elsewhere"
+                ]
+        return []
 
     def _prepare_files(self) -> None:
         self._prepare_dirs()

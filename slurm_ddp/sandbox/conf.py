@@ -37,6 +37,13 @@ class SandboxConf(SandboxLayout):
         shutil.rmtree(self.job_container_dir, ignore_errors=True)
         for d in ("etc", "log", "state", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
+        if self.production:  # slurmctld (and slurmdbd) run as SlurmUser: it writes its state and logs there
+            uid, gid = self.slurm_user_ids()
+            for sub in ("", "etc", "log", "state"):
+                os.chmod(self.root / sub, 0o755)  # whatever the umask: SlurmUser reads etc/, writes log/ and state/
+            for sub in ("log", "state"):
+                for p in [self.root / sub, *(self.root / sub).iterdir()]:
+                    os.chown(p, uid, gid)
         short = Path(f"{self._short_base}/sdsb-{self.id}")
         if short.exists():  # left by a sandbox with this id that was not stopped (its bridge is gone)
             shutil.rmtree(short)
@@ -75,10 +82,13 @@ class SandboxConf(SandboxLayout):
         else:
             jc_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())
+        self.slurm_conf.chmod(0o644)  # every client, the jobs' srun and SlurmUser's slurmctld read it
         if self.accounting:
             dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
             dbd.write_text(self._render_dbd_conf())
             dbd.chmod(0o600)  # slurmdbd refuses a readable one
+            if self.production:  # and one its SlurmUser does not own
+                os.chown(dbd, *self.slurm_user_ids())
 
     def _make_gpu_devices(self) -> None:
         """``gpus_per_node`` placeholder character devices (major 195, NVIDIA's) and ``gres.conf``.
@@ -120,7 +130,7 @@ class SandboxConf(SandboxLayout):
             f"ClusterName=sdb{self.id}",
             f"SlurmctldHost={_CONTROLLER_HOST}({self.controller_addr})",
             f"SlurmctldPort={ports['slurmctld']}",
-            "SlurmUser=root",
+            f"SlurmUser={self.slurm_user}",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -233,7 +243,7 @@ class SandboxConf(SandboxLayout):
                     f"DbdHost={socket.gethostname().split('.')[0]}",
                     f"DbdAddr={self.host_addr}",
                     f"DbdPort={ports['slurmdbd']}",
-                    "SlurmUser=root",
+                    f"SlurmUser={self.slurm_user}",
                     f"PidFile={r}/state/slurmdbd.pid",
                     f"LogFile={r}/log/slurmdbd.log",
                     "DebugLevel=info",

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import re
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Tuple, Union
 
+from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.slurmversion import SlurmVersion, slurm_version
 
 #: Name of the state file inside the sandbox root.
@@ -60,6 +62,8 @@ PROFILES = ("basic", "production")
 #: ``DefMemPerCPU`` (MB) of the production profile: the memory a job gets per allocated CPU when it asks for
 #: none (``--mem``/``--mem-per-cpu``); each node's ``RealMemory`` is this times its CPUs.
 DEF_MEM_PER_CPU_MB = 1000
+#: ``SlurmUser`` of the production profile.
+SLURM_USER = "slurm"
 
 _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
@@ -118,6 +122,23 @@ class SandboxLayout:
         self._procs: Dict[str, subprocess.Popen] = {}
 
     # ------------------------------------------------------------------ naming
+
+    @property
+    def slurm_user(self) -> str:
+        """slurm.conf's ``SlurmUser``, whom slurmctld (and slurmdbd) run as: ``slurm`` in the production profile
+        (Debian's packages make that user), else ``root``."""
+        return SLURM_USER if self.production else "root"
+
+    def slurm_user_ids(self) -> Tuple[int, int]:
+        """(uid, gid) of :attr:`slurm_user`. Raises ``SandboxUnavailable`` naming the fix when there is no such user."""
+        try:
+            pw = pwd.getpwnam(self.slurm_user)
+        except KeyError:
+            raise SandboxUnavailable(
+                f"no user {self.slurm_user!r} (SlurmUser of the production profile): install Debian's slurmctld "
+                f"package, which makes it, or: useradd --system --no-create-home {self.slurm_user}"
+            ) from None
+        return pw.pw_uid, pw.pw_gid
 
     @property
     def production(self) -> bool:

@@ -2,10 +2,13 @@
 
 What most clusters run and the session sandbox does not: ``proctrack/cgroup``, ``task/cgroup,task/affinity``
 with cores, RAM and devices constrained in cgroup v1, memory as a consumable resource (``CR_Core_Memory``,
-``DefMemPerCPU``), ``PrologFlags=Contain`` and a private ``/tmp`` per job (``job_container/tmpfs``). One
-2-node sandbox for the module (its root and the run directories outside ``/tmp``, which the jobs do not share):
+``DefMemPerCPU``), ``PrologFlags=Contain``, a private ``/tmp`` per job (``job_container/tmpfs``) and
+``SlurmUser=slurm``. One 2-node sandbox with accounting for the module (its root and the run directories
+outside ``/tmp``, which the jobs do not share):
 
-* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup, and Slurm says so;
+* each task sees the constraints (memory, CPU, devices, /tmp) as the profile sets them;
+* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup, and Slurm says so (srun,
+  slurmstepd, sacct's OUT_OF_MEMORY step);
 * the digits job under those plugins: the batch-shell time-limit signal, a checkpoint, Slurm's requeue, the
   resume at the exact step, CPU binding by Slurm's masks, and its memory limit as the cgroup holds it.
 """
@@ -27,7 +30,7 @@ from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
 from slurm_ddp.testing import missing_prerequisite, running_sandbox
 
-pytestmark = pytest.mark.slurm
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
 
 OWN_SCRIPT_JOB = REPO / "examples" / "own_script" / "job.yaml"
 
@@ -40,8 +43,11 @@ def production_sandbox() -> Iterator[SlurmSandbox]:
     if problems:
         missing_prerequisite("; ".join(problems))
     root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
+    root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
     try:
-        with running_sandbox(root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production") as sb:
+        with running_sandbox(
+            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True
+        ) as sb:
             subtrees = [Path(d) for d in sb._state["cgroups"].values()]
             yield sb
         # down() killed what was left in the nodes' cgroups and removed the subtrees
@@ -140,6 +146,19 @@ def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> N
         job.diag()
     )
     assert "rank 0 alive" in job.rank_log(0) and "rank 1 alive" not in rank1, job.diag()
+
+    def steps() -> dict:  # accounting: each step's state, once slurmdbd has them
+        r = production_sandbox.run(
+            ["sacct", "-n", "-P", "-j", job.id, "-o", "JobID,State"], capture_output=True, text=True, timeout=30
+        )
+        return dict(line.split("|", 1) for line in r.stdout.split())
+
+    def with_the_step() -> dict:
+        rows = steps()
+        return rows if f"{job.id}.0" in rows else {}
+
+    rows = wait_for(with_the_step, 30, "sacct's row of the step", job.diag)
+    assert rows[f"{job.id}.0"] == "OUT_OF_MEMORY" and rows[job.id] == "FAILED", rows
 
 
 def test_digits_time_limit_signal_requeues_and_resumes(production_sandbox: SlurmSandbox, run_dir: Path) -> None:

@@ -44,6 +44,7 @@ def test_the_production_slurm_conf() -> None:
     assert keys["JobAcctGatherType"] == "jobacct_gather/cgroup"
     assert keys["SelectTypeParameters"] == "CR_Core_Memory" and keys["DefMemPerCPU"] == "1000"
     assert keys["PrologFlags"] == "Contain" and keys["JobContainerType"] == "job_container/tmpfs"
+    assert keys["SlurmUser"] == "slurm" and keys["SlurmdUser"] == "root"
     assert "RealMemory=2000" in sb._render_conf()  # DefMemPerCPU x CPUs: a job asking for every CPU fits
     cg = conf_keys(sb._render_cgroup_conf())
     assert cg["CgroupPlugin"] == "cgroup/v1" and cg["CgroupAutomount"] == "no"
@@ -60,6 +61,7 @@ def test_the_basic_profile_is_unchanged(tmp_path: Path) -> None:
         "CR_Core",
     )
     assert "DefMemPerCPU" not in keys and "PrologFlags" not in keys and "JobContainerType" not in keys
+    assert keys["SlurmUser"] == "root"
     assert "RealMemory=1000" in sb._render_conf() and str(sb.short_dir).startswith("/tmp/")
     assert conf_keys(sb._render_cgroup_conf()) == {"CgroupPlugin": "autodetect", "IgnoreSystemd": "yes"}
 
@@ -91,3 +93,15 @@ def test_a_read_only_controller_is_named(monkeypatch) -> None:
     assert cgroups.cgroup_v1_problems() == [
         "the cgroup v1 controller memory is mounted read-only at /sys/fs/cgroup/memory; the profile needs it rw"
     ]
+
+
+def test_a_root_slurm_user_cannot_reach_is_named(tmp_path: Path) -> None:
+    top = tmp_path / "closed"
+    top.mkdir(mode=0o700)
+    top.chmod(0o700)
+    sb = SlurmSandbox(Path("/var/tmp") / "x", profile="production")  # construct, then point below a 0700 dir
+    sb.root = top / "sb"
+    (problem,) = sb._unreachable_by_slurm_user()
+    assert f"{top} is mode 0700" in problem and "'slurm'" in problem and "chmod o+x" in problem
+    top.chmod(0o755)
+    assert [p for p in sb._unreachable_by_slurm_user() if f"{top} is mode" in p] == []  # (pytest's dirs are 0700)
