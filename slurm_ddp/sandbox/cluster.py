@@ -180,6 +180,12 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
                         f"GPUs already runs in {self.root}; stop it first (slurm-ddp sandbox down) to start one with "
                         f"{wanted[0]} x {wanted[1]} x {wanted[2]}"
                     )
+                running = self._state.get("profile", "basic")
+                if running != self.profile:
+                    raise SandboxUnavailable(
+                        f"a sandbox of the {running} profile already runs in {self.root}; stop it first "
+                        f"(slurm-ddp sandbox down) to start one of the {self.profile} profile"
+                    )
                 self._wait_idle(deadline)
                 return self
             self.down()  # stale or partial: clear it before starting afresh
