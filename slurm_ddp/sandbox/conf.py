@@ -12,6 +12,7 @@ import shutil
 import socket
 import stat
 from pathlib import Path
+from typing import List
 
 from slurm_ddp.errors import SandboxUnavailable
 
@@ -183,7 +184,7 @@ class SandboxConf(SandboxLayout):
         ]
         return "\n".join(lines) + "\n"
 
-    def _plugin_lines(self) -> list:
+    def _plugin_lines(self) -> List[str]:
         """slurm.conf's process tracking, task and accounting-gather plugins of the profile (slurm.conf(5)).
 
         ``basic``: no cgroups (``proctrack/linuxproc``, ``task/none``). ``production``: what most sites run:
@@ -209,8 +210,8 @@ class SandboxConf(SandboxLayout):
 
     def _render_cgroup_conf(self) -> str:
         """cgroup.conf(5). Slurm 22.05's slurmd loads a cgroup plugin even with ``task/none``: ``basic`` lets it
-        autodetect and ignore systemd; ``production`` constrains cores, RAM (to the job's ``--mem``, no swap
-        headroom) and devices (GRES GPUs a step was not given are denied) in the v1 hierarchies under
+        autodetect and ignore systemd; ``production`` constrains cores, RAM (to the job's ``--mem``:
+        ``AllowedRAMSpace=100``) and devices (GRES GPUs a step was not given are denied) in the v1 hierarchies under
         ``/sys/fs/cgroup``, which each slurmd sees as its node's own subtree (``cgroups``)."""
         if not self.production:
             return "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"

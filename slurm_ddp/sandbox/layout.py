@@ -57,7 +57,8 @@ def check_timeouts(slurmd_timeout_s: int, message_timeout_s: int, kill_wait_s: i
 
 #: The sandbox's configuration profiles (``SlurmSandbox(profile=...)``): ``basic`` (jobs as root,
 #: ``proctrack/linuxproc``, ``task/none``, CPUs only) and ``production`` (cgroup plugins with per-node cgroup
-#: subtrees, memory as a consumable resource, ``PrologFlags=Contain``, ``job_container/tmpfs``: ``conf``).
+#: subtrees, memory as a consumable resource, ``PrologFlags=Contain``, ``job_container/tmpfs``, ``SlurmUser=slurm``:
+#: ``conf``).
 PROFILES = ("basic", "production")
 #: ``DefMemPerCPU`` (MB) of the production profile: the memory a job gets per allocated CPU when it asks for
 #: none (``--mem``/``--mem-per-cpu``); each node's ``RealMemory`` is this times its CPUs.
