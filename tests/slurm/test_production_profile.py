@@ -15,6 +15,7 @@ outside ``/tmp``, which the jobs do not share):
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import sys
@@ -179,3 +180,52 @@ def test_digits_time_limit_signal_requeues_and_resumes(production_sandbox: Slurm
     for rank in (0, 1):
         assert f"rank {rank}/2 local_rank {rank}/2" in job.rank_log(rank), logs(run_dir)
     assert job.show().get("MinMemoryCPU") == "1000M", job.show()
+
+
+# Each rank: what slurm_ddp decides (python -m slurm_ddp.devices' record) and which emulated GPU the devices
+# cgroup lets it open (ENXIO: allowed, a placeholder without a driver; EPERM: denied), as one JSON line.
+GPU_IDENTITY = """
+import errno, json, os, sys
+from slurm_ddp.devices import probe_record, read_devices_constrained
+record = probe_record(os.environ, read_devices_constrained(os.environ))
+allowed = []
+for k in (0, 1):
+    try:
+        os.close(os.open(f"{sys.argv[1]}/nvidia{k}", os.O_RDONLY))
+    except OSError as e:
+        if e.errno == errno.EPERM:
+            continue
+    allowed.append(str(k))
+print("GPU-IDENTITY " + json.dumps({**record, "allowed": allowed}, sort_keys=True), flush=True)
+"""
+
+
+def test_gpu_identity_under_constrain_devices(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
+    """``--gpus-per-task=1`` on 2 tasks of one node under ConstrainDevices: Slurm renumbers both
+    CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS to 0; each rank still names the GPU the devices cgroup lets it
+    open (the per_task binding over SLURM_JOB_GPUS of the batch host), never rank 1 as GPU 0."""
+    probe = run_dir.parent / "gpu_identity.py"
+    probe.write_text(GPU_IDENTITY)
+    job = submit_own_script(
+        production_sandbox,
+        run_dir,
+        "slurm.nodes=1",
+        "slurm.tasks_per_node=2",
+        "slurm.gpus_per_task=1",
+        f"train.command=[python, {probe}, {production_sandbox.gpu_dir}]",
+    )
+    assert job.wait_ended(timeout_s=120) == "COMPLETED", job.diag()
+    records = {}
+    for rank in (0, 1):
+        m = re.search(r"GPU-IDENTITY (\{.*\})", job.rank_log(rank))
+        assert m, job.diag()
+        records[rank] = json.loads(m.group(1))
+    for r in records.values():
+        assert (r["CUDA_VISIBLE_DEVICES"], r["SLURM_STEP_GPUS"], r["SLURMD_TRES_BIND"]) == (
+            "0",
+            "0",
+            "gpu:per_task:1",
+        ), r
+        assert r["devices_constrained"] is True and r["device"] == "cuda:0", r
+        assert len(r["allowed"]) == 1 and r["physical"] == r["allowed"][0], r  # the cgroup's verdict
+    assert sorted(r["physical"] for r in records.values()) == ["0", "1"], records
