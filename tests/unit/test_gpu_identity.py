@@ -206,3 +206,52 @@ def test_the_cuda_device_names_its_physical_gpu(tmp_path: Path) -> None:
     assert (amd.physical, amd.numa_node) == (None, 1) and "unknown (PCI 0000:d8:00.0, NUMA node 1)" in amd.describe()
     # an older torch without PCI fields: unchanged
     assert identify_cuda_device(choice, SimpleNamespace(name="x"), driver_root=driver, sysfs_root=sysfs) == choice
+
+
+def _cfg(**slurm):
+    from slurm_ddp.config import config_from_dict
+
+    return config_from_dict({"name": "g", "train": {"task": "m:T"}, "slurm": {"time": "10", **slurm}})
+
+
+def test_explain_job_predicts_both_numberings() -> None:
+    from slurm_ddp.explain import explain_job
+
+    text = explain_job(_cfg(gpus_per_task=1, tasks_per_node=2, nodes=2), environ={})
+    lines = [line for line in text.splitlines() if line.startswith("  gpu")]
+    assert (
+        lines[2]
+        == "  gpu: cuda:0 = physical GPU 1 (NUMA node 0); CUDA_VISIBLE_DEVICES=1; rule: one GPU visible: cuda:0"
+    )
+    assert lines[3].startswith(
+        "  gpu under ConstrainDevices: CUDA_VISIBLE_DEVICES=0 SLURM_STEP_GPUS=0 -> physical GPU 1 "
+    )
+    # node 1: not the batch host; the job holds both of its GPUs (assumed), so per_task still names them
+    assert lines[7].startswith(
+        "  gpu under ConstrainDevices: CUDA_VISIBLE_DEVICES=0 SLURM_STEP_GPUS=0 -> physical GPU 1 "
+    )
+    text = explain_job(_cfg(gpus_per_node=2, gpu_bind="single:1"), environ={})
+    constrained = [line for line in text.splitlines() if line.startswith("  gpu under")]
+    assert len(constrained) == 2 and all("-> physical GPU unknown (" in line for line in constrained), constrained
+
+
+def test_explain_task_says_unknown_rather_than_wrong(tmp_path: Path) -> None:
+    from slurm_ddp.binding import plan_for_task
+    from slurm_ddp.explain import explain_task
+
+    cfg = _cfg(gpus_per_task=1, tasks_per_node=2, nodes=2)
+    env = {
+        **task("n2", 1, "0", "0", "0,1", "gpu:per_task:1"),
+        **conf(tmp_path, "TaskPlugin=task/cgroup\n", "ConstrainDevices=yes\n"),
+        "SLURM_PROCID": "3",
+        "SLURM_NTASKS": "4",
+        "SLURM_JOB_ID": "7",
+    }
+    text = explain_task(cfg, env, plan_for_task(cfg, env, allowed=range(2)))
+    assert "gpu: cuda:0 = physical GPU unknown; CUDA_VISIBLE_DEVICES=0; rule: one GPU visible: cuda:0; " in text
+    assert (
+        "physical GPU unknown: SLURM_STEP_GPUS=0 under --gpu-bind=per_task:1 is renumbered by ConstrainDevices" in text
+    )
+    env.update(SLURMD_NODENAME="n1")  # the batch host: SLURM_JOB_GPUS is this node's
+    text = explain_task(cfg, env, plan_for_task(cfg, env, allowed=range(2)))
+    assert "gpu: cuda:0 = physical GPU 1; CUDA_VISIBLE_DEVICES=0" in text
