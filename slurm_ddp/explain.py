@@ -416,15 +416,19 @@ def explain_job(
         env.update(user)
         denv = DistEnv.from_environ(env)
         choice = None
-        layout = dict(
-            local_rank=denv.local_rank,
-            tasks_per_node=s.tasks_per_node,
-            node_gpus=gpus,
-            gpus_per_task=s.gpus_per_task or 0,
-            gpu_bind=s.gpu_bind,
-        )
+
+        def gpu_env(constrained: bool, local_rank: int = denv.local_rank) -> Dict[str, str]:
+            return synthetic_gpu_env(
+                local_rank=local_rank,
+                tasks_per_node=s.tasks_per_node,
+                node_gpus=gpus,
+                gpus_per_task=s.gpus_per_task or 0,
+                gpu_bind=s.gpu_bind,
+                constrained=constrained,
+            )
+
         if gpus:
-            env.update(synthetic_gpu_env(**layout))  # type: ignore[arg-type]
+            env.update(gpu_env(constrained=False))
             choice = select_device(env, constrained=False, node_gpu_count=gpus)
         plan = plan_for_task(
             cfg,
@@ -440,10 +444,7 @@ def explain_job(
         lines = rank_lines(denv, plan, rank_program(cfg))
         if choice is not None:
             lines.insert(1, gpu_line(choice, gpu_numa(choice.physical)))
-            lines.insert(
-                2,
-                constrained_gpu_line({**env, **synthetic_gpu_env(**layout, constrained=True)}, gpus),  # type: ignore[arg-type]
-            )
+            lines.insert(2, constrained_gpu_line({**env, **gpu_env(constrained=True)}, gpus))
         out += lines
     return "\n".join(out) + "\n"
 
