@@ -38,7 +38,15 @@ from .config import (
 )
 from .constants import PREEMPTED_EXIT_CODE
 from .container import describe as container_lines
-from .devices import DeviceChoice, nccl_environment, select_device, slot_gpus, synthetic_gpu_env, visible_devices
+from .devices import (
+    DeviceChoice,
+    nccl_environment,
+    read_devices_constrained,
+    select_device,
+    slot_gpus,
+    synthetic_gpu_env,
+    visible_devices,
+)
 from .env import PORT_BASE, PORT_SPAN, DistEnv, expand_nodelist, fallback_port, synthetic_slurm_env
 from .errors import BindingError, UserError
 from .render import loader_cpu_warning, torchrun_flags
@@ -261,11 +269,25 @@ def rank_lines(denv: DistEnv, plan: BindingPlan, command: Optional[List[str]] = 
 
 
 def gpu_line(choice: DeviceChoice, numa_node: Optional[int] = None) -> str:
-    """``  gpu: cuda:N = physical GPU P (NUMA node X); CUDA_VISIBLE_DEVICES=…; rule: …``."""
+    """``  gpu: cuda:N = physical GPU P (NUMA node X); CUDA_VISIBLE_DEVICES=…; rule: …`` (``P`` is
+    ``unknown`` when the variables do not name it; then the reason follows the rule)."""
     where = "" if numa_node is None or numa_node < 0 else f" (NUMA node {numa_node})"
+    unknown = "" if choice.physical is not None else f"; physical GPU unknown: {choice.physical_source}"
     return (
-        f"  gpu: {choice.device} = physical GPU {choice.physical}{where}; "
-        f"CUDA_VISIBLE_DEVICES={','.join(choice.visible)}; rule: {choice.rule}"
+        f"  gpu: {choice.device} = physical GPU {choice.physical or 'unknown'}{where}; "
+        f"CUDA_VISIBLE_DEVICES={','.join(choice.visible)}; rule: {choice.rule}{unknown}"
+    )
+
+
+def constrained_gpu_line(env: Mapping[str, str], node_gpus: int) -> str:
+    """``  gpu under ConstrainDevices: CUDA_VISIBLE_DEVICES=0 SLURM_STEP_GPUS=0 → physical GPU 1 (…)``: what
+    the same task sees and decides where cgroup.conf says ``ConstrainDevices=yes`` (``env``: its variables
+    from ``synthetic_gpu_env(constrained=True)``; the job assumed to hold all ``node_gpus`` of each node)."""
+    choice = select_device(env, constrained=True, node_gpu_count=node_gpus)
+    return (
+        f"  gpu under ConstrainDevices: CUDA_VISIBLE_DEVICES={env['CUDA_VISIBLE_DEVICES']} "
+        f"SLURM_STEP_GPUS={env['SLURM_STEP_GPUS']} -> physical GPU {choice.physical or 'unknown'} "
+        f"({choice.physical_source})"
     )
 
 
@@ -383,8 +405,9 @@ def explain_job(
     if gpus:
         out.insert(
             2,
-            f"assumed GPUs: {gpus} per node (index 0-{gpus - 1}), GPU g on NUMA node g x {numa_nodes} / {gpus}; "
-            f"each task's CUDA_VISIBLE_DEVICES as Slurm hands them out"
+            f"assumed GPUs: {gpus} per node (index 0-{gpus - 1}, all the job's), GPU g on NUMA node g x {numa_nodes} / {gpus}; "
+            "each task's CUDA_VISIBLE_DEVICES as Slurm hands them out without cgroup device constraints, "
+            "and under ConstrainDevices=yes (the 'gpu under ConstrainDevices' line)"
             + (f" with --gpu-bind={s.gpu_bind}" if s.gpu_bind else "")
             + " (closest: assumed all of the node's)" * bool(s.gpu_bind and "closest" in s.gpu_bind),
         )
@@ -394,29 +417,35 @@ def explain_job(
         env.update(user)
         denv = DistEnv.from_environ(env)
         choice = None
-        if gpus:
-            env.update(
-                synthetic_gpu_env(
-                    local_rank=denv.local_rank,
-                    tasks_per_node=s.tasks_per_node,
-                    node_gpus=gpus,
-                    gpus_per_task=s.gpus_per_task or 0,
-                    gpu_bind=s.gpu_bind,
-                )
+
+        def gpu_env(constrained: bool, local_rank: int = denv.local_rank) -> Dict[str, str]:
+            return synthetic_gpu_env(
+                local_rank=local_rank,
+                tasks_per_node=s.tasks_per_node,
+                node_gpus=gpus,
+                gpus_per_task=s.gpus_per_task or 0,
+                gpu_bind=s.gpu_bind,
+                constrained=constrained,
             )
-            choice = select_device(env)
+
+        if gpus:
+            env.update(gpu_env(constrained=False))
+            choice = select_device(env, constrained=False, node_gpu_count=gpus)
         plan = plan_for_task(
             cfg,
             env,
             allowed=range(per_node),
             numa=numa,
-            gpu_numa_nodes=[gpu_numa(g) for g in slot_gpus(env)] if gpus else None,
+            gpu_numa_nodes=[gpu_numa(g) for g in slot_gpus(env, constrained=False, node_gpu_count=gpus)]
+            if gpus
+            else None,
             libraries=libraries,
             numactl=numactl,
         )
         lines = rank_lines(denv, plan, rank_program(cfg))
         if choice is not None:
             lines.insert(1, gpu_line(choice, gpu_numa(choice.physical)))
+            lines.insert(2, constrained_gpu_line({**env, **gpu_env(constrained=True)}, gpus))
         out += lines
     return "\n".join(out) + "\n"
 
@@ -433,8 +462,14 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
         out.append("rendezvous: " + rendezvous_rule(first, denv.job_id))
     out.append("signals: " + signal_plan(cfg))
     if cfg.slurm.gpu_job or visible_devices(environ) is not None:
+        from .binding import read_gpu_pci_devices
+
         try:
-            choice = select_device(environ)
+            choice = select_device(
+                environ,
+                constrained=read_devices_constrained(environ),
+                node_gpu_count=len(read_gpu_pci_devices()) or None,
+            )
         except UserError as e:
             out.append(f"gpu: {e}")
         else:

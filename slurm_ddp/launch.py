@@ -146,13 +146,13 @@ def plan_here(cfg: JobConfig, environ: Mapping[str, str]) -> BindingPlan:
         numa = binding.read_numa_nodes()
         core_ids = binding.read_core_ids(allowed)
         if cfg.slurm.gpu_job:  # each local task's GPU (what Slurm assigned) → its NUMA node
-            from .devices import slot_gpus
+            from .devices import read_devices_constrained, slot_gpus
 
-            by_index = binding.read_gpu_numa_nodes({})  # every GPU of the node, in index order
-            gpus = [
-                by_index[int(g)] if g is not None and g.isdigit() and int(g) < len(by_index) else -1
-                for g in slot_gpus(environ)
-            ]
+            by_index = binding.read_gpu_numa_by_index()  # every GPU of the node: {index: NUMA node}
+            slots = slot_gpus(
+                environ, constrained=read_devices_constrained(environ), node_gpu_count=len(by_index) or None
+            )
+            gpus = [by_index.get(int(g), -1) if g is not None and g.isdigit() else -1 for g in slots]
     libraries = binding.locate_libraries(binding.needed_libraries(cfg), environ)
     numactl = shutil.which("numactl", path=environ.get("PATH")) if e.cpu_bind == "numa" else None
     return binding.plan_for_task(

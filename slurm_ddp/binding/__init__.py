@@ -47,7 +47,9 @@ from .machine import (
     locate_library,
     missing_library_message,
     read_core_ids,
+    read_gpu_numa_by_index,
     read_gpu_numa_nodes,
+    read_gpu_pci_devices,
     read_numa_nodes,
 )
 from .plan import (
@@ -87,6 +89,8 @@ __all__ = [
     "plan_environment",
     "plan_for_task",
     "read_core_ids",
+    "read_gpu_numa_by_index",
     "read_gpu_numa_nodes",
+    "read_gpu_pci_devices",
     "read_numa_nodes",
 ]

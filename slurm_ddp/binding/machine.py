@@ -201,14 +201,12 @@ def read_core_ids(cpus: Iterable[int], root: str = "/sys/devices/system/cpu") ->
 _GPU_VENDORS = ("0x10de", "0x1002")
 
 
-def read_gpu_numa_nodes(environ: Mapping[str, str], root: str = "/sys/bus/pci/devices") -> List[int]:
-    """NUMA node of each GPU this task sees, in device-index order (-1 = unknown).
+def read_gpu_pci_devices(root: str = "/sys/bus/pci/devices") -> List[Tuple[str, int]]:
+    """``(PCI address, NUMA node)`` of each GPU of this machine, in bus order (NUMA node -1 = unknown).
 
-    GPUs are the PCI display/3D controllers (class 0x03xxxx) of NVIDIA and AMD in bus order
-    (CUDA's order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; the usual one on servers), filtered
-    by ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` when those hold integer indices.
-    """
-    gpus: List[int] = []
+    GPUs are the PCI display/3D controllers (class 0x03xxxx) of NVIDIA and AMD (``ROOT/<address>/class``,
+    ``vendor``, ``numa_node``)."""
+    gpus: List[Tuple[str, int]] = []
     try:
         names = sorted(os.listdir(root))
     except OSError:
@@ -223,7 +221,33 @@ def read_gpu_numa_nodes(environ: Mapping[str, str], root: str = "/sys/bus/pci/de
             node = int(d.joinpath("numa_node").read_text().strip())
         except (OSError, ValueError):
             continue
-        gpus.append(node)
+        gpus.append((name, node))
+    return gpus
+
+
+def read_gpu_numa_by_index(
+    root: str = "/sys/bus/pci/devices", driver_root: str = "/proc/driver/nvidia/gpus"
+) -> Dict[int, int]:
+    """``{GPU index: NUMA node}`` for this machine's GPUs (-1 = unknown). The index is the ``N`` of
+    ``/dev/nvidiaN`` where the NVIDIA driver names it (``DRIVER_ROOT/<address>/information``, "Device
+    Minor"; what gres.conf's ``File=/dev/nvidia[0-N]`` and Slurm's indices follow), else the bus order."""
+    from ..devices import nvidia_minor
+
+    out: Dict[int, int] = {}
+    for k, (address, node) in enumerate(read_gpu_pci_devices(root)):
+        minor = nvidia_minor(address, driver_root)
+        out[k if minor is None else minor] = node
+    return out
+
+
+def read_gpu_numa_nodes(environ: Mapping[str, str], root: str = "/sys/bus/pci/devices") -> List[int]:
+    """NUMA node of each GPU this task sees, in device-index order (-1 = unknown).
+
+    GPUs are ``read_gpu_pci_devices``' in bus order
+    (CUDA's order with ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; the usual one on servers), filtered
+    by ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` when those hold integer indices.
+    """
+    gpus = [node for _, node in read_gpu_pci_devices(root)]
     visible = environ.get("CUDA_VISIBLE_DEVICES") or environ.get("ROCR_VISIBLE_DEVICES")
     if visible:
         try:

@@ -14,13 +14,16 @@ import os
 import shutil
 import signal
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Union
 
 from slurm_ddp.errors import SandboxUnavailable
 
+from .cgroups import SandboxCgroups
 from .conf import ACCOUNTING_DB, SandboxConf
+from .job_container import ns_cpu
 from .layout import _CONTROLLER_HOST, STATE_FILE
 from .network import SandboxNetwork
 from .oci import runtime_root
@@ -29,7 +32,7 @@ from .procs import SandboxDaemons, _alive, _executable, _kill, _sh, check_prereq
 _LOCK_PATH = "/tmp/slurm-ddp-sandbox.lock"
 
 
-class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
+class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
     """A private Slurm cluster (``munged`` + ``slurmctld`` + N ``slurmd``) on this machine.
 
     ``root``: directory for everything (created). ``nodes``: number of nodes ``n1..nN``.
@@ -47,6 +50,18 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
     an ``oci.conf`` for Slurm's own container support (``srun --container=BUNDLE``) with ``runc``
     (Debian package ``runc``; ``slurm_ddp.sandbox.oci``). ``slurm_conf_extra``: slurm.conf(5) lines
     added after the sandbox's own, for a key it does not set (``MaxArraySize=4``).
+
+    ``profile`` (``layout.PROFILES``): ``"basic"`` (default: jobs as root with ``proctrack/linuxproc`` and
+    ``task/none``, nothing constrained) or ``"production"``, what most clusters run: ``proctrack/cgroup``,
+    ``task/cgroup,task/affinity``, cgroup v1 ``ConstrainCores``/``ConstrainRAMSpace``/``ConstrainDevices`` in a
+    cgroup subtree per node (``slurm_ddp.sandbox.cgroups``), ``CR_Core_Memory`` with ``DefMemPerCPU``
+    (``layout.DEF_MEM_PER_CPU_MB``; ``RealMemory`` that times the node's CPUs), ``PrologFlags=Contain`` and a
+    private ``/tmp`` and ``/dev/shm`` per job (``job_container/tmpfs``; ``slurm_ddp.sandbox.job_container``).
+    It needs the cgroup v1 controllers mounted under ``/sys/fs/cgroup`` and at most as many ``cpus_per_node``
+    as this process may use, and refuses (ValueError) a ``root`` under ``/tmp`` or ``/dev/shm``, which its jobs
+    do not share; run directories its jobs use must be outside them too. slurmctld (and slurmdbd) run as
+    ``SlurmUser=slurm`` (``layout.SLURM_USER``), who must be able to reach ``root``; jobs still run as their
+    submitter (root here).
 
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),
@@ -75,6 +90,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
             accounting=state.get("accounting", False),
             oci=state.get("oci", False),
             slurm_conf_extra=state.get("slurm_conf_extra", ()),
+            profile=state.get("profile", "basic"),
         )
         sb._state = state
         return sb
@@ -82,7 +98,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
     # ------------------------------------------------------------------ status
 
     def status(self) -> Dict[str, Any]:
-        """Where the sandbox stands: ``up``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
+        """Where the sandbox stands: ``up``, ``profile``, ``nodes`` (name/addr/netns/state), ``pids`` (live ones), paths."""
         live = self._live_pids()
         expected = {"munged", "slurmctld", *(f"slurmd-{n}" for n in self.node_names)}
         up = bool(self._state.get("pids")) and expected <= set(live)
@@ -104,6 +120,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
         return {
             "up": up,
             "id": self.id,
+            "profile": self.profile,
             "root": str(self.root),
             "nodes": nodes,
             "pids": live,
@@ -134,10 +151,19 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
         """Start the cluster and wait until every node is idle; return self.
 
         Raises :class:`SandboxUnavailable` if this machine cannot run it (not root,
-        packages missing, no network namespaces) or if it did not come up within
+        packages missing, no network namespaces; for the production profile no cgroup v1 controllers, or fewer
+        CPUs than ``cpus_per_node``) or if it did not come up within
         ``timeout_s`` (whatever did start is stopped first).
         """
-        problems = check_prerequisites(oci=self.oci)
+        problems = check_prerequisites(oci=self.oci, production=self.production)
+        usable = len(os.sched_getaffinity(0))
+        if self.production:
+            problems += self._unreachable_by_slurm_user()
+        if self.production and self.cpus_per_node > usable:  # seen: "Unable to layout tasks on given cpus"
+            problems.append(
+                f"the production profile binds tasks to real CPUs (task/affinity, ConstrainCores): cpus_per_node="
+                f"{self.cpus_per_node} but this process may use {usable}; use cpus_per_node<={usable}"
+            )
         if problems:
             raise SandboxUnavailable("; ".join(problems))
         deadline = time.monotonic() + timeout_s
@@ -157,6 +183,12 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
                         f"GPUs already runs in {self.root}; stop it first (slurm-ddp sandbox down) to start one with "
                         f"{wanted[0]} x {wanted[1]} x {wanted[2]}"
                     )
+                running = self._state.get("profile", "basic")
+                if running != self.profile:
+                    raise SandboxUnavailable(
+                        f"a sandbox of the {running} profile already runs in {self.root}; stop it first "
+                        f"(slurm-ddp sandbox down) to start one of the {self.profile} profile"
+                    )
                 self._wait_idle(deadline)
                 return self
             self.down()  # stale or partial: clear it before starting afresh
@@ -167,6 +199,8 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
             try:
                 self._prepare_files()
                 self._make_network()
+                if self.production:
+                    self._make_cgroups()
                 self._start_daemons(deadline)
             except BaseException:
                 with contextlib.suppress(Exception):
@@ -181,6 +215,17 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
         self._state["started_at"] = time.time()
         self._save_state()
         return self
+
+    def _unreachable_by_slurm_user(self) -> List[str]:
+        """Why slurmctld, running as :attr:`slurm_user`, could not reach the sandbox root (its config, state and
+        logs are there): a directory above it without o+x (pytest's and mkdtemp's are 0700)."""
+        for d in [self.root, *self.root.parents]:
+            if d.exists() and not d.stat().st_mode & stat.S_IXOTH:
+                return [
+                    f"the production profile's slurmctld runs as {self.slurm_user!r}, which cannot reach {self.root}: "
+                    f"{d} is mode {stat.S_IMODE(d.stat().st_mode):04o}; chmod o+x it or root the sandbox elsewhere"
+                ]
+        return []
 
     def _prepare_files(self) -> None:
         self._prepare_dirs()
@@ -267,7 +312,11 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
 
     def _spawn_slurmd(self, node: str) -> None:
         argv = [_executable("nsenter"), f"--net=/run/netns/{self.netns(node)}", "--"]
-        argv += self._isolated(node, [_executable("slurmd"), "-D", "-N", node, "-f", str(self.slurm_conf)])
+        slurmd = [_executable("slurmd"), "-D", "-N", node, "-f", str(self.slurm_conf)]
+        if self.production:  # the node's namespaces made where job_container/tmpfs can bind the jobs' ones
+            argv += self._isolated(node, slurmd, binds=self._cgroup_binds(node), cpu=ns_cpu())
+        else:
+            argv += self._isolated(node, slurmd)
         self._spawn(f"slurmd-{node}", argv)
 
     # ------------------------------------------------------------------ faults
@@ -375,9 +424,13 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
                 if _alive(p, None):
                     _kill(p, signal.SIGKILL)
 
-        slurm = {k: p for k, p in pids.items() if k != "munged"}
+        # The nodes first, while slurmctld still answers: a slurmd stopping right after a job ended waits for
+        # slurmctld to take the job's epilog-complete message (with PrologFlags=Contain the extern step ends
+        # then), and gave up only after ~25 s with slurmctld gone (seen with 22.05); with it up, 0.05 s.
+        nodes = {k: p for k, p in pids.items() if k.startswith("slurmd-")}
         daemon_pids = set(pids.values())
-        stop(slurm, [p for p in self._netns_pids(node_netns) if p not in daemon_pids], timeout_s)
+        stop(nodes, [p for p in self._netns_pids(node_netns) if p not in daemon_pids], timeout_s)
+        stop({k: p for k, p in pids.items() if k != "munged" and k not in nodes}, [], timeout_s)
         leftovers = self._netns_pids(netns)  # job steps/tasks that outlived slurmd, slurmctld's helpers
         for p in leftovers:
             _kill(p, signal.SIGKILL)
@@ -388,6 +441,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxDaemons):
                 proc.wait(timeout=1)
         self._procs.clear()
 
+        self._remove_cgroups()  # after slurmd: what its steps left (a node lost by SIGKILL leaves its jobs' cgroups)
         self._remove_network(netns)
         short = self._state.get("short_dir")
         if short and Path(short).name.startswith("sdsb-"):

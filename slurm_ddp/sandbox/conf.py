@@ -12,10 +12,12 @@ import shutil
 import socket
 import stat
 from pathlib import Path
+from typing import List
 
 from slurm_ddp.errors import SandboxUnavailable
 
-from .layout import _CONTROLLER_HOST, _SHORT_BASE, SandboxLayout
+from .job_container import job_container_conf_text
+from .layout import _CONTROLLER_HOST, DEF_MEM_PER_CPU_MB, SandboxLayout
 from .oci import oci_conf_text, runtime_root
 from .procs import _executable
 
@@ -30,9 +32,20 @@ class SandboxConf(SandboxLayout):
         """A fresh ``state/``, the root's directories, and the sockets' directory under ``/tmp``."""
         # every start is a fresh cluster: slurmctld refuses state saved under another ClusterName
         shutil.rmtree(self.root / "state", ignore_errors=True)
+        # and job_container/tmpfs's per-job directories (job ids restart at 1): a directory left by a job of
+        # an earlier start whose namespace is gone made the same id's steps fail ("container_p_join: open
+        # failed for BasePath/<node>/<job>/.ns: No such file or directory", seen with 22.05)
+        shutil.rmtree(self.job_container_dir, ignore_errors=True)
         for d in ("etc", "log", "state", "munge"):
             (self.root / d).mkdir(parents=True, exist_ok=True)
-        short = Path(f"{_SHORT_BASE}/sdsb-{self.id}")
+        if self.production:  # slurmctld (and slurmdbd) run as SlurmUser: it writes its state and logs there
+            uid, gid = self.slurm_user_ids()
+            for sub in ("", "etc", "log", "state"):
+                os.chmod(self.root / sub, 0o755)  # whatever the umask: SlurmUser reads etc/, writes log/ and state/
+            for sub in ("log", "state"):
+                for p in [self.root / sub, *(self.root / sub).iterdir()]:
+                    os.chown(p, uid, gid)
+        short = Path(f"{self._short_base}/sdsb-{self.id}")
         if short.exists():  # left by a sandbox with this id that was not stopped (its bridge is gone)
             shutil.rmtree(short)
         short.mkdir(mode=0o755)
@@ -57,18 +70,26 @@ class SandboxConf(SandboxLayout):
         # reverse lookups of IPv4-mapped peers (dual-stack servers such as torch's TCPStore)
         hosts += [f"::ffff:{a}\t{n}" for a, n in names]
         (self.root / "etc" / "hosts").write_text("\n".join(hosts) + "\n")
-        (self.root / "etc" / "cgroup.conf").write_text("CgroupPlugin=autodetect\nIgnoreSystemd=yes\n")
+        (self.root / "etc" / "cgroup.conf").write_text(self._render_cgroup_conf())
         self._make_gpu_devices()
         oci_conf = self.slurm_conf.parent / "oci.conf"  # oci.conf(5): beside slurm.conf, read at slurmd's start
         if self.oci:
             oci_conf.write_text(oci_conf_text(_executable("runc"), runtime_root(self.id)))
         else:
             oci_conf.unlink(missing_ok=True)
+        jc_conf = self.slurm_conf.parent / "job_container.conf"  # beside slurm.conf, read at slurmd's start
+        if self.production:
+            jc_conf.write_text(job_container_conf_text(self.job_container_dir, self.node_names))
+        else:
+            jc_conf.unlink(missing_ok=True)
         self.slurm_conf.write_text(self._render_conf())
+        self.slurm_conf.chmod(0o644)  # every client, the jobs' srun and SlurmUser's slurmctld read it
         if self.accounting:
             dbd = self.slurm_conf.parent / "slurmdbd.conf"  # slurmdbd reads it beside SLURM_CONF
             dbd.write_text(self._render_dbd_conf())
             dbd.chmod(0o600)  # slurmdbd refuses a readable one
+            if self.production:  # and one its SlurmUser does not own
+                os.chown(dbd, *self.slurm_user_ids())
 
     def _make_gpu_devices(self) -> None:
         """``gpus_per_node`` placeholder character devices (major 195, NVIDIA's) and ``gres.conf``.
@@ -110,7 +131,7 @@ class SandboxConf(SandboxLayout):
             f"ClusterName=sdb{self.id}",
             f"SlurmctldHost={_CONTROLLER_HOST}({self.controller_addr})",
             f"SlurmctldPort={ports['slurmctld']}",
-            "SlurmUser=root",
+            f"SlurmUser={self.slurm_user}",
             "SlurmdUser=root",
             "AuthType=auth/munge",
             "CredType=cred/munge",
@@ -123,9 +144,7 @@ class SandboxConf(SandboxLayout):
             f"SlurmdLogFile={r}/log/slurmd-%n.log",
             "SlurmctldDebug=info",
             "SlurmdDebug=info",
-            "ProctrackType=proctrack/linuxproc",
-            "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none",
+            *self._plugin_lines(),
             *(
                 [
                     "AccountingStorageType=accounting_storage/slurmdbd",
@@ -141,7 +160,8 @@ class SandboxConf(SandboxLayout):
             "JobCompType=jobcomp/filetxt",
             f"JobCompLoc={r}/log/jobcomp.txt",
             "SelectType=select/cons_tres",
-            "SelectTypeParameters=CR_Core",
+            f"SelectTypeParameters={'CR_Core_Memory' if self.production else 'CR_Core'}",
+            *([f"DefMemPerCPU={DEF_MEM_PER_CPU_MB}"] if self.production else []),
             "SlurmdParameters=config_overrides",
             "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0,sched_interval=2,bf_interval=1",
             "SwitchType=switch/none",
@@ -165,6 +185,54 @@ class SandboxConf(SandboxLayout):
         ]
         return "\n".join(lines) + "\n"
 
+    def _plugin_lines(self) -> List[str]:
+        """slurm.conf's process tracking, task and accounting-gather plugins of the profile (slurm.conf(5)).
+
+        ``basic``: no cgroups (``proctrack/linuxproc``, ``task/none``). ``production``: what most sites run:
+        ``proctrack/cgroup`` (a job's processes are the members of its cgroup, killed through the freezer),
+        ``task/cgroup,task/affinity`` (cgroup.conf's constraints, CPU binding by Slurm's masks),
+        ``jobacct_gather/cgroup``, and ``PrologFlags=Contain`` (an ``extern`` step holds the allocation on
+        every node from its start, so processes that reach a node outside srun are contained and killed too),
+        ``job_container/tmpfs`` (a private ``/tmp`` and ``/dev/shm`` per job: ``job_container``).
+        """
+        if not self.production:
+            return [
+                "ProctrackType=proctrack/linuxproc",
+                "TaskPlugin=task/none",
+                "JobAcctGatherType=jobacct_gather/none",
+            ]
+        return [
+            "ProctrackType=proctrack/cgroup",
+            "TaskPlugin=task/cgroup,task/affinity",
+            "JobAcctGatherType=jobacct_gather/cgroup",
+            "PrologFlags=Contain",
+            "JobContainerType=job_container/tmpfs",
+        ]
+
+    def _render_cgroup_conf(self) -> str:
+        """cgroup.conf(5). Slurm 22.05's slurmd loads a cgroup plugin even with ``task/none``: ``basic`` lets it
+        autodetect and ignore systemd; ``production`` constrains cores, RAM (to the job's ``--mem``:
+        ``AllowedRAMSpace=100``) and devices (GRES GPUs a step was not given are denied) in the v1 hierarchies under
+        ``/sys/fs/cgroup``, which each slurmd sees as its node's own subtree (``cgroups``)."""
+        if not self.production:
+            return "CgroupPlugin=autodetect\nIgnoreSystemd=yes\n"
+        return (
+            "\n".join(
+                [
+                    "# Written by slurm_ddp.sandbox: the production profile.",
+                    "CgroupPlugin=cgroup/v1",
+                    "CgroupMountpoint=/sys/fs/cgroup",
+                    "CgroupAutomount=no",
+                    "IgnoreSystemd=yes",
+                    "ConstrainCores=yes",
+                    "ConstrainRAMSpace=yes",
+                    "AllowedRAMSpace=100",
+                    "ConstrainDevices=yes",
+                ]
+            )
+            + "\n"
+        )
+
     def _render_dbd_conf(self) -> str:
         r, s = self.root, self.short_dir
         ports = self._state["ports"]
@@ -177,7 +245,7 @@ class SandboxConf(SandboxLayout):
                     f"DbdHost={socket.gethostname().split('.')[0]}",
                     f"DbdAddr={self.host_addr}",
                     f"DbdPort={ports['slurmdbd']}",
-                    "SlurmUser=root",
+                    f"SlurmUser={self.slurm_user}",
                     f"PidFile={r}/state/slurmdbd.pid",
                     f"LogFile={r}/log/slurmdbd.log",
                     "DebugLevel=info",

@@ -11,12 +11,14 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import pwd
 import re
 import secrets
 import subprocess
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
+from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.slurmversion import SlurmVersion, slurm_version
 
 #: Name of the state file inside the sandbox root.
@@ -53,8 +55,23 @@ def check_timeouts(slurmd_timeout_s: int, message_timeout_s: int, kill_wait_s: i
         )
 
 
+#: The sandbox's configuration profiles (``SlurmSandbox(profile=...)``): ``basic`` (jobs as root,
+#: ``proctrack/linuxproc``, ``task/none``, CPUs only) and ``production`` (cgroup plugins with per-node cgroup
+#: subtrees, memory as a consumable resource, ``PrologFlags=Contain``, ``job_container/tmpfs``, ``SlurmUser=slurm``:
+#: ``conf``).
+PROFILES = ("basic", "production")
+#: ``DefMemPerCPU`` (MB) of the production profile: the memory a job gets per allocated CPU when it asks for
+#: none (``--mem``/``--mem-per-cpu``); each node's ``RealMemory`` is this times its CPUs.
+DEF_MEM_PER_CPU_MB = 1000
+#: ``SlurmUser`` of the production profile.
+SLURM_USER = "slurm"
+
 _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
+#: The production profile's jobs have a private /tmp (``job_container/tmpfs``): its sockets live here instead.
+_SHORT_BASE_PRIVATE_TMP = "/run"
+#: What ``job_container/tmpfs`` makes private to each job (Slurm 22.05: always both).
+_PRIVATE_DIRS = (Path("/tmp"), Path("/dev/shm"))
 
 
 class SandboxLayout:
@@ -73,7 +90,10 @@ class SandboxLayout:
         accounting: bool = False,
         oci: bool = False,
         slurm_conf_extra: Sequence[str] = (),
+        profile: str = "basic",
     ) -> None:
+        if profile not in PROFILES:
+            raise ValueError(f"profile must be one of {', '.join(PROFILES)}, got {profile!r}")
         if not 1 <= int(nodes) <= 200:
             raise ValueError(f"nodes must be 1..200, got {nodes}")
         if int(cpus_per_node) < 1:
@@ -85,6 +105,13 @@ class SandboxLayout:
         self.message_timeout_s = int(message_timeout_s)
         self.kill_wait_s = int(kill_wait_s)
         self.root = Path(root).absolute()
+        if profile == "production" and any(
+            self.root.resolve().is_relative_to(d) for d in _PRIVATE_DIRS
+        ):  # its jobs would not see the sandbox's slurm.conf
+            raise ValueError(
+                f"the production profile gives every job a private /tmp and /dev/shm (job_container/tmpfs): put the "
+                f"sandbox root outside them, not {self.root} (e.g. under /var/tmp)"
+            )
         self.num_nodes = int(nodes)
         self.cpus_per_node = int(cpus_per_node)
         self.gpus_per_node = int(gpus_per_node)
@@ -95,12 +122,35 @@ class SandboxLayout:
                 raise ValueError(f"slurm_conf_extra: expected slurm.conf lines KEY=VALUE, got {line!r}")
         #: slurm.conf(5) lines written after the sandbox's own, e.g. ``MaxArraySize=4`` (a key it does not set itself)
         self.slurm_conf_extra = tuple(slurm_conf_extra)
+        self.profile = profile
         self.id = self._make_id(name)
-        self.real_memory_mb = 1000
+        self.real_memory_mb = DEF_MEM_PER_CPU_MB * self.cpus_per_node if self.production else 1000
         self._state: Dict[str, Any] = {}
         self._procs: Dict[str, subprocess.Popen] = {}
 
     # ------------------------------------------------------------------ naming
+
+    @property
+    def slurm_user(self) -> str:
+        """slurm.conf's ``SlurmUser``, whom slurmctld (and slurmdbd) run as: ``slurm`` in the production profile
+        (Debian's packages make that user), else ``root``."""
+        return SLURM_USER if self.production else "root"
+
+    def slurm_user_ids(self) -> Tuple[int, int]:
+        """(uid, gid) of :attr:`slurm_user`. Raises ``SandboxUnavailable`` naming the fix when there is no such user."""
+        try:
+            pw = pwd.getpwnam(self.slurm_user)
+        except KeyError:
+            raise SandboxUnavailable(
+                f"no user {self.slurm_user!r} (SlurmUser of the production profile): install Debian's slurmctld "
+                f"package, which makes it, or: useradd --system --no-create-home {self.slurm_user}"
+            ) from None
+        return pw.pw_uid, pw.pw_gid
+
+    @property
+    def production(self) -> bool:
+        """Whether this sandbox runs the ``production`` profile (see ``PROFILES``)."""
+        return self.profile == "production"
 
     @staticmethod
     def _make_id(name: Optional[str]) -> str:
@@ -135,11 +185,20 @@ class SandboxLayout:
 
     @property
     def short_dir(self) -> Path:
-        return Path(self._state.get("short_dir") or f"{_SHORT_BASE}/sdsb-{self.id}")
+        return Path(self._state.get("short_dir") or f"{self._short_base}/sdsb-{self.id}")
+
+    @property
+    def _short_base(self) -> str:
+        return _SHORT_BASE_PRIVATE_TMP if self.production else _SHORT_BASE
 
     @property
     def log_dir(self) -> Path:
         return self.root / "log"
+
+    @property
+    def job_container_dir(self) -> Path:
+        """``job_container/tmpfs``'s ``BasePath`` of each node is ``<this>/<node>`` (production profile)."""
+        return self.root / "jc"
 
     @property
     def gpu_dir(self) -> Path:
@@ -200,6 +259,7 @@ class SandboxLayout:
             accounting=self.accounting,
             oci=self.oci,
             slurm_conf_extra=list(self.slurm_conf_extra),
+            profile=self.profile,
             root=str(self.root),
             slurm_conf=str(self.slurm_conf),
         )

@@ -16,7 +16,8 @@ import ipaddress
 import os
 import random
 import re
-from typing import List
+import shlex
+from typing import List, Optional, Sequence, Tuple
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.rendezvous import port_is_free
@@ -132,13 +133,25 @@ class SandboxNetwork(SandboxLayout):
             found += [int(p) for p in res.stdout.split() if p.isdigit()]
         return [p for p in found if p != os.getpid()]
 
-    def _isolated(self, hostname: str, argv: List[str]) -> List[str]:
+    def _isolated(
+        self, hostname: str, argv: List[str], binds: Sequence[Tuple[str, str]] = (), cpu: Optional[int] = None
+    ) -> List[str]:
         """argv run with its own hostname and the sandbox's /etc/hosts (private UTS + mount namespaces).
 
-        unshare and sh exec in place, so the PID Popen returns is the daemon's own PID.
+        ``binds``: more (source, target) bind mounts made in that mount namespace before argv starts (a
+        production node's cgroup subtrees). ``cpu``: make the namespaces on this CPU (``taskset``), then give
+        argv every CPU this process may use again (``job_container.ns_cpu`` says why).
+        unshare, taskset and sh exec in place, so the PID Popen returns is the daemon's own PID.
         """
-        script = 'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && shift 2 && exec "$@"'
+        script = 'echo "$1" > /proc/sys/kernel/hostname && mount --bind "$2" /etc/hosts && '
+        script += "".join(f"mount --bind {shlex.quote(src)} {shlex.quote(dst)} && " for src, dst in binds)
+        prefix: List[str] = []
+        if cpu is not None:
+            cpus = ",".join(str(c) for c in sorted(os.sched_getaffinity(0)))
+            prefix = [_executable("taskset"), "-c", str(cpu)]
+            script += f"taskset -pc {cpus} $$ >/dev/null && "
+        script += 'shift 2 && exec "$@"'
         return [
-            _executable("unshare"), "--uts", "--mount", "--propagation", "private",
+            *prefix, _executable("unshare"), "--uts", "--mount", "--propagation", "private",
             "/bin/sh", "-c", script, "sh", hostname, str(self.root / "etc" / "hosts"), *argv,
         ]  # fmt: skip

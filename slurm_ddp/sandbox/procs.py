@@ -17,6 +17,7 @@ from typing import Any, Dict, List, Optional
 
 from slurm_ddp.errors import SandboxUnavailable
 
+from .cgroups import cgroup_v1_problems
 from .layout import SandboxLayout
 
 # Binaries the sandbox runs, and the Debian package that provides each.
@@ -55,10 +56,11 @@ def _executable(name: str) -> str:
     return found
 
 
-def check_prerequisites(oci: bool = False) -> List[str]:
+def check_prerequisites(oci: bool = False, production: bool = False) -> List[str]:
     """Return human-readable problems that stop a sandbox from starting; empty = OK.
 
-    ``oci``: the sandbox runs containers with Slurm's OCI support, which needs ``runc``."""
+    ``oci``: the sandbox runs containers with Slurm's OCI support, which needs ``runc``. ``production``: the
+    production profile, which needs cgroup v1 controllers (``cgroups.cgroup_v1_problems``) and ``taskset``."""
     problems: List[str] = []
     if not hasattr(os, "geteuid") or os.geteuid() != 0:
         uid = os.geteuid() if hasattr(os, "geteuid") else "?"
@@ -75,6 +77,10 @@ def check_prerequisites(oci: bool = False) -> List[str]:
             f"missing {', '.join(binaries)} (Debian package {package}): "
             f"apt-get install -y --no-install-recommends {package}"
         )
+    if production:
+        problems += cgroup_v1_problems()
+        if _which("taskset") is None:
+            problems.append("missing taskset (Debian package util-linux): apt-get install -y util-linux")
     if not os.path.exists("/proc/self/ns/net"):
         problems.append("this kernel has no network namespaces (/proc/self/ns/net is missing)")
     return problems

@@ -31,7 +31,13 @@ import torch.distributed as dist
 import torch.distributed.nn.functional
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Subset, get_worker_info
 
-from ..devices import DeviceSelectionError, select_device, visible_devices
+from ..devices import (
+    DeviceSelectionError,
+    identify_cuda_device,
+    read_devices_constrained,
+    select_device,
+    visible_devices,
+)
 from ..env import DistEnv
 
 log = logging.getLogger("slurm_ddp.worker")
@@ -52,7 +58,8 @@ def rank_device(
     With NCCL the device is the one ``slurm_ddp.devices.select_device`` chooses from what Slurm
     made visible (``environ``, default ``os.environ``, with this rank's LOCAL_RANK and
     LOCAL_WORLD_SIZE): ``cuda:0`` when the task sees one GPU, ``cuda:LOCAL_RANK`` when it sees
-    the node's GPUs (one process per GPU, the DDP recipe), made current; with gloo it is the CPU. When GPUs
+    the node's GPUs (one process per GPU, the DDP recipe), made current; the log names the physical GPU from
+    the device's PCI address (``slurm_ddp.devices.identify_cuda_device``); with gloo it is the CPU. When GPUs
     are visible but CUDA is not usable here (``backend="auto"``: gloo on the CPU), the device the rule
     would choose is still logged. Raises ``DeviceSelectionError`` (one line) when the visible GPUs do not
     fit the rank's place.
@@ -63,13 +70,14 @@ def rank_device(
     env.update(LOCAL_RANK=str(denv.local_rank), LOCAL_WORLD_SIZE=str(denv.local_world_size))
     rank_log = logging.getLogger("slurm_ddp.rank")
     if backend == "nccl":
-        choice = select_device(env, device_count=torch.cuda.device_count())
+        choice = select_device(env, device_count=torch.cuda.device_count(), constrained=read_devices_constrained(env))
         device = torch.device("cuda", choice.ordinal)
         torch.cuda.set_device(device)
+        choice = identify_cuda_device(choice, torch.cuda.get_device_properties(choice.ordinal))
         rank_log.info("device %s", choice.describe())
     elif visible_devices(env):
         try:
-            rule = select_device(env).describe()
+            rule = select_device(env, constrained=read_devices_constrained(env)).describe()
         except DeviceSelectionError as e:
             rule = f"none ({e})"
         rank_log.info("device cpu (backend %s); the GPU rule gives %s", backend, rule)

@@ -41,12 +41,22 @@ GOOD = {
     "gpus_per_node=4, 4 tasks: rank 3": (task("0,1,2,3", "0,1,2,3", 3, 4), (3, "3")),
     "gpus_per_task=1: rank 0 sees GPU 0": (task("0", "0", 0, 2), (0, "0")),
     "gpus_per_task=1: rank 1 sees GPU 1, which CUDA calls cuda:0": (task("1", "1", 1, 2), (0, "1")),
-    "gpu_bind=single:1, step lists both GPUs": (task("1", "0,1", 1, 2), (0, "1")),
+    "step lists both GPUs, one visible, devices not constrained": (
+        task("1", "0,1", 1, 2, constrained="no"),
+        (0, "1"),
+    ),
     "cgroup-constrained: renumbered from 0, SLURM_STEP_GPUS physical": (task("0", "3", 1, 4), (0, "3")),
     "gpu_bind=closest without topology: all visible": (task("0,1", "0,1", 1, 2), (1, "1")),
     "map_gpu:1,0: rank 0 on physical 1": (task("1", "1", 0, 2), (0, "1")),
     "two nodes, node 1, rank 1 of the node": (task("0,1", "0,1", 1, 2, SLURM_NODEID="1"), (1, "1")),
-    "SLURM_JOB_GPUS when no step list": (task("0,1", None, 1, 2, SLURM_JOB_GPUS="4,5"), (1, "5")),
+    "SLURM_JOB_GPUS on the batch host when no step list": (
+        task("0,1", None, 1, 2, SLURM_JOB_GPUS="4,5", SLURMD_NODENAME="n1", SLURM_JOB_NODELIST="n[1-2]"),
+        (1, "5"),
+    ),
+    "no step list elsewhere: CUDA_VISIBLE_DEVICES": (
+        task("0,1", None, 1, 2, SLURM_JOB_GPUS="4,5", SLURMD_NODENAME="n2", SLURM_JOB_NODELIST="n[1-2]"),
+        (1, "1"),
+    ),
     "more visible than tasks (8 GPUs, 4 tasks)": (task("0,1,2,3,4,5,6,7", None, 2, 4), (2, "2")),
     "torchrun variables win over Slurm's": (
         task("0,1", "0,1", 0, 1, LOCAL_RANK="1", LOCAL_WORLD_SIZE="2"),
@@ -65,7 +75,9 @@ GOOD = {
 @pytest.mark.parametrize("layout", list(GOOD))
 def test_device_table(layout: str) -> None:
     env, (ordinal, physical) = GOOD[layout]
-    choice = select_device(env)
+    env = dict(env)
+    constrained = {"no": False, "yes": True}.get(env.pop("constrained", ""))
+    choice = select_device(env, constrained=constrained)
     assert (choice.ordinal, choice.physical) == (ordinal, physical)
     assert choice.device == f"cuda:{ordinal}"
     assert choice.device in choice.describe() and physical in choice.describe()
@@ -139,10 +151,12 @@ def test_synthetic_gpu_env_follows_slurm_and_the_rule_maps_it(kw, per_rank) -> N
     got = [synthetic_gpu_env(local_rank=r, tasks_per_node=2, **kw)["CUDA_VISIBLE_DEVICES"] for r in range(2)]
     assert got == per_rank
     physical = [
-        select_device({**synthetic_gpu_env(local_rank=r, tasks_per_node=2, **kw), **task(None, None, r, 2)}).physical
+        select_device(
+            {**synthetic_gpu_env(local_rank=r, tasks_per_node=2, **kw), **task(None, None, r, 2)}, constrained=False
+        ).physical
         for r in range(2)
     ]
-    assert len(set(physical)) == 2  # every layout gives the two ranks different GPUs
+    assert len(set(physical)) == 2 and None not in physical  # every layout gives the two ranks different GPUs
 
 
 def test_nccl_defaults_only_where_the_user_set_nothing() -> None:

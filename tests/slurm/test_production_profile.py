@@ -1,0 +1,231 @@
+"""The real-Slurm tier on the sandbox's production profile (``SlurmSandbox(profile="production")``).
+
+What most clusters run and the session sandbox does not: ``proctrack/cgroup``, ``task/cgroup,task/affinity``
+with cores, RAM and devices constrained in cgroup v1, memory as a consumable resource (``CR_Core_Memory``,
+``DefMemPerCPU``), ``PrologFlags=Contain``, a private ``/tmp`` per job (``job_container/tmpfs``) and
+``SlurmUser=slurm``. One 2-node sandbox with accounting for the module (its root and the run directories
+outside ``/tmp``, which the jobs do not share):
+
+* each task sees the constraints (memory, CPU, devices, /tmp) as the profile sets them;
+* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup, and Slurm says so (srun,
+  slurmstepd, sacct's OUT_OF_MEMORY step);
+* the digits job under those plugins: the batch-shell time-limit signal, a checkpoint, Slurm's requeue, the
+  resume at the exact step, CPU binding by Slurm's masks, and its memory limit as the cgroup holds it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+from lib import wait_for
+from lib.slurm_jobs import REPO, DigitsJob, logs, submit_digits, train_steps
+
+from slurm_ddp.sandbox import SlurmSandbox
+from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
+from slurm_ddp.testing import missing_prerequisite, running_sandbox
+
+pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
+
+OWN_SCRIPT_JOB = REPO / "examples" / "own_script" / "job.yaml"
+
+
+@pytest.fixture(scope="module")
+def production_sandbox() -> Iterator[SlurmSandbox]:
+    """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
+    /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there."""
+    problems = cgroup_v1_problems()
+    if problems:
+        missing_prerequisite("; ".join(problems))
+    root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
+    root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
+    try:
+        with running_sandbox(
+            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True
+        ) as sb:
+            subtrees = [Path(d) for d in sb._state["cgroups"].values()]
+            yield sb
+        # down() killed what was left in the nodes' cgroups and removed the subtrees
+        assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def run_dir(production_sandbox: SlurmSandbox, request: pytest.FixtureRequest) -> Path:
+    """A run directory the production sandbox's jobs can reach (beside the sandbox, outside /tmp)."""
+    d = production_sandbox.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+# For each emulated GPU: "allowed" when open() gets past the devices cgroup (ENXIO: a placeholder device has
+# no driver), "denied" when the cgroup refuses it (EPERM).
+GPU_PROBE = """
+import errno, os, sys
+for k in (0, 1):
+    try:
+        os.close(os.open(f"{sys.argv[1]}/nvidia{k}", os.O_RDONLY))
+        verdict = "opened"
+    except OSError as e:
+        verdict = {errno.ENXIO: "allowed", errno.EPERM: "denied"}.get(e.errno, errno.errorcode[e.errno])
+    print(f"gpu{k}={verdict}", end=" ")
+"""
+
+
+def test_the_profile_is_in_effect(production_sandbox: SlurmSandbox) -> None:
+    """Each task: a private, empty /tmp; the job's memory cgroup at its --mem, in its node's own subtree; a
+    cpuset and an affinity of the one CPU Slurm gave it; only the GPU it was given (ConstrainDevices)."""
+    sb = production_sandbox
+    probe = (
+        f"{sys.executable} -c '{GPU_PROBE}' {sb.gpu_dir}; echo host=$(hostname) tmp=$(ls -A /tmp | wc -l)"
+        " bind=$SLURM_CPU_BIND cpus=$(grep Cpus_allowed_list /proc/self/status | cut -f2)"
+        " mem=$(cat /sys/fs/cgroup/memory/slurm_$(hostname)/uid_0/job_$SLURM_JOB_ID/memory.limit_in_bytes)"
+        " cg=$(grep :memory: /proc/self/cgroup | cut -d: -f3)"
+    )
+    r = sb.run(
+        ["srun", "-N2", "-n2", "--mem=300M", "--gpus-per-node=1", "sh", "-c", probe],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stdout + r.stderr
+    tasks = {m["host"]: m for m in (dict(re.findall(r"(\w+)=(\S*)", line)) for line in r.stdout.splitlines())}
+    assert sorted(tasks) == ["n1", "n2"], r.stdout
+    for node, t in tasks.items():
+        assert t["tmp"] == "0" and t["mem"] == str(300 << 20), t
+        assert re.fullmatch(r"quiet,mask_cpu:0x[12]", t["bind"]) and t["cpus"] in ("0", "1"), t
+        assert re.search(rf"/slurm-ddp-{sb.id}/{node}/slurm_{node}/uid_0/job_\d+/step_0/task_0$", t["cg"]), t
+        assert sorted([t["gpu0"], t["gpu1"]]) == ["allowed", "denied"], t
+    r = sb.run(
+        ["srun", "-N1", "-n1", sys.executable, "-c", GPU_PROBE, str(sb.gpu_dir)],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert r.stdout.split() == ["gpu0=denied", "gpu1=denied"], r.stdout + r.stderr  # no GPU asked for
+
+
+def submit_own_script(sandbox: SlurmSandbox, run_dir: Path, *sets: str) -> DigitsJob:
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(OWN_SCRIPT_JOB), "--run-dir", str(run_dir)]
+    for s in ("slurm.time=00:05:00", *sets):
+        cmd += ["--set", s]
+    r = sandbox.run(cmd, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    return DigitsJob(sandbox, run_dir, m.group(1))
+
+
+# Rank 1 touches 1 GiB (bytes of b"x", not calloc's untouched zero pages); rank 0 allocates nothing.
+GREEDY_RANK = (
+    "import os; x = b'x' * (1 << 30) if os.environ['RANK'] == '1' else b''; print('rank', os.environ['RANK'], 'alive')"
+)
+
+
+def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
+    job = submit_own_script(
+        production_sandbox,
+        run_dir,
+        "slurm.nodes=2",
+        "slurm.tasks_per_node=1",
+        "slurm.mem_gb=0.4",
+        f"train.command=[python, -c, {GREEDY_RANK!r}]",
+    )
+    state = job.wait_ended(timeout_s=120)
+    assert job.show().get("MinMemoryNode") == "410M", job.show()  # round(0.4 x 1024) MB per node: render's --mem
+    assert state in ("FAILED", "OUT_OF_MEMORY"), job.diag()
+    assert job.restarts() == 0 and not (run_dir / "FINISHED").exists(), job.diag()
+    batch = job.batch_log()
+    # Slurm's own evidence: srun (in the batch log) names the task and its node; slurmstepd writes the memory
+    # cgroup's OOM events to the killed task's stderr (its rank log)
+    assert re.search(r"srun: error: n2: task 1: Out Of Memory", batch), job.diag()
+    rank1 = job.rank_log(1)
+    assert re.search(rf"slurmstepd-n2: error: Detected \d+ oom-kill event\(s\) in StepId={job.id}\.0", rank1), (
+        job.diag()
+    )
+    assert "rank 0 alive" in job.rank_log(0) and "rank 1 alive" not in rank1, job.diag()
+
+    def steps() -> dict:  # accounting: each step's state, once slurmdbd has them
+        r = production_sandbox.run(
+            ["sacct", "-n", "-P", "-j", job.id, "-o", "JobID,State"], capture_output=True, text=True, timeout=30
+        )
+        return dict(line.split("|", 1) for line in r.stdout.split())
+
+    def with_the_step() -> dict:
+        rows = steps()
+        return rows if f"{job.id}.0" in rows else {}
+
+    rows = wait_for(with_the_step, 30, "sacct's row of the step", job.diag)
+    assert rows[f"{job.id}.0"] == "OUT_OF_MEMORY" and rows[job.id] == "FAILED", rows
+
+
+def test_digits_time_limit_signal_requeues_and_resumes(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
+    """The session tier's batch-shell signal case (test_slurm_jobs) under cgroups, memory and a private /tmp."""
+    job = submit_digits(production_sandbox, run_dir, "slurm.nodes=1", "slurm.tasks_per_node=2", "train.max_steps=120")
+    job.wait_step(30)
+    job.scancel("--batch", "--signal=USR2")  # what Slurm does signal_delay_s before the time limit
+    wait_for(lambda: job.restarts() >= 1, 90, "the job to requeue itself", job.diag)
+    finished = job.wait_finished(timeout_s=240)
+    assert finished, job.diag()
+    stopped = int((run_dir / "PREEMPTED").read_text().split()[2])
+    rank0 = job.rank_log(0)
+    assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)], rank0[-3000:]
+    steps = train_steps(run_dir)
+    assert steps == sorted(set(steps)) and steps[-1] == 120, steps
+    assert "received SIGUSR2; forwarding it to the ranks" in job.batch_log()
+    # task/affinity binds each rank to its own CPU, as Slurm's masks say; the job has DefMemPerCPU x 2 CPUs
+    for rank in (0, 1):
+        assert f"rank {rank}/2 local_rank {rank}/2" in job.rank_log(rank), logs(run_dir)
+    assert job.show().get("MinMemoryCPU") == "1000M", job.show()
+
+
+# Each rank: what slurm_ddp decides (python -m slurm_ddp.devices' record) and which emulated GPU the devices
+# cgroup lets it open (ENXIO: allowed, a placeholder without a driver; EPERM: denied), as one JSON line.
+GPU_IDENTITY = """
+import errno, json, os, sys
+from slurm_ddp.devices import probe_record, read_devices_constrained
+record = probe_record(os.environ, read_devices_constrained(os.environ))
+allowed = []
+for k in (0, 1):
+    try:
+        os.close(os.open(f"{sys.argv[1]}/nvidia{k}", os.O_RDONLY))
+    except OSError as e:
+        if e.errno == errno.EPERM:
+            continue
+    allowed.append(str(k))
+print("GPU-IDENTITY " + json.dumps({**record, "allowed": allowed}, sort_keys=True), flush=True)
+"""
+
+
+def test_gpu_identity_under_constrain_devices(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
+    """``--gpus-per-task=1`` on 2 tasks of one node under ConstrainDevices: Slurm renumbers both
+    CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS to 0; each rank still names the GPU the devices cgroup lets it
+    open (the per_task binding over SLURM_JOB_GPUS of the batch host), never rank 1 as GPU 0."""
+    probe = run_dir.parent / "gpu_identity.py"
+    probe.write_text(GPU_IDENTITY)
+    job = submit_own_script(
+        production_sandbox,
+        run_dir,
+        "slurm.nodes=1",
+        "slurm.tasks_per_node=2",
+        "slurm.gpus_per_task=1",
+        f"train.command=[python, {probe}, {production_sandbox.gpu_dir}]",
+    )
+    assert job.wait_ended(timeout_s=120) == "COMPLETED", job.diag()
+    records = {}
+    for rank in (0, 1):
+        m = re.search(r"GPU-IDENTITY (\{.*\})", job.rank_log(rank))
+        assert m, job.diag()
+        records[rank] = json.loads(m.group(1))
+    for r in records.values():
+        assert (r["CUDA_VISIBLE_DEVICES"], r["SLURM_STEP_GPUS"], r["SLURMD_TRES_BIND"]) == (
+            "0",
+            "0",
+            "gpu:per_task:1",
+        ), r
+        assert r["devices_constrained"] is True and r["device"] == "cuda:0", r
+        assert len(r["allowed"]) == 1 and r["physical"] == r["allowed"][0], r  # the cgroup's verdict
+    assert sorted(r["physical"] for r in records.values()) == ["0", "1"], records

@@ -1,0 +1,107 @@
+"""The sandbox's production profile, before anything starts: its settings, its files, its checks
+(``slurm_ddp.sandbox``: ``layout``, ``conf``, ``cgroups``, ``job_container``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from slurm_ddp.sandbox import SlurmSandbox, cgroups, job_container
+
+
+def rendered(root: Path, profile: str) -> SlurmSandbox:
+    sb = SlurmSandbox(root, nodes=2, cpus_per_node=2, gpus_per_node=2, name="unit", profile=profile)
+    sb._state.update(ports={"slurmctld": 20000, "n1": 20001, "n2": 20002}, subnet="10.250.1")
+    return sb
+
+
+def conf_keys(text: str) -> dict:
+    return dict(
+        line.split("=", 1) for line in text.splitlines() if "=" in line and not line.startswith(("#", "Node", "Part"))
+    )
+
+
+def test_an_unknown_profile_is_refused_in_one_line(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"^profile must be one of basic, production, got 'prod'$"):
+        SlurmSandbox(tmp_path / "sb", profile="prod")
+
+
+@pytest.mark.parametrize("root", ["/tmp/x/sb", "/dev/shm/sb"])
+def test_a_production_root_the_jobs_would_not_see_is_refused(root: str) -> None:
+    with pytest.raises(ValueError) as e:
+        SlurmSandbox(root, profile="production")
+    text = str(e.value)
+    assert "\n" not in text and "job_container/tmpfs" in text and root in text and "/var/tmp" in text
+    assert not Path(root).exists()
+
+
+def test_the_production_slurm_conf() -> None:
+    sb = rendered(Path("/var/tmp/slurm-ddp-unit-never-made"), "production")  # nothing is written
+    keys = conf_keys(sb._render_conf())
+    assert keys["ProctrackType"] == "proctrack/cgroup"
+    assert keys["TaskPlugin"] == "task/cgroup,task/affinity"
+    assert keys["JobAcctGatherType"] == "jobacct_gather/cgroup"
+    assert keys["SelectTypeParameters"] == "CR_Core_Memory" and keys["DefMemPerCPU"] == "1000"
+    assert keys["PrologFlags"] == "Contain" and keys["JobContainerType"] == "job_container/tmpfs"
+    assert keys["SlurmUser"] == "slurm" and keys["SlurmdUser"] == "root"
+    assert "RealMemory=2000" in sb._render_conf()  # DefMemPerCPU x CPUs: a job asking for every CPU fits
+    cg = conf_keys(sb._render_cgroup_conf())
+    assert cg["CgroupPlugin"] == "cgroup/v1" and cg["CgroupAutomount"] == "no"
+    assert cg["ConstrainCores"] == cg["ConstrainRAMSpace"] == cg["ConstrainDevices"] == "yes"
+    assert str(sb.short_dir).startswith("/run/")  # sockets the jobs reach stay out of their private /tmp
+
+
+def test_the_basic_profile_is_unchanged(tmp_path: Path) -> None:
+    sb = rendered(tmp_path / "sb", "basic")
+    keys = conf_keys(sb._render_conf())
+    assert (keys["ProctrackType"], keys["TaskPlugin"], keys["SelectTypeParameters"]) == (
+        "proctrack/linuxproc",
+        "task/none",
+        "CR_Core",
+    )
+    assert "DefMemPerCPU" not in keys and "PrologFlags" not in keys and "JobContainerType" not in keys
+    assert keys["SlurmUser"] == "root"
+    assert "RealMemory=1000" in sb._render_conf() and str(sb.short_dir).startswith("/tmp/")
+    assert conf_keys(sb._render_cgroup_conf()) == {"CgroupPlugin": "autodetect", "IgnoreSystemd": "yes"}
+
+
+def test_job_container_conf_has_a_base_path_per_node(tmp_path: Path) -> None:
+    text = job_container.job_container_conf_text(tmp_path / "jc", ["n1", "n2"])
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert lines == [f"NodeName=n{i} AutoBasePath=true BasePath={tmp_path}/jc/n{i}" for i in (1, 2)]
+
+
+@pytest.mark.parametrize(
+    "ids, cpu",
+    [({0: 126, 1: 4191}, 0), ({0: 9000, 1: 4191, 2: 8000}, 1), ({0: 7, 1: 7}, None), ({}, None)],
+)
+def test_the_node_namespaces_are_made_on_the_cpu_of_the_lowest_id(monkeypatch, ids: dict, cpu) -> None:
+    monkeypatch.setattr(job_container, "mntns_ids", lambda: ids)
+    assert job_container.ns_cpu() == cpu
+
+
+def test_a_host_without_cgroup_v1_controllers_is_named(monkeypatch) -> None:
+    monkeypatch.setattr(cgroups, "_v1_mounts", lambda: {"cpuset": ("/sys/fs/cgroup/cpuset", True)})
+    (problem,) = cgroups.cgroup_v1_problems()
+    assert "memory, devices, freezer, cpuacct" in problem and "cgroup v2-only" in problem
+
+
+def test_a_read_only_controller_is_named(monkeypatch) -> None:
+    mounts = {c: (f"/sys/fs/cgroup/{c}", c != "memory") for c in cgroups.CONTROLLERS}
+    monkeypatch.setattr(cgroups, "_v1_mounts", lambda: mounts)
+    assert cgroups.cgroup_v1_problems() == [
+        "the cgroup v1 controller memory is mounted read-only at /sys/fs/cgroup/memory; the profile needs it rw"
+    ]
+
+
+def test_a_root_slurm_user_cannot_reach_is_named(tmp_path: Path) -> None:
+    top = tmp_path / "closed"
+    top.mkdir(mode=0o700)
+    top.chmod(0o700)
+    sb = SlurmSandbox(Path("/var/tmp") / "x", profile="production")  # construct, then point below a 0700 dir
+    sb.root = top / "sb"
+    (problem,) = sb._unreachable_by_slurm_user()
+    assert f"{top} is mode 0700" in problem and "'slurm'" in problem and "chmod o+x" in problem
+    top.chmod(0o755)
+    assert [p for p in sb._unreachable_by_slurm_user() if f"{top} is mode" in p] == []  # (pytest's dirs are 0700)
