@@ -38,6 +38,7 @@ from .rundir import (
     rank_log_name,
 )
 from .secrets import redact_argv, redact_env, secret_values
+from .submitenv import batch_unset
 
 TEMPLATE = "sbatch.sh.j2"
 #: In-job recovery: seconds the batch script lets srun end a step after a rank saw a peer vanish, before
@@ -457,6 +458,8 @@ def render(
             env=sorted(values.items()),
             env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
+            # a caller's srun options this job's request does not set again (a submit by hand from inside a job)
+            inherited_unset=batch_unset(sbatch_options(cfg), keep=[*cfg.environment.pass_env, *cfg.environment.env]),
             setup=setup_lines(cfg.environment.setup, "log"),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,

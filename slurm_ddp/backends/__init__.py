@@ -57,6 +57,8 @@ class SubmitPlan:
     snapshot: Optional[SnapshotPlan] = None  #: the code snapshot (None: train.snapshot is off)
     warnings: Tuple[str, ...] = ()  #: lines ``submit`` prints before it schedules (e.g. new code accepted)
     submit_argv: Tuple[str, ...] = ()  #: the submit command, for ``provenance.json``
+    #: what memory the job will get (``ops.memory.memory_line``); set by ``submit`` for a Slurm backend
+    memory: str = ""
 
     @property
     def ranks_cfg(self) -> JobConfig:
@@ -74,6 +76,7 @@ class SubmitPlan:
             f"# run directory: {self.run_dir}"
             + (" (exists: resumes from its newest checkpoint)" if self.resuming else ""),
             f"# command: {shlex.join(self.command)}",
+            *([f"# {self.memory}"] if self.memory else []),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]

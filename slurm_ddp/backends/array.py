@@ -35,6 +35,7 @@ from ..rundir import (
 )
 from ..secrets import check_pass_env
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config
+from ..submitenv import submit_environ
 from ..sweep import Sweep, array_spec
 from ..tracking import check_installed
 from . import BACKENDS, check_run_dir, default_run_dir, secret_warnings
@@ -203,7 +204,9 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
     prepare_sweep_dir(plan)
-    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.sweep_dir)
+    # without the variables of a job this shell runs inside (submitenv), as the single-run backend
+    env = submit_environ(os.environ, keep=plan.pass_env)
+    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.sweep_dir, env=env)
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout or "").strip().splitlines()
         raise ClusterError(f"sbatch refused the job array (exit {proc.returncode}): {msg[-1] if msg else 'no message'}")

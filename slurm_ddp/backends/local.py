@@ -59,6 +59,7 @@ from ..rundir import (
     write_local_end,
 )
 from ..signals import die_with_parent, forwarded_signals
+from ..submitenv import submit_environ
 from . import SubmitPlan, prepare_run_dir
 
 KILL_GRACE_S = 10.0
@@ -71,11 +72,12 @@ NAME_WINDOW_S = 2.0
 def rank_environ(
     plan: SubmitPlan, rank: int, job_id: str, port: int, restart: int, base: Optional[Dict[str, str]] = None
 ) -> Dict[str, str]:
-    """The environment of ``rank``: ``base`` (default os.environ) without its SLURM_* variables,
-    plus the config's ``environment.env`` (values with ``$NAME`` are set by the launch wrapper) and srun's
-    task variables."""
+    """The environment of ``rank``: ``base`` (default os.environ) without the variables of a job or
+    step it runs inside (``submitenv.submit_environ``: ``SLURM_*`` but ``SLURM_CONF`` and the like,
+    a rank's ``MASTER_ADDR``…; ``environment.pass_env`` kept), plus the config's ``environment.env``
+    (values with ``$NAME`` are set by the launch wrapper) and srun's task variables."""
     s = plan.cfg.slurm
-    env = {k: v for k, v in (os.environ if base is None else base).items() if not k.startswith("SLURM_")}
+    env = submit_environ(os.environ if base is None else base, keep=plan.cfg.environment.pass_env)
     env.update(env_as_written(plan.cfg.environment.env))  # values with $NAME: the launch wrapper's, expanded
     env.update(
         synthetic_slurm_env(

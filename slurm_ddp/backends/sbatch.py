@@ -3,24 +3,30 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from typing import Callable
 
 from ..errors import ClusterError
 from ..rundir import record_job
+from ..submitenv import submit_environ
 from . import SubmitPlan, prepare_run_dir
 
 
 def schedule(plan: SubmitPlan, run: Callable[..., subprocess.CompletedProcess] = subprocess.run) -> str:
     """Submit ``plan`` with sbatch; returns the job id. ``run`` is injectable for tests.
 
-    Raises ``ClusterError`` when sbatch is missing or refuses the job (its message included).
+    sbatch runs in this shell's environment without the variables of a job or step it runs inside
+    (``submitenv.submit_environ``; ``environment.pass_env`` kept): the job gets that environment
+    (``--export=ALL``), as from a login shell. Raises ``ClusterError`` when sbatch is missing or
+    refuses the job (its message included).
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
     prepare_run_dir(plan)
-    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.run_dir)
+    env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env)
+    proc = run(list(plan.command), capture_output=True, text=True, cwd=plan.run_dir, env=env)
     if proc.returncode != 0:
         msg = (proc.stderr or proc.stdout or "").strip().splitlines()
         raise ClusterError(f"sbatch refused the job (exit {proc.returncode}): {msg[-1] if msg else 'no message'}")
@@ -51,7 +57,10 @@ def sbatch_test_only(
         script.chmod(0o755)
         argv = ["sbatch", "--test-only", *plan.rendered.sbatch_args, str(script)]
         try:
-            proc = run(argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL)
+            env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env)  # as schedule() submits it
+            proc = run(
+                argv, capture_output=True, text=True, cwd=tmp, timeout=timeout_s, stdin=subprocess.DEVNULL, env=env
+            )
         except FileNotFoundError:
             raise ClusterError("sbatch is not on PATH: run --test-only on a login node of the cluster") from None
         except subprocess.TimeoutExpired:

@@ -10,6 +10,7 @@ through a :class:`Reporter` (the CLI's: stdout and stderr); errors are raised (`
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -148,6 +149,19 @@ def render(
     for w in rendered.warnings:
         warn(w)
     return rendered.shown
+
+
+def memory_note(cfg: JobConfig, run: Optional[Callable[..., subprocess.CompletedProcess[str]]] = None) -> str:
+    """The line ``submit`` and ``--dry-run`` print about the job's memory (``ops.memory.memory_line``):
+    what it asks for, else the site's default, asked of ``scontrol`` (``run``, default
+    ``subprocess.run``) — "unknown" where Slurm cannot be asked."""
+    from ..ops.memory import ask_site_memory, memory_line, size_mb
+    from ..render import sbatch_options
+
+    opts = sbatch_options(cfg)
+    if size_mb(opts.get("mem") or "") or opts.get("mem_per_cpu") or opts.get("mem_per_gpu"):
+        return memory_line(cfg, None)  # asked for: nothing to ask Slurm
+    return memory_line(cfg, ask_site_memory(cfg.slurm.partition, run or subprocess.run))
 
 
 def _preflight(cfg: JobConfig, backend: str, warn: Callable[[str], None]) -> None:
@@ -317,6 +331,8 @@ def submit_run(
 
     deps = _dependencies(after, backend, report)
     plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
+    if backend in ("sbatch", "submitit") and not test_only:
+        plan = dataclasses.replace(plan, memory=memory_note(cfg))
     for w in plan.warnings:
         report.warn(w)
     # a dry run checks what submit checks: a resumed run that is still active, the task or command
@@ -348,12 +364,14 @@ def submit_run(
         from .sbatch import schedule
 
         job_id = schedule(plan)
+        report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(f"submitted job {job_id}; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
     if backend == "submitit":
         from .submitit_backend import schedule as submitit_schedule
 
         job_id = submitit_schedule(plan)
+        report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
     if detach is not None:
@@ -425,6 +443,7 @@ def submit_sweep(
     plan = plan_sweep(sweep, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
     if backend in ("sbatch", "submitit"):
         check_array_size(plan.array_task_ids(), len(sweep.elements))
+        plan = dataclasses.replace(plan, memory=memory_note(sweep.base_cfg))
     # a dry run checks what submit checks. A resumed sweep with elements still pending or running is refused
     # on every backend: a sweep run locally into the directories of a running array, too
     if plan.resuming and plan.todo:
@@ -457,6 +476,7 @@ def submit_sweep(
         from ..sweep import array_spec
 
         job_id = schedule_sbatch(plan)
+        report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(
             f"submitted job array {job_id} (--array={array_spec(plan.todo, sweep.parallelism)}): "
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
@@ -466,6 +486,7 @@ def submit_sweep(
         from .submitit_sweep import array_flag, schedule_submitit
 
         job_id = schedule_submitit(plan)
+        report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(
             f"submitted job array {job_id} through submitit ({array_flag(plan)}): "
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"

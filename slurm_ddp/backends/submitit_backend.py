@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, List, Optional
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence
 
 from ..config import JobConfig, command_argv, env_as_written
 from ..errors import ClusterError, UserError
@@ -43,6 +43,7 @@ from ..rundir import (
     requeue_job,
     requeue_target,
 )
+from ..submitenv import caller_job_variables
 from . import SubmitPlan, prepare_run_dir
 
 log = logging.getLogger("slurm_ddp.submitit")
@@ -270,8 +271,22 @@ def new_executor(cls: Any, *, dry_run: bool = False, **kwargs: Any) -> Any:
 
 
 @contextlib.contextmanager
-def submitting(what: str) -> Iterator[None]:
-    """Around ``executor.submit``/``executor.batch()``: submitit's failures become one-line
+def without_caller_job(keep: Sequence[str] = ()) -> Iterator[None]:
+    """``os.environ`` without the variables of the job or step this process runs inside
+    (``submitenv.caller_job_variables``; ``keep``: ``environment.pass_env``) for the duration, then
+    as it was. submitit runs sbatch in this process's environment and takes no ``env`` of its own;
+    the job gets that environment (``--export=ALL``), as the sbatch backend's does."""
+    saved = {name: os.environ.pop(name) for name in caller_job_variables(os.environ, keep)}
+    try:
+        yield
+    finally:
+        os.environ.update(saved)
+
+
+@contextlib.contextmanager
+def submitting(what: str, keep: Sequence[str] = ()) -> Iterator[None]:
+    """Around ``executor.submit``/``executor.batch()``: sbatch runs without the caller's job
+    variables (:func:`without_caller_job`, ``keep`` kept), and submitit's failures become one-line
     ``ClusterError``s, as the sbatch backend's: sbatch refused (``FailedJobError``, e.g. "Invalid
     partition": exit status and sbatch's last line), no job id in its answer
     (``FailedSubmissionError``), sbatch not runnable (``OSError``). The copy of sbatch's stderr that
@@ -281,7 +296,7 @@ def submitting(what: str) -> Iterator[None]:
 
     held = io.StringIO()
     try:
-        with contextlib.redirect_stderr(held):
+        with contextlib.redirect_stderr(held), without_caller_job(keep):
             yield
     except FailedJobError as e:
         cause = e.__cause__
@@ -340,6 +355,7 @@ def describe(plan: SubmitPlan) -> str:
         "#   runs the pickled slurm_ddp callable through slurm_ddp.launch)",
         f"# run directory: {plan.run_dir}" + (" (exists: resumes from its newest checkpoint)" if plan.resuming else ""),
         f"# each rank runs, inside submitit's callable: {' '.join(plan.command[1:])}",
+        *([f"# {plan.memory}"] if plan.memory else []),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.run_dir) / SUBMITIT_DIR}/<job id>):",
     ]
@@ -355,7 +371,7 @@ def schedule(plan: SubmitPlan) -> str:
     private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
     # train.command's script and workdir in the code snapshot
     callable_ = make_callable(plan.cfg, plan.ranks_cfg, str(rd))
-    with submitting("the job"):
+    with submitting("the job", keep=plan.cfg.environment.pass_env):
         job = executor.submit(callable_)
     record_job(plan.run_dir, backend="submitit", job_id=str(job.job_id))
     return str(job.job_id)

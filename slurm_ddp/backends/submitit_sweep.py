@@ -149,6 +149,7 @@ def describe(plan: SweepPlan) -> str:
         + (" (exists: resumes its unfinished elements)" if plan.resuming else ""),
         f"# elements: {n}, to run: {len(plan.todo)}, sbatch {array_flag(plan) if plan.todo else '(nothing)'}",
         f"# submitit task -> element: {shown or '(none)'}",
+        *([f"# {plan.memory}"] if plan.memory else []),
         *([plan.snapshot.describe()] if plan.snapshot is not None else ["# code snapshot: off"]),
         f"# script (submitit writes it into {Path(plan.sweep_dir) / SUBMITIT_DIR}):",
     ]
@@ -169,7 +170,7 @@ def schedule_submitit(plan: SweepPlan) -> str:
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
-    with submitting("the job array"), executor.batch():
+    with submitting("the job array", keep=plan.pass_env), executor.batch():
         jobs = [executor.submit(c) for c in callables]
     first = str(jobs[0].job_id)
     array_job_id = first.split("_", 1)[0]

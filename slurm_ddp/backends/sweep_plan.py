@@ -59,6 +59,8 @@ class SweepPlan:
     #: directory (``project_links``), and the ones left out because they hold checkpoints
     linked: Tuple[str, ...] = ()
     not_linked: Tuple[str, ...] = ()
+    #: what memory each element will get (``ops.memory.memory_line`` of the base config); set by ``submit``
+    memory: str = ""
 
     def element_dir(self, index: int) -> str:
         return os.path.join(self.sweep_dir, element_dir_name(index, len(self.sweep.elements)))
@@ -68,6 +70,12 @@ class SweepPlan:
         the tasks by element (task id = element index, of the unfinished elements ``todo``); a
         submitit sweep's plan numbers them 0..K-1. What ``sweep.check_array_size`` checks."""
         return self.todo
+
+    @property
+    def pass_env(self) -> Tuple[str, ...]:
+        """The names any element hands on from the submitting shell (``environment.pass_env`` may be
+        swept), sorted: what the sweep's one sbatch keeps (``submitenv.submit_environ``)."""
+        return tuple(sorted({n for e in self.sweep.elements for n in e.cfg.environment.pass_env}))
 
     @property
     def script_path(self) -> str:
@@ -82,6 +90,7 @@ class SweepPlan:
             f"# elements: {n}, to run: {len(self.todo)}"
             + (f", at most {self.sweep.parallelism} at once" if self.sweep.parallelism else ""),
             f"# command: {shlex.join(self.command)}",
+            *([f"# {self.memory}"] if self.memory else []),
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             *(
                 [

@@ -30,7 +30,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
-from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, status_words
+from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, LocalEnd, oom_note, read_ends, status_words
 from ..rundir.local_end import PREEMPTED_STATE
 from .runs import Run, is_run_dir, read_run
 from .slurm import NEVER_SATISFIED_REASON, Runner, SlurmAnswer, SlurmJob, query_jobs
@@ -242,6 +242,8 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         st = RunStatus(run, job.state, job.final, f"slurm ({job.source})", slurm=job, notes=notes)
         if job.never_starts:
             st.notes.append(never_starts_note(run.path, job))
+        if job.final:  # an OOM kill named: rank, node, memory per node, slurm.mem_gb (rundir.oom)
+            st.notes += [n for n in [oom_note(read_ends(run.path), job.job_id, job.state)] if n]
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
             step = run.preempted.step if run.preempted else run.last_checkpoint
             st.notes.append(
@@ -251,6 +253,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
         return st
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago
         notes = [f"Slurm no longer knows job {jid}"] + notes
+        notes += [n for n in [oom_note(read_ends(run.path), jid or "")] if n]  # rundir.oom, from the end record
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes)
         return RunStatus(

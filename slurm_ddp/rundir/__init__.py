@@ -14,7 +14,8 @@ A run directory holds:
   read by ``slurm-ddp report`` where Slurm accounting is not there; the local launcher's records carry
   how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
   ``FAILED``, the first failing rank, its status and log); a launcher killed with ``kill -9`` writes
-  none, so a record of an earlier start does not describe the latest one;
+  none, so a record of an earlier start does not describe the latest one; a batch start whose step was
+  killed for memory carries ``oom`` (:class:`OomKill`'s record: tasks, hosts, events, memory per node);
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
   ``finished``, one JSON object per line (``METRICS_NAME``);
 - ``progress.jsonl``: for a ``train.command`` script that reports its steps through
@@ -62,7 +63,8 @@ backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
-``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended), ``requeue`` (the requeue and finished
+``stops`` (the stop signals of ``train.command`` ranks), ``local_end`` (how a local start ended), ``oom`` (an
+out-of-memory kill recognised in Slurm's lines and states), ``requeue`` (the requeue and finished
 rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
 after a lost or hung node, with its evidence and entry points).
 """
@@ -170,6 +172,7 @@ from .hangs import (
     write_hang_report,
 )
 from .local_end import LOCAL_END_STATES, LocalEnd, local_end, read_local_end, status_words, write_local_end
+from .oom import MEM_KEY, OOM_STATE, OomKill, describe_oom, find_oom, mem_per_node_mb, oom_note, oom_of_ends
 from .recovery import InJobRestart, RecoveryDecision, decide_recovery, in_job_restarts, read_in_job_restarts
 from .requeue import (
     RequeueDecision,
@@ -191,6 +194,14 @@ from .stops import (
 )
 
 __all__ = [
+    "MEM_KEY",
+    "OOM_STATE",
+    "OomKill",
+    "describe_oom",
+    "find_oom",
+    "mem_per_node_mb",
+    "oom_of_ends",
+    "oom_note",
     "WAITING_NAME",
     "LocalWait",
     "read_waiting",

@@ -12,14 +12,27 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
 
 from ..constants import PREEMPTED_EXIT_CODE
-from .files import ENDS_NAME, PathLike, Preempted, is_finished, read_preempted, record_end, write_finished
+from .files import (
+    ENDS_NAME,
+    LOGS_DIR,
+    PathLike,
+    Preempted,
+    batch_log_name,
+    is_finished,
+    read_preempted,
+    record_end,
+    write_finished,
+)
 from .hangs import Hang, find_hang
+from .oom import OomKill, describe_oom, find_oom, mem_per_node_mb, this_start
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
 
@@ -403,6 +416,35 @@ def _node_list(text: str) -> List[str]:
     return names
 
 
+#: how much of each log the OOM check reads (its end: srun and slurmstepd write their lines as the step ends)
+_OOM_TAIL_BYTES = 256 * 1024
+
+
+def _tail(path: Path, size: int = _OOM_TAIL_BYTES) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - size))
+            return f.read().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def oom_of_start(run_dir: PathLike, job_id: str, launcher: str = "srun") -> OomKill:
+    """:func:`slurm_ddp.rundir.oom.find_oom` over the end of this start's batch log
+    (``logs/batch-JOB.out``, from the start's first line) and of its tasks' logs: ``rank-N.log``
+    (``slurm.launcher: srun``: task N is rank N) or ``torchrun-node-N.log`` (torchrun: task N is node N's
+    agent). Lines of other jobs' steps are left out."""
+    logs = Path(run_dir) / LOGS_DIR
+    pattern = re.compile(r"rank-(\d+)\.log$" if launcher == "srun" else r"torchrun-node-(\d+)\.log$")
+    tasks = {}
+    for p in logs.glob("*.log"):
+        m = pattern.match(p.name)
+        if m:
+            tasks[int(m.group(1))] = _tail(p)
+    return find_oom(this_start(_tail(logs / batch_log_name(job_id)), job_id), tasks, job_id=job_id)
+
+
 def _parser() -> _Parser:
     p = _Parser(prog="python -m slurm_ddp.rundir", add_help=False)
     sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
@@ -415,6 +457,7 @@ def _parser() -> _Parser:
     d.add_argument("--got-signal", default=0, type=_int_arg(0, 1))
     d.add_argument("--command-mode", default=0, type=_int_arg(0, 1))
     d.add_argument("--lost-nodes", default="-")
+    d.add_argument("--launcher", default="srun", choices=("srun", "torchrun"))
     return p
 
 
@@ -468,6 +511,11 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
         blog.propagate = False
         blog.setLevel(logging.INFO)
         blog.info("%s", decision.reason)
+        oom = None
+        if args.exit_code != 0 and env.get("SLURM_JOB_ID"):  # a failed step: was it an OOM kill?
+            oom = oom_of_start(args.run_dir, env["SLURM_JOB_ID"], args.launcher)
+            if oom:
+                blog.warning("%s", describe_oom(oom, mem_per_node_mb=mem_per_node_mb(env), launcher=args.launcher))
         restart_text = env.get("SLURM_RESTART_COUNT") or "0"
         if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
             try:
@@ -478,6 +526,7 @@ def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, st
                     exit_code=args.exit_code,
                     requeue=decision.requeue,
                     by="batch",
+                    **({"oom": oom.to_record(mem_per_node_mb(env), args.launcher)} if oom else {}),
                 )
             except OSError as e:
                 blog.warning("could not record this start's end in %s: %s", ENDS_NAME, e)

@@ -236,3 +236,53 @@ def test_afterok_of_a_failed_job_is_never_satisfied_and_wait_says_so(slurm_sandb
                 slurm_sandbox.run(["scancel", *r.job_ids], capture_output=True, timeout=20)
         if arrays:
             slurm_sandbox.run(["scancel", *arrays], capture_output=True, timeout=20)
+
+
+# a rank of a job submitted from inside another: what Slurm gave it (issue 50)
+RANK_SEES = """\
+import json, os, pathlib
+keys = ("SLURMD_NODENAME", "SLURM_NTASKS", "SLURM_CPUS_PER_TASK", "SLURM_CPUS_ON_NODE", "SLURM_CPU_BIND",
+        "SLURM_DISTRIBUTION", "SLURM_JOB_ID", "MASTER_ADDR")
+rec = {k: os.environ.get(k) for k in keys}
+pathlib.Path(os.environ["SLURM_DDP_RUN_DIR"], "rank-%s.json" % os.environ["RANK"]).write_text(json.dumps(rec))
+"""
+
+
+def test_a_job_submitted_from_inside_a_job_step_gets_what_it_asked_for(slurm_sandbox, tmp_path) -> None:
+    """``slurm-ddp submit`` run inside ``srun -c1 --mem=500M --cpu-bind=map_cpu:0`` (one CPU; the sandbox's
+    ``CR_Core`` takes ``--mem`` without enforcing it) of a 2-node × 2-task job: 4 ranks, block-distributed
+    as the config says (ranks 0 and 1 on one node), 2 CPUs on each node, none of the step's options
+    (without ``submitenv`` Slurm 22.05 handed on ``SLURM_DISTRIBUTION=cyclic``, which put rank 1 on the
+    other node, and ``SLURM_CPU_BIND=map_cpu:0``); the job COMPLETES."""
+    job = command_job(tmp_path / "code", "sees", RANK_SEES)
+    job.write_text(job.read_text().replace("nodes: 1, tasks_per_node: 1", "nodes: 2, tasks_per_node: 2"))
+    run_dir = tmp_path / "run"
+    inner = [sys.executable, "-m", "slurm_ddp", "submit", str(job), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    outer = ["srun", "-N1", "-n1", "-c1", "--mem=500M", "--cpu-bind=map_cpu:0", f"--chdir={job.parent}", *inner]
+    r = slurm_sandbox.run(outer, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+    m = re.search(r"submitted job (\d+)", r.stdout)
+    assert m, r.stdout
+    job_id = m.group(1)
+    try:
+        state = wait_for(
+            lambda: (lambda s: s if s in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT") else None)(
+                show_job(slurm_sandbox, job_id).get("JobState")
+            ),
+            180,
+            f"job {job_id} to end",
+            lambda: "\n".join(p.read_text() for p in sorted((run_dir / "logs").glob("*"))),
+        )
+    finally:
+        slurm_sandbox.run(["scancel", job_id], capture_output=True, timeout=20)
+    assert state == "COMPLETED", show_job(slurm_sandbox, job_id)
+    import json
+
+    ranks = [json.loads((run_dir / f"rank-{r}.json").read_text()) for r in range(4)]
+    assert {x["SLURM_JOB_ID"] for x in ranks} == {job_id}
+    nodes = [x["SLURMD_NODENAME"] for x in ranks]
+    assert nodes[0] == nodes[1] != nodes[2] == nodes[3], nodes  # block, as tasks_per_node=2 says
+    for x in ranks:
+        assert (x["SLURM_NTASKS"], x["SLURM_CPUS_PER_TASK"], x["SLURM_CPUS_ON_NODE"]) == ("4", "1", "2"), x
+        assert x["SLURM_CPU_BIND"] is None and x["SLURM_DISTRIBUTION"] != "cyclic", x
+        assert x["MASTER_ADDR"] == nodes[0], x
