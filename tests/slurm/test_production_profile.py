@@ -7,8 +7,9 @@ with cores, RAM and devices constrained in cgroup v1, memory as a consumable res
 outside ``/tmp``, which the jobs do not share):
 
 * each task sees the constraints (memory, CPU, devices, /tmp) as the profile sets them;
-* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup, and Slurm says so (srun,
-  slurmstepd, sacct's OUT_OF_MEMORY step);
+* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup: Slurm says so (srun,
+  slurmstepd, sacct's OUT_OF_MEMORY step), and so do the batch log and ``slurm-ddp status``, naming the rank,
+  its node, the memory per node and ``slurm.mem_gb``;
 * the digits job under those plugins: the batch-shell time-limit signal, a checkpoint, Slurm's requeue, the
   resume at the exact step, CPU binding by Slurm's masks, and its memory limit as the cgroup holds it.
 """
@@ -25,7 +26,7 @@ from typing import Iterator
 
 import pytest
 from lib import wait_for
-from lib.slurm_jobs import REPO, DigitsJob, logs, submit_digits, train_steps
+from lib.slurm_jobs import REPO, DigitsJob, cli, logs, submit_digits, train_steps
 
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
@@ -160,6 +161,18 @@ def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> N
 
     rows = wait_for(with_the_step, 30, "sacct's row of the step", job.diag)
     assert rows[f"{job.id}.0"] == "OUT_OF_MEMORY" and rows[job.id] == "FAILED", rows
+    # The project names it (rundir.oom): the rank, its node, the memory the job had per node, the key to raise;
+    # in the batch log, and in `slurm-ddp status` from the start's end record
+    named = (
+        r"out of memory: the memory cgroup killed rank 1 on n2 \(srun: Out Of Memory; 1 oom-kill event\(s\) in "
+        rf"step {job.id}\.0\); the job had 410 MB per node; raise slurm\.mem_gb"
+    )
+    assert re.search(named, batch), job.diag()
+    r = cli(production_sandbox, "status", str(run_dir))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert re.search(r"^state:\s+FAILED\b", r.stdout, re.M) and re.search(rf"^note:\s+{named}$", r.stdout, re.M), (
+        r.stdout
+    )
 
 
 def test_digits_time_limit_signal_requeues_and_resumes(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
