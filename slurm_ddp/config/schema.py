@@ -20,6 +20,8 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
 
+from ..constants import RUN_DIR_MODES
+
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
 # "hours:minutes:seconds", "days-hours", "days-hours:minutes" and "days-hours:minutes:seconds".
 # Patterns end in \Z, not $: "$" also matches before a trailing newline, and these values
@@ -499,6 +501,16 @@ class EnvironmentConfig:
             "(the way to hand over a secret: [WANDB_API_KEY, HF_TOKEN]); submit refuses a name that is not set"
         ),
     )
+    run_dir_mode: str = field(
+        default="private",
+        metadata=_meta(
+            "who may read the run directory's files that hold the config (config.yaml, job.sbatch, "
+            "provenance.json, code/, diffs/): private (0600 files, 0700 directories: the owner only) | group "
+            "(0640, 0750: the file's group too, never others; refused while environment.env sets a "
+            "credential-looking name literally); the other files follow the umask",
+            choices=RUN_DIR_MODES,
+        ),
+    )
 
 
 @dataclass(frozen=True)
@@ -781,13 +793,15 @@ class JobConfig:
         return plain
 
     def _hashed(self) -> Dict[str, Any]:
-        """``to_dict`` without ``UNHASHED_SECTIONS``, and without ``environment.container`` when it is the
-        default (no container): the hashes of configs written before that key existed stay the same."""
+        """``to_dict`` without ``UNHASHED_SECTIONS``, without ``environment.container`` when it is the
+        default (no container): the hashes of configs written before that key existed stay the same, and
+        without ``environment.run_dir_mode`` (a file's mode: the same run)."""
         plain = self.to_dict()
         for section in UNHASHED_SECTIONS:
             plain.pop(section, None)
         if self.environment.container == ContainerConfig():
             plain["environment"].pop("container", None)
+        plain["environment"].pop("run_dir_mode", None)  # who may read the files is not another run
         return plain
 
     def config_hash(self) -> str:
