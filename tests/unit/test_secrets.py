@@ -294,7 +294,7 @@ def test_an_existing_config_copy_becomes_owner_only_on_resubmit(tmp_path: Path, 
     assert stat.S_IMODE((run_dir / "code").stat().st_mode) == 0o700
 
 
-def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def _submitit_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: Path, sets: List[str]) -> Path:
     require_module("submitit", "the submitit backend")
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -306,10 +306,24 @@ def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypat
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     from slurm_ddp.backends.submitit_backend import schedule
 
-    job = _project(tmp_path)
     run_dir = tmp_path / "run"
-    sets = [f"environment.env.WANDB_API_KEY={SECRET}", "requeue.signal=USR2"]
     schedule(plan_submit(load_config(job, sets), "submitit", str(run_dir), command=["x"]))
+    return run_dir
+
+
+def test_submitit_folder_in_group_mode_holds_no_pass_env_value(
+    tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    job = _project(tmp_path, "environment: {run_dir_mode: group, pass_env: [WANDB_API_KEY]}\n")
+    run_dir = _submitit_schedule(tmp_path, monkeypatch, job, ["requeue.signal=USR2"])
+    assert stat.S_IMODE((run_dir / "submitit").stat().st_mode) == 0o750
+    assert _files_holding(run_dir, SECRET) == []  # its pickles and batch script included
+
+
+def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    sets = [f"environment.env.WANDB_API_KEY={SECRET}", "requeue.signal=USR2"]
+    run_dir = _submitit_schedule(tmp_path, monkeypatch, _project(tmp_path), sets)
     assert stat.S_IMODE((run_dir / "submitit").stat().st_mode) == 0o700
     holding = _files_holding(run_dir, SECRET)
     assert any("submitit" in p.parts for p in holding)  # its batch script exports the literal
