@@ -29,9 +29,9 @@ from ..rundir import (
     LOGS_DIR,
     SCRIPT_NAME,
     SNAPSHOTS_DIR,
+    apply_private_modes,
     private_dir,
     run_dir_mode_warning,
-    set_private_mode,
     was_accepted,
     write_private_text,
 )
@@ -272,8 +272,8 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         # new, or a resume on another world size (check_run_dir allowed only RESIZABLE_KEYS to differ)
         if not existing.exists() or existing.read_text(encoding="utf-8", errors="replace") != text:
             write_private_text(existing, text, mode)
-        set_private_mode(existing, mode)  # also one an older slurm_ddp wrote (rundir.PRIVATE_FILES)
         write_private_text(rd / SCRIPT_NAME, plan.rendered.script, mode, script=True)  # it may export env values
+        apply_private_modes(rd, mode)  # also what this submit leaves as it was: an older config.yaml, diffs/
         container.prepare(plan.ranks_cfg, plan.run_dir)  # environment.container: slurm_ddp's copy, the OCI bundle
     except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between
         raise UserError(f"cannot write the run directory {str(rd)!r}: {e}; choose another --run-dir") from None

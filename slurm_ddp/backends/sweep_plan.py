@@ -24,6 +24,7 @@ from ..rundir import (
     ELEMENT_WORKDIR,
     LOGS_DIR,
     SNAPSHOTS_DIR,
+    apply_private_modes,
     array_link_dir,
     batch_log_name,
     element_dir_name,
@@ -246,6 +247,7 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
         manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
         write_sweep_manifest(sd, manifest)
         write_private_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, mode, script=True)  # it may export env values
+        apply_private_modes(sd, mode)  # also what this submit leaves as it was (diffs/ of a clean checkout)
     except OSError as e:  # checked in plan_sweep; the disk can still fill up or change in between
         raise UserError(f"cannot write the sweep directory {str(sd)!r}: {e}; choose another --run-dir") from None
     env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
@@ -285,5 +287,6 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, target)
+    apply_private_modes(rd, e.cfg.environment.run_dir_mode)  # its config.yaml, also one left as it was
     if plan.snapshot is not None and not is_finished(rd):  # a finished element keeps the code it ran
         write_record(plan.snapshot, str(rd), fsync=False)

@@ -186,6 +186,20 @@ def set_private_mode(path: PathLike, run_dir_mode: str = "private", *, script: b
     os.chmod(path, modes.script if script else modes.file)
 
 
+def apply_private_modes(run_dir: PathLike, run_dir_mode: str = "private") -> None:
+    """Give every ``PRIVATE_FILES`` file and ``PRIVATE_DIRS`` directory present in ``run_dir`` (a run or
+    sweep directory) :func:`private_modes`' mode: a submit that changes ``environment.run_dir_mode`` also
+    closes (or opens) those it does not write again, ``diffs/`` of a clean checkout, ``submitit/`` of an
+    earlier backend. Raises ``OSError``, ``ValueError``."""
+    rd = Path(run_dir)
+    for name in PRIVATE_DIRS:
+        if (rd / name).is_dir():
+            private_dir(rd / name, run_dir_mode)
+    for name in PRIVATE_FILES:
+        if (rd / name).is_file():
+            set_private_mode(rd / name, run_dir_mode, script=name in (SCRIPT_NAME, ARRAY_SCRIPT_NAME))
+
+
 def run_dir_mode_warning(run_dir_mode: str, umask: int) -> Optional[str]:
     """One line when ``environment.run_dir_mode: group`` is asked for but ``umask`` (the submitting
     process's; Slurm gives the job the umask of ``sbatch``'s caller, ``SLURM_UMASK``, sbatch(1)) keeps the

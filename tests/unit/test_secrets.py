@@ -347,6 +347,21 @@ def test_every_run_dir_mode_has_modes_that_give_others_nothing() -> None:
         private_modes("world")
 
 
+def test_apply_private_modes_sets_every_private_file_and_directory_present_and_nothing_else(tmp_path: Path) -> None:
+    from slurm_ddp.rundir import apply_private_modes
+
+    for d in ("diffs", "submitit", "logs"):
+        (tmp_path / d).mkdir(mode=0o755)
+    for f in ("config.yaml", "job.sbatch", "metrics.jsonl"):
+        (tmp_path / f).write_text("x\n")
+        os.chmod(tmp_path / f, 0o644)
+    rels = ("diffs", "submitit", "config.yaml", "job.sbatch", "logs", "metrics.jsonl")
+    apply_private_modes(tmp_path, "group")
+    assert _modes(tmp_path, *rels) == dict(zip(rels, ("0o750", "0o750", "0o640", "0o750", "0o755", "0o644")))
+    apply_private_modes(tmp_path)
+    assert _modes(tmp_path, *rels) == dict(zip(rels, ("0o700", "0o700", "0o600", "0o700", "0o755", "0o644")))
+
+
 def test_group_run_dir_mode_opens_the_config_files_to_the_group_only_and_pass_env_values_land_nowhere(
     tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
