@@ -196,11 +196,11 @@ def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> O
     (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning guide);
     with fewer CPUs they take turns. torch itself warns ("This DataLoader will create N worker processes in
     total. Our suggested max number of worker in current system is M":
-    ``torch.utils.data.DataLoader.check_worker_number_rationality``, M the CPUs of the rank's affinity) only when the workers outnumber
-    all the rank's CPUs, once the job runs; this check counts the rank's own thread too, on CPU and GPU jobs
-    alike, before anything is submitted. A GPU rank's own process also drives the GPU (the Python loop, the
-    host side of the batch, the CUDA/NCCL threads): a single CPU is warned about even without workers
-    (``slurm.cpus_per_task`` defaults to 1). A ``train.command`` job's loaders are not known here: only a GPU
+    ``torch.utils.data.DataLoader.check_worker_number_rationality``, M the CPUs of the rank's affinity)
+    only when the workers outnumber all the rank's CPUs, once the job runs; this check counts the rank's own
+    thread too, on CPU and GPU jobs alike, before anything is submitted. A GPU rank's own process also
+    drives the GPU (the Python loop, the host side of the batch, the CUDA/NCCL threads): a single CPU is
+    warned about even without workers (``slurm.cpus_per_task`` defaults to 1). A ``train.command`` job's loaders are not known here: only a GPU
     rank's single CPU is warned about. A CPU job without workers is not checked (the rank's compute threads
     are the work, planned by ``binding.plan_binding``). Shown by ``render``, ``submit`` (also ``--dry-run``)
     and ``env --explain``.
@@ -268,8 +268,8 @@ def setup_lines(setup: Sequence[str], say: str) -> List[str]:
 def job_warnings(cfg: JobConfig) -> Tuple[str, ...]:
     """The lines ``render`` and ``submit`` (``--dry-run`` too, and the Python API) print about ``cfg`` before
     anything runs: settings that do nothing (``config.unused_settings``), a job name Slurm rewrites
-    (``job_name_warning``), a rank short of CPUs for its loader workers (``loader_cpu_warning``), in-job recovery that cannot
-    name a hung node (``recovery_warning``)."""
+    (``job_name_warning``), a rank short of CPUs for its loader workers (``loader_cpu_warning``), in-job
+    recovery that cannot name a hung node (``recovery_warning``)."""
     return tuple(
         w for w in (*unused_settings(cfg), job_name_warning(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w
     )
