@@ -14,3 +14,8 @@ PREEMPTED_EXIT_CODE = 75
 #: last completed step to commit it (seconds; a few saves of a large model to a parallel file system),
 #: and how long a hang watchdog lets its rank save that checkpoint before it ends the rank.
 EMERGENCY_WAIT_S = 60.0
+
+#: ``environment.run_dir_mode``'s choices: who may read the run directory's files that can hold the config's
+#: values (``private``: the owner; ``group``: the file's group too). The modes they stand for are
+#: ``slurm_ddp.rundir.private_modes``'.
+RUN_DIR_MODES = ("private", "group")

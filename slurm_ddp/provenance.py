@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
 from .constants import __version__
-from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir
+from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir, run_dir_mode_of, write_private_text
 from .secrets import CREDENTIAL_FILES
 
 #: the fields of a start compared between consecutive starts by :func:`changes`
@@ -123,10 +123,10 @@ def _git(root: str, *args: str) -> Optional[str]:
     return out.stdout.decode(errors="replace") if out.returncode == 0 else None
 
 
-def git_state(run_dir: str, roots: Sequence[str]) -> List[Dict[str, Any]]:
+def git_state(run_dir: str, roots: Sequence[str], run_dir_mode: str = "private") -> List[Dict[str, Any]]:
     """Per git repository in ``roots``: ``root``, ``commit``, ``dirty`` and, when dirty, ``diff``:
     the run-directory path of the saved ``git diff HEAD`` (untracked files are in the snapshot,
-    not in the diff)."""
+    not in the diff), written with ``rundir.private_modes(run_dir_mode)``."""
     out: List[Dict[str, Any]] = []
     for root in roots:
         commit = _git(root, "rev-parse", "HEAD")
@@ -142,11 +142,10 @@ def git_state(run_dir: str, roots: Sequence[str]) -> List[Dict[str, Any]]:
             diff = _git(root, "diff", "HEAD", "--binary", "--", ".", *never) or ""
             name = diff_name(hashlib.sha256(diff.encode()).hexdigest())
             path = Path(run_dir) / name
-            private_dir(path.parent)  # a diff of the job's YAML can hold an environment value (rundir.PRIVATE_DIRS)
+            # a diff of the job's YAML can hold an environment value (rundir.PRIVATE_DIRS)
+            private_dir(path.parent, run_dir_mode)
             if not path.exists():
-                from .checkpoint import atomic_write_text
-
-                atomic_write_text(path, diff, private=True)
+                write_private_text(path, diff, run_dir_mode)
             entry["diff"] = name
             entry["untracked"] = [ln[3:] for ln in (status or "").splitlines() if ln.startswith("??")][:100]
         out.append(entry)
@@ -167,13 +166,14 @@ def read(run_dir: str) -> Dict[str, Any]:
     return rec
 
 
-def _append(run_dir: str, key: str, entry: Dict[str, Any]) -> None:
-    from .checkpoint import atomic_write_text
-
+def _append(run_dir: str, key: str, entry: Dict[str, Any], run_dir_mode: Optional[str] = None) -> None:
+    """Add ``entry`` to ``provenance.json``'s list ``key``; the file's mode: ``rundir.private_modes(run_dir_mode)``,
+    or (None) the mode it has (``rundir.run_dir_mode_of``: what submit chose)."""
     rec = read(run_dir)
     rec[key].append(entry)
-    # owner-only (rundir.PRIVATE_FILES): the submit command line is recorded (its credential values as ***)
-    atomic_write_text(Path(run_dir) / PROVENANCE_NAME, json.dumps(rec, indent=1, default=str) + "\n", private=True)
+    path = Path(run_dir) / PROVENANCE_NAME
+    # rundir.PRIVATE_FILES: the submit command line is recorded (its credential values as ***)
+    write_private_text(path, json.dumps(rec, indent=1, default=str) + "\n", run_dir_mode or run_dir_mode_of(path))
 
 
 def record_submit(
@@ -184,8 +184,10 @@ def record_submit(
     script: str,
     snapshot_digest: Optional[str],
     git_roots: Sequence[str],
+    run_dir_mode: str = "private",
 ) -> Dict[str, Any]:
-    """Append a submit to ``provenance.json`` (and save a dirty checkout's diff); returns the entry."""
+    """Append a submit to ``provenance.json`` (and save a dirty checkout's diff), both with
+    ``rundir.private_modes(run_dir_mode)`` (``environment.run_dir_mode``); returns the entry."""
     entry: Dict[str, Any] = {
         "time": time.time(),
         "argv": list(argv),
@@ -195,9 +197,9 @@ def record_submit(
         **packages_digest(),
         "script_sha256": hashlib.sha256(script.encode()).hexdigest(),
         "snapshot": snapshot_digest,
-        "git": git_state(run_dir, git_roots),
+        "git": git_state(run_dir, git_roots, run_dir_mode),
     }
-    _append(run_dir, "submits", entry)
+    _append(run_dir, "submits", entry, run_dir_mode)
     return entry
 
 

@@ -188,31 +188,40 @@ def recovery_warning(cfg: JobConfig) -> Optional[str]:
 
 
 def loader_cpu_warning(cfg: JobConfig, cpus_per_task: Optional[int] = None) -> Optional[str]:
-    """One line when a GPU rank gets a single CPU, or fewer CPUs than its DataLoader workers plus one
-    (the rank's own process), naming ``slurm.cpus_per_task``; else None.
+    """One line when a rank gets fewer CPUs than its DataLoader workers plus one (the rank's own process), or a
+    GPU rank a single CPU, naming ``slurm.cpus_per_task`` and ``train.num_workers``; else None.
 
     A rank's CPUs are ``cpus_per_task`` (default ``slurm.cpus_per_task``; under torchrun the node task's
-    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). The rank's own
-    process drives the GPU (the Python loop, the host side of the batch, the CUDA/NCCL threads) and each of
-    the ``train.num_workers`` worker processes loads batches on its own CPU (PyTorch docs,
-    ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning guide); with fewer
-    CPUs they take turns and the GPUs wait for data. ``slurm.cpus_per_task`` defaults to 1, so a GPU job
-    that keeps the default is warned. A ``train.command`` job's loaders are not known here: it is warned
-    only for a single CPU. CPU jobs are not checked (the rank's compute threads are the work, planned by
-    ``binding.plan_binding``). Shown by ``render``, ``submit`` (also ``--dry-run``) and ``env --explain``.
+    ``tasks_per_node × cpus_per_task`` CPUs are split among its ranks: the same count). Each of the
+    ``train.num_workers`` worker processes loads batches on its own CPU while the rank's own process trains
+    (PyTorch docs, ``torch.utils.data``, "Multi-process data loading"; the PyTorch performance tuning guide);
+    with fewer CPUs they take turns. torch itself warns ("This DataLoader will create N worker processes in
+    total. Our suggested max number of worker in current system is M":
+    ``torch.utils.data.DataLoader.check_worker_number_rationality``, M the CPUs of the rank's affinity)
+    only when the workers outnumber all the rank's CPUs, once the job runs; this check counts the rank's own
+    thread too, on CPU and GPU jobs alike, before anything is submitted. A GPU rank's own process also
+    drives the GPU (the Python loop, the host side of the batch, the CUDA/NCCL threads): a single CPU is
+    warned about even without workers (``slurm.cpus_per_task`` defaults to 1). A ``train.command`` job's loaders are not known here: only a GPU
+    rank's single CPU is warned about. A CPU job without workers is not checked (the rank's compute threads
+    are the work, planned by ``binding.plan_binding``). Shown by ``render``, ``submit`` (also ``--dry-run``)
+    and ``env --explain``.
     """
-    if not cfg.slurm.gpu_job:
-        return None
     cpus = cpus_per_task or cfg.slurm.cpus_per_task
     workers = 0 if cfg.train.command else cfg.train.num_workers
-    need = max(2, workers + 1)
+    need = max(2 if cfg.slurm.gpu_job else 1, workers + 1)
     if cpus >= need:
         return None
     if workers:
+        fewer = (
+            "train.num_workers to 0 (load in the rank's process)"
+            if cpus == 1
+            else f"train.num_workers to at most {cpus - 1}"
+        )
         return (
-            f"slurm.cpus_per_task={cpus} gives each GPU rank {cpus} CPU(s) for its {workers} DataLoader "
-            f"workers (train.num_workers) and itself, so they take turns and the GPUs wait for data; "
-            f"set slurm.cpus_per_task to at least {need} (train.num_workers + 1)"
+            f"slurm.cpus_per_task={cpus} gives each {'GPU ' if cfg.slurm.gpu_job else ''}rank {cpus} CPU(s) for its "
+            f"{workers} DataLoader workers (train.num_workers) and itself, so they take turns and "
+            f"{'the GPUs wait' if cfg.slurm.gpu_job else 'training waits'} for data; set slurm.cpus_per_task to at "
+            f"least {need} (train.num_workers + 1), or {fewer}"
         )
     loaders = "DataLoader worker the script starts" if cfg.train.command else "DataLoader worker (train.num_workers)"
     return (
@@ -260,8 +269,8 @@ def setup_lines(setup: Sequence[str], say: str) -> List[str]:
 def job_warnings(cfg: JobConfig) -> Tuple[str, ...]:
     """The lines ``render`` and ``submit`` (``--dry-run`` too, and the Python API) print about ``cfg`` before
     anything runs: settings that do nothing (``config.unused_settings``), a job name Slurm rewrites
-    (``job_name_warning``), a GPU rank short of CPUs (``loader_cpu_warning``), in-job recovery that cannot
-    name a hung node (``recovery_warning``)."""
+    (``job_name_warning``), a rank short of CPUs for its loader workers (``loader_cpu_warning``), in-job
+    recovery that cannot name a hung node (``recovery_warning``)."""
     return tuple(
         w for w in (*unused_settings(cfg), job_name_warning(cfg), loader_cpu_warning(cfg), recovery_warning(cfg)) if w
     )

@@ -17,6 +17,9 @@ renderer, ``submit``, ``env --explain``, the provenance record and the code snap
   script and the config copy, which are then owner-only (``slurm_ddp.rundir.PRIVATE_FILES``).
 - Such values are shown as ``***`` (:data:`REDACTED`) by every printout: :func:`redact_env` for
   a mapping, :func:`redact_argv` for a command line that may carry one (``--set``).
+- ``environment.run_dir_mode: group`` (the run directory's config files readable by the file's group) is
+  refused while such a literal value is set (``config.validate``): the value would be group-readable.
+  ``pass_env``'s values are written nowhere, so they stay out of every group-readable file.
 - The code snapshot never copies a credential file (:func:`is_credential_file`, the patterns
   :data:`CREDENTIAL_FILES`), tracked by git or not.
 """
@@ -82,11 +85,17 @@ def redact_argv(argv: Sequence[str], env: Mapping[str, str]) -> List[str]:
     return [redact_text(a, values) for a in argv]
 
 
+def literal_credentials(env: Mapping[str, str]) -> List[str]:
+    """The credential-looking names ``env`` (``environment.env``) sets to a literal value, sorted: the values
+    that are written into the run directory. A value that names a variable (``HF_TOKEN: $NODE_TOKEN``,
+    expanded at rank start) holds no credential itself (``$$`` is a literal ``$``)."""
+    return sorted(k for k, v in env.items() if is_credential_name(k) and "$" not in v.replace("$$", ""))
+
+
 def literal_warning(env: Mapping[str, str]) -> Optional[str]:
-    """One warning line when ``env`` (``environment.env``) sets a credential-looking name to a literal value;
-    else None. A value that names a variable (``HF_TOKEN: $NODE_TOKEN``, expanded at rank start) holds no
-    credential itself and is not warned about (``$$`` is a literal ``$``)."""
-    names = sorted(k for k, v in env.items() if is_credential_name(k) and "$" not in v.replace("$$", ""))
+    """One warning line when ``env`` (``environment.env``) sets a credential-looking name to a literal value
+    (:func:`literal_credentials`); else None."""
+    names = literal_credentials(env)
     if not names:
         return None
     return (
@@ -116,6 +125,7 @@ __all__ = [
     "check_pass_env",
     "is_credential_file",
     "is_credential_name",
+    "literal_credentials",
     "literal_warning",
     "redact_argv",
     "redact_env",

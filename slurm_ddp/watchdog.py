@@ -150,6 +150,9 @@ class Watch:
         if traced:
             self.resumed_t, self.stopped_since = now, None
             return False
+        rec = self.read()  # also while the rank is stopped: its last report is the step it got to
+        if rec is not None:
+            self.record = rec
         if stopped:
             self.resumed_t = now  # the progress clock restarts when the rank continues
             if self.stopped_since is None:
@@ -158,10 +161,8 @@ class Watch:
             self.limit_s = allowance_s(self.limits, STEP, self.steps_seen, self.step_time_s)
             return self.idle_s > self.limit_s
         self.stopped_since = None
-        rec = self.read()
         if rec is None:
             return False
-        self.record = rec
         flags, step, phase, t = rec
         if not flags & FLAG_REPORTING:
             return False
@@ -290,7 +291,8 @@ def run(args: argparse.Namespace) -> int:
         if cause:
             break
     stopped = state == "T"  # the culprit of its peers' hang (rundir.summarize_hang)
-    rec = watch.record or (0, 0, STARTUP, now)
+    # the record now, not the last poll's: the rank's last report (it may have gone on since that poll)
+    rec = _read_stable(mm) or watch.record or (0, 0, STARTUP, now)
     flags, step, phase_code, _ = rec
     phase = PHASES[phase_code] if 0 <= phase_code < len(PHASES) else "step"
     report = HangReport(

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .. import container
-from ..checkpoint import atomic_write_text
+from ..checkpoint.durable import current_umask
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
 from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
@@ -29,8 +29,11 @@ from ..rundir import (
     LOGS_DIR,
     SCRIPT_NAME,
     SNAPSHOTS_DIR,
+    apply_private_modes,
     private_dir,
+    run_dir_mode_warning,
     was_accepted,
+    write_private_text,
 )
 from ..secrets import check_pass_env, literal_warning, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
@@ -195,7 +198,9 @@ def plan_submit(
     snap, rendered = plan_script(
         cfg, run_dir, command=command, python=python, in_sweep=in_sweep, sweep_snapshot=sweep_snapshot
     )
-    warnings = secret_warnings(cfg.environment.env, snap) + (snap.notes if snap is not None else ())
+    warnings = secret_warnings(cfg.environment.env, snap, cfg.environment.run_dir_mode) + (
+        snap.notes if snap is not None else ()
+    )
     if cfg.environment.container.runtime != "none":
         if backend == "submitit":
             raise UserError(
@@ -244,10 +249,14 @@ def plan_submit(
     )
 
 
-def secret_warnings(env: Mapping[str, str], snap: Optional[SnapshotPlan]) -> Tuple[str, ...]:
-    """``submit``'s lines about credentials (``slurm_ddp.secrets``): a credential-looking name set
-    literally in ``env`` (``environment.env``), and the credential files the code snapshot left out."""
-    out = [literal_warning(env)]
+def secret_warnings(
+    env: Mapping[str, str], snap: Optional[SnapshotPlan], run_dir_mode: str = "private"
+) -> Tuple[str, ...]:
+    """``submit``'s lines about credentials (``slurm_ddp.secrets``) and who may read the run directory: a
+    credential-looking name set literally in ``env`` (``environment.env``), the credential files the code
+    snapshot left out, and ``environment.run_dir_mode: group`` under a umask that keeps the group out of
+    the rest of the run directory (``rundir.run_dir_mode_warning``)."""
+    out = [literal_warning(env), run_dir_mode_warning(run_dir_mode, current_umask())]
     if snap is not None and snap.skipped:
         out.append(
             f"the code snapshot left out {len(snap.skipped)} credential file(s), never copied: "
@@ -261,22 +270,22 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
     """Create the run directory: ``config.yaml`` (as loaded), ``job.sbatch``, ``logs/``, ``checkpoints/``,
     the code snapshot (``code/<digest>``, ``snapshot.json``) and the submit's provenance record."""
     rd = Path(plan.run_dir)
+    mode = plan.cfg.environment.run_dir_mode  # who may read what holds the config (rundir.private_modes)
     try:
         (rd / LOGS_DIR).mkdir(parents=True, exist_ok=True)
         (rd / CHECKPOINTS_DIR).mkdir(exist_ok=True)
         if plan.snapshot is not None and os.path.abspath(plan.snapshot.run_dir) != os.path.abspath(rd):
             write_record(plan.snapshot, str(rd))  # a sweep's element: it runs the sweep's one snapshot
         elif plan.snapshot is not None:
-            private_dir(rd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
+            private_dir(rd / SNAPSHOTS_DIR, mode)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
             take(plan.snapshot)
         text = dump_config(plan.cfg)
         existing = rd / CONFIG_NAME
         # new, or a resume on another world size (check_run_dir allowed only RESIZABLE_KEYS to differ)
         if not existing.exists() or existing.read_text(encoding="utf-8", errors="replace") != text:
-            atomic_write_text(existing, text, private=True)
-        os.chmod(existing, 0o600)  # also one an older slurm_ddp wrote (rundir.PRIVATE_FILES)
-        atomic_write_text(rd / SCRIPT_NAME, plan.rendered.script, private=True)
-        os.chmod(rd / SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+            write_private_text(existing, text, mode)
+        write_private_text(rd / SCRIPT_NAME, plan.rendered.script, mode, script=True)  # it may export env values
+        apply_private_modes(rd, mode)  # also what this submit leaves as it was: an older config.yaml, diffs/
         container.prepare(plan.ranks_cfg, plan.run_dir)  # environment.container: slurm_ddp's copy, the OCI bundle
     except OSError as e:  # checked in plan_submit; the disk can still fill up or change in between
         raise UserError(f"cannot write the run directory {str(rd)!r}: {e}; choose another --run-dir") from None
@@ -287,6 +296,7 @@ def prepare_run_dir(plan: SubmitPlan) -> Path:
         script=plan.rendered.script,
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
         git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
+        run_dir_mode=mode,
     )
     prepare_run(plan.cfg, rd)  # the tracker runs (tracking: on), once; a sweep's element has them already
     return rd

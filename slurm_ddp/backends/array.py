@@ -170,7 +170,9 @@ def plan_sweep(
     arrays = plan_arrays(todo, max_array_size) if backend == "sbatch" else ()
     snap, rendered = plan_sweep_script(sweep, sweep_dir, command=command, python=python, arrays=arrays)
     env = {k: v for e in sweep.elements for k, v in e.cfg.environment.env.items()}
-    secret = secret_warnings(env, snap) + (snap.notes if snap is not None else ())
+    secret = secret_warnings(env, snap, sweep.base_cfg.environment.run_dir_mode) + (
+        snap.notes if snap is not None else ()
+    )
     warning = check_resubmit(snap, sweep_dir, accept_new_code) if resuming else None
     spec = array_spec(todo, sweep.parallelism) if todo else ""
     argv: Tuple[str, ...] = (

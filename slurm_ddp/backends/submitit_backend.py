@@ -369,7 +369,8 @@ def schedule(plan: SubmitPlan) -> str:
     refused: ``submitting``)."""
     executor = _executor(plan)
     rd = prepare_run_dir(plan)
-    private_dir(rd / SUBMITIT_DIR)  # its batch script exports environment.env, its pickles (rundir.PRIVATE_DIRS)
+    # its batch script exports environment.env, its pickles hold the config (rundir.PRIVATE_DIRS)
+    private_dir(rd / SUBMITIT_DIR, plan.cfg.environment.run_dir_mode)
     # train.command's script and workdir in the code snapshot
     callable_ = make_callable(plan.cfg, plan.ranks_cfg, str(rd))
     from .sbatch import identity_for

@@ -221,7 +221,8 @@ def schedule_submitit(plan: SweepPlan) -> str:
     and ``ClusterError`` (no sbatch or srun here, sbatch refused: ``submitting``)."""
     make_executor(plan, elements=task_arrays(plan)[0])  # what submitit cannot run is refused before anything is written
     prepare_sweep_dir(plan)
-    private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR)  # its batch script exports environment.env (rundir.PRIVATE_DIRS)
+    # its batch script exports environment.env (rundir.PRIVATE_DIRS)
+    private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR, plan.sweep.base_cfg.environment.run_dir_mode)
     # each element runs from the sweep's one code snapshot (its snapshot.json, written above)
     callables = [
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Tuple
 
-from ..checkpoint import atomic_write_text
 from ..config import dump_config
 from ..errors import UserError
 from ..provenance import record_submit
@@ -25,6 +24,7 @@ from ..rundir import (
     ELEMENT_WORKDIR,
     LOGS_DIR,
     SNAPSHOTS_DIR,
+    apply_private_modes,
     array_link_dir,
     batch_log_name,
     element_dir_name,
@@ -32,7 +32,9 @@ from ..rundir import (
     is_finished,
     is_job_dir,
     private_dir,
+    private_modes,
     was_accepted,
+    write_private_text,
     write_sweep_manifest,
 )
 from ..secrets import redact_argv
@@ -241,10 +243,11 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
     sweep directory (``provenance.record_submit``: command, versions, git state, snapshot digest).
     Raises ``UserError`` (one line) when the directory cannot be written (disk full, permissions)."""
     sd = Path(plan.sweep_dir)
+    mode = plan.sweep.base_cfg.environment.run_dir_mode  # who may read what holds the config (rundir.private_modes)
     try:
         sd.mkdir(parents=True, exist_ok=True)
         if plan.snapshot is not None:
-            private_dir(sd / SNAPSHOTS_DIR)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
+            private_dir(sd / SNAPSHOTS_DIR, mode)  # the snapshot holds the job's YAML (rundir.PRIVATE_DIRS)
             take(plan.snapshot)
         for e in plan.sweep.elements:
             _prepare_element(plan, e)
@@ -252,8 +255,8 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
         manifest["sweep_hash"] = plan.sweep.sweep_hash()
         manifest["dirs"] = [element_dir_name(e.index, len(plan.sweep.elements)) for e in plan.sweep.elements]
         write_sweep_manifest(sd, manifest)
-        atomic_write_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, private=True)
-        os.chmod(sd / ARRAY_SCRIPT_NAME, 0o700)  # owner-only: it may export an environment.env value
+        write_private_text(sd / ARRAY_SCRIPT_NAME, plan.rendered.script, mode, script=True)  # it may export env values
+        apply_private_modes(sd, mode)  # also what this submit leaves as it was (diffs/ of a clean checkout)
     except OSError as e:  # checked in plan_sweep; the disk can still fill up or change in between
         raise UserError(f"cannot write the sweep directory {str(sd)!r}: {e}; choose another --run-dir") from None
     env = {k: v for e in plan.sweep.elements for k, v in e.cfg.environment.env.items()}
@@ -264,6 +267,7 @@ def prepare_sweep_dir(plan: SweepPlan) -> Path:
         script=plan.rendered.script,
         snapshot_digest=plan.snapshot.digest if plan.snapshot is not None else None,
         git_roots=plan.snapshot.git_roots if plan.snapshot is not None else (),
+        run_dir_mode=mode,
     )
     # one tracker run per element, grouped by the sweep (tracking: on)
     prepare_sweep(sd, plan.sweep.name, [(e.cfg, plan.element_dir(e.index)) for e in plan.sweep.elements])
@@ -286,10 +290,12 @@ def _prepare_element(plan: SweepPlan, e: SweepElement) -> None:
         # atomic (rename) but not fsynced: a thousand fsyncs would make submit take tens of seconds;
         # a config lost to a power cut is rewritten by submitting the sweep again
         tmp = rd / f".{CONFIG_NAME}.tmp"
+        file_mode = private_modes(e.cfg.environment.run_dir_mode).file  # whatever the umask (rundir.PRIVATE_FILES)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        os.fchmod(fd, 0o600)  # owner-only whatever the umask (rundir.PRIVATE_FILES)
+        os.fchmod(fd, file_mode)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, target)
+    apply_private_modes(rd, e.cfg.environment.run_dir_mode)  # its config.yaml, also one left as it was
     if plan.snapshot is not None and not is_finished(rd):  # a finished element keeps the code it ran
         write_record(plan.snapshot, str(rd), fsync=False)

@@ -233,7 +233,12 @@ def current_umask() -> int:
 
 
 def atomic_write(
-    path: PathArg, write: Callable[[Any], None], sync_dir: bool = True, *, private: bool = False
+    path: PathArg,
+    write: Callable[[Any], None],
+    sync_dir: bool = True,
+    *,
+    private: bool = False,
+    mode: Optional[int] = None,
 ) -> Tuple[int, str]:
     """Write a file atomically and durably: temp file, ``write(f)``, fsync, rename, fsync dir.
 
@@ -241,13 +246,13 @@ def atomic_write(
     file is removed and the destination is untouched. ``sync_dir=False`` leaves the
     directory's fsync to the caller (one fsync can cover several renames in a directory).
     The file's mode is ``0o666`` less the umask, as ``open`` would give it; ``private=True``:
-    ``0o600`` whatever the umask (a file that may hold a credential, ``slurm_ddp.secrets``), set
-    before anything is written into it.
+    ``0o600`` whatever the umask (a file that may hold a credential, ``slurm_ddp.secrets``); ``mode``: that
+    mode whatever the umask (``slurm_ddp.rundir.private_modes``); either is set before anything is written.
     """
     path = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)  # mode 0600
     try:
-        os.fchmod(fd, 0o600 if private else 0o666 & ~current_umask())
+        os.fchmod(fd, mode if mode is not None else 0o600 if private else 0o666 & ~current_umask())
         with os.fdopen(fd, "wb") as f:
             hw = _HashingWriter(f)
             try:
@@ -268,9 +273,9 @@ def atomic_write(
     return hw.size, hw.sha256.hexdigest()
 
 
-def atomic_write_text(path: PathArg, text: str, *, private: bool = False) -> None:
-    """``atomic_write`` for a UTF-8 text file (``private``: mode ``0o600``)."""
-    atomic_write(path, lambda f: f.write(text.encode()), private=private)
+def atomic_write_text(path: PathArg, text: str, *, private: bool = False, mode: Optional[int] = None) -> None:
+    """``atomic_write`` for a UTF-8 text file (``private``: mode ``0o600``; ``mode``: that mode)."""
+    atomic_write(path, lambda f: f.write(text.encode()), private=private, mode=mode)
 
 
 def sha256_file(path: PathArg) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields
 from types import MappingProxyType
 from typing import Any, Dict, FrozenSet, List, Mapping, Optional, Sequence, Tuple, Union, get_type_hints
 
+from ..constants import RUN_DIR_MODES
 from .resume import RESUME_DOC, RESUME_KEYS, RESUME_PRESETS, ResumeSpec
 
 # sbatch(1) "-t, --time": acceptable formats are "minutes", "minutes:seconds",
@@ -501,6 +502,16 @@ class EnvironmentConfig:
             "(the way to hand over a secret: [WANDB_API_KEY, HF_TOKEN]); submit refuses a name that is not set"
         ),
     )
+    run_dir_mode: str = field(
+        default="private",
+        metadata=_meta(
+            "who may read the run directory's files that hold the config (config.yaml, job.sbatch, "
+            "provenance.json, code/, diffs/): private (0600 files, 0700 directories: the owner only) | group "
+            "(0640, 0750: the file's group too, never others; refused while environment.env sets a "
+            "credential-looking name literally); the other files follow the umask",
+            choices=RUN_DIR_MODES,
+        ),
+    )
 
 
 def _check_resume(v: Any) -> Optional[str]:
@@ -819,9 +830,9 @@ class JobConfig:
         return plain
 
     def _hashed(self) -> Dict[str, Any]:
-        """``to_dict`` without ``UNHASHED_SECTIONS`` and ``train.resume``, and without ``environment.container``
+        """``to_dict`` without ``UNHASHED_SECTIONS`` and ``train.resume``, without ``environment.container``
         when it is the default (no container): the hashes of configs written before those keys existed stay
-        the same."""
+        the same, and without ``environment.run_dir_mode`` (a file's mode: the same run)."""
         plain = self.to_dict()
         for section in UNHASHED_SECTIONS:
             plain.pop(section, None)
@@ -830,6 +841,7 @@ class JobConfig:
         # how a script of one's own resumes does not change what it trains: a run that restarted from step 0
         # can be given train.resume and resubmitted into its run directory (and older hashes stay the same)
         plain["train"].pop("resume", None)
+        plain["environment"].pop("run_dir_mode", None)  # who may read the files is not another run
         return plain
 
     def config_hash(self) -> str:

@@ -21,6 +21,7 @@ from types import MappingProxyType
 from typing import Any, Callable, Dict, List, Mapping, Sequence, Set, Tuple, Union, get_args, get_origin, get_type_hints
 
 from ..errors import ConfigError
+from ..secrets import literal_credentials
 from .command import (
     ARG_NAME,
     WRAPPER_HINT,
@@ -523,6 +524,21 @@ def _cross_checks(cfg: JobConfig) -> None:
             raise ConfigError(f"config key 'environment.env.{k}': {problem} ($NAME is expanded at rank start)")
     _check_pass_env(cfg)
     _check_container(cfg)
+    _check_run_dir_mode(cfg)
+
+
+def _check_run_dir_mode(cfg: JobConfig) -> None:
+    """``environment.run_dir_mode: group`` with no credential-looking ``environment.env`` name set literally
+    (``secrets.literal_credentials``): its value is written into ``config.yaml`` and the job script, which
+    the group could then read (``rundir.private_modes``)."""
+    names = literal_credentials(cfg.environment.env) if cfg.environment.run_dir_mode == "group" else []
+    if names:
+        listed = ", ".join(names)
+        raise ConfigError(
+            f"environment.run_dir_mode: group would let the group read {listed}, set literally in environment.env "
+            f"(written into config.yaml and job.sbatch); hand {'it' if len(names) == 1 else 'them'} over with "
+            f"environment.pass_env: [{listed}] (never written to a file), or keep environment.run_dir_mode: private"
+        )
 
 
 def _check_container(cfg: JobConfig) -> None:

@@ -37,9 +37,12 @@ A run directory holds:
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
   starts; ``diffs/``: the ``git diff`` of a dirty checkout at submit;
-- owner-only (0600 files, 0700 directories, whatever the umask): what can hold a value of the config's
+- owner-only (0600 files, 0700 directories, whatever the umask), or with ``environment.run_dir_mode: group``
+  readable by the file's group too (0640, 0750; never by others): what can hold a value of the config's
   ``environment`` (``PRIVATE_FILES``, ``PRIVATE_DIRS``: config, script, provenance, code, diffs,
-  submitit's folder); everything else gets the user's umask;
+  submitit's folder; :func:`private_modes` says which mode, every writer asks it); everything else gets the
+  user's umask, but for ``container/ranks/`` (a local rank's OCI bundle holds its whole environment,
+  ``environment.pass_env``'s values included), owner-only always;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
   (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
 - ``handlers/JOBID.RESTART/rank-N.json``: that rank N of a ``train.command`` run installed a slurm_ddp
@@ -132,7 +135,9 @@ from .files import (
     LocalWait,
     PathLike,
     Preempted,
+    PrivateModes,
     append_jsonl,
+    apply_private_modes,
     array_link_dir,
     array_task_id,
     batch_log_name,
@@ -150,6 +155,7 @@ from .files import (
     launcher_log_name,
     peer_lost_record,
     private_dir,
+    private_modes,
     rank_log_name,
     read_ends,
     read_finished,
@@ -170,12 +176,16 @@ from .files import (
     record_sweep_job,
     record_waiting,
     requeue_target,
+    run_dir_mode_of,
+    run_dir_mode_warning,
+    set_private_mode,
     snapshot_dir_name,
     survivor_claim_path,
     was_accepted,
     write_finished,
     write_peer_lost,
     write_preempted,
+    write_private_text,
     write_step_end,
     write_sweep_manifest,
 )
@@ -359,6 +369,7 @@ __all__ = [
     "ELEMENT_WORKDIR",
     "SWEEP_NAME",
     "append_jsonl",
+    "apply_private_modes",
     "array_link_dir",
     "array_task_id",
     "batch_log_name",
@@ -383,7 +394,13 @@ __all__ = [
     "main",
     "mark_command_finished",
     "marker_is_not_this",
+    "PrivateModes",
     "private_dir",
+    "private_modes",
+    "run_dir_mode_of",
+    "run_dir_mode_warning",
+    "set_private_mode",
+    "write_private_text",
     "rank_log_name",
     "read_finished",
     "read_hang_reports",

@@ -112,21 +112,109 @@ SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
 #: ``--output=…/.arrays/OFFSET/%Na/logs/…`` (a file name pattern has no arithmetic) lands in it
 ARRAY_LINKS_DIR = ".arrays"
 
-#: files that can hold a value of the config's ``environment`` (``slurm_ddp.secrets``): written
-#: owner-only (mode 0600) whatever the umask, the rest of a run directory keeps the user's umask
+#: files that can hold a value of the config's ``environment`` (``slurm_ddp.secrets``): written with
+#: :func:`private_modes`' file mode (``environment.run_dir_mode``) whatever the umask, the rest of a run
+#: directory keeps the user's umask
 PRIVATE_FILES = (CONFIG_NAME, SCRIPT_NAME, PROVENANCE_NAME, ARRAY_SCRIPT_NAME)
-#: directories that can, owner-only (mode 0700): the code snapshot (it holds the job's YAML), the
-#: saved ``git diff``s, and the submitit backend's folder (its batch script and pickles)
+#: directories that can, with :func:`private_modes`' directory mode: the code snapshot (it holds the job's
+#: YAML), the saved ``git diff``s, and the submitit backend's folder (its batch script and pickles)
 PRIVATE_DIRS = (SNAPSHOTS_DIR, DIFFS_DIR, SUBMITIT_DIR)
 
 
-def private_dir(path: PathLike) -> Path:
-    """Create the directory ``path`` (missing parents with the umask's mode) with mode 0700, or set an
-    existing one's to 0700 (``PRIVATE_DIRS``). Returns it. Raises ``OSError``."""
+@dataclass(frozen=True)
+class PrivateModes:
+    """The modes (``chmod``'s octal bits) of ``PRIVATE_FILES`` and ``PRIVATE_DIRS`` under one
+    ``environment.run_dir_mode``: ``file`` (``config.yaml``, ``provenance.json``, a saved diff), ``script``
+    (``job.sbatch``, ``array.sbatch``: executable) and ``dir``."""
+
+    file: int
+    script: int
+    dir: int
+
+
+#: ``environment.run_dir_mode`` → its modes: never a bit for others (a shared project's group reads a run
+#: directory, the rest of the cluster does not); ``group`` gives the file's group read, and the scripts'
+#: and directories' x. The names are ``constants.RUN_DIR_MODES``.
+_PRIVATE_MODES = {
+    "private": PrivateModes(file=0o600, script=0o700, dir=0o700),
+    "group": PrivateModes(file=0o640, script=0o750, dir=0o750),
+}
+
+
+def private_modes(run_dir_mode: str = "private") -> PrivateModes:
+    """The modes of the run directory's files that can hold the config's values (``PRIVATE_FILES``,
+    ``PRIVATE_DIRS``) under ``environment.run_dir_mode`` (``private``: 0600/0700/0700, ``group``:
+    0640/0750/0750); every writer of those files asks here. Raises ``ValueError`` for another name."""
+    try:
+        return _PRIVATE_MODES[run_dir_mode]
+    except KeyError:
+        raise ValueError(f"environment.run_dir_mode {run_dir_mode!r}: one of {', '.join(_PRIVATE_MODES)}") from None
+
+
+def run_dir_mode_of(path: PathLike) -> str:
+    """The ``environment.run_dir_mode`` the ``PRIVATE_FILES`` file ``path`` was written with, read from its
+    mode: ``group`` when its group may read it, else ``private`` (also when it is missing). For a writer
+    that rewrites such a file without the config at hand (``provenance.record_start``)."""
+    try:
+        return "group" if os.stat(path).st_mode & 0o040 else "private"
+    except OSError:
+        return "private"
+
+
+def private_dir(path: PathLike, run_dir_mode: str = "private") -> Path:
+    """Create the directory ``path`` (missing parents with the umask's mode) with :func:`private_modes`'
+    directory mode (0700, or 0750 for ``group``), or set an existing one's (``PRIVATE_DIRS``). Returns it.
+    Raises ``OSError``, ``ValueError`` (``run_dir_mode``)."""
+    mode = private_modes(run_dir_mode).dir
     p = Path(path)
-    p.mkdir(mode=0o700, parents=True, exist_ok=True)
-    os.chmod(p, 0o700)
+    p.mkdir(mode=mode, parents=True, exist_ok=True)
+    os.chmod(p, mode)
     return p
+
+
+def write_private_text(path: PathLike, text: str, run_dir_mode: str = "private", *, script: bool = False) -> None:
+    """Write ``text`` to ``path`` (one of ``PRIVATE_FILES``, or a saved diff) atomically and durably
+    (``checkpoint.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
+    mode) set before the text is written, whatever the umask. Raises ``OSError``, ``ValueError``."""
+    from ..checkpoint import atomic_write_text
+
+    modes = private_modes(run_dir_mode)
+    atomic_write_text(path, text, mode=modes.script if script else modes.file)
+
+
+def set_private_mode(path: PathLike, run_dir_mode: str = "private", *, script: bool = False) -> None:
+    """Give the existing file ``path`` :func:`private_modes`' mode (one an older slurm_ddp wrote, or one
+    written under another ``environment.run_dir_mode``). Raises ``OSError``, ``ValueError``."""
+    modes = private_modes(run_dir_mode)
+    os.chmod(path, modes.script if script else modes.file)
+
+
+def apply_private_modes(run_dir: PathLike, run_dir_mode: str = "private") -> None:
+    """Give every ``PRIVATE_FILES`` file and ``PRIVATE_DIRS`` directory present in ``run_dir`` (a run or
+    sweep directory) :func:`private_modes`' mode: a submit that changes ``environment.run_dir_mode`` also
+    closes (or opens) those it does not write again, ``diffs/`` of a clean checkout, ``submitit/`` of an
+    earlier backend. Raises ``OSError``, ``ValueError``."""
+    rd = Path(run_dir)
+    for name in PRIVATE_DIRS:
+        if (rd / name).is_dir():
+            private_dir(rd / name, run_dir_mode)
+    for name in PRIVATE_FILES:
+        if (rd / name).is_file():
+            set_private_mode(rd / name, run_dir_mode, script=name in (SCRIPT_NAME, ARRAY_SCRIPT_NAME))
+
+
+def run_dir_mode_warning(run_dir_mode: str, umask: int) -> Optional[str]:
+    """One line when ``environment.run_dir_mode: group`` is asked for but ``umask`` (the submitting
+    process's; Slurm gives the job the umask of ``sbatch``'s caller, ``SLURM_UMASK``, sbatch(1)) keeps the
+    group from reading the files that follow it (logs, metrics, checkpoints) or entering the directories;
+    else None."""
+    if run_dir_mode != "group" or not umask & 0o050:
+        return None
+    return (
+        f"environment.run_dir_mode: group makes the config's files group-readable, but this shell's umask "
+        f"{umask:04o} keeps the group out of the run's other files and directories (logs, metrics, checkpoints); "
+        f"run 'umask 0027' before submitting for a group-readable run directory"
+    )
 
 
 def rank_log_name(rank: Union[int, str]) -> str:

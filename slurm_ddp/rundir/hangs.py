@@ -27,7 +27,9 @@ class HangReport:
     rank: int
     world_size: int
     host: str
-    step: int  #: steps the rank had completed
+    #: steps the rank had completed: its last progress report (``slurm_ddp.progress``), read when the
+    #: report is written, also from a rank that is stopped
+    step: int
     phase: str  #: one of ``slurm_ddp.progress.PHASES``
     idle_s: float  #: seconds since its last progress report
     limit_s: float  #: the allowance it exceeded (for ``cause == "self"``)

@@ -630,6 +630,8 @@ class Trainer:
                 self.step += 1
                 self.batch_in_epoch += len(micro)
                 self.in_step = False
+                # the step is done: a hang report from here on names it (its phase stays as it was)
+                mark(self.step, self.progress.phase)
                 if first_step:  # one record per start, rank 0 only, no collective
                     first_step = False
                     self.metrics.write(

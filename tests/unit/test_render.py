@@ -682,7 +682,7 @@ def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_i
     # enough CPUs, or a CPU job: no warning
     for patch in (
         {**GPU4, "slurm": {"gpus_per_node": 4, "cpus_per_task": 5}},
-        {"train": {"num_workers": 4}},
+        {"slurm": {"cpus_per_task": 5}, "train": {"num_workers": 4}},
         {"slurm": {"gpus_per_node": 4, "cpus_per_task": 2}},
         {"slurm": {"tasks_per_node": 4}},
     ):
@@ -692,6 +692,44 @@ def test_a_gpu_rank_with_fewer_cpus_than_its_loader_workers_plus_one_is_warned_i
     if verb == "explain":  # --cpus-per-task answers it too
         assert main([*argv, "--cpus-per-task", "5"]) == 0
         assert "slurm.cpus_per_task" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("verb", ["render", "dry-run"])
+def test_a_cpu_rank_with_more_loader_workers_than_its_cpus_allow_is_warned_in_one_line(
+    verb, write_job, tmp_path, capsys
+):
+    """Issue 50: torch warns at run time about a CPU job's DataLoader workers outnumbering its CPUs; render and
+    submit --dry-run say it first, in one line naming slurm.cpus_per_task and train.num_workers, counting
+    the rank's own thread (2 CPUs, 2 workers: 3 needed)."""
+    from slurm_ddp.cli import main
+
+    job = str(write_job({"slurm": {"cpus_per_task": 2}, "train": {"num_workers": 2}}))
+    run = ["--run-dir", str(tmp_path / "run")]
+    argv = {
+        "render": ["render", job, *run],
+        "dry-run": ["submit", job, "--backend", "sbatch", "--dry-run", "--no-check-task", *run],
+    }[verb]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert "#SBATCH --cpus-per-task=2" in out and "--gpus" not in out
+    lines = [line for line in err.splitlines() if "slurm.cpus_per_task" in line]
+    assert len(lines) == 1 and "warning: slurm.cpus_per_task=2 gives each rank 2 CPU(s)" in lines[0], err
+    assert "set slurm.cpus_per_task to at least 3" in lines[0] and "train.num_workers to at most 1" in lines[0]
+
+
+def test_loader_cpu_warning_counts_the_rank_itself_on_cpu_jobs() -> None:
+    from slurm_ddp.render import loader_cpu_warning
+
+    def warned(cpus: int, workers: int, **train: object) -> str | None:
+        given = {"num_workers": workers, **(train or {"task": "mypkg.tasks:Task"})}
+        return loader_cpu_warning(config_from_dict({"name": "unit", "slurm": {"cpus_per_task": cpus}, "train": given}))
+
+    assert warned(1, 0) is None and warned(4, 0) is None  # no workers: the rank's threads are the work
+    assert warned(3, 2) is None and warned(8, 2) is None
+    one = warned(1, 4)
+    assert one is not None and "at least 5" in one and "train.num_workers to 0" in one
+    assert warned(4, 4) is not None and "at most 3" in (warned(4, 4) or "")
+    assert warned(1, 0, command="python train.py") is None  # a script's loaders are its own
 
 
 @pytest.mark.parametrize("verb", ["render", "dry-run", "explain"])

@@ -294,7 +294,7 @@ def test_an_existing_config_copy_becomes_owner_only_on_resubmit(tmp_path: Path, 
     assert stat.S_IMODE((run_dir / "code").stat().st_mode) == 0o700
 
 
-def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch) -> None:
+def _submitit_schedule(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, job: Path, sets: List[str]) -> Path:
     require_module("submitit", "the submitit backend")
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -306,14 +306,144 @@ def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypat
     monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
     from slurm_ddp.backends.submitit_backend import schedule
 
-    job = _project(tmp_path)
     run_dir = tmp_path / "run"
-    sets = [f"environment.env.WANDB_API_KEY={SECRET}", "requeue.signal=USR2"]
     schedule(plan_submit(load_config(job, sets), "submitit", str(run_dir), command=["x"]))
+    return run_dir
+
+
+def test_submitit_folder_in_group_mode_holds_no_pass_env_value(
+    tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    job = _project(tmp_path, "environment: {run_dir_mode: group, pass_env: [WANDB_API_KEY]}\n")
+    run_dir = _submitit_schedule(tmp_path, monkeypatch, job, ["requeue.signal=USR2"])
+    assert stat.S_IMODE((run_dir / "submitit").stat().st_mode) == 0o750
+    assert _files_holding(run_dir, SECRET) == []  # its pickles and batch script included
+
+
+def test_submitit_folder_is_owner_only(tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    sets = [f"environment.env.WANDB_API_KEY={SECRET}", "requeue.signal=USR2"]
+    run_dir = _submitit_schedule(tmp_path, monkeypatch, _project(tmp_path), sets)
     assert stat.S_IMODE((run_dir / "submitit").stat().st_mode) == 0o700
     holding = _files_holding(run_dir, SECRET)
     assert any("submitit" in p.parts for p in holding)  # its batch script exports the literal
     assert all(_owner_only(p, run_dir) for p in holding), holding
+
+
+def _modes(top: Path, *rels: str) -> dict:
+    return {r: oct(stat.S_IMODE((top / r).stat().st_mode)) for r in rels}
+
+
+def test_every_run_dir_mode_has_modes_that_give_others_nothing() -> None:
+    from slurm_ddp.constants import RUN_DIR_MODES
+    from slurm_ddp.rundir import private_modes
+
+    assert private_modes() == private_modes("private")
+    for name in RUN_DIR_MODES:
+        m = private_modes(name)
+        assert not (m.file | m.script | m.dir) & 0o007, name
+        assert (m.file, m.script, m.dir) == ((0o600, 0o700, 0o700) if name == "private" else (0o640, 0o750, 0o750))
+    with pytest.raises(ValueError, match="private, group"):
+        private_modes("world")
+
+
+def test_apply_private_modes_sets_every_private_file_and_directory_present_and_nothing_else(tmp_path: Path) -> None:
+    from slurm_ddp.rundir import apply_private_modes
+
+    for d in ("diffs", "submitit", "logs"):
+        (tmp_path / d).mkdir(mode=0o755)
+    for f in ("config.yaml", "job.sbatch", "metrics.jsonl"):
+        (tmp_path / f).write_text("x\n")
+        os.chmod(tmp_path / f, 0o644)
+    rels = ("diffs", "submitit", "config.yaml", "job.sbatch", "logs", "metrics.jsonl")
+    apply_private_modes(tmp_path, "group")
+    assert _modes(tmp_path, *rels) == dict(zip(rels, ("0o750", "0o750", "0o640", "0o750", "0o755", "0o644")))
+    apply_private_modes(tmp_path)
+    assert _modes(tmp_path, *rels) == dict(zip(rels, ("0o700", "0o700", "0o600", "0o700", "0o755", "0o644")))
+
+
+def test_group_run_dir_mode_opens_the_config_files_to_the_group_only_and_pass_env_values_land_nowhere(
+    tmp_path: Path, umask022: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 50: a shared project's group reads config.yaml, job.sbatch, provenance.json, code/ and diffs/
+    (0640/0750, never others); the secret handed over by name is in no file; the job's own start keeps the
+    mode; going back to private is the same run and closes them again."""
+    from slurm_ddp.provenance import record_start
+
+    monkeypatch.setenv("WANDB_API_KEY", SECRET)
+    job = _project(tmp_path, "environment: {run_dir_mode: group, pass_env: [WANDB_API_KEY]}\n")
+    run_dir = tmp_path / "run"
+    plan = _submit_sbatch(job, run_dir)
+    assert plan.warnings == tuple(w for w in plan.warnings if "run_dir_mode" not in w)  # umask 022: nothing to say
+    files, dirs = ("config.yaml", "provenance.json"), ("code", "diffs")
+    want = {**dict.fromkeys(files, "0o640"), "job.sbatch": "0o750", **dict.fromkeys(dirs, "0o750")}
+    assert _modes(run_dir, *files, "job.sbatch", *dirs) == want
+    diffs = list((run_dir / "diffs").iterdir())
+    assert diffs and all(_modes(d.parent, d.name)[d.name] == "0o640" for d in diffs)
+    assert _files_holding(run_dir, SECRET) == []  # pass_env: the value is written nowhere
+    record_start(str(run_dir), {}, job_id="4242", restart=0, world_size=2)  # rank 0 rewrites provenance.json
+    assert _modes(run_dir, "provenance.json") == {"provenance.json": "0o640"}
+    _submit_sbatch(job, run_dir, "environment.run_dir_mode=private")  # the same run: resubmitted, not refused
+    want = {**dict.fromkeys(files, "0o600"), "job.sbatch": "0o700", **dict.fromkeys(dirs, "0o700")}
+    assert _modes(run_dir, *files, "job.sbatch", *dirs) == want
+    record_start(str(run_dir), {}, job_id="4243", restart=0, world_size=2)
+    assert _modes(run_dir, "provenance.json") == {"provenance.json": "0o600"}
+
+
+def test_group_run_dir_mode_with_a_literal_credential_is_refused_in_one_line(tmp_path: Path) -> None:
+    job = _project(tmp_path, "environment: {run_dir_mode: group}\n")
+    r = _cli(
+        "submit",
+        str(job),
+        "--backend",
+        "sbatch",
+        "--dry-run",
+        "--run-dir",
+        str(tmp_path / "run"),
+        "--set",
+        f"environment.env.HF_TOKEN={SECRET}",
+    )
+    assert r.returncode == 2 and SECRET not in r.stdout + r.stderr, r.stdout + r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and "environment.run_dir_mode: group would let the group read HF_TOKEN" in lines[0]
+    assert "environment.pass_env: [HF_TOKEN]" in lines[0] and not (tmp_path / "run").exists()
+    with pytest.raises(ConfigError, match="WANDB_API_KEY"):
+        load_config(job, ["environment.env.WANDB_API_KEY=abc"])
+    load_config(job, ["environment.env.HF_TOKEN=$NODE_TOKEN", "environment.env.DATA=/d"])  # no literal: allowed
+
+
+def test_group_run_dir_mode_under_a_closed_umask_says_so_in_one_line(tmp_path: Path) -> None:
+    job = _project(tmp_path, "environment: {run_dir_mode: group}\n")
+    old = os.umask(0o077)
+    try:
+        plan = plan_submit(load_config(job), "sbatch", str(tmp_path / "run"))
+        os.umask(0o027)
+        fine = plan_submit(load_config(job), "sbatch", str(tmp_path / "run"))
+    finally:
+        os.umask(old)
+    said = [w for w in plan.warnings if "run_dir_mode" in w]
+    assert len(said) == 1 and "umask 0077" in said[0] and "umask 0027" in said[0], plan.warnings
+    assert not [w for w in fine.warnings if "run_dir_mode" in w]
+
+
+def test_a_sweep_in_group_mode_gives_its_scripts_configs_and_snapshot_the_group_modes(
+    tmp_path: Path, umask022: None
+) -> None:
+    from slurm_ddp.backends.array import plan_sweep, prepare_sweep_dir
+    from slurm_ddp.sweep import load_sweep
+
+    job = _project(tmp_path, "environment: {run_dir_mode: group}\nsweep: {grid: {train.args.seed: [1, 2]}}\n")
+    sw = load_sweep(job)
+    assert sw is not None
+    sd = tmp_path / "sweep"
+    prepare_sweep_dir(plan_sweep(sw, "sbatch", str(sd)))
+    assert _modes(sd, "array.sbatch", "code", "provenance.json", "000/config.yaml", "001/config.yaml") == {
+        "array.sbatch": "0o750",
+        "code": "0o750",
+        "provenance.json": "0o640",
+        "000/config.yaml": "0o640",
+        "001/config.yaml": "0o640",
+    }
 
 
 # ---------------------------------------------------------------------------------------- snapshot

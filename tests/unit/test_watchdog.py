@@ -186,6 +186,20 @@ def test_watch_fires_for_a_rank_stopped_alone_past_the_step_allowance() -> None:
     assert not w2.poll(509.0, stopped=True)
 
 
+def test_a_stopped_rank_reports_the_step_it_got_to_not_the_last_poll_before_its_stop() -> None:
+    # issue 50: a rank stopped at step 200 was reported at step 172, the step its watchdog had seen at the
+    # last poll before the stop (a stopped rank's record was no longer read)
+    rec = FakeRecord()
+    w = Watch(LIM, lambda: rec.value)
+    w.resumed_t = w.last_poll = 0.0
+    rec.set(172, progress.STEP, 0.5)
+    assert not w.poll(1.0, stopped=False) and w.record is not None and w.record[1] == 172
+    rec.set(200, progress.STEP, 1.4)  # 28 more steps, then SIGSTOP before the next poll
+    fired = [w.poll(float(k), stopped=True) for k in range(2, 14)]
+    assert w.record == (progress.FLAG_REPORTING, 200, progress.STEP, 1.4)
+    assert fired[-1] and not any(fired[:-2])  # the verdict still comes from the stop (10 s), not the record's age
+
+
 def test_watch_ignores_a_rank_that_does_not_report() -> None:
     w = Watch(LIM, lambda: (0, 0, progress.STARTUP, 0.0))
     assert not w.poll(w.resumed_t + 10_000, stopped=False)
