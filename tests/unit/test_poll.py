@@ -222,3 +222,16 @@ def test_a_sweep_is_one_squeue_array_per_tick_and_its_last_finished_marker_ends_
     assert 490.5 < sim.clock.now <= 490.5 + 5  # the last element's marker seen, within first_s
     times = question_times(sim)
     assert min(b - a for a, b in zip(times, times[1:])) >= poll.POLL.first_s  # events never ask more often
+
+
+def test_wait_all_takes_runs_and_directories_and_returns_their_statuses_in_order(tmp_path):
+    import json
+
+    dirs = []
+    for name, finished in (("b", True), ("a", False)):
+        d = write_run(tmp_path / name, "1", finished=finished)
+        # a local run whose launcher is gone (no such pid): read from its directory, no scheduler
+        (d / "jobs.jsonl").write_text(json.dumps({"backend": "local", "job_id": "999999999", "time": 1.0}) + "\n")
+        dirs.append(d)
+    statuses = api.wait_all([api.Run(dirs[0]), dirs[1]], timeout_s=30)
+    assert [(s.run.path.name, s.state) for s in statuses] == [("b", "COMPLETED"), ("a", "STOPPED")]
