@@ -1,7 +1,7 @@
 """Scheduler load: the Slurm queries ``status``, ``wait``, ``logs -f`` and a 1,000-element sweep make per
 minute, counted, against the rates docs/guides/operating.md ("Scheduler load") states.
 
-    python benchmarks/bench_scheduler_load.py [--minutes 60] [--runs 100] [--elements 1000]
+    python benchmarks/bench_scheduler_load.py [--minutes 60] [--runs 100] [--elements 1000] [--sweep-minutes 10]
 
 A count, not a timing: every verb runs against a simulated controller on a simulated clock
 (tests/lib/sim_slurm.py: a ``Runner`` that answers ``scontrol show job``/``squeue``/``sacct`` as Slurm
@@ -9,7 +9,9 @@ A count, not a timing: every verb runs against a simulated controller on a simul
 seconds and the counts are exact and the same on every run (one round is enough; there is nothing to
 interleave). Each job pends 117 s, runs ``--minutes`` minutes, then completes; rank 0 writes the
 ``FINISHED`` marker as it ends, and (a single run) its log grows every 10 s. The row "job fails" has a job
-that fails instead, leaving no marker: its end is seen by a question, not a file. The controller keeps an ended job for
+that fails instead, leaving no marker: its end is seen by a question, not a file. The sweep's jobs run
+``--sweep-minutes`` (10): each of its questions reads every element's directory (about 1 s of CPU for
+1,000), so re-enacting the old 5 s loop for an hour would take long. The controller keeps an ended job for
 ``MinJobAge`` (300 s); accounting is on.
 
 Rows: ``status RUN`` and ``status SWEEP`` (one call each: queries per call); ``Run.wait``, ``logs -f``,
@@ -141,8 +143,9 @@ def measure(name: str, args: argparse.Namespace, root: Path) -> List[Tuple[str, 
     rows = []
     sweep, fails = name == "Sweep.wait", name == "Run.wait, job fails"
     n = args.elements if sweep else args.runs if name == "wait_all" else 1
+    minutes = args.sweep_minutes if sweep else args.minutes
     for variant in ("before", "now"):
-        w = World(root / f"{name}-{variant}".replace(" ", "_").replace(",", ""), n, args.minutes, sweep, fails)
+        w = World(root / f"{name}-{variant}".replace(" ", "_").replace(",", ""), n, minutes, sweep, fails)
         wait_once(name, variant, w)
         rows.append((variant, name, *w.rates()))
     return rows
@@ -168,6 +171,13 @@ def main() -> int:
     ap.add_argument("--minutes", type=float, default=60.0, help="how long each job runs (simulated)")
     ap.add_argument("--runs", type=int, default=100, help="runs of the wait_all row")
     ap.add_argument("--elements", type=int, default=1000, help="elements of the sweep rows")
+    ap.add_argument(
+        "--sweep-minutes",
+        type=float,
+        default=10.0,
+        help="how long the sweep's jobs run (each question reads the 1,000 element directories: "
+        "about 1 s of CPU, so the old 5 s loop over an hour would take minutes to re-enact)",
+    )
     args = ap.parse_args()
     t0 = time.monotonic()
     bad = 0
@@ -188,7 +198,7 @@ def main() -> int:
             s_min, s_st = STATED[name]
             bad += n_min > s_min or (s_st is not None and n_st > s_st)
             label = name + (f" ({args.runs} runs)" if name == "wait_all" else "")
-            label += f" ({args.elements})" if name == "Sweep.wait" else ""
+            label += f" ({args.elements}, {args.sweep_minutes:g} min)" if name == "Sweep.wait" else ""
             row = (f"{b_min:.2f}", f"{b_st:.2f}", f"{n_min:.2f}", f"{n_st:.2f}", f"{n_min / b_min:.3f}")
             late = f"{b_late:.0f} / {n_late:.0f}"
             print(fmt.format(label, *row, f"{s_min:g}", f"{s_st:g}" if s_st is not None else "", n_all, late))
