@@ -6,21 +6,21 @@ The package is split into a pure core that imports no torch (``config``, ``env``
 login node where torch is not installed.
 
 The Python API (``slurm_ddp.api``) is reached from here lazily: ``import slurm_ddp`` stays
-torch-free and imports nothing else; ``slurm_ddp.submit``, ``slurm_ddp.Run`` and ``slurm_ddp.Sweep``
-load it on first use.
+torch-free and imports nothing else; ``slurm_ddp.submit``, ``slurm_ddp.Run``, ``slurm_ddp.Sweep`` and
+``slurm_ddp.wait_all`` load it on first use.
 """
 
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .api import Final, Run, Sweep, submit
+    from .api import Final, Run, Sweep, submit, wait_all
     from .errors import SlurmDDPWarning
 
 from .constants import PREEMPTED_EXIT_CODE, __version__
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "SlurmDDPWarning", "Sweep", "__version__", "submit"]
+__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "SlurmDDPWarning", "Sweep", "__version__", "submit", "wait_all"]
 
-_API = ("submit", "Run", "Sweep", "Final")
+_API = ("submit", "Run", "Sweep", "Final", "wait_all")
 
 
 def __getattr__(name: str) -> Any:  # PEP 562: the API on first use

@@ -26,11 +26,12 @@ import subprocess
 import sys
 import time
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Union
 
 from .errors import DependencyNeverSatisfied, SlurmDDPError, SlurmDDPWarning, UserError, WaitTimeout
+from .ops.poll import POLL, PollPolicy, wait_runs, wait_sweep
 from .ops.runs import read_run, resolve_run
 from .ops.slurm import NEVER_SATISFIED_REASON, REQUEUED_STATES
 from .ops.status import RunStatus, never_starts_note, run_status
@@ -46,8 +47,10 @@ from .rundir import (
     read_waiting,
 )
 
-#: seconds between two questions to Slurm (or to the run directory) in :meth:`Run.wait`
-DEFAULT_POLL_S = 5.0
+#: seconds between two questions to Slurm in :meth:`Run.wait` after a change (``ops.poll.POLL``)
+DEFAULT_POLL_S = POLL.first_s
+#: the longest wait between two questions while nothing changes (``ops.poll.POLL``)
+MAX_POLL_S = POLL.max_s
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -56,6 +59,29 @@ def _ended(st: RunStatus) -> bool:
     """True when the run will not go on by itself: its state is final and not a requeue
     (``REQUEUED_STATES``: Slurm starts it again, with the same job id)."""
     return st.final and st.state not in REQUEUED_STATES
+
+
+def _check_dependency(st: RunStatus) -> None:
+    """Raise ``DependencyNeverSatisfied`` when the run's job will never start: pending on a dependency that
+    can no longer be met, or cancelled for it (a local launcher that gave up, Slurm under
+    ``kill_invalid_depend``). The note names the dependency: ``scontrol`` is asked for it (once) where the
+    batched ``squeue`` answer lacks it."""
+    s = st.slurm
+    if s is not None and s.never_starts:
+        if not s.dependency and s.source == "squeue":
+            detail = run_status(read_run(st.run.path))
+            s = detail.slurm if detail.slurm is not None and detail.slurm.never_starts else s
+        raise DependencyNeverSatisfied(never_starts_note(st.run.path, s))
+    if s is not None and s.final and s.reason == NEVER_SATISFIED_REASON:
+        raise DependencyNeverSatisfied("; ".join(st.notes) or f"{st.describe_state()}: {s.dependency}")
+
+
+def _policy(poll_s: float, max_poll_s: float) -> PollPolicy:
+    """``ops.poll.POLL`` with the caller's intervals; ``UserError`` for values it cannot take."""
+    try:
+        return replace(POLL, first_s=float(poll_s), max_s=float(max_poll_s))
+    except ValueError as e:
+        raise UserError(f"wait: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -110,40 +136,43 @@ class Run:
             return RunStatus(run, "PENDING", False, "local launcher", notes=["waiting for the runs it comes after"])
         return st
 
-    def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> RunStatus:
+    def wait(
+        self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S, max_poll_s: float = MAX_POLL_S
+    ) -> RunStatus:
         """Block until the run ends (finished, failed, cancelled, stopped for preemption and not
         requeued) and return its last status; a requeue is followed (Slurm keeps the job id). ``timeout_s``:
-        seconds to wait at most (None: no limit); ``poll_s``: seconds between two questions.
+        seconds to wait at most (None: no limit). Slurm is asked on ``ops.poll``'s schedule: ``poll_s``
+        seconds after a change, doubled while nothing changes, up to ``max_poll_s`` (squeue(1)
+        "PERFORMANCE"); the run directory is looked at every second in between, and a new job record or
+        ``FINISHED`` marker makes the next question due at once. A background local launcher of this
+        process is watched every ``poll_s`` (no scheduler).
 
         Raises ``WaitTimeout`` when the time runs out (the run goes on), ``DependencyNeverSatisfied``
         when its job will never start (Slurm: PENDING with Reason=DependencyNeverSatisfied, e.g.
         ``after=`` a run that failed, with ``afterok``; the local backend: its launcher found the same),
-        and ``SlurmDDPError`` when a background local launcher of this process failed otherwise
-        before it started the ranks."""
+        ``SlurmDDPError`` when a background local launcher of this process failed otherwise
+        before it started the ranks, and ``UserError`` for ``max_poll_s < poll_s`` or a value <= 0."""
+        policy = _policy(poll_s, max_poll_s)
+        if self._launcher is None:
+            (st,), timed_out = wait_runs(
+                [self.path], _ended, check=_check_dependency, timeout_s=timeout_s, policy=policy
+            )
+            if timed_out:
+                raise WaitTimeout(f"run {str(self.path)!r} did not end within {timeout_s:g} s (it is {st.state})")
+            return st
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            if self._launcher is not None and self._launcher.poll() is not None:
+            if self._launcher.poll() is not None:
                 self._check_launcher()
                 return run_status(read_run(self.path))
             st = self.status()
-            if st.slurm is not None and st.slurm.never_starts:
-                raise DependencyNeverSatisfied(never_starts_note(self.path, st.slurm))
-            if st.slurm is not None and st.slurm.final and st.slurm.reason == NEVER_SATISFIED_REASON:
-                # cancelled for it: a local launcher that gave up, Slurm under kill_invalid_depend
-                raise DependencyNeverSatisfied("; ".join(st.notes) or f"{st.describe_state()}: {st.slurm.dependency}")
-            if _ended(st) and self._launcher is None:
-                return st
+            _check_dependency(st)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"run {str(self.path)!r} did not end within {timeout_s:g} s (it is {st.state})")
-            if self._launcher is not None:
-                try:
-                    self._launcher.wait(
-                        timeout=poll_s if deadline is None else min(poll_s, deadline - time.monotonic())
-                    )
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                time.sleep(poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic())))
+            try:
+                self._launcher.wait(timeout=poll_s if deadline is None else min(poll_s, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
 
     def metrics(self) -> List[Dict[str, Any]]:
         """The rows of ``metrics.jsonl`` (rank 0's events: ``train``, ``eval``, ``checkpoint``,
@@ -253,30 +282,36 @@ class Sweep:
         """Every element's state, from one Slurm question (``ops.sweeps.sweep_status``)."""
         return sweep_status(read_sweep(self.path))
 
-    def wait(self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S) -> SweepStatus:
-        """Block until no element is pending or running (``Run.wait``'s rules). Raises ``WaitTimeout``,
-        and ``DependencyNeverSatisfied`` when an element's job will never start (its ``after=``)."""
+    def wait(
+        self, timeout_s: Optional[float] = None, poll_s: float = DEFAULT_POLL_S, max_poll_s: float = MAX_POLL_S
+    ) -> SweepStatus:
+        """Block until no element is pending or running (``Run.wait``'s rules) and return the sweep's
+        last status. Each question is one ``squeue --array`` for all the sweep's array jobs (``sacct``
+        only for arrays the controller forgot), however many elements, on ``Run.wait``'s schedule
+        (``poll_s`` after a change, doubling up to ``max_poll_s``; ``ops.poll``). Raises ``WaitTimeout``,
+        ``DependencyNeverSatisfied`` when an element's job will never start (its ``after=``), ``UserError``
+        for intervals ``ops.poll.PollPolicy`` cannot take."""
+        policy = _policy(poll_s, max_poll_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-
-        def left() -> float:
-            return poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
-
-        while True:
-            if self._launcher is not None and self._launcher.poll() is None:
-                try:  # the background local launcher runs the elements: its end is the sweep's
-                    self._launcher.wait(timeout=left())
-                except subprocess.TimeoutExpired:
-                    pass
-            else:
-                st = self.status()
-                for e, s in st.elements:
-                    if s.slurm is not None and s.slurm.never_starts:
-                        raise DependencyNeverSatisfied(never_starts_note(e.run.path, s.slurm))
-                if all(_ended(s) for _, s in st.elements):
-                    return st
-                time.sleep(left())
+        while self._launcher is not None and self._launcher.poll() is None:
+            try:  # the background local launcher runs the elements: its end is the sweep's
+                self._launcher.wait(
+                    timeout=poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
+                )
+            except subprocess.TimeoutExpired:
+                pass
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"sweep {str(self.path)!r} did not end within {timeout_s:g} s")
+
+        def check(path: Path, s: RunStatus) -> None:
+            if s.slurm is not None and s.slurm.never_starts:
+                raise DependencyNeverSatisfied(never_starts_note(path, s.slurm))
+
+        left = None if deadline is None else max(0.0, deadline - time.monotonic())
+        st, timed_out = wait_sweep(self.path, _ended, check=check, timeout_s=left, policy=policy)
+        if timed_out:
+            raise WaitTimeout(f"sweep {str(self.path)!r} did not end within {timeout_s:g} s")
+        return st
 
     def table(self, metric: Optional[str] = None) -> List[Dict[str, Any]]:
         """One row per element: ``index``, the swept values (by key), ``state``, and ``metric``'s
@@ -291,6 +326,39 @@ class Sweep:
                 row[m] = best_value(e.run, m)
             rows.append(row)
         return rows
+
+
+def wait_all(
+    runs: Sequence[Union[Run, PathLike]],
+    timeout_s: Optional[float] = None,
+    poll_s: float = DEFAULT_POLL_S,
+    max_poll_s: float = MAX_POLL_S,
+) -> List[RunStatus]:
+    """Block until every run of ``runs`` (``Run`` objects or run directories) ended, as :meth:`Run.wait`
+    for each, and return their last statuses in the same order. Slurm is asked ONE question per interval
+    for all of them (``squeue --jobs=ID1,ID2,…``, one per cluster; ``sacct`` only for ids that left the
+    queue; ``ops.poll.wait_runs``) instead of one per run, on ``Run.wait``'s schedule; a run that ended is
+    asked about once more in detail (``scontrol``) and then no more. Runs of a background local launcher
+    this process started are waited for first (no scheduler). Raises as :meth:`Run.wait` does
+    (``WaitTimeout`` names the runs still going)."""
+    policy = _policy(poll_s, max_poll_s)
+    objs = [r if isinstance(r, Run) else Run(r) for r in runs]
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    done: Dict[Path, RunStatus] = {}
+    for r in objs:
+        if r._launcher is not None:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            done[r.path] = r.wait(timeout_s=left, poll_s=poll_s, max_poll_s=max_poll_s)
+    rest = [r.path for r in objs if r.path not in done]
+    left = None if deadline is None else max(0.0, deadline - time.monotonic())
+    statuses, timed_out = wait_runs(rest, _ended, check=_check_dependency, timeout_s=left, policy=policy)
+    if timed_out:
+        going = [st for st in statuses if not _ended(st)]
+        names = ", ".join(f"{str(st.run.path)!r} ({st.state})" for st in going[:8])
+        more = f" and {len(going) - 8} more" if len(going) > 8 else ""
+        raise WaitTimeout(f"{len(going)} of {len(objs)} runs did not end within {timeout_s:g} s: {names}{more}")
+    done.update((Path(st.run.path), st) for st in statuses)
+    return [done[r.path] for r in objs]
 
 
 def submit(

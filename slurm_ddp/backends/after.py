@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..errors import DependencyNeverSatisfied, UserError
+from ..ops.poll import POLL, wait_runs
 from ..ops.runs import Run, read_run, resolve_run
 from ..ops.status import RunStatus, run_status
 from ..ops.sweeps import read_sweep, sweep_status
@@ -159,23 +160,19 @@ def wait_for_runs(
     run_dir: Optional[str] = None,
 ) -> None:
     """The local launcher's dependency: wait until every run in ``afters`` has ended (its state is
-    final), then check its condition. ``run_dir``: the waiting run's directory, where the wait is
+    final; watched on ``ops.poll``'s schedule, ``poll_s`` after a change), then check its condition. ``run_dir``: the waiting run's directory, where the wait is
     recorded (``rundir.WAITING_NAME``: ``status`` shows PENDING, Reason=Dependency) and, if it
     fails, why. Raises ``DependencyNeverSatisfied`` when a condition is not met."""
     wait = LocalWait(pid=os.getpid(), time=time.time(), dependency=",".join(f"{a.kind}:{a.path}" for a in afters))
     if run_dir is not None:
         record_waiting(run_dir, wait)
+    policy = replace(POLL, first_s=min(poll_s, POLL.max_s))  # the one polling policy, from poll_s
     for a in afters:
         assert a.path is not None
-        said = False
-        while True:
-            st = run_status(read_run(a.path), run_cmd)
-            if st.final:
-                break
-            if not said:
-                say(f"waiting for {a.path} to end ({a.kind}; it is {st.state})")
-                said = True
-            time.sleep(poll_s)
+        st = run_status(read_run(a.path), run_cmd)
+        if not st.final:
+            say(f"waiting for {a.path} to end ({a.kind}; it is {st.state})")
+            (st,), _ = wait_runs([Path(a.path)], lambda s: s.final, run_cmd=run_cmd, policy=policy)
         ok = st.run.finished is not None
         if (a.kind == "afterok" and not ok) or (a.kind == "afternotok" and ok):
             why = (

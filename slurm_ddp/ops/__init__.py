@@ -13,6 +13,8 @@ One module per job:
   liveness, and the refusal of a second job in a busy run directory;
 - :mod:`.actions`: :func:`cancel` and :func:`requeue` (``scancel`` / ``scontrol requeue``);
 - :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``;
+- :mod:`.poll`: how often the verbs that wait ask Slurm (one batched question per interval for every
+  watched run, backing off while nothing changes): the one polling policy, ``POLL``;
 - :mod:`.targets`: what a verb's argument names (run, sweep, ``SWEEP/N``) and the verbs that take either;
 - :mod:`.report`: what ``runs`` and ``status`` report (states joined with accounting and provenance);
 - :mod:`.memory`: the memory a job will get (what it asks for, else the site's default from ``scontrol``),

@@ -3,7 +3,7 @@
 
 Side effects: reads log files of a run directory (``logs/`` under the run directory, and the
 per-task logs of submitit's folder); :func:`follow_logs` also asks for the run's state
-(:mod:`.status`) every few seconds and sleeps between polls. Lines go to an injected
+(:mod:`.status`) on the polling schedule of :mod:`.poll` and sleeps between polls. Lines go to an injected
 ``write`` callable: where they end up (and what a closed pipe means) is the CLI's business.
 Imports no torch.
 """
@@ -19,9 +19,10 @@ from typing import Any, Callable, Dict, List, Optional, Pattern, Sequence, Tuple
 
 from ..errors import UserError
 from ..rundir import LOGS_DIR, SUBMITIT_DIR, batch_log_name, rank_log_name
+from .poll import POLL, Poller, PollPolicy, ask_runs, run_events, status_key
 from .runs import Run, read_run
 from .slurm import Runner
-from .status import RunStatus, run_status
+from .status import RunStatus
 
 
 def _name_pattern(name_of: Callable[[str], str], group: str) -> Pattern[str]:
@@ -165,7 +166,7 @@ def follow_logs(
     run_cmd: Runner = subprocess.run,
     *,
     poll_s: float = 0.5,
-    status_every_s: float = 2.0,
+    policy: PollPolicy = POLL,
     sleep: Callable[[float], None] = time.sleep,
     clock: Callable[[], float] = time.monotonic,
     timeout_s: Optional[float] = None,
@@ -173,13 +174,18 @@ def follow_logs(
     """Write what the logs hold, then new lines as they are written, until the run ends (its
     state is final) or ``timeout_s`` passes; Ctrl-C (KeyboardInterrupt) propagates.
 
-    Across requeues the rank logs are appended to and a new batch shell's log appears (both
-    followed). Returns the last status read.
+    The log files are read every ``poll_s`` seconds (files only: a growing log asks no scheduler).
+    Slurm is asked about the run's state on ``ops.poll``'s schedule (``policy``, default
+    :data:`~slurm_ddp.ops.poll.POLL`: 5 s after a change, doubling while nothing changes, up to 60 s;
+    squeue(1) "PERFORMANCE"), and at once when the run directory shows an event (a new job record, the
+    ``FINISHED`` marker: ``ops.poll.run_events``). Across requeues the rank logs are appended to and a
+    new batch shell's log appears (both followed). Returns the last status read.
     """
     tails: Dict[Path, _Tail] = {}
     ordered: List[_Tail] = []
     start = clock()
-    next_status = start
+    poller = Poller(policy, clock)
+    seen = run_events([run_dir])
     status: Optional[RunStatus] = None
     while True:
         for s in log_sources(run_dir, rank):
@@ -187,11 +193,10 @@ def follow_logs(
                 t = _Tail(s, len(ordered))
                 tails[s.path] = t
                 ordered.append(t)
-        now = clock()
         done = False
-        if now >= next_status:
-            status = run_status(read_run(run_dir), run_cmd)
-            next_status = now + status_every_s
+        if poller.due():
+            status = ask_runs([read_run(run_dir)], run_cmd)[0]
+            poller.answered(status_key(status))
             done = status.final
         lines = [ln for t in ordered for ln in t.read(final=done)]
         _emit(lines, ordered, write, prefix=rank is None)
@@ -199,3 +204,7 @@ def follow_logs(
             assert status is not None
             return status
         sleep(poll_s)
+        now = run_events([run_dir])
+        if now != seen:  # a new job record, the FINISHED marker: ask now
+            seen = now
+            poller.poke()

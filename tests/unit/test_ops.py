@@ -571,6 +571,18 @@ def test_logs_follow_of_an_ended_run_prints_everything_and_returns(tmp_path, slu
     assert err == "slurm-ddp: run digits ended: COMPLETED (exit 0:0)\n"
 
 
+def asks_every_loop(sleep: Any) -> Dict[str, Any]:
+    """``follow_logs`` keywords that make each of its sleeps last the longest poll interval
+    (``ops.poll.POLL.max_s``) on a fake clock: every loop asks Slurm, then calls ``sleep``."""
+    now = [0.0]
+
+    def longest(s: float) -> None:
+        now[0] += ops.poll.POLL.max_s
+        sleep(s)
+
+    return {"sleep": longest, "clock": lambda: now[0]}
+
+
 def test_follow_goes_on_across_a_requeue_until_the_run_ends(tmp_path):
     """New lines in the same rank files and a new batch-*.out are followed; a requeued job
     (PENDING after a restart) is not an end; COMPLETED is."""
@@ -612,7 +624,7 @@ def test_follow_goes_on_across_a_requeue_until_the_run_ends(tmp_path):
         current["state"] = next(states, "COMPLETED")
         next(script, lambda: None)()
 
-    st = ops.follow_logs(rd, None, written.append, fake_run, poll_s=0, status_every_s=0, sleep=sleep)
+    st = ops.follow_logs(rd, None, written.append, fake_run, poll_s=0, **asks_every_loop(sleep))
     assert st.state == "COMPLETED" and st.final
     assert "".join(written).splitlines() == [
         "[batch 101] 2024-01-01T10:00:00 batch first start",
@@ -642,11 +654,11 @@ def test_follow_picks_up_a_new_batch_log_and_one_rank_only(tmp_path):
         with open(rd / "logs" / "rank-1.log", "a") as f:
             f.write("b2\n")
 
-    ops.follow_logs(rd, 1, out.append, fake_run, poll_s=0, status_every_s=0, sleep=sleep)
+    ops.follow_logs(rd, 1, out.append, fake_run, poll_s=0, **asks_every_loop(sleep))
     assert "".join(out) == "b1\nb2\nb2\n"  # read, then each poll until the job is CANCELLED
     out.clear()
     calls["n"] = 0
-    ops.follow_logs(rd, None, out.append, fake_run, poll_s=0, status_every_s=0, sleep=lambda _: None)
+    ops.follow_logs(rd, None, out.append, fake_run, poll_s=0, **asks_every_loop(lambda _: None))
     assert "[batch 202] new batch\n" in out
 
 
