@@ -48,8 +48,10 @@ from typing import Any, Dict, Iterable, List, Mapping, Optional
 
 #: the chosen interval offered to a ``train.command`` script at its start, in seconds (``slurm_ddp.preemption``)
 EVERY_S_VAR = "SLURM_DDP_CHECKPOINT_EVERY_S"
-#: the interval's figures at the start (JSON of :meth:`Interval.record`), for ``preemption.checkpoint_interval``
-INTERVAL_VAR = "SLURM_DDP_CHECKPOINT_INTERVAL"
+#: the expected seconds between interruptions at the start (M), for ``preemption.checkpoint_interval``
+MTBF_VAR = "SLURM_DDP_CHECKPOINT_MTBF_S"
+#: the cap on the interval, seconds (``checkpoint.max_interval_s``)
+MAX_INTERVAL_VAR = "SLURM_DDP_CHECKPOINT_MAX_INTERVAL_S"
 #: the value of ``checkpoint.every_steps`` / ``checkpoint.every_s`` that asks this rule
 AUTO = "auto"
 #: the ``metrics.jsonl`` event of a chosen interval
@@ -256,8 +258,8 @@ def choose_interval(
 
 
 def measured_costs(metrics: Iterable[Mapping[str, Any]], last: int = 5) -> Dict[str, Optional[float]]:
-    """The run's recorded save costs, from ``metrics.jsonl``: the mean ``blocked_s`` and ``write_s`` of
-    its last ``last`` periodic ``checkpoint`` events (None where none recorded it); a new start's
+    """The run's recorded save costs, from ``metrics.jsonl``: the mean ``blocked_s`` and ``previous_write_s``
+    (the background write of the save before) of its last ``last`` periodic ``checkpoint`` events (None where none recorded it); a new start's
     first guess before it measured its own."""
     blocked: List[float] = []
     writes: List[float] = []
@@ -266,8 +268,8 @@ def measured_costs(metrics: Iterable[Mapping[str, Any]], last: int = 5) -> Dict[
             continue
         if isinstance(m.get("blocked_s"), (int, float)):
             blocked.append(float(m["blocked_s"]))
-        if isinstance(m.get("write_s"), (int, float)):
-            writes.append(float(m["write_s"]))
+        if isinstance(m.get("previous_write_s"), (int, float)):
+            writes.append(float(m["previous_write_s"]))
 
     def mean(xs: List[float]) -> Optional[float]:
         return sum(xs[-last:]) / len(xs[-last:]) if xs else None
@@ -282,3 +284,38 @@ def last_interval(metrics: Iterable[Mapping[str, Any]]) -> Optional[Dict[str, An
         if m.get("event") == EVENT:
             found = dict(m)
     return found
+
+
+def script_environment(
+    metrics: Iterable[Mapping[str, Any]],
+    *,
+    mtbf_default_s: float,
+    max_interval_s: float,
+    time_limit_s: Optional[float],
+    signal_delay_s: Optional[float],
+    now: Optional[float] = None,
+) -> Dict[str, str]:
+    """What a ``train.command`` rank is offered at its start under ``auto`` (the launch wrapper sets these):
+    :data:`MTBF_VAR` (M from the stated default and the run's history), :data:`MAX_INTERVAL_VAR`, and
+    :data:`EVERY_S_VAR` — the interval itself, only when the run's records hold a measured save cost
+    (``checkpoint`` events in ``metrics.jsonl``); without one the script passes its own to
+    ``slurm_ddp.preemption.checkpoint_interval(cost_s=...)``. Values are decimal seconds."""
+    records = list(metrics)
+    history = interruption_history(records, now=now)
+    out = {
+        MTBF_VAR: f"{estimate_mtbf_s(mtbf_default_s, history):.3f}",
+        MAX_INTERVAL_VAR: f"{max_interval_s:.3f}",
+    }
+    costs = measured_costs(records)
+    if costs["blocked_s"] is not None:
+        chosen = choose_interval(
+            checkpoint_cost_s=costs["blocked_s"],
+            mtbf_default_s=mtbf_default_s,
+            history=history,
+            write_s=costs["write_s"],
+            time_limit_s=time_limit_s,
+            signal_delay_s=signal_delay_s,
+            max_interval_s=max_interval_s,
+        )
+        out[EVERY_S_VAR] = f"{chosen.every_s:.3f}"
+    return out

@@ -103,9 +103,9 @@ def test_default_mtbf_and_measured_costs():
     with pytest.raises(ValueError):
         iv.default_mtbf_s(0)
     metrics = [
-        {"event": "checkpoint", "reason": "periodic", "blocked_s": 0.1, "write_s": 1.0},
+        {"event": "checkpoint", "reason": "periodic", "blocked_s": 0.1, "previous_write_s": 1.0},
         {"event": "checkpoint", "reason": "final", "blocked_s": 9.0},
-        {"event": "checkpoint", "reason": "periodic", "blocked_s": 0.3, "write_s": 3.0},
+        {"event": "checkpoint", "reason": "periodic", "blocked_s": 0.3, "previous_write_s": 3.0},
         {"event": "checkpoint_interval", "every_s": 12.0},
     ]
     assert iv.measured_costs(metrics) == {"blocked_s": pytest.approx(0.2), "write_s": pytest.approx(2.0)}
