@@ -274,7 +274,8 @@ class RunReport:
     def program_goodput(self) -> Optional[float]:
         """Google's program goodput (same source: the share of the hardware's peak throughput the program
         reaches, model FLOP utilisation): always None here — it needs the model's FLOPs per step and the
-        hardware's peak, which the run directory does not hold (named in ``unknown``)."""
+        hardware's peak, which the run directory does not hold (the table shows ``?``; not in ``unknown``, which lists
+        what a run's records could have given)."""
         return None
 
     @property
@@ -547,7 +548,6 @@ def run_report(
     if not starts:
         unknown.append("starts: provenance.json records none (the run never started, or predates it)")
     step_level = any(steps for steps, _ in trained)
-    unknown.append("program goodput: needs the model's FLOPs per step and the hardware's peak FLOP/s")
     if starts and not step_level:
         unknown.append(
             "productive time, goodput and redone steps: no step is recorded with a time (the worker writes them; "
