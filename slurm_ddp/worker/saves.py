@@ -42,7 +42,8 @@ class SaveSchedule:
     ``cfg``: the job config; ``is_main``: rank 0 (the one that measures and decides); ``nodes``: the
     allocation's node count (the default MTBF); ``history``: a callable returning the run's ``metrics.jsonl``
     records (``rundir.read_metrics``); ``broadcast``: a collective that returns rank 0's value on every rank;
-    ``write``: writes one ``metrics.jsonl`` record (rank 0); ``clock``: seconds (``time.perf_counter``).
+    ``write``: writes one ``metrics.jsonl`` record (rank 0); ``clock``: seconds (``time.perf_counter``); ``wall``:
+    epoch seconds (``time.time``, the records' clock).
     """
 
     def __init__(
@@ -55,13 +56,15 @@ class SaveSchedule:
         broadcast: Callable[[Any], Any],
         write: Callable[..., None],
         clock: Callable[[], float] = time.perf_counter,
+        wall: Callable[[], float] = time.time,
     ):
         ck = cfg.checkpoint
         self.auto = ck.auto_interval
         self.fixed_steps = 0 if self.auto else int(ck.every_steps)
         self.fixed_s = 0.0 if self.auto else float(ck.every_s)
         self.timed = self.auto or self.fixed_s > 0
-        self.is_main, self.history, self.broadcast, self.write, self.clock = is_main, history, broadcast, write, clock
+        self.is_main, self.history, self.broadcast, self.write = is_main, history, broadcast, write
+        self.clock, self.wall = clock, wall
         self.async_save = ck.async_save
         self.max_interval_s = ck.max_interval_s
         self.mtbf_default_s = ck.mtbf_s if ck.mtbf_s is not None else rule.default_mtbf_s(max(1, nodes))
@@ -146,7 +149,7 @@ class SaveSchedule:
         if not self.auto:
             return max(1, int(round(self.fixed_s / step_s)))
         metrics = self.history()
-        history = rule.interruption_history(metrics, now=time.time())
+        history = rule.interruption_history(metrics, now=self.wall())
         chosen = rule.choose_interval(
             checkpoint_cost_s=self.cost_s or 0.0,
             mtbf_default_s=self.mtbf_default_s,
