@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Union
 
 from ..config import JobConfig, parse_time_s
 from ..rundir import interval as rule
@@ -39,7 +39,7 @@ def _ewma(old: Optional[float], new: float) -> float:
 class SaveSchedule:
     """The periodic-save decision of one rank (the same answer on every rank at every step).
 
-    ``cfg``: the job config; ``is_main``: rank 0 (the one that measures and decides); ``nodes``: the
+    ``cfg``: the job config; ``is_main``: rank 0 (the one that measures and decides; a callable: asked each time); ``nodes``: the
     allocation's node count (the default MTBF); ``history``: a callable returning the run's ``metrics.jsonl``
     records (``rundir.read_metrics``); ``broadcast``: a collective that returns rank 0's value on every rank;
     ``write``: writes one ``metrics.jsonl`` record (rank 0); ``clock``: seconds (``time.perf_counter``); ``wall``:
@@ -50,7 +50,7 @@ class SaveSchedule:
         self,
         cfg: JobConfig,
         *,
-        is_main: bool,
+        is_main: Union[bool, Callable[[], bool]],
         nodes: int,
         history: Callable[[], List[Dict[str, Any]]],
         broadcast: Callable[[Any], Any],
@@ -63,7 +63,8 @@ class SaveSchedule:
         self.fixed_steps = 0 if self.auto else int(ck.every_steps)
         self.fixed_s = 0.0 if self.auto else float(ck.every_s)
         self.timed = self.auto or self.fixed_s > 0
-        self.is_main, self.history, self.broadcast, self.write = is_main, history, broadcast, write
+        self._is_main = is_main
+        self.history, self.broadcast, self.write = history, broadcast, write
         self.clock, self.wall = clock, wall
         self.async_save = ck.async_save
         self.max_interval_s = ck.max_interval_s
@@ -81,6 +82,11 @@ class SaveSchedule:
         self.interval: Optional[rule.Interval] = None  # the last interval chosen
         self._mark_t = 0.0
         self._mark_step = 0
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 now (a callable ``is_main`` is asked each time: in-process recovery may renumber the ranks)."""
+        return self._is_main() if callable(self._is_main) else self._is_main
 
     # ------------------------------------------------------------------ the Trainer's questions
     def begin(self, step: int) -> None:
@@ -139,8 +145,12 @@ class SaveSchedule:
     def _decide(self, step: int) -> None:
         plan = None
         if self.is_main:
-            steps = self._choose(step)
-            plan = (step + max(1, steps), True)
+            if self.auto and self.cost_s is None:  # a rank 0 that never saved (renumbered): the run's records
+                self.cost_s = rule.measured_costs(self.history())["blocked_s"]
+            if self.auto and self.cost_s is None:  # nothing recorded either: a save that measures it
+                plan = (step + BOOTSTRAP_STEPS, True)
+            else:
+                plan = (step + max(1, self._choose(step)), True)
         self.next_step, self.saving_at_next = self.broadcast(plan)
 
     def _choose(self, step: int) -> int:

@@ -142,7 +142,7 @@ class Trainer:
         # when to save periodically (checkpoint.every_steps / every_s / auto: slurm_ddp.worker.saves)
         self.saves = SaveSchedule(
             cfg,
-            is_main=denv.is_main,
+            is_main=lambda: self.denv.is_main,  # asked each time: in-process recovery may renumber the ranks
             nodes=denv.num_nodes,
             history=lambda: read_metrics(run_dir),
             broadcast=lambda obj: broadcast_from_main(obj, self.denv),
