@@ -55,6 +55,7 @@ def job_yaml(work: Path, args: argparse.Namespace) -> Path:
         "slurm": {"nodes": 1, "tasks_per_node": 2, "cpus_per_task": 1, "time": "01:00:00"},
         "train": {
             "task": "realistic_task:RealisticTask",
+            "snapshot": False,  # the checkout itself: a resubmit after an edit of it must not be refused
             "pythonpath": [str(REPO / "benchmarks")],
             "max_steps": args.max_steps,
             "batch_size": 128,
@@ -102,7 +103,8 @@ def run_one(work: Path, job: Path, setting: str, gaps: List[float], say: Any) ->
     starts = 0
     t0 = time.time()
     while True:
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        out = open(work / f"{run.name}.submit.log", "a")
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         gap = gaps[len(kills)] if len(kills) < len(gaps) else float("inf")
         killed = False
         while proc.poll() is None:
@@ -122,7 +124,8 @@ def run_one(work: Path, job: Path, setting: str, gaps: List[float], say: Any) ->
         if (run / "FINISHED").exists():
             break
         if not killed:
-            raise RuntimeError(f"{run}: the run ended without finishing (exit {proc.returncode})")
+            tail = (work / f"{run.name}.submit.log").read_text()[-2000:]
+            raise RuntimeError(f"{run}: the run ended without finishing (exit {proc.returncode}): {tail}")
         say(f"  {setting}: kill {len(kills)} after {gap:.1f} s of training")
     rep = report_json(run)
     return figures(run, rep, setting, time.time() - t0)
