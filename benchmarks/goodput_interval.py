@@ -103,8 +103,8 @@ def run_one(work: Path, job: Path, setting: str, gaps: List[float], say: Any) ->
     starts = 0
     t0 = time.time()
     while True:
-        out = open(work / f"{run.name}.submit.log", "a")
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
+        with open(work / f"{run.name}.submit.log", "a") as out:  # the child keeps its own copy of the descriptor
+            proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
         gap = gaps[len(kills)] if len(kills) < len(gaps) else float("inf")
         killed = False
         while proc.poll() is None:
