@@ -298,6 +298,8 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     env.update(denv.torch_env())
     env[RUN_DIR_VAR] = str(Path(run_dir).resolve())
     env[SIGNAL_VAR] = cfg.requeue.signal_name
+    if cfg.checkpoint.auto_interval:  # the interval rule's figures for the script (slurm_ddp.preemption)
+        env.update(_interval_environment(cfg, denv, Path(run_dir)))
     if cfg.tracking.mlflow.enabled or cfg.tracking.wandb.enabled:  # MLFLOW_RUN_ID, WANDB_RUN_ID … (slurm_ddp.tracking)
         from .tracking import rank_env
 
@@ -393,6 +395,23 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
 #: What the supervising wrapper of a ``train.command`` rank catches: the stop signals and the
 #: user signals (a USR1 meant for the command must not end the wrapper); the rest keep their default.
 _CAUGHT = ("SIGTERM", "SIGINT", "SIGHUP", "SIGUSR1", "SIGUSR2")
+
+
+def _interval_environment(cfg: JobConfig, denv: DistEnv, run_dir: Path) -> Dict[str, str]:
+    """``checkpoint.every_s: auto`` for a script of one's own: the rule's figures at this start
+    (``rundir.interval.script_environment``), from the config and the run's records."""
+    from .config import parse_time_s
+    from .rundir import interval as rule
+    from .rundir import read_metrics
+
+    ck = cfg.checkpoint
+    return rule.script_environment(
+        read_metrics(run_dir),
+        mtbf_default_s=ck.mtbf_s if ck.mtbf_s is not None else rule.default_mtbf_s(max(1, denv.num_nodes)),
+        max_interval_s=ck.max_interval_s,
+        time_limit_s=float(parse_time_s(cfg.slurm.time)),
+        signal_delay_s=float(cfg.requeue.signal_delay_s),
+    )
 
 
 def command_failure(status: int, stopped: bool) -> Optional[str]:

@@ -146,6 +146,51 @@ def should_stop(interval_s: float = 0.5) -> bool:
     return _agreement.poll()
 
 
+_last_checkpoint: Optional[float] = None  # time.monotonic() of should_checkpoint's last True (or first call)
+
+
+def checkpoint_interval(
+    cost_s: Optional[float] = None, write_s: Optional[float] = None, step_s: Optional[float] = None
+) -> Optional[float]:
+    """Seconds of training between checkpoints under ``checkpoint.every_s: auto`` (or ``every_steps: auto``).
+
+    With ``cost_s`` (the seconds one of the script's saves blocks training; ``write_s``: one background write,
+    ``step_s``: one step) the interval rule (``slurm_ddp.rundir.interval``: Daly's optimum, bounded) computes it
+    from the expected time between interruptions the launch wrapper measured at this start
+    (``$SLURM_DDP_CHECKPOINT_MTBF_S``, the run's history and ``checkpoint.mtbf_s``). Without ``cost_s``: the
+    interval offered at the start (``$SLURM_DDP_CHECKPOINT_EVERY_S``, set when the run's records hold a
+    measured save cost). None when neither is known (the config does not ask for ``auto``, or no cost yet).
+    """
+    from .rundir import interval as rule
+
+    if cost_s is None:
+        offered = os.environ.get(rule.EVERY_S_VAR)
+        return float(offered) if offered else None
+    mtbf = os.environ.get(rule.MTBF_VAR)
+    if not mtbf:
+        return None
+    cap = float(os.environ.get(rule.MAX_INTERVAL_VAR) or rule.DEFAULT_MAX_INTERVAL_S)
+    chosen = rule.choose_interval(
+        checkpoint_cost_s=cost_s, mtbf_default_s=float(mtbf), write_s=write_s, step_s=step_s, max_interval_s=cap
+    )
+    return chosen.every_s
+
+
+def should_checkpoint(cost_s: Optional[float] = None, now: Optional[float] = None) -> bool:
+    """True when :func:`checkpoint_interval` seconds passed since the last True (or since the first call);
+    False when no interval is known. This rank's clock (``time.monotonic`` unless ``now``): ask it on the
+    rank that saves (rank 0), or agree across ranks before a collective save."""
+    global _last_checkpoint
+    every = checkpoint_interval(cost_s)
+    t = time.monotonic() if now is None else now
+    if _last_checkpoint is None:
+        _last_checkpoint = t
+    if every is None or t - _last_checkpoint < every:
+        return False
+    _last_checkpoint = t
+    return True
+
+
 def exit_preempted(step: Optional[int] = None) -> NoReturn:
     """Stop this rank for preemption: wait for every rank, record the stop, exit with status 75.
 
@@ -298,10 +343,10 @@ def _shutdown_group() -> None:
 
 def _reset_for_tests() -> Any:
     """Forget the installed flag (restoring its handlers); for tests."""
-    global _flag, _agreement
+    global _flag, _agreement, _last_checkpoint
     if _flag is not None:
         _flag.restore()
-    _flag, _agreement = None, None
+    _flag, _agreement, _last_checkpoint = None, None, None
     return None
 
 

@@ -176,6 +176,7 @@ class _Job:
         "buffers",
         "rank_states",
         "rank_digests",
+        "write_s",
     )
 
     def __init__(
@@ -188,8 +189,16 @@ class _Job:
         self.buffers: Any = None
         self.info: Optional[CheckpointInfo] = None
         self.error: Optional[BaseException] = None
+        self.write_s: Optional[float] = None  # seconds the commit took on the writer thread
 
     def run(self) -> None:
+        t0 = time.perf_counter()
+        try:
+            self._run()
+        finally:
+            self.write_s = time.perf_counter() - t0
+
+    def _run(self) -> None:
         if self.manager is None:
             self.buffers = _allocate_like(self.like)
         else:
@@ -255,6 +264,9 @@ class AsyncCheckpointer:
         self._copy_cost: Dict[str, float] = {}  # copier -> recent seconds per byte of a snapshot into reused buffers
         self._snapshots = 0
         self.last: Optional[CheckpointInfo] = None
+        #: seconds the last committed background write took (None before one finished): the pace the
+        #: writer keeps up with (``slurm_ddp.rundir.interval``: no interval shorter than this)
+        self.last_write_s: Optional[float] = None
         weakref.finalize(self, self._jobs.put, None)  # garbage-collected: the writer thread ends
 
     def _pick_copier(self) -> str:
@@ -336,6 +348,7 @@ class AsyncCheckpointer:
                 self._staging = job.buffers
             else:
                 self.last = job.info
+                self.last_write_s = job.write_s
 
     def check(self) -> None:
         """Raise the writer's error, if it failed, without waiting."""

@@ -630,15 +630,64 @@ class TrainConfig:
         return resume_spec(self.resume)
 
 
+_EVERY_AUTO = "auto"
+
+
+def _check_every_steps(v: Any) -> Optional[str]:
+    if isinstance(v, int) and not isinstance(v, bool):
+        return None if v >= 0 else "an integer >= 0 or 'auto'"
+    return None if v == _EVERY_AUTO else "an integer >= 0 or 'auto'"
+
+
+def _check_every_s(v: Any) -> Optional[str]:
+    if isinstance(v, float):
+        return None if v >= 0 else "a number of seconds >= 0 or 'auto'"
+    return None if v == _EVERY_AUTO else "a number of seconds >= 0 or 'auto'"
+
+
 @dataclass(frozen=True)
 class CheckpointConfig:
     """When rank 0 saves and how many checkpoints it keeps."""
 
-    every_steps: int = field(default=100, metadata=_meta("save every N steps; 0 = only on preemption", min=0))
+    every_steps: Union[int, str] = field(
+        default=100,
+        metadata=_meta(
+            "save every N steps; 0 = only on preemption; 'auto' = the interval the measured save cost and the "
+            "expected time between interruptions choose (Young/Daly, slurm_ddp.rundir.interval)",
+            check=_check_every_steps,
+            json_schema={"minimum": 0, "pattern": "^auto$"},
+        ),
+    )
     keep_last: int = field(default=2, metadata=_meta("checkpoints kept (the newest valid one is never deleted)", min=1))
     async_save: bool = field(
         default=True, metadata=_meta("periodic saves written in the background (preemption saves are synchronous)")
     )
+    every_s: Union[float, str] = field(
+        default=0.0,
+        metadata=_meta(
+            "also save when this many seconds of training passed since the last save; 0 = off; 'auto' = as "
+            "every_steps: auto (either asks the rule, which then replaces both fixed intervals)",
+            check=_check_every_s,
+            json_schema={"minimum": 0, "pattern": "^auto$"},
+        ),
+    )
+    max_interval_s: float = field(
+        default=3600.0,
+        metadata=_meta("the auto interval's cap: never less often than this many seconds of training", min=1.0),
+    )
+    mtbf_s: Optional[float] = field(
+        default=None,
+        metadata=_meta(
+            "the auto interval's prior mean seconds between interruptions that lose work (deaths, lost nodes), "
+            "combined with the run's own; unset = 154 days per node / slurm.nodes (Meta RSC-1, HPCA 2025)",
+            min=1.0,
+        ),
+    )
+
+    @property
+    def auto_interval(self) -> bool:
+        """Whether the interval rule chooses the interval (``every_steps`` or ``every_s`` is ``auto``)."""
+        return _EVERY_AUTO in (self.every_steps, self.every_s)
 
 
 @dataclass(frozen=True)

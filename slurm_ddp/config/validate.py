@@ -290,6 +290,11 @@ _SWITCHED: Tuple[Tuple[Tuple[str, ...], Tuple[str, ...], Callable[[JobConfig], b
 )
 
 
+#: ``checkpoint.*`` keys that reach a ``train.command`` script under ``auto``: the interval's figures, through
+#: the launch wrapper's environment (``rundir.interval.script_environment``, ``slurm_ddp.preemption``)
+_COMMAND_CHECKPOINT_KEYS = ("every_s", "every_steps", "max_interval_s", "mtbf_s")
+
+
 def unused_settings(cfg: JobConfig) -> Tuple[str, ...]:
     """One line per group of settings ``cfg`` gives (``JobConfig.given_keys``) that do nothing: the
     shared worker's keys in a ``train.command`` job (``train.lr``, ``checkpoint.*``, ...), and a setting
@@ -304,7 +309,11 @@ def unused_settings(cfg: JobConfig) -> Tuple[str, ...]:
             (
                 k
                 for k in given
-                if k.startswith("checkpoint.") or (k.startswith("train.") and k[6:] not in COMMAND_TRAIN_KEYS)
+                if (
+                    k.startswith("checkpoint.")
+                    and not (cfg.checkpoint.auto_interval and k[11:] in _COMMAND_CHECKPOINT_KEYS)
+                )
+                or (k.startswith("train.") and k[6:] not in COMMAND_TRAIN_KEYS)
             ),
             key=_key_order,
         )

@@ -82,6 +82,7 @@ from ..rundir import (
     stop_dir,
 )
 from ..rundir import in_job_restarts as join_in_job_restarts
+from ..rundir.interval import last_interval
 from ..rundir.local_end import PREEMPTED_STATE
 from ..rundir.script_checkpoints import (
     FIRST_START,
@@ -120,6 +121,11 @@ RUN_FIELDS = (
     "allocated_node_s",
     "productive_node_s",
     "goodput",
+    "ettr",
+    "scheduling_goodput",
+    "runtime_goodput",
+    "program_goodput",
+    "checkpoint_interval",
     "redone_steps",
     "restarts",
     "in_job_restarts",
@@ -216,6 +222,8 @@ class RunReport:
     #: the records hold steps with times (the worker's events, or a script's timed metrics.jsonl
     #: lines): without them the productive time, goodput and redone steps are unknown (None)
     step_level: bool = True
+    #: the last interval ``checkpoint.every_steps: auto`` chose (its ``checkpoint_interval`` event), or None
+    checkpoint_interval: Optional[Dict[str, Any]] = None
 
     @property
     def allocated_node_s(self) -> float:
@@ -234,6 +242,41 @@ class RunReport:
         """productive ÷ allocated node-seconds; None before any allocation or without step-level records."""
         alloc, productive = self.allocated_node_s, self.productive_node_s
         return productive / alloc if alloc > 0 and productive is not None else None
+
+    @property
+    def ettr(self) -> Optional[float]:
+        """Effective training time ratio in Meta's sense (Kokolis et al., "Revisiting Reliability in Large-Scale
+        Machine Learning Research Clusters", HPCA 2025: productive training time ÷ the wall time available to the
+        job): Σ ``train_kept`` ÷ Σ wall time of the starts, in seconds (not node-seconds; queue waits between
+        starts are out, ``scheduling_goodput`` has them). None without step-level records or allocation."""
+        wall = sum(s.wall_s for s in self.starts)
+        if wall <= 0 or not self.step_level:
+            return None
+        return sum(s.phases_s["train_kept"] for s in self.starts) / wall
+
+    @property
+    def scheduling_goodput(self) -> Optional[float]:
+        """Google's scheduling goodput (Google Cloud, "Introducing ML Productivity Goodput", 2024: the fraction of
+        time all the resources the job needs are available to it): allocated ÷ (allocated + queue waits) in
+        seconds, from the submission on. None without a start or when a queue wait is unknown."""
+        wall = sum(s.wall_s for s in self.starts)
+        if wall <= 0 or any(s.queue_wait_s is None for s in self.starts):
+            return None
+        return wall / (wall + self.queue_wait_s)
+
+    @property
+    def runtime_goodput(self) -> Optional[float]:
+        """Google's runtime goodput (same source: the time spent making forward progress — steps whose result
+        was kept — as a fraction of the time the resources were available): ``goodput``, node-weighted."""
+        return self.goodput
+
+    @property
+    def program_goodput(self) -> Optional[float]:
+        """Google's program goodput (same source: the share of the hardware's peak throughput the program
+        reaches, model FLOP utilisation): always None here — it needs the model's FLOPs per step and the
+        hardware's peak, which the run directory does not hold (the table shows ``?``; not in ``unknown``, which lists
+        what a run's records could have given)."""
+        return None
 
     @property
     def redone_steps(self) -> Optional[int]:
@@ -517,6 +560,7 @@ def run_report(
         allocated_source=alloc_src,
         unknown=unknown,
         step_level=step_level,
+        checkpoint_interval=last_interval(metrics),
     )
 
 

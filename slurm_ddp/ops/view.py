@@ -393,6 +393,14 @@ def format_report(rep: RunReport) -> str:
         f"{prod} node-s; goodput {'?' if g is None else f'{g * 100:.1f} %'}\n"
     )
     out.append(
+        f"goodput:    effective training time ratio {_pct(rep.ettr)} (Meta: kept training ÷ wall time); "
+        f"scheduling {_pct(rep.scheduling_goodput)}, runtime {_pct(rep.runtime_goodput)}, program "
+        f"{_pct(rep.program_goodput)} (Google's ML Goodput)\n"
+    )
+    iv = rep.checkpoint_interval
+    if iv:
+        out.append(f"interval:   {interval_line(iv)}\n")
+    out.append(
         f"restarts:   {rep.restarts}{f' ({rep.in_job_restarts} of them in-job)' if rep.in_job_restarts else ''}; "
         f"redone steps {redone}; queue wait {rep.queue_wait_s:.1f} s (not allocated)\n"
     )
@@ -402,6 +410,27 @@ def format_report(rep: RunReport) -> str:
     for n in notes:
         out.append(f"unknown:    {n}\n")
     return "".join(out)
+
+
+def _pct(x: Optional[float]) -> str:
+    return "?" if x is None else f"{x * 100:.1f} %"
+
+
+def interval_line(rec: Dict[str, Any]) -> str:
+    """A ``checkpoint_interval`` record (``slurm_ddp.rundir.interval``) in one line: the interval the run chose
+    last and the figures that chose it (seconds)."""
+
+    def num(key: str, fmt: str = ".1f") -> str:
+        v = rec.get(key)
+        return format(v, fmt) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
+
+    steps = f" = {rec['every_steps']} steps" if isinstance(rec.get("every_steps"), int) else ""
+    at = f" (at step {rec['step']})" if isinstance(rec.get("step"), int) else ""
+    return (
+        f"checkpoint every {num('every_s')} s{steps}{at}, set by {rec.get('bound', '?')}: save blocks "
+        f"{num('checkpoint_cost_s', '.3f')} s, background write {num('write_s', '.3f')} s, MTBF {num('mtbf_s', '.0f')} s "
+        f"({rec.get('interruptions', '?')} interruptions seen), Daly {num('daly_s')} s"
+    )
 
 
 def format_sweep_report(rep: SweepReport) -> str:

@@ -53,6 +53,7 @@ from ..rundir import (
     hang_report_path,
     is_finished,
     peer_lost_record,
+    read_metrics,
     start_hang_save,
     write_finished,
     write_peer_lost,
@@ -82,6 +83,7 @@ from .runtime import (
     seed_step,
     shutdown_distributed,
 )
+from .saves import SaveSchedule
 
 log = logging.getLogger("slurm_ddp.worker")
 
@@ -137,6 +139,16 @@ class Trainer:
         self.ckpt = CheckpointManager(checkpoint_dir(run_dir), cfg.checkpoint.keep_last, cfg.config_hash())
         self.writer = AsyncCheckpointer(self.ckpt) if denv.is_main and cfg.checkpoint.async_save else None
         self.metrics = MetricsWriter(run_dir / METRICS_NAME, denv.is_main)
+        # when to save periodically (checkpoint.every_steps / every_s / auto: slurm_ddp.worker.saves)
+        self.saves = SaveSchedule(
+            cfg,
+            is_main=lambda: self.denv.is_main,  # asked each time: in-process recovery may renumber the ranks
+            nodes=denv.num_nodes,
+            history=lambda: read_metrics(run_dir),
+            broadcast=lambda obj: broadcast_from_main(obj, self.denv),
+            write=self.metrics.write,
+        )
+        self.last_blocked_s: Optional[float] = None  # rank 0: the last save's blocked time
         self.step = 0
         self.epoch = 0
         self.batch_in_epoch = 0  # micro-batches of the current epoch already trained (since epoch_base)
@@ -367,6 +379,7 @@ class Trainer:
                 how = f"committed, {info.size_bytes / 1e6:.1f} MB"
             blocked = time.perf_counter() - t0
             self.blocked_s += blocked
+            self.last_blocked_s = blocked
             log.info("checkpoint of step %d %s (%s; training blocked %.3f s)", self.step, how, reason, blocked)
             self.metrics.write(
                 event="checkpoint",
@@ -374,6 +387,8 @@ class Trainer:
                 reason=reason,
                 blocked_s=blocked,
                 background=not sync and self.writer is not None,
+                # the background write of the save before (the pace the writer keeps: rundir.interval)
+                previous_write_s=self.writer.last_write_s if self.writer is not None else None,
             )
         if sync:
             dist.barrier()
@@ -571,7 +586,7 @@ class Trainer:
         )
 
     def train(self) -> int:
-        tc, ck = self.tc, self.cfg.checkpoint
+        tc = self.tc
         if self.loss_sum is None:
             self.loss_sum = torch.zeros((), device=self.device)
         loss_sum = self.loss_sum  # updated in place; read only every log_every steps: no per-step sync
@@ -601,6 +616,8 @@ class Trainer:
         mark(self.step, STARTUP)
         after_save = True
         first_step = True  # this start's first step: its time ends start-up (slurm-ddp report)
+        saves = self.saves
+        saves.begin(self.step)  # a collective under every_s / auto (every rank enters train() together)
         try:
             while self.step < tc.max_steps:
                 if after_save:
@@ -686,10 +703,15 @@ class Trainer:
                     self.writer.check()  # a failed background write surfaces here
                 if tc.eval_every and self.step % tc.eval_every == 0 and self.step < tc.max_steps:
                     self.run_eval()
-                if ck.every_steps and self.step % ck.every_steps == 0 and self.step < tc.max_steps:
+                if saves.due(self.step) and self.step < tc.max_steps:
                     self._check_finite(nonfinite)  # never checkpoint a diverged model
+                    self.last_blocked_s = None
                     self.save_checkpoint("periodic", sync=False)
+                    write_s = self.writer.last_write_s if self.writer is not None else None
+                    saves.saved(self.step, self.last_blocked_s, write_s)
                     after_save = True
+                elif saves.agree_due(self.step) and self.step < tc.max_steps:
+                    saves.agree(self.step)
                 if self.stop.poll():
                     sig = self.flag.received.name if self.flag.received else "signal"
                     agreed_at = time.time()

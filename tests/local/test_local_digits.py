@@ -31,7 +31,9 @@ SETS = [
     f"train.max_steps={MAX_STEPS}",
     "train.eval_every=100",
     "train.log_every=10",
-    "checkpoint.every_steps=40",
+    # the interval rule chooses (slurm_ddp.rundir.interval); a short stated MTBF makes it save often here
+    "checkpoint.every_steps=auto",
+    "checkpoint.mtbf_s=2",
     "checkpoint.keep_last=2",
 ]
 
@@ -126,6 +128,25 @@ def test_digits_two_ranks_preempt_and_resume(tmp_path: Path) -> None:
     for start in prov["starts"]:
         assert start["host"] == socket.gethostname() and start["world_size"] == 2, start
         assert start["snapshot"] == prov["submits"][0]["snapshot"] and start["versions"]["torch"] == torch.__version__
+
+    # checkpoint.every_steps: auto: each start logs the interval it chose and saves that many steps later
+    assert "checkpoint interval " in rank0 and "Daly" in rank0, rank0[-3000:]
+    chosen = [e for e in events if e["event"] == "checkpoint_interval"]
+    assert chosen and all(e["every_steps"] >= 1 and e["mtbf_s"] > 0 and e["checkpoint_cost_s"] > 0 for e in chosen)
+    periodic = [e["step"] for e in events if e["event"] == "checkpoint" and e["reason"] == "periodic"]
+    checked = 0
+    for e in chosen:
+        later = [s for s in periodic if s > e["step"]]
+        if e["next_step"] < MAX_STEPS and e["next_step"] not in (stopped_step,) and later:
+            if later[0] == e["next_step"]:
+                checked += 1
+            else:  # only a stop in between (the preemption) may leave a chosen save out
+                assert e["step"] < stopped_step < e["next_step"], (e, periodic)
+        assert e["next_step"] - e["step"] == e["every_steps"], e
+    assert checked >= 2, (chosen, periodic)
+    # the resumed start took its first save cost from the first start's records: no measuring save at once
+    resumed_at = stopped_step
+    assert not [s for s in periodic if resumed_at < s < resumed_at + 20], periodic
 
     # A third submit of a finished run exits at once without training again.
     again = subprocess.run(submit_cmd(run_dir), capture_output=True, text=True, timeout=120)

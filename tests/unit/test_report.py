@@ -299,3 +299,25 @@ def test_a_train_resume_start_resumed_from_the_checkpoint_it_passed(tmp_path: Pa
     text = format_report(rep)
     assert f"  start {b.index}: train.resume: hf: resuming from {ck} (step 100" in text, text
     assert tuple(b.to_dict()) == START_FIELDS and b.to_dict()["resume"] == b.resume
+
+
+def test_ettr_and_googles_goodput_split_and_the_chosen_interval(tmp_path: Path) -> None:
+    p = worker_run(tmp_path)
+    interval = {"event": "checkpoint_interval", "step": 30, "every_s": 12.0, "every_steps": 6, "bound": "daly"}
+    append_jsonl(p / "metrics.jsonl", {**interval, "checkpoint_cost_s": 1.0, "mtbf_s": 72.0, "time": T + 140})
+    text = (
+        f"7|REQUEUED|{sacct_time(T)}|{sacct_time(T + 64)}|64|0:0|n[1-2]|2|2|cpu=2,node=2\n"
+        f"7|COMPLETED|{sacct_time(T + 100)}|{sacct_time(T + 160)}|60|0:0|n[1-2]|2|2|cpu=2,node=2\n"
+    )
+    rep = run_report(p, accounting=Accounting(parse_sacct(text)))
+    # Meta's ETTR: kept training (42 + 40 s) over the wall time of the starts (64 + 60 s), queue waits out
+    assert rep.ettr == pytest.approx(82 / 124)
+    # Google's split: scheduling = allocated ÷ (allocated + queue waits 20 + 36 s); runtime = goodput
+    assert rep.scheduling_goodput == pytest.approx(124 / (124 + 56))
+    assert rep.runtime_goodput == rep.goodput and rep.program_goodput is None
+    assert rep.checkpoint_interval is not None and rep.checkpoint_interval["every_steps"] == 6
+    d = rep.to_dict()
+    assert d["ettr"] == rep.ettr and d["checkpoint_interval"]["bound"] == "daly"
+    table = format_report(rep)
+    assert "effective training time ratio 66.1 %" in table and "scheduling 68.9 %" in table
+    assert "checkpoint every 12.0 s = 6 steps (at step 30), set by daly" in table
