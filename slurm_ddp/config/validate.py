@@ -601,6 +601,13 @@ def _check_recovery(cfg: JobConfig) -> None:
         )
         if why:
             raise _bad("recovery.in_process", True, f"false with {why}", "set recovery.in_process: false")
+    if r.heartbeat_timeout_s < 2 * r.heartbeat_interval_s:
+        raise _bad(
+            "recovery.heartbeat_timeout_s",
+            r.heartbeat_timeout_s,
+            f"at least twice recovery.heartbeat_interval_s ({r.heartbeat_interval_s})",
+            "a live process must beat at least twice within the timeout",
+        )
     if r.spare_nodes and s.min_nodes != s.max_nodes:
         raise _bad(
             "recovery.spare_nodes",

@@ -22,8 +22,17 @@ other ranks live, a lost batch host or ``max_restarts`` reached end the step as 
 peer-failure path: the emergency checkpoint, the peer-lost marker, the batch script's recovery rule).
 
 Key names in the store (one owner, this module): ``hb/<slot>`` heartbeat counters, ``spare/<slot>`` a
-ready spare, ``g<N>/alive/<slot>`` a survivor's check-in (its completed step), ``g<N>/plan`` the plan (JSON),
-``crash`` a rank's crash, ``done`` the step ended (spares exit 0). A slot is ``NODE/LOCAL_RANK``.
+ready spare, ``spare_failed/<slot>`` a spare that failed before it was called in (left out of every plan; a
+spare's failure is never a ``crash``), ``g<N>/alive/<slot>`` a survivor's check-in (its completed step),
+``g<N>/plan`` the plan (JSON), ``g<N>/joined/<slot>`` a member of plan N about to form its group, ``g<N>/go``
+rank 0's answer to those (``go``, or why the generation is planned again: a member that stopped beating
+before it joined), ``crash`` a training rank's crash, ``done`` the step ended (spares exit 0). A slot is
+``NODE/LOCAL_RANK``.
+
+A member of the old plan that was only slow (silent past ``recovery.heartbeat_timeout_s``, then alive again)
+finds itself outside the new plan: it becomes a spare of the step (``spare/<slot>``) and waits to be called
+in; it never exits with a failure (the in-process step runs without ``srun --kill-on-bad-exit``, so no single
+task's exit ends it either: ``render.srun_flags``).
 
 Sources: ``torch.distributed.TCPStore``/``PrefixStore`` and ``init_process_group(store=...)`` (PyTorch docs,
 "Distributed communication package", Initialization); ``srun --no-kill`` keeps a step's tasks on the other
@@ -38,18 +47,25 @@ import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     from ..env import DistEnv
 
 log = logging.getLogger("slurm_ddp.worker")
 
-#: Seconds between two heartbeats of a process (one ``TCPStore.add`` on its own connection).
+#: Seconds between two heartbeats of a process (one ``TCPStore.add`` on its own connection): the default of
+#: ``recovery.heartbeat_interval_s``.
 HEARTBEAT_S = 0.25
-#: Seconds without a heartbeat after which a process that has not checked in counts as lost. A process
-#: whose node was cut off stops beating at once; a live one beats even while it waits in a collective.
-DEAD_AFTER_S = 2.0
+#: Seconds without a heartbeat after which a process that has not checked in counts as lost: the default of
+#: ``recovery.heartbeat_timeout_s``. A process whose node was cut off stops beating at once; a live one beats
+#: even while it waits in a collective, but a loaded node (GC, a page-cache flush, a stalled file system, CPU
+#: starvation) can pause it for seconds. 5 s rides out the 3 s pause of issue 52's reproduction; a live rank
+#: paused for longer is not lost either: it finds itself outside the new plan and waits as a spare
+#: (``Membership.wait_for_call``), so a short timeout costs a node swap, never the job. NVIDIA's resiliency
+#: extension (``nvidia_resiliency_ext.inprocess``) uses tens of seconds because a timeout there restarts every
+#: rank; here it is also the floor of every recovery's time (a killed process is known lost only by its silence).
+DEAD_AFTER_S = 5.0
 #: Seconds between two looks at the store while waiting (the coordinator, a spare).
 POLL_S = 0.05
 
@@ -76,6 +92,8 @@ class Plan:
     lost: Tuple[str, ...] = ()  #: the nodes lost since the previous generation
     spares_used: Tuple[str, ...] = ()  #: the spare nodes called in for them
     world_before: int = 0  #: the previous generation's world size (0 at generation 0)
+    spares_failed: Tuple[str, ...] = ()  #: spare slots that failed before this plan (left out of it)
+    replanned: str = ""  #: why the previous generation never trained (a member lost before it joined), or ''
 
     @property
     def world_size(self) -> int:
@@ -92,6 +110,8 @@ class Plan:
                 "lost": list(self.lost),
                 "spares_used": list(self.spares_used),
                 "world_before": self.world_before,
+                "spares_failed": list(self.spares_failed),
+                "replanned": self.replanned,
             }
         )
 
@@ -107,6 +127,8 @@ class Plan:
             lost=tuple(d.get("lost") or ()),
             spares_used=tuple(d.get("spares_used") or ()),
             world_before=int(d.get("world_before") or 0),
+            spares_failed=tuple(d.get("spares_failed") or ()),
+            replanned=str(d.get("replanned") or ""),
         )
 
 
@@ -254,28 +276,69 @@ class RecoveryAbandoned(Exception):
 
 class Membership:
     """This process's link to the step's store: heartbeat, check-in, the coordinator's decision, the
-    spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure)."""
+    spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure).
 
-    def __init__(self, addr: str, port: int, slot: str, *, serve: bool, timeout_s: float):
+    ``heartbeat_s``: seconds between two beats (``recovery.heartbeat_interval_s``); ``dead_after_s``: seconds
+    of silence after which a member counts as lost (``recovery.heartbeat_timeout_s``); ``poll_s``: seconds
+    between two looks at the store while waiting. ``timeout_s``: each store request's timeout."""
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        slot: str,
+        *,
+        serve: bool,
+        timeout_s: float,
+        heartbeat_s: float = HEARTBEAT_S,
+        dead_after_s: float = DEAD_AFTER_S,
+        poll_s: float = POLL_S,
+    ):
         import torch.distributed as dist
 
         self.slot, self.serve, self.timeout_s = slot, serve, timeout_s
+        self.addr, self.port = addr, port
+        self.heartbeat_s, self.dead_after_s, self.poll_s = heartbeat_s, dead_after_s, poll_s
+        self.beat_errors = 0  #: heartbeats that failed (logged; the thread goes on)
         td = timedelta(seconds=timeout_s)
         # rank 0 serves the store for the life of its process; the others connect (retrying until timeout_s)
         self.store = dist.TCPStore(addr, port, is_master=serve, timeout=td, wait_for_workers=False)
-        self._beat_store = dist.TCPStore(addr, port, is_master=False, timeout=td)
+        self._beat_store: Any = dist.TCPStore(addr, port, is_master=False, timeout=td)
         self._stop = threading.Event()
         self._beats = threading.Thread(target=self._beat, name="inprocess-heartbeat", daemon=True)
         self._beats.start()
 
     def _beat(self) -> None:
+        """The heartbeat thread: one ``add`` per ``heartbeat_s``. A failed beat is logged (once per outage) and
+        the connection made again; the thread ends only with :meth:`close`."""
+        import torch.distributed as dist
+
         key = f"hb/{self.slot}"
+        failing_since: Optional[float] = None
         while not self._stop.is_set():
             try:
+                if self._beat_store is None:  # after a failure: a fresh connection
+                    self._beat_store = dist.TCPStore(
+                        self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
+                    )
                 self._beat_store.add(key, 1)
-            except Exception:  # the store is gone (rank 0 ended): nothing left to tell
-                return
-            self._stop.wait(HEARTBEAT_S)
+                if failing_since is not None:
+                    log.warning(
+                        "heartbeat of %s: the store answers again after %.1f s",
+                        self.slot,
+                        time.monotonic() - failing_since,
+                    )
+                    failing_since = None
+            except Exception as e:  # the store is slow, restarting or gone (rank 0 ended): beat on
+                self.beat_errors += 1
+                self._beat_store = None
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    log.warning(
+                        "heartbeat of %s failed (%s); retrying every %.2f s", self.slot, first, self.heartbeat_s
+                    )
+            self._stop.wait(self.heartbeat_s)
 
     def close(self) -> None:
         """Stop the heartbeat (the process is ending)."""
@@ -298,10 +361,20 @@ class Membership:
         """Tell the coordinator this spare has built its task and can be called in."""
         self.store.set(f"spare/{self.slot}", "ready")
 
-    def wait_for_call(self) -> Optional[Plan]:
-        """Block until a generation calls this spare in (its :class:`Plan`), or the step ends (None: the run
-        finished, was stopped, or rank 0's store is gone). Generations that do not call it are skipped."""
-        g = 1
+    def spare_failed(self, what: str) -> None:
+        """This spare failed before it was called in (``what``: the error): no plan calls it in, and it is no
+        ``crash`` (the training ranks and later recoveries go on). Never raises."""
+        try:
+            self.store.set(f"spare_failed/{self.slot}", what[:500])
+            self.store.delete_key(f"spare/{self.slot}")
+        except Exception:
+            pass
+
+    def wait_for_call(self, first_generation: int = 1, tick: Optional[Callable[[], None]] = None) -> Optional[Plan]:
+        """Block until a generation from ``first_generation`` on calls this spare in (its :class:`Plan`), or the
+        step ends (None: the run finished, was stopped, or rank 0's store is gone). Generations that do not
+        call it are skipped. ``tick``: called at each look at the store (a live waiter's progress mark)."""
+        g = first_generation
         while True:
             try:
                 if self._has(f"g{g}/plan"):
@@ -318,7 +391,9 @@ class Membership:
             except Exception as e:  # rank 0 ended and took the store with it
                 log.warning("spare %s: the step's store is gone (%s); ending", self.slot, str(e).splitlines()[0][:200])
                 return None
-            time.sleep(POLL_S)
+            if tick is not None:
+                tick()
+            time.sleep(self.poll_s)
 
     def done(self) -> None:
         """Rank 0: the step ends (spares still waiting exit)."""
@@ -328,7 +403,7 @@ class Membership:
             pass
 
     def report_crash(self, what: str) -> None:
-        """A rank's own error (not a lost peer): the coordinator then gives up instead of replacing it."""
+        """A training rank's own error (not a lost peer): the coordinator then gives up instead of replacing it."""
         try:
             self.store.set("crash", f"{self.slot}: {what}"[:500])
         except Exception:
@@ -342,21 +417,64 @@ class Membership:
     def wait_plan(self, generation: int, deadline_s: float) -> Plan:
         """The plan of ``generation`` (published by the coordinator); raises :class:`RecoveryAbandoned` when
         it gave up, did not decide within ``deadline_s`` seconds, or its store is gone."""
-        key = f"g{generation}/plan"
+        text = self._wait_key(f"g{generation}/plan", deadline_s, f"no plan for generation {generation}")
+        if not text.startswith(b"{"):
+            raise RecoveryAbandoned(text.decode(errors="replace"))
+        return Plan.from_json(text)
+
+    def _wait_key(self, key: str, deadline_s: float, what: str) -> bytes:
         end = time.monotonic() + deadline_s
         try:
             while not self._has(key):
                 if time.monotonic() > end:
-                    raise RecoveryAbandoned(f"no plan for generation {generation} within {deadline_s:.0f} s")
-                time.sleep(POLL_S)
-            text = self.store.get(key)
+                    raise RecoveryAbandoned(f"{what} within {deadline_s:.0f} s")
+                time.sleep(self.poll_s)
+            return bytes(self.store.get(key))
         except RecoveryAbandoned:
             raise
         except Exception as e:
             raise RecoveryAbandoned(f"the step's store is gone ({str(e).splitlines()[0][:200]})") from None
-        if not text.startswith(b"{"):
-            raise RecoveryAbandoned(text.decode(errors="replace"))
-        return Plan.from_json(text)
+
+    def _watch(self, slots: Sequence[str], last: Dict[str, Tuple[int, float]], now: float) -> None:
+        """Update ``last`` (slot → (heartbeat count, when it last moved)) from the store."""
+        for s in slots:
+            count = self._counter(f"hb/{s}")
+            if s not in last or last[s][0] != count:
+                last[s] = (count, now)
+
+    def enter(self, plan: Plan, deadline_s: float) -> str:
+        """Before forming ``plan``'s process group: '' when every member is there to form it, else why not (the
+        generation is planned again: each member checks in for the next one). A member says it joined; rank 0
+        of ``plan`` waits until every member did, or one stopped beating for ``dead_after_s`` (a spare that died
+        just as it was called in: otherwise the group would wait ``train.pg_timeout_s`` for it), then publishes
+        the answer the others wait for. Raises :class:`RecoveryAbandoned` when the store is gone."""
+        g = plan.generation
+        try:
+            self.store.set(f"g{g}/joined/{self.slot}", "1")
+        except Exception as e:
+            raise RecoveryAbandoned(f"the step's store is gone ({str(e).splitlines()[0][:200]})") from None
+        if plan.ranks.get(self.slot) != 0:
+            text = self._wait_key(f"g{g}/go", deadline_s, f"no go for generation {g}").decode(errors="replace")
+            return "" if text == "go" else text
+        last: Dict[str, Tuple[int, float]] = {}
+        start = time.monotonic()
+        why = ""
+        while True:
+            now = time.monotonic()
+            self._watch(list(plan.ranks), last, now)
+            missing = [s for s in plan.ranks if not self._has(f"g{g}/joined/{s}")]
+            silent = [s for s in missing if now - last[s][1] >= self.dead_after_s]
+            if not missing:
+                break
+            if silent:
+                why = f"{', '.join(silent)} stopped beating before generation {g} formed"
+                break
+            if now - start > deadline_s:
+                why = f"{', '.join(missing)} did not join generation {g} within {deadline_s:.0f} s"
+                break
+            time.sleep(self.poll_s)
+        self.store.set(f"g{g}/go", why or "go")
+        return why
 
     def coordinate(
         self,
@@ -367,48 +485,58 @@ class Membership:
         min_nodes: int,
         max_generations: int,
         deadline_s: float,
+        replanned: str = "",
     ) -> Plan:
         """Rank 0, after its own check-in: decide and publish the next generation's plan (:func:`next_plan`).
 
-        Waits until each member of ``plan`` has checked in or has not beaten for :data:`DEAD_AFTER_S`, at
-        most ``deadline_s`` seconds (then the silent ones count as lost). ``spare_candidates``: the spare
-        slots of the step (the ready, beating ones are used). Raises :class:`RecoveryAbandoned` (after
-        publishing the reason, so every waiting rank gives up too)."""
+        Waits until each member of ``plan`` has checked in or has not beaten for ``dead_after_s``, at most
+        ``deadline_s`` seconds (then the silent ones count as lost), and, when a member was lost, until enough
+        ready spares were seen beating to take its node (or every ready spare was judged). ``spare_candidates``:
+        the spare slots of the step (the ready, beating ones that did not fail are used; a failed one is named
+        in the plan's ``spares_failed``). ``replanned``: why ``plan`` never trained (kept in the new plan).
+        Raises :class:`RecoveryAbandoned` (after publishing the reason, so every waiting rank gives up too)."""
         g = plan.generation + 1
-        watched = [s for s in plan.ranks] + [s for s in spare_candidates if s not in plan.ranks]
+        candidates = [s for s in spare_candidates if s not in plan.ranks]
+        watched = list(plan.ranks) + candidates
         last: Dict[str, Tuple[int, float]] = {}
+        first: Dict[str, int] = {}
         start = time.monotonic()
         alive: Dict[str, int] = {}
+        failed: List[str] = []
+        usable: List[str] = []
         while True:
             now = time.monotonic()
+            self._watch(watched, last, now)
             for s in watched:
-                count = self._counter(f"hb/{s}")
-                if s not in last or last[s][0] != count:
-                    last[s] = (count, now)
+                first.setdefault(s, last[s][0])
             for s in plan.ranks:
                 if s not in alive and self._has(f"g{g}/alive/{s}"):
                     alive[s] = int(self.store.get(f"g{g}/alive/{s}"))
-            silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= DEAD_AFTER_S]
+            silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= self.dead_after_s]
             waiting = [s for s in plan.ranks if s not in alive and s not in silent]
-            if not waiting and now - start >= DEAD_AFTER_S:  # a spare's beat is judged over the same window
+            failed = [s for s in candidates if self._has(f"spare_failed/{s}")]
+            ready = [s for s in candidates if s not in failed and self._has(f"spare/{s}")]
+            # a ready spare is usable once its heartbeat was seen to move (and has not stopped since)
+            usable = [s for s in ready if last[s][0] != first[s] and now - last[s][1] < self.dead_after_s]
+            undecided = [s for s in ready if s not in usable and now - last[s][1] < self.dead_after_s]
+            lost_nodes = {slot_node(s) for s in silent}
+            covered = len({slot_node(s) for s in usable}) >= len(lost_nodes)
+            if not waiting and (not undecided or covered):
                 break
             if now - start > deadline_s:
                 log.warning("in-process recovery: %s did not check in within %.0f s", ", ".join(waiting), deadline_s)
                 break
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
         crash = self.store.get("crash").decode(errors="replace") if self._has("crash") else ""
-        spares = [
-            s
-            for s in spare_candidates
-            if s not in plan.ranks and self._has(f"spare/{s}") and now - last[s][1] < DEAD_AFTER_S
-        ]
+        if failed:
+            log.warning("in-process recovery: spare(s) %s failed and are left out", ", ".join(failed))
         result: Union[Plan, str] = (
             f"a rank crashed ({crash})"
             if crash
             else next_plan(
                 plan,
                 alive,
-                spares,
+                usable,
                 tasks_per_node=tasks_per_node,
                 min_nodes=min_nodes,
                 max_generations=max_generations,
@@ -417,5 +545,8 @@ class Membership:
         if isinstance(result, str):
             self.store.set(f"g{g}/plan", result)
             raise RecoveryAbandoned(result)
+        from dataclasses import replace
+
+        result = replace(result, spares_failed=tuple(failed), replanned=replanned)
         self.store.set(f"g{g}/plan", result.to_json())
         return result
