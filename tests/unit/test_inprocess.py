@@ -339,3 +339,22 @@ def test_a_recovery_given_up_mid_step_keeps_what_the_emergency_save_needs():
     assert not t._recover_in_process(RuntimeError("Connection closed by peer"))
     assert t.in_step and t.buffers_kept  # the emergency save's "the buffers are the step's start"
     assert torch.equal(model.running_mean, t.kept_buffers["running_mean"])
+
+
+@pytest.mark.parametrize(
+    "slurm, train",
+    [({"gpus_per_node": 2}, {}), ({"gpus_per_node": 2}, {"backend": "nccl"}), ({}, {"backend": "nccl"})],
+)
+def test_in_process_is_refused_for_a_nccl_job_naming_the_in_job_restart(slurm, train):
+    """Issue 52 item 7: in-process recovery is not correct for NCCL as written: refused, with what the job gets."""
+    data = {
+        "name": "x",
+        "slurm": {"nodes": 2, **slurm},
+        "train": {"task": "m:T", **train},
+        "recovery": {"in_process": True, "spare_nodes": 1},
+    }
+    with pytest.raises(ConfigError, match="recovery.in_process.*NCCL job.*in-job restart") as e:
+        config_from_dict(data)
+    assert "\n" not in str(e.value)
+    data["train"] = {"task": "m:T", "backend": "gloo"}  # gloo on a GPU node: accepted
+    assert config_from_dict(data).recovery.in_process
