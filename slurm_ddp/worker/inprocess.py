@@ -253,10 +253,21 @@ def place_in_step(denv: DistEnv, environ: Mapping[str, str], tasks_per_node: int
 
     step_nodes = tuple(n for n in environ.get(STEP_NODES_VAR, "").split(",") if n)
     node = environ.get("SLURMD_NODENAME") or denv.hostname
-    if not step_nodes or not node:
+    if not step_nodes:
         raise UserError(
-            f"recovery.in_process: {STEP_NODES_VAR} and SLURMD_NODENAME must be set for each rank (the batch script "
-            "of `slurm-ddp submit` sets them); submit the job with slurm-ddp submit"
+            f"recovery.in_process: {STEP_NODES_VAR} is not set for this rank (the batch script of `slurm-ddp submit` "
+            "sets it); submit the job with slurm-ddp submit"
+        )
+    if not node:
+        inside = any(k in environ for k in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"))
+        raise UserError(
+            "recovery.in_process: SLURMD_NODENAME (set by Slurm for every task) did not reach this rank"
+            + (
+                " inside its container: a runtime started with a clean environment must pass it in "
+                "(slurm-ddp passes it as APPTAINERENV_SLURMD_NODENAME for environment.container options -e/--cleanenv)"
+                if inside
+                else "; check that nothing between srun and the rank clears the environment (env -i, a wrapper)"
+            )
         )
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     spare_nodes = tuple(n for n in (expand_nodelist(nodelist) if nodelist else []) if n not in step_nodes)

@@ -358,3 +358,17 @@ def test_in_process_is_refused_for_a_nccl_job_naming_the_in_job_restart(slurm, t
     assert "\n" not in str(e.value)
     data["train"] = {"task": "m:T", "backend": "gloo"}  # gloo on a GPU node: accepted
     assert config_from_dict(data).recovery.in_process
+
+
+def test_a_rank_without_its_node_name_in_a_container_is_told_what_did_not_reach_it():
+    """Issue 52 item 8: the message names SLURMD_NODENAME and the container's clean environment."""
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.errors import UserError
+    from slurm_ddp.worker.inprocess import place_in_step
+
+    denv = DistEnv(0, 0, 2, 0, 2, 1, "n1", 29500, "5", "", 0)
+    environ = {"SLURM_DDP_STEP_NODES": "n1,n2", "SLURM_STEP_NODELIST": "n[1-3]", "APPTAINER_CONTAINER": "/i.sif"}
+    with pytest.raises(UserError, match="SLURMD_NODENAME .* inside its container.*APPTAINERENV_SLURMD_NODENAME"):
+        place_in_step(denv, environ, 1)
+    _, place = place_in_step(denv, {**environ, "SLURMD_NODENAME": "n3"}, 1)
+    assert place.spare and place.spare_nodes == ("n3",)
