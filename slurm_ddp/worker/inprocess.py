@@ -41,6 +41,7 @@ nodes running after one node fails (srun(1) ``-k``; seen with Slurm 22.05, docs/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
@@ -285,6 +286,59 @@ class RecoveryAbandoned(Exception):
     """The step cannot go on in-process: the message says why (the peer-failure path takes over)."""
 
 
+def local_addresses(master_addr: str, master_port: int) -> List[str]:
+    """This host's IPv4 addresses as its peers see it: the one its route to ``master_addr`` leaves from (a UDP
+    ``connect`` sends nothing), and those its host name resolves to. Loopback addresses are left out."""
+    import socket
+
+    out: List[str] = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, master_port or 9))
+            out.append(s.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        out += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    return [a for a in dict.fromkeys(out) if not a.startswith("127.")]
+
+
+def cut_connections(peers: Sequence[str]) -> int:
+    """Shut down (``shutdown(SHUT_RDWR)``) every TCP socket of this process whose peer address is one of
+    ``peers``: a collective blocked on a silent node (no FIN, no RST: a power cut, a switch) then fails at once
+    with gloo's "Connection closed", as when the node's processes die. Returns the sockets shut. Linux
+    (``/proc/self/fd``); never raises."""
+    import os
+    import socket
+
+    want, n = set(peers), 0
+    if not want:
+        return 0
+    try:
+        fds = [int(f) for f in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            inet = s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6)
+            if inet and s.getpeername()[0] in want:
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+        except OSError:
+            pass
+        finally:
+            s.close()  # the duplicate only
+    return n
+
+
 class Membership:
     """This process's link to the step's store: heartbeat, check-in, the coordinator's decision, the
     spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure).
@@ -316,8 +370,23 @@ class Membership:
         self.store = dist.TCPStore(addr, port, is_master=serve, timeout=td, wait_for_workers=False)
         self._beat_store: Any = dist.TCPStore(addr, port, is_master=False, timeout=td)
         self._stop = threading.Event()
+        # silent-node detection while a generation trains (``watch``): rank 0's monitor thread reads every
+        # member's heartbeat; the others' heartbeat thread looks for its alarm
+        self._lock = threading.Lock()
+        self._watched: Optional[Plan] = None
+        self._alarmed = -1  # the generation whose alarm this process acted on
+        self.seen: Dict[str, Tuple[int, float]] = {}  #: the monitor's view: slot → (count, when it last moved)
+        self._seen_generation = -1
+        self.own_addresses = local_addresses(addr, port)
+        try:
+            self.store.set(f"addr/{slot}", ",".join(self.own_addresses))
+        except Exception:
+            pass
         self._beats = threading.Thread(target=self._beat, name="inprocess-heartbeat", daemon=True)
         self._beats.start()
+        if serve:
+            self._monitor_thread = threading.Thread(target=self._monitor, name="inprocess-monitor", daemon=True)
+            self._monitor_thread.start()
 
     def _beat(self) -> None:
         """The heartbeat thread: one ``add`` per ``heartbeat_s``. A failed beat is logged (once per outage) and
@@ -333,6 +402,13 @@ class Membership:
                         self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
                     )
                 self._beat_store.add(key, 1)
+                watched = self._watched
+                if watched is not None and not self.serve and self._alarmed != watched.generation:
+                    alarm = f"alarm/g{watched.generation}"
+                    if self._beat_store.check([alarm]):
+                        self._alarmed = watched.generation
+                        nodes = self._beat_store.get(alarm).decode().split(",")
+                        self._cut(self._beat_store, watched, nodes)
                 if failing_since is not None:
                     log.warning(
                         "heartbeat of %s: the store answers again after %.1f s",
@@ -354,6 +430,78 @@ class Membership:
     def close(self) -> None:
         """Stop the heartbeat (the process is ending)."""
         self._stop.set()
+
+    # ------------------------------------------------------------------ silent nodes while training
+    def watch(self, plan: Optional[Plan]) -> None:
+        """``plan`` trains now (None: it stopped, a recovery began): rank 0's monitor judges its members'
+        heartbeats; a node all of whose ranks are silent for ``dead_after_s`` is cut off (``cut_connections``,
+        on every member: rank 0 raises the alarm ``alarm/g<N>``, the others see it at their next beat), so the
+        blocked collective fails and the recovery begins, whatever ``train.pg_timeout_s`` is."""
+        with self._lock:
+            self._watched = plan
+            if plan is not None and plan.generation != self._seen_generation:
+                self.seen, self._seen_generation = {}, plan.generation
+
+    def _cut(self, store: Any, plan: Plan, nodes: Sequence[str]) -> None:
+        peers: List[str] = []
+        for n in nodes:
+            for s in plan.ranks:
+                if slot_node(s) == n:
+                    with contextlib.suppress(Exception):
+                        peers += [a for a in store.get(f"addr/{s}").decode().split(",") if a]
+        keep = set(self.own_addresses) | {self.addr}  # never this host, never the store's
+        with contextlib.suppress(OSError):
+            import socket
+
+            keep |= set(socket.gethostbyname_ex(self.addr)[2])
+        peers = [a for a in dict.fromkeys(peers) if a not in keep]
+        shut = cut_connections(peers)
+        log.warning(
+            "node(s) %s silent for %.1f s (no heartbeat): %d connection(s) to %s shut, so the step's collective fails",
+            ",".join(nodes),
+            self.dead_after_s,
+            shut,
+            ",".join(peers) or "no known address",
+        )
+
+    def _monitor(self) -> None:
+        """Rank 0's thread: every ``heartbeat_s``, the watched generation's heartbeats; raises the alarm for
+        the nodes all of whose ranks fell silent (``watch``). Its own store connection; errors are logged."""
+        import torch.distributed as dist
+
+        store: Any = None
+        while not self._stop.wait(self.heartbeat_s):
+            plan = self._watched
+            if plan is None or self._alarmed == plan.generation:
+                continue
+            try:
+                if store is None:
+                    store = dist.TCPStore(
+                        self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
+                    )
+                now = time.monotonic()
+                counts = {s: int(store.add(f"hb/{s}", 0)) for s in plan.ranks}
+            except Exception as e:
+                store = None
+                log.warning("in-process monitor: the store did not answer (%s)", str(e).splitlines()[0][:200])
+                continue
+            with self._lock:
+                if self._watched is not plan:
+                    continue
+                for s, c in counts.items():
+                    if s not in self.seen or self.seen[s][0] != c:
+                        self.seen[s] = (c, now)
+                silent = {s for s in plan.ranks if now - self.seen[s][1] >= self.dead_after_s}
+            lost = [
+                n
+                for n in plan.nodes[1:]  # never the batch host (this process's node)
+                if all(s in silent for s in plan.ranks if slot_node(s) == n)
+            ]
+            if lost:
+                self._alarmed = plan.generation
+                with contextlib.suppress(Exception):
+                    store.set(f"alarm/g{plan.generation}", ",".join(lost))
+                self._cut(store, plan, lost)
 
     def group_store(self, generation: int) -> Any:
         """The store prefix that generation ``generation``'s process group forms through."""
@@ -510,6 +658,9 @@ class Membership:
         candidates = [s for s in spare_candidates if s not in plan.ranks]
         watched = list(plan.ranks) + candidates
         last: Dict[str, Tuple[int, float]] = {}
+        with self._lock:  # what the monitor saw while the generation trained: a silence already under way counts
+            if self._seen_generation == plan.generation:
+                last.update({s: v for s, v in self.seen.items() if s in plan.ranks})
         first: Dict[str, int] = {}
         start = time.monotonic()
         alive: Dict[str, int] = {}

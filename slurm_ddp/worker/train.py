@@ -795,6 +795,8 @@ class Trainer:
                 self.device = init_distributed(
                     denv, self.tc.backend, self.tc.pg_timeout_s, store=store, device=getattr(self, "device", None)
                 )
+                if self.membership is not None:
+                    self.membership.watch(self.plan)  # a node that falls silent while this generation trains
                 if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
                     self.stop.group = dist.new_group(backend="gloo")
                 if denv.is_main:
@@ -896,6 +898,7 @@ class Trainer:
         in-process (the reason is logged): the caller's peer-failure path follows."""
         assert self.membership is not None and self.plan is not None and self.place is not None
         t_fail = time.time()
+        self.membership.watch(None)  # the coordinator judges the members from here on
         log.warning(
             "a peer was lost after step %d (%s); recovering in-process (generation %d)",
             self.step,
@@ -1030,6 +1033,7 @@ class Trainer:
         self.stop = StepAgreement(self.flag)
         if dist.get_backend() != "gloo":
             self.stop.group = dist.new_group(backend="gloo")
+        self.membership.watch(plan)
         took = time.time() - t_fail
         log.warning(
             "in-process recovery, generation %d (%s): rank %d of %d on %s, resuming after step %d from rank %d's "

@@ -327,3 +327,41 @@ def test_a_failed_warm_spare_is_left_out_and_training_goes_on_then_recovers_with
             job.scancel()
         if victim:
             cluster.restart_node(victim, timeout_s=180)
+
+
+def test_a_frozen_cut_off_node_is_found_by_the_heartbeats_and_the_spare_takes_over_in_process(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """Issue 52 item 3: the non-batch training node lost as a power cut loses it (``SlurmSandbox.freeze_node``:
+    every process SIGSTOPped, its link down: no FIN, no RST), with ``train.pg_timeout_s`` at 600 s. Rank 0's
+    monitor finds the node silent by its heartbeats, shuts the connections to it, the collective fails, and the
+    spare takes the node's ranks in the same job. The time to the next step is recorded (the goal: 10 s)."""
+    job = submit_digits(cluster, tmp_path / "run", *SETS, "train.pg_timeout_s=600")
+    victim = ""
+    try:
+        job.wait_step(LOSS_AFTER)
+        nodes = step_nodes(job)
+        victim = nodes[1]
+        t_loss = time.time()
+        assert cluster.freeze_node(victim), f"no process in {victim}'s namespace"
+        seen = resumed_after(job, t_loss)
+        resume, first = seen["resume"], seen["first"]
+        record_timing("in-process (frozen, cut-off node): lost → resumed", resume["time"] - t_loss)
+        record_timing("in-process (frozen, cut-off node): lost → first training step", first["time"] - t_loss)
+        assert resume["in_process"] and resume["world_size"] == 2, resume
+        assert f"node(s) {victim} silent for" in job.rank_log(0), job.rank_log(0)[-3000:]
+        events = read_metrics(job.run_dir)
+        last_before = max(m["step"] for m in events if m["event"] == "train" and m["time"] < resume["time"])
+        assert last_before - resume["step"] <= 1, (resume, last_before)
+        finished = job.wait_finished(timeout_s=300)
+        assert finished["step"] == MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
+        assert "in-job restart 1" not in job.batch_log(), job.batch_log()
+        recoveries = read_recoveries(job.run_dir)
+        assert [(r["action"], r["bad"]) for r in recoveries] == [("in_process", [victim])], recoveries
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        if victim:
+            cluster.kill_node(victim)  # SIGKILL ends stopped processes too
+            cluster.restart_node(victim, timeout_s=180)

@@ -311,6 +311,9 @@ def test_a_recovery_given_up_mid_step_keeps_what_the_emergency_save_needs():
     from slurm_ddp.worker.train import Trainer
 
     class GivesUp:
+        def watch(self, plan):
+            pass
+
         def check_in(self, plan, step):
             pass
 
@@ -372,3 +375,45 @@ def test_a_rank_without_its_node_name_in_a_container_is_told_what_did_not_reach_
         place_in_step(denv, environ, 1)
     _, place = place_in_step(denv, {**environ, "SLURMD_NODENAME": "n3"}, 1)
     assert place.spare and place.spare_nodes == ("n3",)
+
+
+def test_a_node_silent_while_training_raises_the_alarm_and_its_connections_are_shut():
+    """Issue 52 item 3: rank 0's monitor sees n2 fall silent while generation 0 trains (no collective has
+    failed: a frozen node sends no FIN), raises ``alarm/g0`` naming it, and a blocked socket to its address is
+    shut, so the collective fails at once instead of after train.pg_timeout_s."""
+    from slurm_ddp.worker.inprocess import cut_connections
+
+    server = socket.socket()
+    server.bind(("127.0.0.3", 0))
+    server.listen()
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        assert cut_connections(["127.0.0.3"]) == 1
+        client.settimeout(10)
+        assert client.recv(1) == b""  # what gloo's blocked read sees: the connection is closed
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+    port = free_port()
+    m1, m2 = member(port, "n1/0", serve=True, heartbeat_s=0.05), member(port, "n2/0", heartbeat_s=0.05)
+    try:
+        plan = first_plan(["n1", "n2"], 1)
+        m1.watch(plan)
+        m2.watch(plan)
+        m2.close()  # n2 frozen: its heartbeat stops, nothing fails
+        deadline = time.monotonic() + 30
+        while not m1._has("alarm/g0"):
+            assert time.monotonic() < deadline, "no alarm"
+            time.sleep(0.05)
+        assert m1.store.get("alarm/g0") == b"n2"
+        # the coordinator then starts from the monitor's view: n2 is already silent
+        m1.watch(None)
+        assert m1.seen["n2/0"][0] == m1._counter("hb/n2/0")
+        m1.check_in(plan, 3)
+        new = m1.coordinate(plan, [], tasks_per_node=1, min_nodes=1, max_generations=2, deadline_s=20)
+        assert new.lost == ("n2",)
+    finally:
+        m2.close()
+        m1.close()
