@@ -15,7 +15,7 @@ stopped beating (each process adds to its heartbeat counter every :data:`HEARTBE
 moved for :data:`DEAD_AFTER_S` is lost), then publishes the next :class:`Plan` (:func:`next_plan`, pure):
 the lost nodes' ranks go to spares, rank for rank (the world size kept: the run stays bitwise equal to an
 uninterrupted one), or, with no spare left, the survivors renumber and continue down to ``min_nodes``
-(resumed sample-exactly, ``slurm_ddp.resize``). The survivor with the most completed steps broadcasts its
+(resumed sample-exactly, ``slurm_ddp.resize``). Rank 0 (the batch host) broadcasts its
 training state (model, optimizer, scheduler, data position, log window) over the new group; nothing is read
 from disk. A crash (a rank's own exception, :meth:`Membership.report_crash`), a rank lost on a node whose
 other ranks live, a lost batch host or ``max_restarts`` reached end the step as before (each rank's
@@ -158,7 +158,9 @@ def next_plan(
     with all ``tasks_per_node`` slots). Each lost node, in node-rank order, is replaced by the next spare node,
     local rank for local rank with the lost ranks (world size kept); with no spare left the lost node is
     dropped and the survivors are renumbered in their order (node index × ``tasks_per_node`` + local rank).
-    The state's source is the survivor with the most completed steps, the lowest rank among them.
+    The state's source is rank 0 (the batch host, alive in every plan there is), at its completed step: its
+    BatchNorm-style buffers are those DDP gave every rank, its log window the logged one. A survivor a step
+    ahead of it (a collective that completed on some ranks only) is rolled back to that step (one step redone).
 
     No plan when: no member was lost (a collective failed with every rank alive: a timeout, not a lost node);
     a lost rank's node still has a live rank (a crash of one process, not a lost node); the batch host
@@ -206,8 +208,8 @@ def next_plan(
                 ranks[slot_name(n, lr)] = i * tasks_per_node + lr
             else:  # the spare takes the lost node's ranks: the same data shards and random streams
                 ranks[slot_name(n, lr)] = plan.ranks[slot_name(replaced.get(n, n), lr)]
-    step = max(alive.values())
-    source_slot = min((s for s, st in alive.items() if st == step), key=lambda s: plan.ranks[s])
+    source_slot = min(alive, key=lambda s: plan.ranks[s])  # rank 0: its node is not lost, so it checked in
+    step = alive[source_slot]
     return Plan(
         generation=plan.generation + 1,
         nodes=tuple(kept),
@@ -339,6 +341,38 @@ def cut_connections(peers: Sequence[str]) -> int:
     return n
 
 
+def heartbeat_counts(store: Any, slots: Sequence[str], made: set, chunk: int = 64) -> Dict[str, int]:
+    """The heartbeat counters of ``slots`` in few requests (a pass stays a few round trips at thousands of
+    members): per ``chunk`` of slots one ``multi_get``, after a ``check`` when a slot of it is not yet in
+    ``made`` (its key may not exist: ``multi_get`` would wait for it), and then ``add(key, 0)`` for each slot of
+    a chunk with a missing key (a process that never beat). ``made`` is updated."""
+    out: Dict[str, int] = {}
+    for i in range(0, len(slots), chunk):
+        part = list(slots[i : i + chunk])
+        keys = [f"hb/{s}" for s in part]
+        if any(s not in made for s in part) and not store.check(keys):
+            for k in keys:
+                store.add(k, 0)
+        made.update(part)
+        out.update(zip(part, (int(v) for v in store.multi_get(keys))))
+    return out
+
+
+def present_values(store: Any, keys: Sequence[str], chunk: int = 64) -> Dict[str, bytes]:
+    """The values of those of ``keys`` that exist, in few requests: a ``check`` per ``chunk`` of keys and, when
+    all of them exist, one ``multi_get``; a chunk with a missing key is looked at key by key."""
+    out: Dict[str, bytes] = {}
+    for i in range(0, len(keys), chunk):
+        part = list(keys[i : i + chunk])
+        if store.check(part):
+            out.update(zip(part, store.multi_get(part)))
+            continue
+        for k in part:
+            if store.check([k]):
+                out[k] = store.get(k)
+    return out
+
+
 class Membership:
     """This process's link to the step's store: heartbeat, check-in, the coordinator's decision, the
     spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure).
@@ -376,6 +410,8 @@ class Membership:
         self._watched: Optional[Plan] = None
         self._alarmed = -1  # the generation whose alarm this process acted on
         self.seen: Dict[str, Tuple[int, float]] = {}  #: the monitor's view: slot → (count, when it last moved)
+        self.monitor_passes = 0  #: rank 0: the monitor's passes (one ``multi_get`` each)
+        self._made: set = set()  # heartbeat keys known to exist (the main thread's connection)
         self._seen_generation = -1
         self.own_addresses = local_addresses(addr, port)
         try:
@@ -470,7 +506,9 @@ class Membership:
         import torch.distributed as dist
 
         store: Any = None
+        made: set = set()
         while not self._stop.wait(self.heartbeat_s):
+            self.monitor_passes += 1
             plan = self._watched
             if plan is None or self._alarmed == plan.generation:
                 continue
@@ -479,10 +517,10 @@ class Membership:
                     store = dist.TCPStore(
                         self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
                     )
+                counts = heartbeat_counts(store, list(plan.ranks), made)
                 now = time.monotonic()
-                counts = {s: int(store.add(f"hb/{s}", 0)) for s in plan.ranks}
             except Exception as e:
-                store = None
+                store, made = None, set()
                 log.warning("in-process monitor: the store did not answer (%s)", str(e).splitlines()[0][:200])
                 continue
             with self._lock:
@@ -596,8 +634,7 @@ class Membership:
 
     def _watch(self, slots: Sequence[str], last: Dict[str, Tuple[int, float]], now: float) -> None:
         """Update ``last`` (slot → (heartbeat count, when it last moved)) from the store."""
-        for s in slots:
-            count = self._counter(f"hb/{s}")
+        for s, count in heartbeat_counts(self.store, slots, self._made).items():
             if s not in last or last[s][0] != count:
                 last[s] = (count, now)
 
@@ -618,10 +655,13 @@ class Membership:
         last: Dict[str, Tuple[int, float]] = {}
         start = time.monotonic()
         why = ""
+        joined: set = set()
         while True:
             now = time.monotonic()
             self._watch(list(plan.ranks), last, now)
-            missing = [s for s in plan.ranks if not self._has(f"g{g}/joined/{s}")]
+            found = present_values(self.store, [f"g{g}/joined/{s}" for s in plan.ranks if s not in joined])
+            joined |= {k.rsplit("/joined/", 1)[1] for k in found}
+            missing = [s for s in plan.ranks if s not in joined]
             silent = [s for s in missing if now - last[s][1] >= self.dead_after_s]
             if not missing:
                 break
@@ -671,9 +711,9 @@ class Membership:
             self._watch(watched, last, now)
             for s in watched:
                 first.setdefault(s, last[s][0])
-            for s in plan.ranks:
-                if s not in alive and self._has(f"g{g}/alive/{s}"):
-                    alive[s] = int(self.store.get(f"g{g}/alive/{s}"))
+            found = present_values(self.store, [f"g{g}/alive/{s}" for s in plan.ranks if s not in alive])
+            for key, value in found.items():
+                alive[key.rsplit("/alive/", 1)[1]] = int(value)
             silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= self.dead_after_s]
             waiting = [s for s in plan.ranks if s not in alive and s not in silent]
             failed = [s for s in candidates if self._has(f"spare_failed/{s}")]

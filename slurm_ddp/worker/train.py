@@ -1207,6 +1207,13 @@ class Trainer:
             log.error("no emergency checkpoint of step %d: %s", step, e)
             return f"failed: {e}"
 
+    def watchdog_rank(self) -> int:
+        """The rank this process's hang watchdog names in its report: the launch wrapper's, i.e. Slurm's task
+        number (``SLURM_PROCID``). Under in-process recovery it differs from the training rank (a warm spare's
+        is -1, a renumbered survivor's changes); otherwise they are the same."""
+        procid = os.environ.get("SLURM_PROCID", "")
+        return int(procid) if self.place is not None and procid.isdigit() else self.denv.rank
+
     def _hang_saver(self, done: threading.Event) -> None:
         """A daemon thread under in-job recovery with the watchdog on: when this rank's watchdog reports a
         hang (its report appears: ``rundir.hang_report_path``) it is about to end the rank, most likely
@@ -1214,7 +1221,7 @@ class Trainer:
         last completed step alone (``_emergency_save``) and answers the watchdog (``rundir.hangs``: the
         save before a hung job's ranks end), which waits for that before it kills the rank. Looks every
         0.5 s (a ``stat``) until ``done``."""
-        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.denv.rank
+        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.watchdog_rank()
         report = hang_report_path(self.run_dir, job_id, restart, rank)
         while not done.wait(0.5):
             if report.exists():

@@ -42,10 +42,11 @@ def test_without_a_spare_the_survivors_renumber_in_their_order_down_to_min_nodes
     assert refused == "2 node(s) would be left, fewer than recovery.min_nodes=3 (no spare left)"
 
 
-def test_the_state_comes_from_the_survivor_with_the_most_steps_then_the_lowest_rank():
+def test_the_state_comes_from_rank_0_at_its_step_even_when_another_survivor_is_a_step_ahead():
+    """Issue 52 item 10: a source other than rank 0 would replace rank 0's BatchNorm buffers and log window."""
     p = first_plan(["n1", "n2", "n3", "n4"], 1)
     new = next_plan(p, {"n1/0": 9, "n3/0": 10, "n4/0": 10}, [], tasks_per_node=1, min_nodes=1, max_generations=1)
-    assert isinstance(new, Plan) and new.step == 10 and new.source == new.ranks["n3/0"] == 1
+    assert isinstance(new, Plan) and new.step == 9 and new.source == new.ranks["n1/0"] == 0
 
 
 def test_an_incomplete_spare_node_is_not_called_in():
@@ -417,3 +418,40 @@ def test_a_node_silent_while_training_raises_the_alarm_and_its_connections_are_s
     finally:
         m2.close()
         m1.close()
+
+
+def test_the_hang_saver_of_a_spare_watches_its_slurm_task_s_report(monkeypatch):
+    """Issue 52 item 10: the watchdog's report is named by Slurm's task number; a warm spare's training rank
+    is -1 (it watched ``rank--1.json``, which never appears)."""
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.worker.inprocess import Place
+    from slurm_ddp.worker.train import Trainer
+
+    t = Trainer.__new__(Trainer)
+    t.denv = DistEnv(-1, 0, 2, -1, 2, 1, "n1", 29500, "5", "n3", 0)
+    t.place = Place("n3", 0, True, ("n1", "n2"), ("n3",), 1)
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert t.watchdog_rank() == 2
+    t.place = None
+    assert t.watchdog_rank() == -1
+
+
+def test_the_store_is_read_in_few_requests_and_missing_keys_are_left_out():
+    """Issue 52 item 9: ``present_values`` and ``heartbeat_counts`` (``multi_get``) see what exists."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from slurm_ddp.worker.inprocess import heartbeat_counts, present_values
+
+    store = dist.TCPStore(
+        "127.0.0.1", free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    for i in range(150):
+        if i != 70:
+            store.set(f"k{i}", str(i))
+    got = present_values(store, [f"k{i}" for i in range(150)])
+    assert sorted(got) == sorted(f"k{i}" for i in range(150) if i != 70) and got["k149"] == b"149"
+    store.add("hb/n1/0", 3)
+    made: set = set()
+    assert heartbeat_counts(store, ["n1/0", "n2/0"], made) == {"n1/0": 3, "n2/0": 0} and made == {"n1/0", "n2/0"}
