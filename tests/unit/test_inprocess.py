@@ -455,3 +455,24 @@ def test_the_store_is_read_in_few_requests_and_missing_keys_are_left_out():
     store.add("hb/n1/0", 3)
     made: set = set()
     assert heartbeat_counts(store, ["n1/0", "n2/0"], made) == {"n1/0": 3, "n2/0": 0} and made == {"n1/0", "n2/0"}
+
+
+def test_a_node_taken_for_lost_then_called_back_in_is_not_lost_for_the_batch_side():
+    """Issue 52 item 1, batch side (pure; the supervisor calls it in place of ``in_process_lost``)."""
+    from slurm_ddp.rundir.inprocess_nodes import still_lost
+
+    records = [
+        {"action": "in_process", "job_id": "5", "restart": 0, "bad": ["n2"], "nodes": ["n1", "n3"], "spares_used": []},
+        {
+            "action": "in_process",
+            "job_id": "5",
+            "restart": 0,
+            "bad": ["n3"],
+            "nodes": ["n1", "n2"],
+            "spares_used": ["n2"],
+        },
+        {"action": "in_process", "job_id": "5", "restart": 1, "bad": ["n4"], "nodes": ["n1"], "spares_used": []},
+    ]
+    assert still_lost(records, "5", 0) == ["n3"]
+    assert still_lost(records[:1], "5", 0) == ["n2"]
+    assert in_process_lost(records, "5", 0) == ["n2", "n3"]  # what the batch script uses today
