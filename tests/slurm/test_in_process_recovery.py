@@ -365,3 +365,37 @@ def test_a_frozen_cut_off_node_is_found_by_the_heartbeats_and_the_spare_takes_ov
         if victim:
             cluster.kill_node(victim)  # SIGKILL ends stopped processes too
             cluster.restart_node(victim, timeout_s=180)
+
+
+def test_a_training_rank_paused_past_the_heartbeat_timeout_is_replaced_and_waits_as_a_spare(
+    cluster: SlurmSandbox, tmp_path: Path
+) -> None:
+    """Issue 52 item 1: rank 1's process SIGSTOPped for 8 s (past ``recovery.heartbeat_timeout_s``, 5 s), nothing
+    else failing. It is taken for lost: the spare takes its ranks; awake again it finds itself outside the plan,
+    waits as a spare of the step and exits 0 when the step ends: the job finishes in the same srun step."""
+    job = submit_digits(cluster, tmp_path / "run", *SETS)
+    wake = None
+    try:
+        job.wait_step(LOSS_AFTER)
+        nodes = step_nodes(job)
+        paused = worker_pids(cluster, nodes[1])
+        assert paused, f"no worker process on {nodes[1]}"
+        for pid in paused:
+            os.kill(pid, signal.SIGSTOP)
+        wake = threading.Timer(8.0, lambda: [os.kill(pid, signal.SIGCONT) for pid in paused])
+        wake.start()
+        t_pause = time.time()
+        resume = resumed_after(job, t_pause)["resume"]
+        assert resume["in_process"] and resume["world_size"] == 2, resume
+        finished = job.wait_finished(timeout_s=300)
+        assert finished["step"] == MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
+        assert "in-job restart 1" not in job.batch_log(), job.batch_log()
+        logs = "".join(job.rank_log(t) for t in range(3))
+        assert "waiting as a spare of the step" in logs, logs[-3000:]
+        assert "waited as a spare; the step ended without calling it in" in logs, logs[-3000:]
+    finally:
+        if wake is not None:
+            wake.join()
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
