@@ -307,11 +307,13 @@ def local_addresses(master_addr: str, master_port: int) -> List[str]:
     return [a for a in dict.fromkeys(out) if not a.startswith("127.")]
 
 
-def cut_connections(peers: Sequence[str]) -> int:
+def cut_connections(peers: Sequence[str], keep_local_port: int = 0) -> int:
     """Shut down (``shutdown(SHUT_RDWR)``) every TCP socket of this process whose peer address is one of
     ``peers``: a collective blocked on a silent node (no FIN, no RST: a power cut, a switch) then fails at once
-    with gloo's "Connection closed", as when the node's processes die. Returns the sockets shut. Linux
-    (``/proc/self/fd``); never raises."""
+    with gloo's "Connection closed", as when the node's processes die. Sockets whose local port is
+    ``keep_local_port`` (the step's store, served by this process) are kept: a node that was only slow keeps
+    its link to the store and can wait as a spare. Returns the sockets shut. Linux (``/proc/self/fd``); never
+    raises."""
     import os
     import socket
 
@@ -331,7 +333,7 @@ def cut_connections(peers: Sequence[str]) -> int:
             continue
         try:
             inet = s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6)
-            if inet and s.getpeername()[0] in want:
+            if inet and s.getpeername()[0] in want and s.getsockname()[1] != keep_local_port:
                 s.shutdown(socket.SHUT_RDWR)
                 n += 1
         except OSError:
@@ -491,7 +493,7 @@ class Membership:
 
             keep |= set(socket.gethostbyname_ex(self.addr)[2])
         peers = [a for a in dict.fromkeys(peers) if a not in keep]
-        shut = cut_connections(peers)
+        shut = cut_connections(peers, keep_local_port=self.port if self.serve else 0)
         log.warning(
             "node(s) %s silent for %.1f s (no heartbeat): %d connection(s) to %s shut, so the step's collective fails",
             ",".join(nodes),
