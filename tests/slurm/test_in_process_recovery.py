@@ -399,3 +399,30 @@ def test_a_training_rank_paused_past_the_heartbeat_timeout_is_replaced_and_waits
             wake.join()
         if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
             job.scancel()
+
+
+def test_a_warm_spare_killed_leaves_training_going_on_in_the_same_step(cluster: SlurmSandbox, tmp_path: Path) -> None:
+    """Issue 52 item 2: the warm spare's rank SIGKILLed (exit 137): the step runs without ``srun -K``, so the
+    training ranks go on in the same srun step and the job finishes, no in-job restart, nothing recorded lost."""
+    job = submit_digits(cluster, tmp_path / "run", *SETS)
+    try:
+        job.wait_step(LOSS_AFTER)
+        nodes = step_nodes(job)
+        info = job.show()
+        all_nodes = cluster.run(
+            ["scontrol", "show", "hostnames", info["NodeList"]], capture_output=True, text=True, timeout=20
+        ).stdout.split()
+        spare = [n for n in all_nodes if n not in nodes]
+        killed = worker_pids(cluster, spare[0])
+        assert killed, f"no worker process on the spare {spare[0]}"
+        for pid in killed:
+            os.kill(pid, signal.SIGKILL)
+        finished = job.wait_finished(timeout_s=300)
+        assert finished["step"] == MAX_STEPS, finished
+        assert job.wait_ended() == "COMPLETED" and job.restarts() == 0, job.diag()
+        assert "in-job restart 1" not in job.batch_log(), job.batch_log()
+        assert train_steps(job.run_dir) == list(range(1, MAX_STEPS + 1)), "a step logged twice or missing"
+        assert read_recoveries(job.run_dir) == []
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
