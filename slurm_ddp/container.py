@@ -113,9 +113,11 @@ class ContainerPlan:
 CLEAN_ENV_OPTIONS = ("-e", "--cleanenv", "-C", "--containall")
 #: What a rank needs from the host under a clean environment, besides ``environment.env``/``pass_env``: every
 #: ``SLURM_*`` variable (srun's task variables, slurm_ddp's own ``SLURM_DDP_*``), the rendezvous, the copy of
-#: slurm_ddp on ``PYTHONPATH``, the GPUs Slurm gave the task.
+#: slurm_ddp on ``PYTHONPATH``, the GPUs Slurm gave the task, and ``SLURMD_NODENAME`` (no ``SLURM_`` prefix: the
+#: node's name, which in-process recovery places each rank by, ``slurm_ddp.worker.inprocess.place_in_step``).
 CLEAN_ENV_PREFIX = "SLURM_"
 CLEAN_ENV_NAMES = (
+    "SLURMD_NODENAME",
     "MASTER_ADDR",
     "MASTER_PORT",
     "PYTHONPATH",

@@ -306,7 +306,11 @@ def srun_flags(cfg: JobConfig) -> List[str]:
     listed = '"$JOB_NODES"' if in_process else '"$STEP_NODES"'
     count = "JOB_NNODES" if in_process else "STEP_NNODES"
     return [
-        "--kill-on-bad-exit=1",
+        # srun -K ends the whole step on the first task's non-zero exit, --no-kill or not (Slurm's
+        # src/srun/launch.c, _task_finish; seen on 22.05: /work/shared/SLURM-FACTS.md). The in-process step must
+        # outlive any one member's exit (a failed warm spare, a rank taken for lost): it runs with -K0, and
+        # rank 0's end marker (STEP_END) ends it and gives its status (slurm_ddp.worker.inprocess)
+        "--kill-on-bad-exit=0" if in_process else "--kill-on-bad-exit=1",
         *(["--no-kill"] if in_process else []),
         f"--nodes={nodes}",
         # in-job recovery: the step's own nodes (not the spares, not a lost node), and --overlap: a step on

@@ -772,6 +772,23 @@ class RecoveryConfig:
             "(slurm_ddp.worker.inprocess); else every rank starts again"
         ),
     )
+    heartbeat_interval_s: float = field(
+        default=0.25,
+        metadata=_meta(
+            "recovery.in_process: seconds between two heartbeats of each process (one request to rank 0's store)",
+            min=0.01,
+            max=60.0,
+        ),
+    )
+    heartbeat_timeout_s: float = field(
+        default=5.0,
+        metadata=_meta(
+            "recovery.in_process: seconds without a heartbeat after which a process counts as lost (a live one "
+            "that was only slow then waits as a spare); every in-process recovery takes at least this long",
+            min=0.5,
+            max=3600.0,
+        ),
+    )
 
 
 _TRACKING_URI = re.compile(r"^[^\s'\"`\\]*\Z")

@@ -626,6 +626,25 @@ def _check_recovery(cfg: JobConfig) -> None:
         )
         if why:
             raise _bad("recovery.in_process", True, f"false with {why}", "set recovery.in_process: false")
+        nccl = cfg.train.backend == "nccl" or (cfg.train.backend == "auto" and s.gpu_job)
+        if nccl:
+            # not correct for NCCL as written (issue 52): the NCCL group is not aborted before it is destroyed,
+            # the in-memory state may be ahead of the last completed step (asynchronous kernels), and the state
+            # broadcast holds 2-3 copies of model + optimizer on the GPU
+            raise _bad(
+                "recovery.in_process",
+                True,
+                "false for a NCCL job (GPUs with train.backend auto or nccl): in-process recovery is for gloo only",
+                "set recovery.in_process: false; a lost node then gets the in-job restart (every rank starts again "
+                "in the same allocation, from the emergency checkpoint, no requeue)",
+            )
+    if r.heartbeat_timeout_s < 2 * r.heartbeat_interval_s:
+        raise _bad(
+            "recovery.heartbeat_timeout_s",
+            r.heartbeat_timeout_s,
+            f"at least twice recovery.heartbeat_interval_s ({r.heartbeat_interval_s})",
+            "a live process must beat at least twice within the timeout",
+        )
     if r.spare_nodes and s.min_nodes != s.max_nodes:
         raise _bad(
             "recovery.spare_nodes",

@@ -348,6 +348,22 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         self._procs.pop(f"slurmd-{node}", None)
         return pids
 
+    def freeze_node(self, node: str) -> List[int]:
+        """Lose ``node`` as a power cut really would (SLURM-FACTS.md): SIGSTOP every process of it and take
+        its link down (the host side of its veth), so that no FIN or RST ever leaves it: its peers' sockets
+        stay open and silent. Returns the PIDs stopped. :meth:`kill_node` (which SIGKILLs stopped processes
+        too) and :meth:`restart_node` bring it back; the link comes up again in :meth:`restart_node`."""
+        pids = self.node_pids(node)
+        for _ in range(3):  # a process forked while we stopped: catch it on the next pass
+            for p in pids:
+                _kill(p, signal.SIGSTOP)
+            more = [p for p in self.node_pids(node) if p not in pids]
+            if not more:
+                break
+            pids += more
+        _sh("ip", "link", "set", self._veth(node), "down")
+        return pids
+
     def restart_node(self, node: str, timeout_s: float = 60) -> None:
         """Start ``node``'s slurmd again (after :meth:`kill_node`) and wait until the node is idle
         (``ReturnToService=2``: a DOWN node returns when its slurmd registers)."""
@@ -358,6 +374,7 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
         ):
             raise SandboxUnavailable(f"slurmd of {node} still runs; kill_node({node!r}) first")
         deadline = time.monotonic() + timeout_s
+        _sh("ip", "link", "set", self._veth(node), "up", check=False)  # after freeze_node
         self._spawn_slurmd(node)
         last: Dict[str, str] = {}
 

@@ -15,15 +15,24 @@ stopped beating (each process adds to its heartbeat counter every :data:`HEARTBE
 moved for :data:`DEAD_AFTER_S` is lost), then publishes the next :class:`Plan` (:func:`next_plan`, pure):
 the lost nodes' ranks go to spares, rank for rank (the world size kept: the run stays bitwise equal to an
 uninterrupted one), or, with no spare left, the survivors renumber and continue down to ``min_nodes``
-(resumed sample-exactly, ``slurm_ddp.resize``). The survivor with the most completed steps broadcasts its
+(resumed sample-exactly, ``slurm_ddp.resize``). Rank 0 (the batch host) broadcasts its
 training state (model, optimizer, scheduler, data position, log window) over the new group; nothing is read
 from disk. A crash (a rank's own exception, :meth:`Membership.report_crash`), a rank lost on a node whose
 other ranks live, a lost batch host or ``max_restarts`` reached end the step as before (each rank's
 peer-failure path: the emergency checkpoint, the peer-lost marker, the batch script's recovery rule).
 
 Key names in the store (one owner, this module): ``hb/<slot>`` heartbeat counters, ``spare/<slot>`` a
-ready spare, ``g<N>/alive/<slot>`` a survivor's check-in (its completed step), ``g<N>/plan`` the plan (JSON),
-``crash`` a rank's crash, ``done`` the step ended (spares exit 0). A slot is ``NODE/LOCAL_RANK``.
+ready spare, ``spare_failed/<slot>`` a spare that failed before it was called in (left out of every plan; a
+spare's failure is never a ``crash``), ``g<N>/alive/<slot>`` a survivor's check-in (its completed step),
+``g<N>/plan`` the plan (JSON), ``g<N>/joined/<slot>`` a member of plan N about to form its group, ``g<N>/go``
+rank 0's answer to those (``go``, or why the generation is planned again: a member that stopped beating
+before it joined), ``crash`` a training rank's crash, ``done`` the step ended (spares exit 0). A slot is
+``NODE/LOCAL_RANK``.
+
+A member of the old plan that was only slow (silent past ``recovery.heartbeat_timeout_s``, then alive again)
+finds itself outside the new plan: it becomes a spare of the step (``spare/<slot>``) and waits to be called
+in; it never exits with a failure (the in-process step runs without ``srun --kill-on-bad-exit``, so no single
+task's exit ends it either: ``render.srun_flags``).
 
 Sources: ``torch.distributed.TCPStore``/``PrefixStore`` and ``init_process_group(store=...)`` (PyTorch docs,
 "Distributed communication package", Initialization); ``srun --no-kill`` keeps a step's tasks on the other
@@ -32,24 +41,32 @@ nodes running after one node fails (srun(1) ``-k``; seen with Slurm 22.05, docs/
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import threading
 import time
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 if TYPE_CHECKING:
     from ..env import DistEnv
 
 log = logging.getLogger("slurm_ddp.worker")
 
-#: Seconds between two heartbeats of a process (one ``TCPStore.add`` on its own connection).
+#: Seconds between two heartbeats of a process (one ``TCPStore.add`` on its own connection): the default of
+#: ``recovery.heartbeat_interval_s``.
 HEARTBEAT_S = 0.25
-#: Seconds without a heartbeat after which a process that has not checked in counts as lost. A process
-#: whose node was cut off stops beating at once; a live one beats even while it waits in a collective.
-DEAD_AFTER_S = 2.0
+#: Seconds without a heartbeat after which a process that has not checked in counts as lost: the default of
+#: ``recovery.heartbeat_timeout_s``. A process whose node was cut off stops beating at once; a live one beats
+#: even while it waits in a collective, but a loaded node (GC, a page-cache flush, a stalled file system, CPU
+#: starvation) can pause it for seconds. 5 s rides out the 3 s pause of issue 52's reproduction; a live rank
+#: paused for longer is not lost either: it finds itself outside the new plan and waits as a spare
+#: (``Membership.wait_for_call``), so a short timeout costs a node swap, never the job. NVIDIA's resiliency
+#: extension (``nvidia_resiliency_ext.inprocess``) uses tens of seconds because a timeout there restarts every
+#: rank; here it is also the floor of every recovery's time (a killed process is known lost only by its silence).
+DEAD_AFTER_S = 5.0
 #: Seconds between two looks at the store while waiting (the coordinator, a spare).
 POLL_S = 0.05
 
@@ -76,6 +93,8 @@ class Plan:
     lost: Tuple[str, ...] = ()  #: the nodes lost since the previous generation
     spares_used: Tuple[str, ...] = ()  #: the spare nodes called in for them
     world_before: int = 0  #: the previous generation's world size (0 at generation 0)
+    spares_failed: Tuple[str, ...] = ()  #: spare slots that failed before this plan (left out of it)
+    replanned: str = ""  #: why the previous generation never trained (a member lost before it joined), or ''
 
     @property
     def world_size(self) -> int:
@@ -92,6 +111,8 @@ class Plan:
                 "lost": list(self.lost),
                 "spares_used": list(self.spares_used),
                 "world_before": self.world_before,
+                "spares_failed": list(self.spares_failed),
+                "replanned": self.replanned,
             }
         )
 
@@ -107,6 +128,8 @@ class Plan:
             lost=tuple(d.get("lost") or ()),
             spares_used=tuple(d.get("spares_used") or ()),
             world_before=int(d.get("world_before") or 0),
+            spares_failed=tuple(d.get("spares_failed") or ()),
+            replanned=str(d.get("replanned") or ""),
         )
 
 
@@ -135,7 +158,9 @@ def next_plan(
     with all ``tasks_per_node`` slots). Each lost node, in node-rank order, is replaced by the next spare node,
     local rank for local rank with the lost ranks (world size kept); with no spare left the lost node is
     dropped and the survivors are renumbered in their order (node index × ``tasks_per_node`` + local rank).
-    The state's source is the survivor with the most completed steps, the lowest rank among them.
+    The state's source is rank 0 (the batch host, alive in every plan there is), at its completed step: its
+    BatchNorm-style buffers are those DDP gave every rank, its log window the logged one. A survivor a step
+    ahead of it (a collective that completed on some ranks only) is rolled back to that step (one step redone).
 
     No plan when: no member was lost (a collective failed with every rank alive: a timeout, not a lost node);
     a lost rank's node still has a live rank (a crash of one process, not a lost node); the batch host
@@ -183,8 +208,8 @@ def next_plan(
                 ranks[slot_name(n, lr)] = i * tasks_per_node + lr
             else:  # the spare takes the lost node's ranks: the same data shards and random streams
                 ranks[slot_name(n, lr)] = plan.ranks[slot_name(replaced.get(n, n), lr)]
-    step = max(alive.values())
-    source_slot = min((s for s, st in alive.items() if st == step), key=lambda s: plan.ranks[s])
+    source_slot = min(alive, key=lambda s: plan.ranks[s])  # rank 0: its node is not lost, so it checked in
+    step = alive[source_slot]
     return Plan(
         generation=plan.generation + 1,
         nodes=tuple(kept),
@@ -231,10 +256,21 @@ def place_in_step(denv: DistEnv, environ: Mapping[str, str], tasks_per_node: int
 
     step_nodes = tuple(n for n in environ.get(STEP_NODES_VAR, "").split(",") if n)
     node = environ.get("SLURMD_NODENAME") or denv.hostname
-    if not step_nodes or not node:
+    if not step_nodes:
         raise UserError(
-            f"recovery.in_process: {STEP_NODES_VAR} and SLURMD_NODENAME must be set for each rank (the batch script "
-            "of `slurm-ddp submit` sets them); submit the job with slurm-ddp submit"
+            f"recovery.in_process: {STEP_NODES_VAR} is not set for this rank (the batch script of `slurm-ddp submit` "
+            "sets it); submit the job with slurm-ddp submit"
+        )
+    if not node:
+        inside = any(k in environ for k in ("APPTAINER_CONTAINER", "SINGULARITY_CONTAINER"))
+        raise UserError(
+            "recovery.in_process: SLURMD_NODENAME (set by Slurm for every task) did not reach this rank"
+            + (
+                " inside its container: a runtime started with a clean environment must pass it in "
+                "(slurm-ddp passes it as APPTAINERENV_SLURMD_NODENAME for environment.container options -e/--cleanenv)"
+                if inside
+                else "; check that nothing between srun and the rank clears the environment (env -i, a wrapper)"
+            )
         )
     nodelist = environ.get("SLURM_STEP_NODELIST") or environ.get("SLURM_JOB_NODELIST") or ""
     spare_nodes = tuple(n for n in (expand_nodelist(nodelist) if nodelist else []) if n not in step_nodes)
@@ -252,34 +288,260 @@ class RecoveryAbandoned(Exception):
     """The step cannot go on in-process: the message says why (the peer-failure path takes over)."""
 
 
+def local_addresses(master_addr: str, master_port: int) -> List[str]:
+    """This host's IPv4 addresses as its peers see it: the one its route to ``master_addr`` leaves from (a UDP
+    ``connect`` sends nothing), and those its host name resolves to. Loopback addresses are left out."""
+    import socket
+
+    out: List[str] = []
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((master_addr, master_port or 9))
+            out.append(s.getsockname()[0])
+    except OSError:
+        pass
+    try:
+        out += socket.gethostbyname_ex(socket.gethostname())[2]
+    except OSError:
+        pass
+    return [a for a in dict.fromkeys(out) if not a.startswith("127.")]
+
+
+def cut_connections(peers: Sequence[str], keep_local_port: int = 0) -> int:
+    """Shut down (``shutdown(SHUT_RDWR)``) every TCP socket of this process whose peer address is one of
+    ``peers``: a collective blocked on a silent node (no FIN, no RST: a power cut, a switch) then fails at once
+    with gloo's "Connection closed", as when the node's processes die. Sockets whose local port is
+    ``keep_local_port`` (the step's store, served by this process) are kept: a node that was only slow keeps
+    its link to the store and can wait as a spare. Returns the sockets shut. Linux (``/proc/self/fd``); never
+    raises."""
+    import os
+    import socket
+
+    want, n = set(peers), 0
+    if not want:
+        return 0
+    try:
+        fds = [int(f) for f in os.listdir("/proc/self/fd")]
+    except OSError:
+        return 0
+    for fd in fds:
+        try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue
+            s = socket.socket(fileno=os.dup(fd))
+        except OSError:
+            continue
+        try:
+            inet = s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6)
+            if inet and s.getpeername()[0] in want and s.getsockname()[1] != keep_local_port:
+                s.shutdown(socket.SHUT_RDWR)
+                n += 1
+        except OSError:
+            pass
+        finally:
+            s.close()  # the duplicate only
+    return n
+
+
+def heartbeat_counts(store: Any, slots: Sequence[str], made: set, chunk: int = 64) -> Dict[str, int]:
+    """The heartbeat counters of ``slots`` in few requests (a pass stays a few round trips at thousands of
+    members): per ``chunk`` of slots one ``multi_get``, after a ``check`` when a slot of it is not yet in
+    ``made`` (its key may not exist: ``multi_get`` would wait for it), and then ``add(key, 0)`` for each slot of
+    a chunk with a missing key (a process that never beat). ``made`` is updated."""
+    out: Dict[str, int] = {}
+    for i in range(0, len(slots), chunk):
+        part = list(slots[i : i + chunk])
+        keys = [f"hb/{s}" for s in part]
+        if any(s not in made for s in part) and not store.check(keys):
+            for k in keys:
+                store.add(k, 0)
+        made.update(part)
+        out.update(zip(part, (int(v) for v in store.multi_get(keys))))
+    return out
+
+
+def present_values(store: Any, keys: Sequence[str], chunk: int = 64) -> Dict[str, bytes]:
+    """The values of those of ``keys`` that exist, in few requests: a ``check`` per ``chunk`` of keys and, when
+    all of them exist, one ``multi_get``; a chunk with a missing key is looked at key by key."""
+    out: Dict[str, bytes] = {}
+    for i in range(0, len(keys), chunk):
+        part = list(keys[i : i + chunk])
+        if store.check(part):
+            out.update(zip(part, store.multi_get(part)))
+            continue
+        for k in part:
+            if store.check([k]):
+                out[k] = store.get(k)
+    return out
+
+
 class Membership:
     """This process's link to the step's store: heartbeat, check-in, the coordinator's decision, the
-    spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure)."""
+    spare's wait. ``torch`` is imported here, not at module import (the plan logic above is pure).
 
-    def __init__(self, addr: str, port: int, slot: str, *, serve: bool, timeout_s: float):
+    ``heartbeat_s``: seconds between two beats (``recovery.heartbeat_interval_s``); ``dead_after_s``: seconds
+    of silence after which a member counts as lost (``recovery.heartbeat_timeout_s``); ``poll_s``: seconds
+    between two looks at the store while waiting. ``timeout_s``: each store request's timeout."""
+
+    def __init__(
+        self,
+        addr: str,
+        port: int,
+        slot: str,
+        *,
+        serve: bool,
+        timeout_s: float,
+        heartbeat_s: float = HEARTBEAT_S,
+        dead_after_s: float = DEAD_AFTER_S,
+        poll_s: float = POLL_S,
+    ):
         import torch.distributed as dist
 
         self.slot, self.serve, self.timeout_s = slot, serve, timeout_s
+        self.addr, self.port = addr, port
+        self.heartbeat_s, self.dead_after_s, self.poll_s = heartbeat_s, dead_after_s, poll_s
+        self.beat_errors = 0  #: heartbeats that failed (logged; the thread goes on)
         td = timedelta(seconds=timeout_s)
         # rank 0 serves the store for the life of its process; the others connect (retrying until timeout_s)
         self.store = dist.TCPStore(addr, port, is_master=serve, timeout=td, wait_for_workers=False)
-        self._beat_store = dist.TCPStore(addr, port, is_master=False, timeout=td)
+        self._beat_store: Any = dist.TCPStore(addr, port, is_master=False, timeout=td)
         self._stop = threading.Event()
+        # silent-node detection while a generation trains (``watch``): rank 0's monitor thread reads every
+        # member's heartbeat; the others' heartbeat thread looks for its alarm
+        self._lock = threading.Lock()
+        self._watched: Optional[Plan] = None
+        self._alarmed = -1  # the generation whose alarm this process acted on
+        self.seen: Dict[str, Tuple[int, float]] = {}  #: the monitor's view: slot → (count, when it last moved)
+        self.monitor_passes = 0  #: rank 0: the monitor's passes (one ``multi_get`` each)
+        self._made: set = set()  # heartbeat keys known to exist (the main thread's connection)
+        self._seen_generation = -1
+        self.own_addresses = local_addresses(addr, port)
+        try:
+            self.store.set(f"addr/{slot}", ",".join(self.own_addresses))
+        except Exception:
+            pass
         self._beats = threading.Thread(target=self._beat, name="inprocess-heartbeat", daemon=True)
         self._beats.start()
+        if serve:
+            self._monitor_thread = threading.Thread(target=self._monitor, name="inprocess-monitor", daemon=True)
+            self._monitor_thread.start()
 
     def _beat(self) -> None:
+        """The heartbeat thread: one ``add`` per ``heartbeat_s``. A failed beat is logged (once per outage) and
+        the connection made again; the thread ends only with :meth:`close`."""
+        import torch.distributed as dist
+
         key = f"hb/{self.slot}"
+        failing_since: Optional[float] = None
         while not self._stop.is_set():
             try:
+                if self._beat_store is None:  # after a failure: a fresh connection
+                    self._beat_store = dist.TCPStore(
+                        self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
+                    )
                 self._beat_store.add(key, 1)
-            except Exception:  # the store is gone (rank 0 ended): nothing left to tell
-                return
-            self._stop.wait(HEARTBEAT_S)
+                watched = self._watched
+                if watched is not None and not self.serve and self._alarmed != watched.generation:
+                    alarm = f"alarm/g{watched.generation}"
+                    if self._beat_store.check([alarm]):
+                        self._alarmed = watched.generation
+                        nodes = self._beat_store.get(alarm).decode().split(",")
+                        self._cut(self._beat_store, watched, nodes)
+                if failing_since is not None:
+                    log.warning(
+                        "heartbeat of %s: the store answers again after %.1f s",
+                        self.slot,
+                        time.monotonic() - failing_since,
+                    )
+                    failing_since = None
+            except Exception as e:  # the store is slow, restarting or gone (rank 0 ended): beat on
+                self.beat_errors += 1
+                self._beat_store = None
+                if failing_since is None:
+                    failing_since = time.monotonic()
+                    first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+                    log.warning(
+                        "heartbeat of %s failed (%s); retrying every %.2f s", self.slot, first, self.heartbeat_s
+                    )
+            self._stop.wait(self.heartbeat_s)
 
     def close(self) -> None:
         """Stop the heartbeat (the process is ending)."""
         self._stop.set()
+
+    # ------------------------------------------------------------------ silent nodes while training
+    def watch(self, plan: Optional[Plan]) -> None:
+        """``plan`` trains now (None: it stopped, a recovery began): rank 0's monitor judges its members'
+        heartbeats; a node all of whose ranks are silent for ``dead_after_s`` is cut off (``cut_connections``,
+        on every member: rank 0 raises the alarm ``alarm/g<N>``, the others see it at their next beat), so the
+        blocked collective fails and the recovery begins, whatever ``train.pg_timeout_s`` is."""
+        with self._lock:
+            self._watched = plan
+            if plan is not None and plan.generation != self._seen_generation:
+                self.seen, self._seen_generation = {}, plan.generation
+
+    def _cut(self, store: Any, plan: Plan, nodes: Sequence[str]) -> None:
+        peers: List[str] = []
+        for n in nodes:
+            for s in plan.ranks:
+                if slot_node(s) == n:
+                    with contextlib.suppress(Exception):
+                        peers += [a for a in store.get(f"addr/{s}").decode().split(",") if a]
+        keep = set(self.own_addresses) | {self.addr}  # never this host, never the store's
+        with contextlib.suppress(OSError):
+            import socket
+
+            keep |= set(socket.gethostbyname_ex(self.addr)[2])
+        peers = [a for a in dict.fromkeys(peers) if a not in keep]
+        shut = cut_connections(peers, keep_local_port=self.port if self.serve else 0)
+        log.warning(
+            "node(s) %s silent for %.1f s (no heartbeat): %d connection(s) to %s shut, so the step's collective fails",
+            ",".join(nodes),
+            self.dead_after_s,
+            shut,
+            ",".join(peers) or "no known address",
+        )
+
+    def _monitor(self) -> None:
+        """Rank 0's thread: every ``heartbeat_s``, the watched generation's heartbeats; raises the alarm for
+        the nodes all of whose ranks fell silent (``watch``). Its own store connection; errors are logged."""
+        import torch.distributed as dist
+
+        store: Any = None
+        made: set = set()
+        while not self._stop.wait(self.heartbeat_s):
+            self.monitor_passes += 1
+            plan = self._watched
+            if plan is None or self._alarmed == plan.generation:
+                continue
+            try:
+                if store is None:
+                    store = dist.TCPStore(
+                        self.addr, self.port, is_master=False, timeout=timedelta(seconds=max(self.dead_after_s, 1.0))
+                    )
+                counts = heartbeat_counts(store, list(plan.ranks), made)
+                now = time.monotonic()
+            except Exception as e:
+                store, made = None, set()
+                log.warning("in-process monitor: the store did not answer (%s)", str(e).splitlines()[0][:200])
+                continue
+            with self._lock:
+                if self._watched is not plan:
+                    continue
+                for s, c in counts.items():
+                    if s not in self.seen or self.seen[s][0] != c:
+                        self.seen[s] = (c, now)
+                silent = {s for s in plan.ranks if now - self.seen[s][1] >= self.dead_after_s}
+            lost = [
+                n
+                for n in plan.nodes[1:]  # never the batch host (this process's node)
+                if all(s in silent for s in plan.ranks if slot_node(s) == n)
+            ]
+            if lost:
+                self._alarmed = plan.generation
+                with contextlib.suppress(Exception):
+                    store.set(f"alarm/g{plan.generation}", ",".join(lost))
+                self._cut(store, plan, lost)
 
     def group_store(self, generation: int) -> Any:
         """The store prefix that generation ``generation``'s process group forms through."""
@@ -298,10 +560,20 @@ class Membership:
         """Tell the coordinator this spare has built its task and can be called in."""
         self.store.set(f"spare/{self.slot}", "ready")
 
-    def wait_for_call(self) -> Optional[Plan]:
-        """Block until a generation calls this spare in (its :class:`Plan`), or the step ends (None: the run
-        finished, was stopped, or rank 0's store is gone). Generations that do not call it are skipped."""
-        g = 1
+    def spare_failed(self, what: str) -> None:
+        """This spare failed before it was called in (``what``: the error): no plan calls it in, and it is no
+        ``crash`` (the training ranks and later recoveries go on). Never raises."""
+        try:
+            self.store.set(f"spare_failed/{self.slot}", what[:500])
+            self.store.delete_key(f"spare/{self.slot}")
+        except Exception:
+            pass
+
+    def wait_for_call(self, first_generation: int = 1, tick: Optional[Callable[[], None]] = None) -> Optional[Plan]:
+        """Block until a generation from ``first_generation`` on calls this spare in (its :class:`Plan`), or the
+        step ends (None: the run finished, was stopped, or rank 0's store is gone). Generations that do not
+        call it are skipped. ``tick``: called at each look at the store (a live waiter's progress mark)."""
+        g = first_generation
         while True:
             try:
                 if self._has(f"g{g}/plan"):
@@ -318,7 +590,9 @@ class Membership:
             except Exception as e:  # rank 0 ended and took the store with it
                 log.warning("spare %s: the step's store is gone (%s); ending", self.slot, str(e).splitlines()[0][:200])
                 return None
-            time.sleep(POLL_S)
+            if tick is not None:
+                tick()
+            time.sleep(self.poll_s)
 
     def done(self) -> None:
         """Rank 0: the step ends (spares still waiting exit)."""
@@ -328,7 +602,7 @@ class Membership:
             pass
 
     def report_crash(self, what: str) -> None:
-        """A rank's own error (not a lost peer): the coordinator then gives up instead of replacing it."""
+        """A training rank's own error (not a lost peer): the coordinator then gives up instead of replacing it."""
         try:
             self.store.set("crash", f"{self.slot}: {what}"[:500])
         except Exception:
@@ -342,21 +616,66 @@ class Membership:
     def wait_plan(self, generation: int, deadline_s: float) -> Plan:
         """The plan of ``generation`` (published by the coordinator); raises :class:`RecoveryAbandoned` when
         it gave up, did not decide within ``deadline_s`` seconds, or its store is gone."""
-        key = f"g{generation}/plan"
+        text = self._wait_key(f"g{generation}/plan", deadline_s, f"no plan for generation {generation}")
+        if not text.startswith(b"{"):
+            raise RecoveryAbandoned(text.decode(errors="replace"))
+        return Plan.from_json(text)
+
+    def _wait_key(self, key: str, deadline_s: float, what: str) -> bytes:
         end = time.monotonic() + deadline_s
         try:
             while not self._has(key):
                 if time.monotonic() > end:
-                    raise RecoveryAbandoned(f"no plan for generation {generation} within {deadline_s:.0f} s")
-                time.sleep(POLL_S)
-            text = self.store.get(key)
+                    raise RecoveryAbandoned(f"{what} within {deadline_s:.0f} s")
+                time.sleep(self.poll_s)
+            return bytes(self.store.get(key))
         except RecoveryAbandoned:
             raise
         except Exception as e:
             raise RecoveryAbandoned(f"the step's store is gone ({str(e).splitlines()[0][:200]})") from None
-        if not text.startswith(b"{"):
-            raise RecoveryAbandoned(text.decode(errors="replace"))
-        return Plan.from_json(text)
+
+    def _watch(self, slots: Sequence[str], last: Dict[str, Tuple[int, float]], now: float) -> None:
+        """Update ``last`` (slot → (heartbeat count, when it last moved)) from the store."""
+        for s, count in heartbeat_counts(self.store, slots, self._made).items():
+            if s not in last or last[s][0] != count:
+                last[s] = (count, now)
+
+    def enter(self, plan: Plan, deadline_s: float) -> str:
+        """Before forming ``plan``'s process group: '' when every member is there to form it, else why not (the
+        generation is planned again: each member checks in for the next one). A member says it joined; rank 0
+        of ``plan`` waits until every member did, or one stopped beating for ``dead_after_s`` (a spare that died
+        just as it was called in: otherwise the group would wait ``train.pg_timeout_s`` for it), then publishes
+        the answer the others wait for. Raises :class:`RecoveryAbandoned` when the store is gone."""
+        g = plan.generation
+        try:
+            self.store.set(f"g{g}/joined/{self.slot}", "1")
+        except Exception as e:
+            raise RecoveryAbandoned(f"the step's store is gone ({str(e).splitlines()[0][:200]})") from None
+        if plan.ranks.get(self.slot) != 0:
+            text = self._wait_key(f"g{g}/go", deadline_s, f"no go for generation {g}").decode(errors="replace")
+            return "" if text == "go" else text
+        last: Dict[str, Tuple[int, float]] = {}
+        start = time.monotonic()
+        why = ""
+        joined: set = set()
+        while True:
+            now = time.monotonic()
+            self._watch(list(plan.ranks), last, now)
+            found = present_values(self.store, [f"g{g}/joined/{s}" for s in plan.ranks if s not in joined])
+            joined |= {k.rsplit("/joined/", 1)[1] for k in found}
+            missing = [s for s in plan.ranks if s not in joined]
+            silent = [s for s in missing if now - last[s][1] >= self.dead_after_s]
+            if not missing:
+                break
+            if silent:
+                why = f"{', '.join(silent)} stopped beating before generation {g} formed"
+                break
+            if now - start > deadline_s:
+                why = f"{', '.join(missing)} did not join generation {g} within {deadline_s:.0f} s"
+                break
+            time.sleep(self.poll_s)
+        self.store.set(f"g{g}/go", why or "go")
+        return why
 
     def coordinate(
         self,
@@ -367,48 +686,61 @@ class Membership:
         min_nodes: int,
         max_generations: int,
         deadline_s: float,
+        replanned: str = "",
     ) -> Plan:
         """Rank 0, after its own check-in: decide and publish the next generation's plan (:func:`next_plan`).
 
-        Waits until each member of ``plan`` has checked in or has not beaten for :data:`DEAD_AFTER_S`, at
-        most ``deadline_s`` seconds (then the silent ones count as lost). ``spare_candidates``: the spare
-        slots of the step (the ready, beating ones are used). Raises :class:`RecoveryAbandoned` (after
-        publishing the reason, so every waiting rank gives up too)."""
+        Waits until each member of ``plan`` has checked in or has not beaten for ``dead_after_s``, at most
+        ``deadline_s`` seconds (then the silent ones count as lost), and, when a member was lost, until enough
+        ready spares were seen beating to take its node (or every ready spare was judged). ``spare_candidates``:
+        the spare slots of the step (the ready, beating ones that did not fail are used; a failed one is named
+        in the plan's ``spares_failed``). ``replanned``: why ``plan`` never trained (kept in the new plan).
+        Raises :class:`RecoveryAbandoned` (after publishing the reason, so every waiting rank gives up too)."""
         g = plan.generation + 1
-        watched = [s for s in plan.ranks] + [s for s in spare_candidates if s not in plan.ranks]
+        candidates = [s for s in spare_candidates if s not in plan.ranks]
+        watched = list(plan.ranks) + candidates
         last: Dict[str, Tuple[int, float]] = {}
+        with self._lock:  # what the monitor saw while the generation trained: a silence already under way counts
+            if self._seen_generation == plan.generation:
+                last.update({s: v for s, v in self.seen.items() if s in plan.ranks})
+        first: Dict[str, int] = {}
         start = time.monotonic()
         alive: Dict[str, int] = {}
+        failed: List[str] = []
+        usable: List[str] = []
         while True:
             now = time.monotonic()
+            self._watch(watched, last, now)
             for s in watched:
-                count = self._counter(f"hb/{s}")
-                if s not in last or last[s][0] != count:
-                    last[s] = (count, now)
-            for s in plan.ranks:
-                if s not in alive and self._has(f"g{g}/alive/{s}"):
-                    alive[s] = int(self.store.get(f"g{g}/alive/{s}"))
-            silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= DEAD_AFTER_S]
+                first.setdefault(s, last[s][0])
+            found = present_values(self.store, [f"g{g}/alive/{s}" for s in plan.ranks if s not in alive])
+            for key, value in found.items():
+                alive[key.rsplit("/alive/", 1)[1]] = int(value)
+            silent = [s for s in plan.ranks if s not in alive and now - last[s][1] >= self.dead_after_s]
             waiting = [s for s in plan.ranks if s not in alive and s not in silent]
-            if not waiting and now - start >= DEAD_AFTER_S:  # a spare's beat is judged over the same window
+            failed = [s for s in candidates if self._has(f"spare_failed/{s}")]
+            ready = [s for s in candidates if s not in failed and self._has(f"spare/{s}")]
+            # a ready spare is usable once its heartbeat was seen to move (and has not stopped since)
+            usable = [s for s in ready if last[s][0] != first[s] and now - last[s][1] < self.dead_after_s]
+            undecided = [s for s in ready if s not in usable and now - last[s][1] < self.dead_after_s]
+            lost_nodes = {slot_node(s) for s in silent}
+            covered = len({slot_node(s) for s in usable}) >= len(lost_nodes)
+            if not waiting and (not undecided or covered):
                 break
             if now - start > deadline_s:
                 log.warning("in-process recovery: %s did not check in within %.0f s", ", ".join(waiting), deadline_s)
                 break
-            time.sleep(POLL_S)
+            time.sleep(self.poll_s)
         crash = self.store.get("crash").decode(errors="replace") if self._has("crash") else ""
-        spares = [
-            s
-            for s in spare_candidates
-            if s not in plan.ranks and self._has(f"spare/{s}") and now - last[s][1] < DEAD_AFTER_S
-        ]
+        if failed:
+            log.warning("in-process recovery: spare(s) %s failed and are left out", ", ".join(failed))
         result: Union[Plan, str] = (
             f"a rank crashed ({crash})"
             if crash
             else next_plan(
                 plan,
                 alive,
-                spares,
+                usable,
                 tasks_per_node=tasks_per_node,
                 min_nodes=min_nodes,
                 max_generations=max_generations,
@@ -417,5 +749,8 @@ class Membership:
         if isinstance(result, str):
             self.store.set(f"g{g}/plan", result)
             raise RecoveryAbandoned(result)
+        from dataclasses import replace
+
+        result = replace(result, spares_failed=tuple(failed), replanned=replanned)
         self.store.set(f"g{g}/plan", result.to_json())
         return result

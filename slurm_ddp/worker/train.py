@@ -794,6 +794,8 @@ class Trainer:
                     self.place.slot,
                     serve=denv.is_main,
                     timeout_s=max(self.cfg.watchdog.startup_s, self.tc.pg_timeout_s),
+                    heartbeat_s=self.cfg.recovery.heartbeat_interval_s,
+                    dead_after_s=self.cfg.recovery.heartbeat_timeout_s,
                 )
             if self.spare:  # build the task, then wait warm until a lost node's ranks are this node's
                 assert self.membership is not None
@@ -806,11 +808,10 @@ class Trainer:
                     time.perf_counter() - t0,
                 )
                 plan = self.membership.wait_for_call()
-                if plan is None:
+                if plan is None or not self._follow(plan, time.time(), "called in"):
                     log.warning("warm spare on %s: the step ended without calling it in", denv.hostname)
                     ok, status = True, 0
                     return status
-                self._join(plan, time.time(), "called in")
             else:
                 if self.membership is not None and self.place is not None:
                     self.plan = first_plan(self.place.step_nodes, self.place.tasks_per_node)
@@ -818,6 +819,8 @@ class Trainer:
                 self.device = init_distributed(
                     denv, self.tc.backend, self.tc.pg_timeout_s, store=store, device=getattr(self, "device", None)
                 )
+                if self.membership is not None:
+                    self.membership.watch(self.plan)  # a node that falls silent while this generation trains
                 if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
                     self.stop.group = dist.new_group(backend="gloo")
                 if denv.is_main:
@@ -842,9 +845,14 @@ class Trainer:
                 self.finish()
             ok = True
             return status
-        except RecoveryAbandoned as e:  # left out of the next generation: the others go on without it
-            log.error("%s", e)
-            return 1
+        except _StandbyEnded as e:  # left out of a generation, it waited as a spare until the step ended
+            log.warning("%s", e)
+            status = 0
+            return status
+        except RecoveryAbandoned as e:  # a called-in spare's generation never formed and none came after it
+            log.error("warm spare %s: in-process recovery given up: %s", self._slot(), e)
+            status = 0  # the training ranks take their peer-failure path; this spare failed nothing
+            return status
         except RuntimeError as e:  # DistBackendError included
             if is_peer_failure(e):
                 raise self._peer_failure(e) from e
@@ -852,6 +860,11 @@ class Trainer:
             raise
         except BaseException as e:
             self._report_crash(e)
+            if self.spare and self.plan is None and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+                # a warm spare's own failure (its data, its GPU, an import) is the spare's problem: named in
+                # the run's records, left out of every plan, and no failed exit (the training ranks go on)
+                log.error("warm spare %s failed before it was called in: %s", self._slot(), e, exc_info=True)
+                return 0
             raise
         finally:
             saver_done.set()
@@ -909,6 +922,7 @@ class Trainer:
         in-process (the reason is logged): the caller's peer-failure path follows."""
         assert self.membership is not None and self.plan is not None and self.place is not None
         t_fail = time.time()
+        self.membership.watch(None)  # the coordinator judges the members from here on
         log.warning(
             "a peer was lost after step %d (%s); recovering in-process (generation %d)",
             self.step,
@@ -921,7 +935,9 @@ class Trainer:
             with torch.no_grad():
                 for name, kept in self.kept_buffers.items():
                     live[name].copy_(kept)
-        self.in_step = False
+        # in_step stays as it is until this rank is in the next generation: when recovery is given up (the
+        # batch host lost …), the emergency save of the peer-failure path needs to know the buffers it holds
+        # are the failed step's start (rank 0's, broadcast by DDP), not this rank's own
         for name in ("forward_model", "ddp"):  # they hold the broken group
             self.__dict__.pop(name, None)
         self.stop.group = None
@@ -929,29 +945,75 @@ class Trainer:
             dist.destroy_process_group()
         except Exception as err:
             log.warning("leaving the broken process group: %s", err)
-        deadline = self.tc.pg_timeout_s + 30.0
         try:
-            self.membership.check_in(self.plan, self.step)
-            if self.denv.is_main:
-                plan = self.membership.coordinate(
-                    self.plan,
-                    self.place.spare_slots(),
-                    tasks_per_node=self.place.tasks_per_node,
-                    min_nodes=self.cfg.recovery_min_nodes,
-                    max_generations=self.cfg.recovery.max_restarts,
-                    deadline_s=deadline,
-                )
-            else:
-                plan = self.membership.wait_plan(self.plan.generation + 1, deadline + 10.0)
+            plan = self._next_generation(self.plan)
+            joined = self._follow(plan, t_fail, f"lost {','.join(plan.lost)}")
         except RecoveryAbandoned as why:
             log.error("in-process recovery given up: %s", why)
             return False
-        if self.place.slot not in plan.ranks:
-            raise RecoveryAbandoned(
-                f"{self.place.slot} is not in generation {plan.generation} (it was taken for lost): ending this rank"
+        if not joined:
+            raise _StandbyEnded(
+                f"{self.place.slot} was taken for lost (silent past recovery.heartbeat_timeout_s="
+                f"{self.cfg.recovery.heartbeat_timeout_s} s) and waited as a spare; the step ended without calling it in"
             )
-        self._join(plan, t_fail, f"lost {','.join(plan.lost)}")
         return True
+
+    def _recovery_deadline_s(self) -> float:
+        return self.tc.pg_timeout_s + 30.0
+
+    def _next_generation(self, plan: Plan, replanned: str = "") -> Plan:
+        """Check in for the generation after ``plan`` and get its plan (rank 0 of ``plan`` decides it,
+        ``Membership.coordinate``). Raises :class:`RecoveryAbandoned` when there is none."""
+        assert self.membership is not None and self.place is not None
+        # a spare called into a generation that never formed holds no state: it must not be the source
+        self.membership.check_in(plan, self.step if self.plan is not None else -1)
+        deadline = self._recovery_deadline_s()
+        if plan.ranks.get(self.place.slot) == 0:
+            return self.membership.coordinate(
+                plan,
+                self.place.spare_slots(),
+                tasks_per_node=self.place.tasks_per_node,
+                min_nodes=self.cfg.recovery_min_nodes,
+                max_generations=self.cfg.recovery.max_restarts,
+                deadline_s=deadline,
+                replanned=replanned,
+            )
+        return self.membership.wait_plan(plan.generation + 1, deadline + 10.0)
+
+    def _mark_waiting(self) -> None:
+        """A rank waiting as a spare is alive: its progress record says so (start-up phase, its last step)."""
+        self.progress.mark(self.step, STARTUP)
+
+    def _follow(self, plan: Plan, t_fail: float, why: str) -> bool:
+        """From a published ``plan`` on: join it (``_join``) once every member is there
+        (``Membership.enter``), planning the next generation again while a member is lost before it formed
+        (a second failure during the recovery). Outside a plan (this process was taken for lost: it was only
+        slow), wait as a spare of the step to be called in. True once this process trains in a generation;
+        False when the step ended while it waited. Raises :class:`RecoveryAbandoned` (no next plan)."""
+        assert self.membership is not None and self.place is not None
+        while True:
+            if self.place.slot not in plan.ranks:
+                log.warning(
+                    "%s is not in generation %d (taken for lost: silent past recovery.heartbeat_timeout_s=%s s); "
+                    "waiting as a spare of the step",
+                    self.place.slot,
+                    plan.generation,
+                    self.cfg.recovery.heartbeat_timeout_s,
+                )
+                self.membership.spare_ready()
+                called = self.membership.wait_for_call(plan.generation + 1, tick=self._mark_waiting)
+                if called is None:
+                    return False
+                plan, why = called, "called in"
+                continue
+            again = self.membership.enter(plan, self._recovery_deadline_s())
+            if not again:
+                self.in_step = False
+                self._join(plan, t_fail, why)
+                return True
+            log.warning("generation %d did not form (%s); planning again", plan.generation, again)
+            plan = self._next_generation(plan, replanned=again)
+            why = f"{why}; then {again}"
 
     def _join(self, plan: Plan, t_fail: float, why: str) -> None:
         """Form generation ``plan``'s process group, load the state its source rank broadcasts (the same world
@@ -995,6 +1057,7 @@ class Trainer:
         self.stop = StepAgreement(self.flag)
         if dist.get_backend() != "gloo":
             self.stop.group = dist.new_group(backend="gloo")
+        self.membership.watch(plan)
         took = time.time() - t_fail
         log.warning(
             "in-process recovery, generation %d (%s): rank %d of %d on %s, resuming after step %d from rank %d's "
@@ -1032,6 +1095,8 @@ class Trainer:
                     nodes=list(plan.nodes),
                     bad=list(plan.lost),
                     spares_used=list(plan.spares_used),
+                    spares_failed=list(plan.spares_failed),
+                    replanned=plan.replanned,
                     lost_at=t_fail,
                     lost_step=plan.step,
                     world_size=plan.world_size,
@@ -1041,16 +1106,36 @@ class Trainer:
                         f"spare {','.join(plan.spares_used)} took its ranks"
                         if plan.spares_used
                         else f"the {len(plan.nodes)} surviving node(s) go on"
-                    ),
+                    )
+                    + (f"; failed spare(s) left out: {','.join(plan.spares_failed)}" if plan.spares_failed else "")
+                    + (f"; planned again: {plan.replanned}" if plan.replanned else ""),
                 )
             except OSError as err:
                 log.error("could not record the in-process recovery: %s", err)
 
+    def _slot(self) -> str:
+        return self.place.slot if self.place is not None else str(self.denv.rank)
+
     def _report_crash(self, e: BaseException) -> None:
         """In-process recovery: tell the step's store this rank failed of its own (not a lost peer), so the
-        survivors give up instead of calling a spare in for it."""
-        if self.membership is not None:
-            self.membership.report_crash(f"{type(e).__name__}: {str(e)[:300]}")
+        survivors give up instead of calling a spare in for it. A warm spare not yet called in reports a
+        spare failure instead (``Membership.spare_failed``: left out of every plan, no ``crash``), and names
+        itself in the run's metrics (``spare_failed`` event)."""
+        if self.membership is None:
+            return
+        what = f"{type(e).__name__}: {str(e)[:300]}"
+        if self.spare and self.plan is None:
+            self.membership.spare_failed(what)
+            host = self.denv.hostname or socket.gethostname()
+            try:
+                append_jsonl(
+                    self.run_dir / METRICS_NAME,
+                    {"event": "spare_failed", "slot": self._slot(), "host": host, "error": what, "time": time.time()},
+                )
+            except OSError as err:
+                log.error("could not record the spare's failure: %s", err)
+            return
+        self.membership.report_crash(what)
 
     def _peer_failure(self, e: BaseException) -> PeerFailure:
         """The ``PeerFailure`` for ``e``, after committing the last completed step alone
@@ -1146,6 +1231,13 @@ class Trainer:
             log.error("no emergency checkpoint of step %d: %s", step, e)
             return f"failed: {e}"
 
+    def watchdog_rank(self) -> int:
+        """The rank this process's hang watchdog names in its report: the launch wrapper's, i.e. Slurm's task
+        number (``SLURM_PROCID``). Under in-process recovery it differs from the training rank (a warm spare's
+        is -1, a renumbered survivor's changes); otherwise they are the same."""
+        procid = os.environ.get("SLURM_PROCID", "")
+        return int(procid) if self.place is not None and procid.isdigit() else self.denv.rank
+
     def _hang_saver(self, done: threading.Event) -> None:
         """A daemon thread under in-job recovery with the watchdog on: when this rank's watchdog reports a
         hang (its report appears: ``rundir.hang_report_path``) it is about to end the rank, most likely
@@ -1153,7 +1245,7 @@ class Trainer:
         last completed step alone (``_emergency_save``) and answers the watchdog (``rundir.hangs``: the
         save before a hung job's ranks end), which waits for that before it kills the rank. Looks every
         0.5 s (a ``stat``) until ``done``."""
-        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.denv.rank
+        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.watchdog_rank()
         report = hang_report_path(self.run_dir, job_id, restart, rank)
         while not done.wait(0.5):
             if report.exists():
@@ -1176,6 +1268,10 @@ class Trainer:
             f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
             f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})"
         )
+
+
+class _StandbyEnded(Exception):
+    """A rank taken for lost that waited as a spare until the step ended (exit 0: it failed nothing)."""
 
 
 def gather_rank_digests(mine: Tuple[int, str], device: torch.device) -> List[Tuple[int, str]]:

@@ -10,7 +10,8 @@ than ``StepAgreement``'s 0.5 s and the ranks check the stop flag after every ste
 ``IDS_STOP_AFTER_CALLS=K`` rank 0 sends itself SIGUSR2 in its K-th loss call of the process: the run
 stops for preemption right after the step that call belongs to. With ``IDS_DIE_AFTER_CALLS=K`` rank
 ``IDS_DIE_RANK`` (default 1) SIGKILLs itself in its K-th loss call, as a lost node's rank would vanish
-in the middle of a step.
+in the middle of a step. With ``IDS_SPARE_FAILS=1`` a warm spare of an in-process step (``RANK=-1``) fails as
+it builds its datasets, as one whose node lacks the data would (``tests/slurm/test_in_process_recovery.py``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,8 @@ class IdsTask(Task):
         return torch.nn.Linear(4, 4)
 
     def build_datasets(self):
+        if os.environ.get("IDS_SPARE_FAILS") == "1" and os.environ.get("RANK") == "-1":
+            raise FileNotFoundError("IDS_SPARE_FAILS: no data on this warm spare's node")
         return Ids(int(self.args.get("samples", 48))), None
 
     def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

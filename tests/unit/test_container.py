@@ -524,6 +524,7 @@ def test_apptainer_cleanenv_batch_script_words_pass_each_tasks_variables(tmp_pat
     assert box is not None and box.clean_env
     show = "import json, os; print(json.dumps({k: os.environ.get(k) for k in %r}))" % [
         "SLURM_PROCID",
+        "SLURMD_NODENAME",
         "SLURM_DDP_RUN_DIR",
         "MASTER_ADDR",
         "TOKEN",
@@ -533,6 +534,7 @@ def test_apptainer_cleanenv_batch_script_words_pass_each_tasks_variables(tmp_pat
     env = {
         "PATH": f"{bin_dir}:{os.environ['PATH']}",
         "SLURM_PROCID": "3",
+        "SLURMD_NODENAME": "n7",  # no SLURM_ prefix: passed by name (in-process recovery places ranks by it)
         "SLURM_DDP_RUN_DIR": "/r",
         "MASTER_ADDR": "node1",
         "TOKEN": "t",
@@ -542,6 +544,7 @@ def test_apptainer_cleanenv_batch_script_words_pass_each_tasks_variables(tmp_pat
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == {
         "SLURM_PROCID": "3",
+        "SLURMD_NODENAME": "n7",
         "SLURM_DDP_RUN_DIR": "/r",
         "MASTER_ADDR": "node1",
         "TOKEN": "t",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 
@@ -41,10 +42,11 @@ def test_without_a_spare_the_survivors_renumber_in_their_order_down_to_min_nodes
     assert refused == "2 node(s) would be left, fewer than recovery.min_nodes=3 (no spare left)"
 
 
-def test_the_state_comes_from_the_survivor_with_the_most_steps_then_the_lowest_rank():
+def test_the_state_comes_from_rank_0_at_its_step_even_when_another_survivor_is_a_step_ahead():
+    """Issue 52 item 10: a source other than rank 0 would replace rank 0's BatchNorm buffers and log window."""
     p = first_plan(["n1", "n2", "n3", "n4"], 1)
     new = next_plan(p, {"n1/0": 9, "n3/0": 10, "n4/0": 10}, [], tasks_per_node=1, min_nodes=1, max_generations=1)
-    assert isinstance(new, Plan) and new.step == 10 and new.source == new.ranks["n3/0"] == 1
+    assert isinstance(new, Plan) and new.step == 9 and new.source == new.ranks["n1/0"] == 0
 
 
 def test_an_incomplete_spare_node_is_not_called_in():
@@ -134,9 +136,9 @@ def free_port() -> int:
 
 def test_the_coordinator_calls_the_spare_in_for_a_member_that_stopped_beating():
     port = free_port()
-    m0 = Membership("127.0.0.1", port, "n1/0", serve=True, timeout_s=30)
-    m1 = Membership("127.0.0.1", port, "n2/0", serve=False, timeout_s=30)
-    spare = Membership("127.0.0.1", port, "n3/0", serve=False, timeout_s=30)
+    m0 = Membership("127.0.0.1", port, "n1/0", serve=True, timeout_s=30, dead_after_s=1.0)
+    m1 = Membership("127.0.0.1", port, "n2/0", serve=False, timeout_s=30, dead_after_s=1.0)
+    spare = Membership("127.0.0.1", port, "n3/0", serve=False, timeout_s=30, dead_after_s=1.0)
     try:
         spare.spare_ready()
         called = []
@@ -158,8 +160,8 @@ def test_the_coordinator_calls_the_spare_in_for_a_member_that_stopped_beating():
 
 def test_a_crash_reported_by_a_rank_makes_the_survivors_give_up():
     port = free_port()
-    m0 = Membership("127.0.0.1", port, "n1/0", serve=True, timeout_s=30)
-    m1 = Membership("127.0.0.1", port, "n2/0", serve=False, timeout_s=30)
+    m0 = Membership("127.0.0.1", port, "n1/0", serve=True, timeout_s=30, dead_after_s=1.0)
+    m1 = Membership("127.0.0.1", port, "n2/0", serve=False, timeout_s=30, dead_after_s=1.0)
     try:
         plan = first_plan(["n1", "n2"], 1)
         m1.report_crash("ValueError: bad batch")
@@ -172,3 +174,305 @@ def test_a_crash_reported_by_a_rank_makes_the_survivors_give_up():
     finally:
         m1.close()
         m0.close()
+
+
+def member(port, slot, serve=False, **kw):
+    return Membership("127.0.0.1", port, slot, serve=serve, timeout_s=30, dead_after_s=1.0, **kw)
+
+
+def test_a_member_taken_for_lost_while_slow_can_wait_as_a_spare_and_be_called_in_later():
+    """Issue 52 item 1: n2 silent past the timeout (only slow) is left out of generation 1; awake again it
+    waits as a spare (``spare_ready``, ``wait_for_call`` from generation 2) and takes the next lost node."""
+    port = free_port()
+    m1, m2, m3 = member(port, "n1/0", serve=True), member(port, "n2/0"), member(port, "n3/0")
+    try:
+        plan = first_plan(["n1", "n2", "n3"], 1)
+        m2.close()  # n2 stops beating (SIGSTOPped)
+        m1.check_in(plan, 5)
+        m3.check_in(plan, 5)
+        g1 = m1.coordinate(plan, [], tasks_per_node=1, min_nodes=1, max_generations=3, deadline_s=20)
+        assert g1.nodes == ("n1", "n3") and g1.lost == ("n2",)
+        woke = member(port, "n2/0")  # n2 wakes: its heartbeat moves again, it reads g1 and is not in it
+        assert "n2/0" not in m1.wait_plan(1, 1).ranks
+        woke.spare_ready()
+        called = []
+        waiter = threading.Thread(target=lambda: called.append(woke.wait_for_call(2)))
+        waiter.start()
+        m3.close()  # n3 lost in generation 1
+        m1.check_in(g1, 9)
+        g2 = m1.coordinate(g1, ["n2/0"], tasks_per_node=1, min_nodes=1, max_generations=3, deadline_s=20)
+        waiter.join(timeout=20)
+        assert g2.nodes == ("n1", "n2") and g2.spares_used == ("n2",) and g2.lost == ("n3",) and g2.step == 9
+        assert called == [g2]
+        m1.done()
+        woke.close()
+    finally:
+        for m in (m3, m2, m1):
+            m.close()
+
+
+def test_a_failed_spare_is_left_out_named_in_the_plan_and_blocks_no_recovery():
+    """Issue 52 item 2: a spare's own failure is no ``crash``: the next recovery uses the other spare."""
+    port = free_port()
+    m1, m2 = member(port, "n1/0", serve=True), member(port, "n2/0")
+    bad, good = member(port, "n3/0"), member(port, "n4/0")
+    try:
+        for sp in (bad, good):
+            sp.spare_ready()
+        bad.spare_failed("ImportError: no module named data_on_n3")
+        bad.close()
+        plan = first_plan(["n1", "n2"], 1)
+        m2.close()
+        m1.check_in(plan, 4)
+        new = m1.coordinate(plan, ["n3/0", "n4/0"], tasks_per_node=1, min_nodes=2, max_generations=2, deadline_s=20)
+        assert new.nodes == ("n1", "n4") and new.spares_used == ("n4",) and new.spares_failed == ("n3/0",)
+        assert Plan.from_json(new.to_json()) == new
+    finally:
+        for m in (good, bad, m2, m1):
+            m.close()
+
+
+def test_a_spare_lost_before_its_generation_formed_is_planned_again_not_waited_out():
+    """Issue 52 item 5: the spare called into generation 1 dies before it joins: rank 0's ``enter`` answers
+    why at once (not after train.pg_timeout_s) and generation 2 calls the next spare in."""
+    port = free_port()
+    m1, m2 = member(port, "n1/0", serve=True), member(port, "n2/0")
+    s3, s4 = member(port, "n3/0"), member(port, "n4/0")
+    try:
+        for sp in (s3, s4):
+            sp.spare_ready()
+        plan = first_plan(["n1", "n2"], 1)
+        m2.close()
+        m1.check_in(plan, 7)
+        g1 = m1.coordinate(plan, ["n3/0", "n4/0"], tasks_per_node=1, min_nodes=2, max_generations=3, deadline_s=20)
+        assert g1.spares_used == ("n3",)
+        s3.close()  # n3 dies as it is called in: it never joins
+        why = m1.enter(g1, deadline_s=600)
+        assert why == "n3/0 stopped beating before generation 1 formed"
+        m1.check_in(g1, 7)
+        g2 = m1.coordinate(
+            g1, ["n3/0", "n4/0"], tasks_per_node=1, min_nodes=2, max_generations=3, deadline_s=20, replanned=why
+        )
+        assert g2.nodes == ("n1", "n4") and g2.lost == ("n3",) and g2.replanned == why and g2.step == 7
+        answers = []
+        joiner = threading.Thread(target=lambda: answers.append(s4.enter(g2, deadline_s=20)))
+        joiner.start()
+        assert m1.enter(g2, deadline_s=20) == ""
+        joiner.join(timeout=20)
+        assert answers == [""]
+    finally:
+        for m in (s4, s3, m2, m1):
+            m.close()
+
+
+def test_a_failed_heartbeat_is_logged_and_the_heartbeat_goes_on(caplog):
+    """Issue 52 item 9: the heartbeat thread survives a store error (it reconnects)."""
+
+    class Broken:
+        def add(self, key, n):
+            raise RuntimeError("Connection reset by peer")
+
+    port = free_port()
+    m1 = member(port, "n1/0", serve=True, heartbeat_s=0.05)
+    try:
+        caplog.set_level("WARNING", logger="slurm_ddp.worker")
+        m1._beat_store = Broken()
+        before = m1._counter("hb/n1/0")
+        deadline = time.monotonic() + 30
+        while not (m1.beat_errors and m1._counter("hb/n1/0") > before + 1):
+            assert time.monotonic() < deadline, (m1.beat_errors, before)
+            time.sleep(0.05)
+        assert "heartbeat of n1/0 failed (Connection reset by peer)" in caplog.text
+    finally:
+        m1.close()
+
+
+def test_heartbeat_timeout_below_two_intervals_is_refused():
+    data = {
+        "name": "x",
+        "slurm": {"nodes": 2},
+        "train": {"task": "m:T"},
+        "recovery": {"in_process": True, "spare_nodes": 1, "heartbeat_interval_s": 1.0, "heartbeat_timeout_s": 1.5},
+    }
+    with pytest.raises(ConfigError, match="recovery.heartbeat_timeout_s"):
+        config_from_dict(data)
+
+
+def test_a_recovery_given_up_mid_step_keeps_what_the_emergency_save_needs():
+    """Issue 52 item 4 (unit: the real-Slurm scenario, the batch host lost under a BatchNorm model, is not
+    run): the survivor's failed step had updated its BatchNorm buffers; recovery puts back those of the step's
+    start (rank 0's, broadcast by DDP) and, when it is given up, leaves ``in_step``/``buffers_kept`` set, so
+    ``_emergency_save`` commits the step (on main it reset ``in_step`` first, and the save was skipped as "this
+    rank's buffers are its own")."""
+    import torch
+
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.progress import DISABLED
+    from slurm_ddp.worker.inprocess import Place
+    from slurm_ddp.worker.train import Trainer
+
+    class GivesUp:
+        def watch(self, plan):
+            pass
+
+        def check_in(self, plan, step):
+            pass
+
+        def wait_plan(self, generation, deadline_s):
+            raise RecoveryAbandoned("the step's store is gone (Connection reset by peer)")
+
+    cfg = config_from_dict(
+        {
+            "name": "x",
+            "slurm": {"nodes": 2},
+            "train": {"task": "m:T"},
+            "recovery": {"in_process": True, "spare_nodes": 1},
+        }
+    )
+    t = Trainer.__new__(Trainer)
+    model = torch.nn.BatchNorm1d(3)
+    t.cfg, t.tc, t.model, t.step = cfg, cfg.train, model, 11
+    t.denv = DistEnv(1, 0, 2, 1, 2, 1, "n1", 29500, "5", "n2", 0)
+    t.place = Place("n2", 0, False, ("n1", "n2"), ("n3",), 1)
+    t.plan, t.membership, t.progress = first_plan(["n1", "n2"], 1), GivesUp(), DISABLED
+    t.stop = type("Stop", (), {"group": None})()
+    t.kept_buffers = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("running")}
+    t.in_step, t.buffers_kept = True, True
+    with torch.no_grad():
+        model.running_mean.add_(1.0)  # the failed step's forward
+    assert not t._recover_in_process(RuntimeError("Connection closed by peer"))
+    assert t.in_step and t.buffers_kept  # the emergency save's "the buffers are the step's start"
+    assert torch.equal(model.running_mean, t.kept_buffers["running_mean"])
+
+
+@pytest.mark.parametrize(
+    "slurm, train",
+    [({"gpus_per_node": 2}, {}), ({"gpus_per_node": 2}, {"backend": "nccl"}), ({}, {"backend": "nccl"})],
+)
+def test_in_process_is_refused_for_a_nccl_job_naming_the_in_job_restart(slurm, train):
+    """Issue 52 item 7: in-process recovery is not correct for NCCL as written: refused, with what the job gets."""
+    data = {
+        "name": "x",
+        "slurm": {"nodes": 2, **slurm},
+        "train": {"task": "m:T", **train},
+        "recovery": {"in_process": True, "spare_nodes": 1},
+    }
+    with pytest.raises(ConfigError, match="recovery.in_process.*NCCL job.*in-job restart") as e:
+        config_from_dict(data)
+    assert "\n" not in str(e.value)
+    data["train"] = {"task": "m:T", "backend": "gloo"}  # gloo on a GPU node: accepted
+    assert config_from_dict(data).recovery.in_process
+
+
+def test_a_rank_without_its_node_name_in_a_container_is_told_what_did_not_reach_it():
+    """Issue 52 item 8: the message names SLURMD_NODENAME and the container's clean environment."""
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.errors import UserError
+    from slurm_ddp.worker.inprocess import place_in_step
+
+    denv = DistEnv(0, 0, 2, 0, 2, 1, "n1", 29500, "5", "", 0)
+    environ = {"SLURM_DDP_STEP_NODES": "n1,n2", "SLURM_STEP_NODELIST": "n[1-3]", "APPTAINER_CONTAINER": "/i.sif"}
+    with pytest.raises(UserError, match="SLURMD_NODENAME .* inside its container.*APPTAINERENV_SLURMD_NODENAME"):
+        place_in_step(denv, environ, 1)
+    _, place = place_in_step(denv, {**environ, "SLURMD_NODENAME": "n3"}, 1)
+    assert place.spare and place.spare_nodes == ("n3",)
+
+
+def test_a_node_silent_while_training_raises_the_alarm_and_its_connections_are_shut():
+    """Issue 52 item 3: rank 0's monitor sees n2 fall silent while generation 0 trains (no collective has
+    failed: a frozen node sends no FIN), raises ``alarm/g0`` naming it, and a blocked socket to its address is
+    shut, so the collective fails at once instead of after train.pg_timeout_s."""
+    from slurm_ddp.worker.inprocess import cut_connections
+
+    server = socket.socket()
+    server.bind(("127.0.0.3", 0))
+    server.listen()
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        assert cut_connections(["127.0.0.3"], keep_local_port=server.getsockname()[1]) == 1  # the client's only
+        client.settimeout(10)
+        assert client.recv(1) == b""  # what gloo's blocked read sees: the connection is closed
+    finally:
+        for s in (client, peer, server):
+            s.close()
+
+    port = free_port()
+    m1, m2 = member(port, "n1/0", serve=True, heartbeat_s=0.05), member(port, "n2/0", heartbeat_s=0.05)
+    try:
+        plan = first_plan(["n1", "n2"], 1)
+        m1.watch(plan)
+        m2.watch(plan)
+        m2.close()  # n2 frozen: its heartbeat stops, nothing fails
+        deadline = time.monotonic() + 30
+        while not m1._has("alarm/g0"):
+            assert time.monotonic() < deadline, "no alarm"
+            time.sleep(0.05)
+        assert m1.store.get("alarm/g0") == b"n2"
+        # the coordinator then starts from the monitor's view: n2 is already silent
+        m1.watch(None)
+        assert m1.seen["n2/0"][0] == m1._counter("hb/n2/0")
+        m1.check_in(plan, 3)
+        new = m1.coordinate(plan, [], tasks_per_node=1, min_nodes=1, max_generations=2, deadline_s=20)
+        assert new.lost == ("n2",)
+    finally:
+        m2.close()
+        m1.close()
+
+
+def test_the_hang_saver_of_a_spare_watches_its_slurm_task_s_report(monkeypatch):
+    """Issue 52 item 10: the watchdog's report is named by Slurm's task number; a warm spare's training rank
+    is -1 (it watched ``rank--1.json``, which never appears)."""
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.worker.inprocess import Place
+    from slurm_ddp.worker.train import Trainer
+
+    t = Trainer.__new__(Trainer)
+    t.denv = DistEnv(-1, 0, 2, -1, 2, 1, "n1", 29500, "5", "n3", 0)
+    t.place = Place("n3", 0, True, ("n1", "n2"), ("n3",), 1)
+    monkeypatch.setenv("SLURM_PROCID", "2")
+    assert t.watchdog_rank() == 2
+    t.place = None
+    assert t.watchdog_rank() == -1
+
+
+def test_the_store_is_read_in_few_requests_and_missing_keys_are_left_out():
+    """Issue 52 item 9: ``present_values`` and ``heartbeat_counts`` (``multi_get``) see what exists."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from slurm_ddp.worker.inprocess import heartbeat_counts, present_values
+
+    store = dist.TCPStore(
+        "127.0.0.1", free_port(), is_master=True, wait_for_workers=False, timeout=timedelta(seconds=5)
+    )
+    for i in range(150):
+        if i != 70:
+            store.set(f"k{i}", str(i))
+    got = present_values(store, [f"k{i}" for i in range(150)])
+    assert sorted(got) == sorted(f"k{i}" for i in range(150) if i != 70) and got["k149"] == b"149"
+    store.add("hb/n1/0", 3)
+    made: set = set()
+    assert heartbeat_counts(store, ["n1/0", "n2/0"], made) == {"n1/0": 3, "n2/0": 0} and made == {"n1/0", "n2/0"}
+
+
+def test_a_node_taken_for_lost_then_called_back_in_is_not_lost_for_the_batch_side():
+    """Issue 52 item 1, batch side (pure; the supervisor calls it in place of ``in_process_lost``)."""
+    from slurm_ddp.rundir.inprocess_nodes import still_lost
+
+    records = [
+        {"action": "in_process", "job_id": "5", "restart": 0, "bad": ["n2"], "nodes": ["n1", "n3"], "spares_used": []},
+        {
+            "action": "in_process",
+            "job_id": "5",
+            "restart": 0,
+            "bad": ["n3"],
+            "nodes": ["n1", "n2"],
+            "spares_used": ["n2"],
+        },
+        {"action": "in_process", "job_id": "5", "restart": 1, "bad": ["n4"], "nodes": ["n1"], "spares_used": []},
+    ]
+    assert still_lost(records, "5", 0) == ["n3"]
+    assert still_lost(records[:1], "5", 0) == ["n2"]
+    assert in_process_lost(records, "5", 0) == ["n2", "n3"]  # what the batch script uses today
