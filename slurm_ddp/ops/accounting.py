@@ -13,17 +13,24 @@ a job cancelled before it ever started has one row with ``NodeList`` ``None assi
 ``None`` or the cancel time (real Slurm 22.05 output: tests/unit/data/sacct_22.05*.txt). Without accounting
 (``AccountingStorageType`` unset) ``sacct`` fails ("accounting storage is disabled"): :func:`history`
 then says so in one sentence.
+
+A job id alone does not name a job (a second cluster sharing ``$HOME``, the controller's ids restarted):
+:func:`history` asks on each job's recorded cluster (``ops.ownjob.query_cluster``: ``--clusters`` where
+it is not this machine's), through the read-only queries' retry policy (``ops.slurm.RETRY``), and drops
+the rows whose ``User``/``JobName``/``WorkDir``/``Cluster`` show another job than the run's
+(``ops.ownjob.check``): a reused id's rows of another job are not the run's starts nor its cost.
 """
 
 from __future__ import annotations
 
 import re
-import shutil
 import subprocess
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence
 
+from ..rundir import JobIdentity
 from ..rundir.local_end import PREEMPTED_STATE
+from . import slurm as ops_slurm
 
 Runner = Callable[..., "subprocess.CompletedProcess[str]"]
 
@@ -32,7 +39,8 @@ NOT_STARTED = ("None", "Unknown", "")
 #: ``NodeList`` of a row whose job never ran
 NO_NODES = "None assigned"
 
-#: the ``--format`` fields, in this order
+#: the ``--format`` fields of the cost and the end state, in this order (the real captures,
+#: tests/unit/data/sacct_22.05*.txt, hold these alone, ``|``-separated)
 SACCT_FIELDS = (
     "JobID",  # not JobIDRaw: an array task is "123_4" (the id its run recorded), its raw id another number
     "State",
@@ -45,6 +53,9 @@ SACCT_FIELDS = (
     "AllocCPUS",
     "AllocTRES",
 )
+#: then what identifies the job (``ops.ownjob.check``); the free-text fields last, and the fields
+#: separated by ``ops.slurm.FIELD_SEP`` (a job name or path may hold ``|``)
+IDENTITY_FIELDS = ("User", "Cluster", "JobName", "WorkDir")
 
 #: why a start ended, by sacct state (the first word: ``CANCELLED by 0`` is ``CANCELLED``)
 STATE_REASONS = {
@@ -79,6 +90,10 @@ class AccountingRow:
     nnodes: int
     cpus: int
     gpus: int  #: ``gres/gpu=N`` of AllocTRES (0 when none)
+    user: str = ""  #: sacct's ``User``, ``JobName``, ``WorkDir``, ``Cluster`` ("" in the old format)
+    job_name: str = ""
+    work_dir: str = ""
+    cluster: str = ""
 
     @property
     def started(self) -> bool:
@@ -121,6 +136,8 @@ class Accounting:
 
     rows: List[AccountingRow]
     unavailable: Optional[str] = None
+    #: one sentence per job id whose rows of another job were left out (``job 59 on cluster 'a' ...``)
+    excluded: List[str] = field(default_factory=list)
 
     @property
     def starts(self) -> int:
@@ -143,6 +160,7 @@ class Accounting:
         return {
             "rows": [r.to_dict() for r in self.rows],
             "unavailable": self.unavailable,
+            "excluded": self.excluded,
             "starts": self.starts,
             "node_hours": self.node_hours,
             "cpu_hours": self.cpu_hours,
@@ -161,16 +179,18 @@ def _tres_gpus(tres: str) -> int:
 
 
 def parse_sacct(text: str) -> List[AccountingRow]:
-    """Rows of ``sacct -X -D -P -n --format=<SACCT_FIELDS>`` output, in its order (the order
-    accounting recorded them: job ids interleave); each job id's rows are numbered 0, 1, ... (its
-    restarts). Lines with the wrong field count are skipped."""
+    """Rows of :func:`sacct_command`'s output (``SACCT_FIELDS`` then ``IDENTITY_FIELDS``, separated by
+    ``ops.slurm.FIELD_SEP``) or of the older ``sacct -X -D -P -n --format=<SACCT_FIELDS>`` (``|``, no
+    identity: its fields ``""``), in its order (the order accounting recorded them: job ids interleave);
+    each job id's rows are numbered 0, 1, ... (its restarts). Lines with another field count are skipped."""
     rows: List[AccountingRow] = []
     seen: Dict[str, int] = {}
+    every = SACCT_FIELDS + IDENTITY_FIELDS
     for line in text.splitlines():
-        parts = line.split("|")
-        if len(parts) != len(SACCT_FIELDS):
+        parts = line.split(ops_slurm.FIELD_SEP) if ops_slurm.FIELD_SEP in line else line.split("|")
+        if len(parts) not in (len(SACCT_FIELDS), len(every)):
             continue
-        f = dict(zip(SACCT_FIELDS, parts))
+        f = dict(zip(every, parts))
         job = f["JobID"].strip()
         if not job or "." in job:
             continue  # a step (not with -X, but be safe)
@@ -189,39 +209,100 @@ def parse_sacct(text: str) -> List[AccountingRow]:
                 nnodes=_int(f["NNodes"]),
                 cpus=_int(f["AllocCPUS"]),
                 gpus=_tres_gpus(f["AllocTRES"]),
+                user=f.get("User", "").strip(),
+                job_name=f.get("JobName", ""),
+                work_dir=f.get("WorkDir", ""),
+                cluster=f.get("Cluster", "").strip().lower(),
             )
         )
     return rows
 
 
-def sacct_command(job_ids: Sequence[str]) -> List[str]:
-    """The ``sacct`` argv for ``job_ids`` (every run of each, allocations only, parsable)."""
+def sacct_command(job_ids: Sequence[str], cluster: str = "", identity: bool = True) -> List[str]:
+    """The ``sacct`` argv for ``job_ids`` (every run of each, allocations only, parsable): on ``cluster``
+    (``--clusters``; "" this machine's); ``identity``: with ``IDENTITY_FIELDS``, ``FIELD_SEP``-separated
+    (False: the older command of the real captures)."""
+    fields = SACCT_FIELDS + (IDENTITY_FIELDS if identity else ())
+    sep = [f"--delimiter={ops_slurm.FIELD_SEP}"] if identity else []
     return [
         "sacct",
+        *ops_slurm.clusters_args(cluster),
         "-X",
         "-D",
         "-P",
+        *sep,
         "-n",
-        "--format=" + ",".join(SACCT_FIELDS),
+        "--format=" + ",".join(fields),
         "-j",
         ",".join(job_ids),
     ]
 
 
-def history(job_ids: Sequence[str], run_cmd: Runner = subprocess.run) -> Accounting:
-    """The accounting rows of ``job_ids`` (a run's Slurm jobs), or why there are none."""
+def _as_job(row: AccountingRow) -> ops_slurm.SlurmJob:
+    return ops_slurm.SlurmJob(
+        job_id=row.job_id,
+        state=row.state,
+        source="sacct",
+        user=row.user,
+        name=row.job_name,
+        work_dir=row.work_dir,
+        cluster=row.cluster,
+    )
+
+
+def history(
+    job_ids: Sequence[str],
+    run_cmd: Runner = subprocess.run,
+    identities: Optional[Mapping[str, JobIdentity]] = None,
+    here: Optional[str] = None,
+) -> Accounting:
+    """The accounting rows of ``job_ids`` (a run's Slurm jobs), or why there are none.
+
+    ``identities``: job id -> what the run recorded of that job (``ops.ownjob.job_identities``): each id
+    is asked on its cluster (``ops.ownjob.query_cluster``, ``here`` this machine's cluster, default
+    ``ops.slurm.local_cluster()``), one ``sacct`` per cluster through ``ops.slurm.RETRY``, and a row
+    that ``ops.ownjob.check`` finds to be another job's is left out (``Accounting.excluded`` says so);
+    an id without one is asked on this machine's cluster and kept as it is."""
+    from .ownjob import check, query_cluster
+
     if not job_ids:
         return Accounting([], "no Slurm job recorded for this run")
-    if run_cmd is subprocess.run and shutil.which("sacct") is None:
-        return Accounting([], "sacct is not on PATH")
-    try:
-        proc = run_cmd(sacct_command(job_ids), capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        return Accounting([], f"sacct did not answer ({e})")
-    if proc.returncode != 0:
-        msg = (proc.stderr or proc.stdout or "").strip().splitlines()
-        return Accounting([], f"sacct failed: {msg[-1] if msg else f'exit {proc.returncode}'}")
-    return Accounting(parse_sacct(proc.stdout))
+    idents = dict(identities or {})
+    groups: Dict[str, List[str]] = {}
+    for jid in job_ids:
+        ident = idents.get(jid)
+        ids = groups.setdefault(query_cluster(ident, here) if ident is not None else "", [])
+        if jid not in ids:
+            ids.append(jid)
+    rows: List[AccountingRow] = []
+    excluded: List[str] = []
+    for cluster, ids in groups.items():
+        proc, why = ops_slurm.call(run_cmd, sacct_command(ids, cluster), retry=ops_slurm.RETRY)
+        if proc is None:
+            return Accounting([], why)  # not on PATH, no answer within the timeout
+        if proc.returncode != 0:
+            return Accounting([], f"sacct failed: {ops_slurm.last_line(proc) or f'exit {proc.returncode}'}")
+        for row in parse_sacct(proc.stdout or ""):
+            ident = idents.get(row.job_id)
+            verdict = check(ident, _as_job(row)) if ident is not None else None
+            if verdict is not None and verdict.ours is False:
+                where = f" on cluster {row.cluster or cluster!r}" if (row.cluster or cluster) else ""
+                line = f"job {row.job_id}{where}: rows of another job left out ({verdict.why})"
+                if line not in excluded:
+                    excluded.append(line)
+                continue
+            rows.append(row)
+    return Accounting(_renumbered(rows) if excluded else rows, excluded=excluded)
+
+
+def _renumbered(rows: List[AccountingRow]) -> List[AccountingRow]:
+    """``rows`` with each id's restarts numbered 0, 1, ... again (after another job's rows were left out)."""
+    seen: Dict[str, int] = {}
+    out = []
+    for r in rows:
+        out.append(replace(r, restart=seen.get(r.job_id, 0)))
+        seen[r.job_id] = seen.get(r.job_id, 0) + 1
+    return out
 
 
 def reason(row: AccountingRow, stop_signal: Optional[str], requeue_signal: str) -> str:
@@ -249,6 +330,7 @@ __all__ = [
     "STATE_REASONS",
     "Accounting",
     "AccountingRow",
+    "IDENTITY_FIELDS",
     "history",
     "parse_sacct",
     "reason",

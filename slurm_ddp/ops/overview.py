@@ -15,6 +15,7 @@ from typing import Any, Dict, List, Optional, Union
 
 from ..rundir import is_sweep_dir
 from .accounting import Accounting, history
+from .ownjob import job_identities
 from .runs import find_runs, read_run
 from .slurm import Runner
 from .status import RunStatus, run_status, runs_status
@@ -45,7 +46,8 @@ def list_runs(base: str, *, accounting: bool = True, run_cmd: Runner = subproces
     rep.tracking = {str(st.run.path): describe(st.run.path) for st in statuses}
     ids = [j for st in statuses if not st.run.is_local for j in st.run.job_ids]
     if accounting and ids:
-        rep.accounting = history(ids, run_cmd)
+        idents = {j: i for st in statuses if not st.run.is_local for j, i in job_identities(st.run).items()}
+        rep.accounting = history(ids, run_cmd, idents)
         rep.job_ids = ids
     return rep
 
@@ -76,7 +78,7 @@ def status_report(path: Path, run_cmd: Runner = subprocess.run) -> Union[StatusR
     from ..provenance import changes
     from ..provenance import read as read_provenance
 
-    acc = None if st.run.is_local else history(st.run.job_ids, run_cmd)
+    acc = None if st.run.is_local else history(st.run.job_ids, run_cmd, job_identities(st.run))
     changed = changes(read_provenance(str(st.run.path)))
     from ..tracking import describe
 

@@ -26,7 +26,7 @@ Side effects: none but ``os.path.realpath`` (reads symlinks). Imports no torch.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Dict, Iterable, List, Optional, Tuple
 
 from ..rundir import JobIdentity, job_identity
@@ -59,6 +59,21 @@ def identity_of(run: Run) -> JobIdentity:
         job_dir=str(run.path.parent if element else run.path),
         time=ident.time,
     )
+
+
+def job_identities(run: Run) -> Dict[str, JobIdentity]:
+    """Job id -> the identity of every Slurm job of the run (its newest record of that id), a record that
+    predates the fields completed as :func:`identity_of` does (the run or sweep directory)."""
+    out: Dict[str, JobIdentity] = {}
+    for record in run.jobs:
+        ident = job_identity(record)
+        if not ident.job_id:
+            continue
+        if not ident.job_dir:
+            element = "_" in ident.job_id or "array_job_id" in record
+            ident = replace(ident, job_dir=str(run.path.parent if element else run.path))
+        out[ident.job_id] = ident
+    return out
 
 
 def _forms(path: str) -> List[str]:
@@ -181,6 +196,7 @@ __all__ = [
     "gone_words",
     "group_by_cluster",
     "identity_of",
+    "job_identities",
     "not_the_run",
     "own_job",
     "query_cluster",

@@ -831,6 +831,7 @@ def report(path: Path, run_cmd: Optional[Runner] = None) -> Union[RunReport, Swe
 
     from ..rundir import is_sweep_dir
     from .accounting import history
+    from .ownjob import job_identities
     from .runs import read_run
     from .status import launcher_lock_held
 
@@ -838,7 +839,7 @@ def report(path: Path, run_cmd: Optional[Runner] = None) -> Union[RunReport, Swe
 
     def one(run_path: Path) -> RunReport:
         run = read_run(run_path)
-        acc = None if run.is_local else history(run.job_ids, runner)
+        acc = None if run.is_local else history(run.job_ids, runner, job_identities(run))
         if acc is not None and acc.unavailable:
             acc = None
         alive: Optional[bool] = None

@@ -250,6 +250,7 @@ def format_history(st: RunStatus, acc: Any, changed: Sequence[str]) -> str:
         out.append(
             f"cost:       {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours\n"
         )
+        out += [f"excluded:   {e}\n" for e in acc.excluded]
     for c in changed:
         out.append(f"changed:    {c}\n")
     return "".join(out)
@@ -296,6 +297,7 @@ def format_runs_report(rep: RunsReport) -> str:
                 f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, "
                 f"{acc.gpu_hours:.4f} GPU-hours over {acc.starts} starts of {len(set(ids))} jobs (sacct)\n"
             )
+            out += "".join(f"excluded: {e}\n" for e in acc.excluded)
     return out
 
 

@@ -20,6 +20,11 @@ SIGUSR2 after ``checkpoint-20`` kills the ranks, the run is not finished; a ``ch
 passes both ranks the newest complete checkpoint (``--resume_from_checkpoint``), names the cut-off one as
 skipped in every rank's log, redoes fewer than ``save_steps`` steps and finishes. It trains the same model,
 data and arguments as the example, so its losses are the callback run's reference.
+
+The same script through the runner (``python -m slurm_ddp.transformers run_clm.py``), ``train.resume: hf``
+(issue 49: 0 steps redone): SIGUSR2 between two saves stops at a step with ``checkpoint-<step>``, the next
+start is passed exactly that checkpoint and trains only the steps after it (a run of its own: a run
+directory refuses a resubmit whose ``train.command`` changed, so the plain run cannot switch to the runner).
 One run of each (each start of a Transformers rank costs ~5 CPU-s of imports).
 """
 
@@ -110,14 +115,15 @@ CLM_ARGS = (
 )
 
 
-def write_clm_job(tmp_path: Path) -> Path:
+def write_clm_job(tmp_path: Path, runner: str = "", args: str = CLM_ARGS) -> Path:
+    """The unchanged script's job (``train.resume: hf``); ``runner``: ``-m slurm_ddp.transformers`` before it."""
     require_module("transformers", "the Trainer script")
     shutil.copy(CLM_SCRIPT, tmp_path / "run_clm.py")
     job = tmp_path / "job.yaml"
     job.write_text(
         "name: clm\n"
         'slurm: {nodes: 1, tasks_per_node: 2, time: "00:10:00"}\n'
-        f"train:\n  command: python run_clm.py {CLM_ARGS}\n  resume: hf\n"
+        f"train:\n  command: python {runner + ' ' if runner else ''}run_clm.py {args}\n  resume: hf\n"
         "requeue: {signal_delay_s: 60}\n"
     )
     return job
@@ -267,3 +273,45 @@ def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes
     history = {m.step: m.value for m in client.get_metric_history(record["run_id"], "loss")}
     assert len(client.get_metric_history(record["run_id"], "loss")) == MAX_STEPS, "a step logged twice"
     assert history == pytest.approx({s: mine[s] for s in history}) and sorted(history) == sorted(mine)
+
+
+def test_through_the_runner_train_resume_passes_the_stop_step_s_checkpoint_and_no_step_is_redone(
+    tmp_path: Path,
+) -> None:
+    """The unchanged script through the runner (the callback) with ``train.resume: hf``: SIGUSR2 between two
+    saves stops at an agreed step with ``checkpoint-<step>``; the next start is passed exactly that checkpoint
+    (not the older ``save_steps`` one) and trains no step twice (the script's own record)."""
+    from slurm_ddp.rundir import read_script_resumes
+    from slurm_ddp.rundir.script_checkpoints import FIRST_START, RESUMED
+
+    max_steps = SAVE_STEPS + 10  # one save_steps checkpoint, then a stop before the next: a short run
+    args = CLM_ARGS.replace(f"--max_steps {MAX_STEPS} ", f"--max_steps {max_steps} ")
+    assert args != CLM_ARGS
+    job, run_dir = write_clm_job(tmp_path, "-m slurm_ddp.transformers", args), tmp_path / "run"
+    stopped = stop_when(
+        job,
+        run_dir,
+        lambda: saved(run_dir, SAVE_STEPS) and len(step_lines(tmp_path)) > SAVE_STEPS + 2,
+        f"step {SAVE_STEPS + 3}, after checkpoint-{SAVE_STEPS}",
+        signal.SIGUSR2,
+    )
+    assert stopped.returncode == PREEMPTED_EXIT_CODE, stopped.stdout + stopped.stderr
+    marker = read_preempted(run_dir)
+    assert marker is not None and marker.signal == "SIGUSR2", marker
+    stop = marker.step
+    assert SAVE_STEPS < stop < max_steps, marker  # between two saves: not a save_steps checkpoint
+    assert saved(run_dir, stop) and checkpoints(run_dir) == [SAVE_STEPS, stop], checkpoints(run_dir)
+    first = step_lines(tmp_path)
+    again = subprocess.run(submit(job, run_dir), capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert read_finished(run_dir) is not None and f"done: step {max_steps}," in again.stdout + again.stderr
+    passed = f"{run_dir}/hf/checkpoint-{stop}"
+    start1, start2 = read_script_resumes(run_dir)
+    assert start1.outcome == FIRST_START and start1.passed == (), start1
+    assert start2.outcome == RESUMED and start2.step == stop and start2.passed == ("--resume_from_checkpoint", passed)
+    assert f"resume_from_checkpoint: {passed}\n" in (run_dir / "logs" / "rank-0.log").read_text()
+    # 0 steps redone: the first start trained 1..stop, the second stop+1..max_steps, each step once
+    steps = step_lines(tmp_path)
+    assert [s["step"] for s in first] == list(range(1, stop + 1)), first
+    after = [s["step"] for s in steps[len(first) :] if s["resume_from_checkpoint"] == passed]
+    assert after == list(range(stop + 1, max_steps + 1)) and len(steps) == len(first) + len(after), steps

@@ -8,6 +8,7 @@ a start that spans two nodes with GPUs, hours long, and a PREEMPTED start that s
 from __future__ import annotations
 
 import json
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -149,7 +150,8 @@ def test_provenance_changes_are_shown_by_status(tmp_path: Path, slurm, capsys, m
 
 def test_real_output_is_the_command_we_run():
     header = [ln for ln in REAL.read_text().splitlines() if ln.startswith("#")]
-    assert f"# command: {' '.join(sacct_command(list(real_jobs().values())))}" in header
+    # the capture holds the cost fields alone, '|'-separated: the command without IDENTITY_FIELDS
+    assert f"# command: {' '.join(sacct_command(list(real_jobs().values()), identity=False))}" in header
 
 
 def test_real_output_parses_every_end_state():
@@ -264,3 +266,102 @@ def test_status_and_runs_on_real_output(tmp_path, slurm, capsys, monkeypatch):  
         f"total: {acc.node_hours:.4f} node-hours, {acc.cpu_hours:.4f} CPU-hours, {acc.gpu_hours:.4f} GPU-hours"
         " over 4 starts of 3 jobs (sacct)"
     ), out
+
+
+# --- the run's own job: its cluster, the retry policy, another job's rows under a reused id ---------
+
+
+def _identity_line(*cols: str) -> str:
+    from slurm_ddp.ops.slurm import FIELD_SEP
+
+    return FIELD_SEP.join(cols) + "\n"
+
+
+def test_history_asks_on_the_recorded_cluster_retries_and_drops_another_jobs_rows(tmp_path, monkeypatch):
+    from slurm_ddp.ops import slurm as ops_slurm
+    from slurm_ddp.rundir import JobIdentity
+
+    monkeypatch.setattr(ops_slurm, "RETRY", ops_slurm.RetryPolicy(sleep=lambda s: None))
+    run_dir = tmp_path / "runs" / "digits"
+    mine = JobIdentity(job_id="101", cluster="alpha", user="ana", job_name="digits", job_dir=str(run_dir))
+    cost = ["600", "0:0", "n1", "1", "2", "billing=2,cpu=2,node=1"]
+    # id 101 on alpha was first another user's job (the controller's ids restarted), then the run's: twice
+    out = (
+        _identity_line(
+            "101", "COMPLETED", "2026-01-01T10:00:00", "2026-01-01T10:10:00", *cost, "bob", "alpha", "x", "/home/bob/x"
+        )
+        + _identity_line(
+            "101",
+            "REQUEUED",
+            "2026-11-23T10:00:00",
+            "2026-11-23T10:10:00",
+            *cost,
+            "ana",
+            "alpha",
+            "digits",
+            str(run_dir),
+        )
+        + _identity_line(
+            "101",
+            "COMPLETED",
+            "2026-11-23T10:11:00",
+            "2026-11-23T10:21:00",
+            *cost,
+            "ana",
+            "alpha",
+            "digits",
+            str(run_dir),
+        )
+    )
+    calls = []
+
+    def run_cmd(argv, **kwargs):
+        calls.append(argv)
+        if len(calls) == 1:  # a transient error: asked again, as every read-only query is
+            return subprocess.CompletedProcess(argv, 1, "", "sacct: error: Unable to contact slurm controller")
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    acc = history(["101"], run_cmd, {"101": mine}, here="beta")
+    assert len(calls) == 2 and "--clusters=alpha" in calls[1] and calls[1][-1] == "101", calls
+    assert [(r.restart, r.state, r.user) for r in acc.rows] == [(0, "REQUEUED", "ana"), (1, "COMPLETED", "ana")]
+    assert acc.node_hours == pytest.approx(2 * 600 / 3600)  # bob's start is not the run's cost
+    assert acc.excluded == [
+        "job 101 on cluster 'alpha': rows of another job left out (it is 'x' of user 'bob', run dir /home/bob/x)"
+    ]
+    # on the cluster the job was submitted to: no --clusters
+    calls.clear()
+    history(
+        ["101"],
+        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, out, ""),
+        {"101": mine},
+        here="alpha",
+    )
+    assert not any(a.startswith("--clusters") for a in calls[0]), calls
+
+
+def test_history_keeps_rows_it_cannot_tell_apart_and_parses_the_old_format():
+    from slurm_ddp.rundir import JobIdentity
+
+    old = JobIdentity(job_id="101", job_dir="/runs/digits")  # a record from before the identity fields
+    acc = history(["101"], lambda argv, **k: subprocess.CompletedProcess(argv, 0, SACCT, ""), {"101": old})
+    assert [r.state for r in acc.rows] == ["REQUEUED", "PREEMPTED", "COMPLETED"] and acc.excluded == []
+    assert all(r.user == r.job_name == r.work_dir == "" for r in acc.rows)
+    assert "--delimiter=\x1f" in sacct_command(["101"]) and sacct_command(["1"], "alpha")[1] == "--clusters=alpha"
+
+
+def test_status_leaves_out_another_jobs_rows_under_the_runs_id(tmp_path, slurm, capsys, monkeypatch):  # noqa: F811
+    monkeypatch.chdir(tmp_path)
+    rd = make_run(tmp_path / "runs")  # a record of the id alone: the run directory is what is checked
+    slurm.job("101", "COMPLETED", run_dir=rd)
+    cost = ["3600", "0:0", "n1", "1", "2", "billing=2,cpu=2,node=1"]
+    other = _identity_line(
+        "101", "COMPLETED", "2026-01-01T10:00:00", "2026-01-01T11:00:00", *cost, "ana", "c1", "x", "/x"
+    )
+    ours = _identity_line(
+        "101", "COMPLETED", "2026-11-23T10:00:00", "2026-11-23T11:00:00", *cost, "ana", "c1", "digits", str(rd)
+    )
+    slurm.set("sacct", stdout=other + ours, when=["-D"])
+    rc, out, err = cli(["status", str(rd)], capsys)
+    assert rc == 0, err
+    assert "history:    1 starts (sacct)\n" in out and "cost:       1.0000 node-hours" in out, out
+    assert "excluded:   job 101 on cluster 'c1': rows of another job left out (it is 'x', run dir /x)\n" in out, out
