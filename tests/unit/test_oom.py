@@ -54,6 +54,11 @@ def test_older_and_plural_forms() -> None:
         "slurmstepd: error: Detected 2 oom-kill event(s) in step 370626.batch cgroup. Some of your processes\n"
     )
     assert oom.tasks == (0, 1) and oom.hosts == ("n1", "n2") and oom.events == 2 and oom.steps == ("370626.batch",)
+    # Slurm 24.11 and 26.05 (seen in .ci/other-debian's chroots)
+    oom = find_oom(
+        "slurmstepd-n2: error: Detected 1 oom_kill event in StepId=2.0. Some of the step tasks have been OOM Killed.\n"
+    )
+    assert oom.events == 1 and oom.steps == ("2.0",) and oom.event_nodes == ("n2",), oom
 
 
 def test_the_line_names_rank_node_memory_and_the_key() -> None:
