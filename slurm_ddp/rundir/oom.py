@@ -11,7 +11,8 @@ Pure parsing of text and records (the batch shell's requeue decision reads the l
   ``slurmstepd-n2: error: Detected 1 oom-kill event(s) in StepId=59.0. Some of your processes may
   have been killed by the cgroup out-of-memory handler.`` (task/cgroup's memory plugin; older
   releases: ``in step 59.0 cgroup``; Slurm 24.11 and 26.05, seen in .ci/other-debian's chroots:
-  ``Detected 1 oom_kill event in StepId=2.0. Some of the step tasks have been OOM Killed.``);
+  ``Detected 1 oom_kill event in StepId=2.0. Some of the step tasks have been OOM Killed.``, which 26.05
+  prefixes with a timestamp, ``[2026-12-02T02:16:24.051] error: …``, instead of ``slurmstepd-NODE:``);
 - the job's or step's state ``OUT_OF_MEMORY`` (scontrol, sacct; squeue(1) "JOB STATE CODES").
 
 Under ``slurm.launcher: srun`` a task is a rank (``SLURM_PROCID``); under ``torchrun`` a task is one
@@ -34,7 +35,7 @@ OOM_STATE = "OUT_OF_MEMORY"
 
 _SRUN_OOM = re.compile(r"srun: error: (?P<hosts>\S+): tasks? (?P<tasks>[\d\[\],-]+): Out Of Memory")
 _STEPD_OOM = re.compile(
-    r"slurmstepd(?:-(?P<node>[\w.-]+))?: error: Detected (?P<count>\d+) oom[-_]kill events?(?:\(s\))? in "
+    r"(?:slurmstepd(?:-(?P<node>[\w.-]+))?:|\[[\d:.T-]+\]) error: Detected (?P<count>\d+) oom[-_]kill events?(?:\(s\))? in "
     r"(?:StepId=|step )(?P<step>\d+(?:_\d+)?\.\w+)"
 )
 

@@ -59,6 +59,8 @@ def test_older_and_plural_forms() -> None:
         "slurmstepd-n2: error: Detected 1 oom_kill event in StepId=2.0. Some of the step tasks have been OOM Killed.\n"
     )
     assert oom.events == 1 and oom.steps == ("2.0",) and oom.event_nodes == ("n2",), oom
+    oom = find_oom("[2026-12-02T02:16:24.051] error: Detected 1 oom_kill event in StepId=3.0. Some of the step\n")
+    assert oom.events == 1 and oom.steps == ("3.0",) and oom.event_nodes == (), oom  # 26.05
 
 
 def test_the_line_names_rank_node_memory_and_the_key() -> None:
