@@ -18,7 +18,7 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
+from typing import TYPE_CHECKING, Any, Dict, FrozenSet, Mapping, Optional, Sequence, Tuple, Union
 
 import yaml
 
@@ -296,7 +296,10 @@ def load_config(path: Union[str, os.PathLike[str]], overrides: Sequence[str] = (
     return cfg
 
 
-_SafeDumper: Any = getattr(yaml, "CSafeDumper", yaml.SafeDumper)  # libyaml: ~10x faster (a sweep's N configs)
+if TYPE_CHECKING:
+    _SafeDumper = yaml.SafeDumper
+else:  # libyaml when present: ~10x faster (a sweep's N configs)
+    _SafeDumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
 
 
 class _YamlDumper(_SafeDumper):
