@@ -898,7 +898,8 @@ class JobConfig:
     def _hashed(self) -> Dict[str, Any]:
         """``to_dict`` without ``UNHASHED_SECTIONS`` and ``train.resume``, without ``environment.container``
         when it is the default (no container): the hashes of configs written before those keys existed stay
-        the same, and without ``environment.run_dir_mode`` (a file's mode: the same run)."""
+        the same, without ``environment.run_dir_mode`` (a file's mode: the same run), and without
+        ``checkpoint.every_s``/``max_interval_s``/``mtbf_s`` at their defaults (keys newer than many runs)."""
         plain = self.to_dict()
         for section in UNHASHED_SECTIONS:
             plain.pop(section, None)
@@ -908,6 +909,11 @@ class JobConfig:
         # can be given train.resume and resubmitted into its run directory (and older hashes stay the same)
         plain["train"].pop("resume", None)
         plain["environment"].pop("run_dir_mode", None)  # who may read the files is not another run
+        # keys added after runs were written: left out at their defaults, so those runs keep their hash
+        default = CheckpointConfig()
+        for key in ("every_s", "max_interval_s", "mtbf_s"):
+            if getattr(self.checkpoint, key) == getattr(default, key):
+                plain["checkpoint"].pop(key, None)
         return plain
 
     def config_hash(self) -> str:

@@ -327,7 +327,16 @@ def test_submit_dry_run_past_max_array_size_shows_every_array(tmp_path, capsys, 
     (bindir / "sacctmgr").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
     sweep_dir = tmp_path / "sweep"
-    args = ["submit", str(SWEEP_YAML), "--run-dir", str(sweep_dir), "--dry-run", "--no-check-task"]
+    args = [
+        "submit",
+        str(SWEEP_YAML),
+        "--run-dir",
+        str(sweep_dir),
+        "--dry-run",
+        "--no-check-task",
+        "--backend",
+        "sbatch",
+    ]
     args += ["--sweep", "train.lr=0.003", "--sweep", "train.seed=0,1,2,3,4,5"]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
