@@ -18,6 +18,18 @@ from typing import Dict, List
 
 import pytest
 
+try:  # the property tests (hypothesis): behaviour only, never time. No deadline and no "input generation is
+    # slow" health check, whose thresholds are wall-clock seconds (failed once in CI on a loaded machine)
+    from hypothesis import HealthCheck
+    from hypothesis import settings as _hypothesis_settings
+
+    _hypothesis_settings.register_profile(
+        "slurm_ddp", deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
+    )
+    _hypothesis_settings.load_profile("slurm_ddp")
+except ImportError:  # pragma: no cover - hypothesis is in the test extra
+    pass
+
 pytest_plugins = ["slurm_ddp.testing"]
 
 # pytest caches the test modules it rewrites (assert statements) only when bytecode may be written; under the

@@ -96,7 +96,9 @@ def _round_trip(cfg: Any, tmp_path: Path) -> Any:
     return load_config(path)
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(
     words=st.lists(_word, min_size=1, max_size=6),
     args=st.dictionaries(_arg_name, _arg_value, max_size=5),
@@ -143,7 +145,9 @@ def test_config_yaml_reads_back_equal_to_what_was_submitted(
     assert back.given_keys == cfg.given_keys  # the written comment's keys: its mapping read back unchanged
 
 
-@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
 @given(
     texts=st.lists(st.sampled_from(NUMBER_TEXTS + ["yes", "~", "'3'", "1:30:00", "inf", "x"]), min_size=1, max_size=6)
 )
