@@ -281,9 +281,9 @@ def _flush_trackers() -> None:
             log.warning("could not flush MLflow's logging: %s", e)
 
 
-if (
-    __name__ == "__main__"
-):  # python -m slurm_ddp.transformers SCRIPT ARGS: the runner (its callback: the imported module's)
-    from slurm_ddp.transformers_run import main as _run_script
+if __name__ == "__main__":
+    # python -m slurm_ddp.transformers SCRIPT ARGS: run the runner module as __main__ (it imports this module
+    # by name, so the callback class is that module's, never this __main__ copy; no import back to it here)
+    import runpy
 
-    _run_script()
+    runpy.run_module("slurm_ddp.transformers_run", run_name="__main__", alter_sys=True)

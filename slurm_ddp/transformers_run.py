@@ -102,3 +102,7 @@ def main(argv: Optional[List[str]] = None) -> None:
         sys.path.insert(0, first)
     sys.argv = [script, *args[1:]]
     runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":  # python -m slurm_ddp.transformers (its __main__ guard runs this module)
+    main()
