@@ -531,6 +531,28 @@ class Trainer:
         if plan.why_not_kept:
             log.warning("%s", plan.why_not_kept)
 
+    def close_loader(self) -> None:
+        """End the training loader's worker processes now (``train.num_workers > 0``), whatever the exit.
+
+        Its workers ignore the stop signals (:func:`~slurm_ddp.signals.ignore_in_loader_workers`), so the
+        SIGTERM that ``multiprocessing``'s exit hook sends its daemonic children before joining them
+        (``multiprocessing.util._exit_function``) does not end them; a persistent workers' iterator
+        (``persistent_workers=True``: the ``DataLoader`` keeps it) still alive at exit made that join wait
+        forever after a finished run. The iterator's own shutdown (a ``None`` on each index queue, then a
+        join; what ``DataLoader``'s iterator does when it is freed, and what Lightning calls for its
+        loaders) ends them cleanly."""
+        groups = getattr(self, "_groups", None)
+        if groups is not None:
+            groups.close()  # the epoch's iterator, non-persistent workers included, is dropped with it
+            self._groups = None
+        loader = getattr(self, "loader", None)
+        iterator = getattr(loader, "_iterator", None)
+        shutdown = getattr(iterator, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        if loader is not None:
+            loader._iterator = None
+
     # ------------------------------------------------------------------ loop
     def micro_batch_groups(self) -> Iterator[list]:
         """Groups of ``self.accum`` micro-batches, epoch after epoch, from the saved position."""
@@ -607,7 +629,7 @@ class Trainer:
         prof = self._profiler()
         if prof is not None:
             prof.start()
-        groups = self.micro_batch_groups()
+        groups = self._groups = self.micro_batch_groups()
         prepared = False
         mark = self.progress.mark
         # After a background checkpoint the other ranks wait in the next step for rank 0, which may
@@ -884,6 +906,7 @@ class Trainer:
                     self.writer.close()
                 except CheckpointError as e:
                     log.error("%s", e)
+            self.close_loader()
             if self.tb is not None:
                 self.tb.close()
             if self.metrics.tracker is not None:  # flushes MLflow's queue; FINISHED after a finished event

@@ -159,7 +159,8 @@ def test_a_wrapper_runs_its_snapshot_with_the_jobs_python_first_on_path(tmp_path
     log = (run_dir / "logs" / "rank-0.log").read_text()
     assert proc.returncode == 0, out + log
     assert f"wrapper v1 {run_dir.resolve()}/code/" in log, log  # the snapshot's run.sh
-    assert f"train v1 lib v1 python {sys.executable}\n" in log, log
+    # the job's interpreter's directory, by the name the wrapper runs (a venv's python, not its python3)
+    assert f"train v1 lib v1 python {os.path.join(python_dir, python)}\n" in log, log
     again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
     lines = again.stderr.splitlines()
     assert again.returncode == 2 and len(lines) == 1, again.stderr
