@@ -46,6 +46,9 @@ sys.path.insert(0, str(REPO))
 from slurm_ddp.rundir import read_metrics  # noqa: E402
 from slurm_ddp.rundir.interval import expected_efficiency  # noqa: E402
 
+sys.path.insert(0, str(REPO / "benchmarks"))
+from goodput import rank_pids  # noqa: E402  (the ranks of a run, from /proc: one copy)
+
 
 def job_yaml(work: Path, args: argparse.Namespace) -> Path:
     import yaml
@@ -70,20 +73,6 @@ def job_yaml(work: Path, args: argparse.Namespace) -> Path:
     path = work / "job.yaml"
     path.write_text(yaml.safe_dump(data, sort_keys=False))
     return path
-
-
-def rank_pids(run: Path) -> List[int]:
-    out = []
-    for d in Path("/proc").iterdir():
-        if not d.name.isdigit():
-            continue
-        try:
-            cmd = (d / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if b"slurm_ddp.worker" in cmd and str(run).encode() in cmd:
-            out.append(int(d.name))
-    return out
 
 
 def current_first_step(run: Path, starts_before: int) -> Optional[float]:
