@@ -24,7 +24,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Dict, Iterator, List, Optional, Tuple, cast
+from typing import Any, Dict, Generator, List, Optional, Tuple, cast
 
 import torch
 import torch.distributed as dist
@@ -133,6 +133,7 @@ class Trainer:
         self.spare = place is not None and place.spare
         self.membership: Optional[Membership] = None
         self.plan: Optional[Plan] = None
+        self._groups: Optional[Generator[list, None, None]] = None  # train()'s micro-batch groups (close_loader)
         self.tc = cfg.train
         self.flag = PreemptionFlag(worker_signals(cfg.requeue.signal_name))
         self.stop = StepAgreement(self.flag)  # all-reduces the flag every ~0.5 s, not every step
@@ -541,9 +542,8 @@ class Trainer:
         forever after a finished run. The iterator's own shutdown (a ``None`` on each index queue, then a
         join; what ``DataLoader``'s iterator does when it is freed, and what Lightning calls for its
         loaders) ends them cleanly."""
-        groups = getattr(self, "_groups", None)
-        if groups is not None:
-            groups.close()  # the epoch's iterator, non-persistent workers included, is dropped with it
+        if self._groups is not None:
+            self._groups.close()  # the epoch's iterator, non-persistent workers included, is dropped with it
             self._groups = None
         loader = getattr(self, "loader", None)
         iterator = getattr(loader, "_iterator", None)
@@ -554,7 +554,7 @@ class Trainer:
             loader._iterator = None
 
     # ------------------------------------------------------------------ loop
-    def micro_batch_groups(self) -> Iterator[list]:
+    def micro_batch_groups(self) -> Generator[list, None, None]:
         """Groups of ``self.accum`` micro-batches, epoch after epoch, from the saved position."""
         while True:
             self.batches.set_position(self.epoch, self.batch_in_epoch, self.epoch_base)
