@@ -841,12 +841,13 @@ def test_status_cancel_and_submit_know_the_scripts_own_checkpoint_with_train_res
 
     rd = hf_run(tmp_path, "hf", "hf", starts=[("101", 0)])
     hf_checkpoint(rd / "hf", 50)
-    hf_checkpoint(rd / "hf", 100, mtime=time.time() - 5)
+    saved_at = time.time() - 5
+    hf_checkpoint(rd / "hf", 100, mtime=saved_at)
     hf_checkpoint(rd / "hf", 150, complete=False)  # cut off mid-save
     slurm.job("101", "RUNNING", run_dir=rd)
     rc, out, err = cli(["status", str(rd)], capsys)
     assert rc == 0, err
-    saved = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() - 5))[:-3]  # to the minute
+    saved = time.strftime("%Y-%m-%d %H:%M", time.localtime(saved_at))  # to the minute of the file's mtime
     assert "step:       100\n" in out, out
     assert "checkpoint: checkpoint-100 (step 100, saved " in out and saved in out, out
     assert "passed to the next start (train.resume: hf)" in out and "checkpoint-150" not in out, out
