@@ -1,13 +1,15 @@
 """The sandbox's production profile, before anything starts: its settings, its files, its checks
-(``slurm_ddp.sandbox``: ``layout``, ``conf``, ``cgroups``, ``job_container``)."""
+(``slurm_ddp.sandbox``: ``layout``, ``conf``, ``cgroups``, ``job_container``, ``users``)."""
 
 from __future__ import annotations
 
+import os
+import sys
 from pathlib import Path
 
 import pytest
 
-from slurm_ddp.sandbox import SlurmSandbox, cgroups, job_container
+from slurm_ddp.sandbox import SlurmSandbox, cgroups, job_container, users
 
 
 def rendered(root: Path, profile: str) -> SlurmSandbox:
@@ -105,3 +107,55 @@ def test_a_root_slurm_user_cannot_reach_is_named(tmp_path: Path) -> None:
     assert f"{top} is mode 0700" in problem and "'slurm'" in problem and "chmod o+x" in problem
     top.chmod(0o755)
     assert [p for p in sb._unreachable_by_slurm_user() if f"{top} is mode" in p] == []  # (pytest's dirs are 0700)
+
+
+# ---------------------------------------------------------------- the job user (sandbox.users)
+
+
+def a_user(uid: int, home: Path) -> users.SandboxUser:
+    return users.SandboxUser("someone", uid, uid, home)
+
+
+def test_the_first_directory_a_user_cannot_search_is_named(tmp_path: Path) -> None:
+    """Modes only, as the user would meet them: pytest's own directories are 0700, so the user is their owner
+    here, and a directory whose owner lacks ``x`` stops them (``/root``'s 0700 stops everyone else alike)."""
+    locked = tmp_path / "locked"
+    (locked / "venv" / "bin").mkdir(parents=True)
+    me = a_user(os.getuid(), tmp_path)
+    assert me.unreachable(locked / "venv" / "bin") is None
+    locked.chmod(0o070)  # group and others... but the owner's bits count for the owner
+    try:
+        assert me.unreachable(locked / "venv" / "bin") == locked
+        assert me.unreachable(locked / "missing") == locked
+        assert me.unreachable(tmp_path / "missing") == tmp_path / "missing"
+    finally:
+        locked.chmod(0o700)
+    stranger = a_user(os.getuid() + 1, tmp_path)  # neither owner nor group: the "other" bits count
+    assert stranger.unreachable("/usr/bin") is None
+    assert stranger.unreachable(locked) is not None
+
+
+def test_the_user_s_environment_and_process_keywords(tmp_path: Path) -> None:
+    u = a_user(4321, tmp_path)
+    env = u.env({"PATH": "/usr/bin", "HOME": "/root", "USER": "root"})
+    assert env == {"PATH": "/usr/bin", "HOME": str(tmp_path), "USER": "someone", "LOGNAME": "someone"}
+    assert u.popen_kwargs() == {"user": 4321, "group": 4321, "extra_groups": [], "cwd": str(tmp_path)}
+
+
+def test_a_prefix_the_user_cannot_reach_is_hard_linked_for_them(tmp_path: Path, monkeypatch) -> None:
+    prefix = tmp_path / "root" / "venv"
+    (prefix / "lib").mkdir(parents=True)
+    (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (prefix / "lib" / "mod.py").write_text("x = 1\n")
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    me = a_user(os.getuid(), tmp_path)
+    assert users.reachable_prefix(me, tmp_path / "unused") == prefix and not (tmp_path / "unused").exists()
+
+    class Stopped(users.SandboxUser):  # a user whom the prefix's directory stops (as /root's 0700 does)
+        def unreachable(self, path):
+            return prefix.parent if Path(path) == prefix else None
+
+    copy = users.reachable_prefix(Stopped("someone", 1, 1, tmp_path), tmp_path / "linked")
+    assert copy == tmp_path / "linked"
+    for rel in ("pyvenv.cfg", "lib/mod.py"):  # the same files (links), not copies
+        assert (copy / rel).stat().st_ino == (prefix / rel).stat().st_ino
