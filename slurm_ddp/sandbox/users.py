@@ -6,16 +6,16 @@ makes (once, with ``useradd(8)``) an ordinary account, :data:`JOB_USER`, with a 
 :meth:`SandboxUser.popen_kwargs` and :meth:`SandboxUser.env` run a command as that user (``subprocess``'s
 ``user``/``group``/``extra_groups``, the login variables of environ(7)). A user who cannot traverse a
 directory (``/root`` is 0700) cannot run an interpreter below it: :meth:`SandboxUser.unreachable` says which
-directory stops them and :func:`reachable_prefix` gives them a hard-linked copy of this interpreter's
-environment (``cp -al``: links, no bytes copied; the files keep their owner and mode, so nothing becomes
-writable).
+directory stops them and :func:`reachable_prefix` shows them this interpreter's environment where they can
+reach it (a read-only bind mount: no copy, the files keep their owner and mode, nothing becomes writable).
 
 Side effects: ``useradd`` (an entry in /etc/passwd and /etc/group that outlives the sandbox), mkdir/chown
-of the home, ``cp -al``.
+of the home, mount/umount.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pwd
 import shutil
@@ -24,7 +24,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, Iterator, Mapping, Optional
 
 from slurm_ddp.errors import SandboxUnavailable
 
@@ -107,23 +107,41 @@ def ensure_user(home: os.PathLike[str] | str, name: str = JOB_USER) -> SandboxUs
     return SandboxUser(pw.pw_name, pw.pw_uid, pw.pw_gid, h)
 
 
-def reachable_prefix(user: SandboxUser, dest: os.PathLike[str] | str) -> Path:
-    """An interpreter environment ``user`` can run with this process's packages: ``sys.prefix`` itself when
-    they can reach it, else a hard-linked copy of it at ``dest`` (``cp -al``, which must not exist; the
-    same filesystem). Its interpreter: ``PREFIX/bin/<name of sys.executable>`` (a venv's ``pyvenv.cfg``
-    comes along, so its site-packages are the copy's).
+@contextlib.contextmanager
+def reachable_prefix(user: SandboxUser, dest: os.PathLike[str] | str) -> Iterator[Path]:
+    """An interpreter environment ``user`` can run with this process's packages, for the ``with`` block:
+    ``sys.prefix`` itself when they can reach it, else ``sys.prefix`` bind-mounted read-only at ``dest``
+    (made, then unmounted and removed at the end; mount(8) ``--bind`` then ``-o remount,bind,ro``). Its
+    interpreter: ``PREFIX/bin/<name of sys.executable>`` (a venv's ``pyvenv.cfg`` is there, so its
+    site-packages are the mount's). The mount is this process's mount namespace's: make it before starting
+    a sandbox, whose nodes copy the mounts when they start (``network._isolated``). Read-only, so nothing
+    below it can be written or removed through it (an ``rmtree`` of a directory above it fails there).
 
-    Raises ``SandboxUnavailable`` when the copy cannot be made (another filesystem: make the environment
-    reachable, e.g. ``chmod o+x`` the directory :meth:`SandboxUser.unreachable` names)."""
+    Needs root. Raises ``SandboxUnavailable`` when the mount cannot be made, naming the directory that
+    stops the user (``chmod o+x`` it instead)."""
     prefix = Path(sys.prefix)
     blocked = user.unreachable(prefix)
     if blocked is None:
-        return prefix
-    r = subprocess.run(["cp", "-al", str(prefix), str(dest)], capture_output=True, text=True, timeout=300)
-    if r.returncode != 0:
-        shutil.rmtree(dest, ignore_errors=True)
-        raise SandboxUnavailable(
-            f"user {user.name!r} cannot reach {prefix} ({blocked} is mode {stat.S_IMODE(blocked.stat().st_mode):04o})"
-            f" and hard-linking it to {dest} failed: {r.stderr.strip()[-300:]}; chmod o+x {blocked}"
-        )
-    return Path(dest)
+        yield prefix
+        return
+    target = Path(dest)
+    target.mkdir()
+    mounted = False
+    try:
+        for argv in (["mount", "--bind", str(prefix), str(target)], ["mount", "-o", "remount,bind,ro", str(target)]):
+            r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
+            if r.returncode != 0:
+                raise SandboxUnavailable(
+                    f"user {user.name!r} cannot reach {prefix} ({blocked} is mode "
+                    f"{stat.S_IMODE(blocked.stat().st_mode):04o}) and {' '.join(argv)} failed: "
+                    f"{(r.stderr or r.stdout).strip()[-300:]}; chmod o+x {blocked}"
+                )
+            mounted = True
+        yield target
+    finally:
+        if mounted:
+            r = subprocess.run(["umount", str(target)], capture_output=True, timeout=60, check=False)
+            if r.returncode != 0:  # still in use: detach it now, the kernel frees it when the last user goes
+                subprocess.run(["umount", "--lazy", str(target)], capture_output=True, timeout=60, check=False)
+        with contextlib.suppress(OSError):
+            target.rmdir()

@@ -21,13 +21,14 @@ import re
 import shutil
 import sys
 import tempfile
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from lib import wait_for
-from lib.slurm_jobs import REPO, DigitsJob, cli, logs, submit_digits, train_steps
+from lib.slurm_jobs import REPO, DigitsJob, cli, committed_steps, logs, record_timing, submit_digits, train_steps
 
 from slurm_ddp.rundir import read_preempted
 from slurm_ddp.sandbox import SlurmSandbox
@@ -38,35 +39,9 @@ from slurm_ddp.testing import missing_prerequisite, running_sandbox
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
 
 OWN_SCRIPT_JOB = REPO / "examples" / "own_script" / "job.yaml"
-
-
-@pytest.fixture(scope="module")
-def production_sandbox() -> Iterator[SlurmSandbox]:
-    """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
-    /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there."""
-    problems = cgroup_v1_problems()
-    if problems:
-        missing_prerequisite("; ".join(problems))
-    root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
-    root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
-    try:
-        with running_sandbox(
-            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True
-        ) as sb:
-            subtrees = [Path(d) for d in sb._state["cgroups"].values()]
-            yield sb
-        # down() killed what was left in the nodes' cgroups and removed the subtrees
-        assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-@pytest.fixture
-def run_dir(production_sandbox: SlurmSandbox, request: pytest.FixtureRequest) -> Path:
-    """A run directory the production sandbox's jobs can reach (beside the sandbox, outside /tmp)."""
-    d = production_sandbox.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    return d
+# A lost node is DOWN after two failed pings, ~9-18 s with these (test_node_loss; ~80 s with Slurm's defaults)
+SLURMD_TIMEOUT_S = 10
+MESSAGE_TIMEOUT_S = 2
 
 
 @dataclass(frozen=True)
@@ -91,18 +66,61 @@ class JobUser:
         return self.user.home / re.sub(r"\W", "_", request.node.name)
 
 
+@dataclass(frozen=True)
+class Production:
+    """The module's sandbox and the unprivileged account its jobs are submitted as."""
+
+    sandbox: SlurmSandbox
+    job_user: JobUser
+
+
 @pytest.fixture(scope="module")
-def job_user(production_sandbox: SlurmSandbox) -> JobUser:
-    """``users.JOB_USER`` (useradd'ed once per machine) with a home beside the sandbox, and this interpreter's
-    environment where they can run it (a hard-linked copy when it lies below a directory they cannot
-    search, as /root); removed with the sandbox's directory."""
-    top = production_sandbox.root.parent
-    user = ensure_user(top / "home")
-    blocked = user.unreachable(REPO)
-    if blocked is not None:
-        missing_prerequisite(f"the job user {user.name!r} cannot reach the checkout {REPO} ({blocked}); chmod o+x it")
-    prefix = reachable_prefix(user, top / "python")
-    return JobUser(user, str(prefix / "bin" / Path(sys.executable).name), production_sandbox)
+def production() -> Iterator[Production]:
+    """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
+    /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there.
+    Its job user: ``users.JOB_USER`` (useradd'ed once per machine) with a home beside the sandbox, and this
+    interpreter's environment where they can run it (mounted read-only there, before the nodes start, when it
+    lies below a directory they cannot search, as /root)."""
+    problems = cgroup_v1_problems()
+    if problems:
+        missing_prerequisite("; ".join(problems))
+    root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
+    root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
+    try:
+        user = ensure_user(root / "home")
+        blocked = user.unreachable(REPO)
+        if blocked is not None:
+            missing_prerequisite(
+                f"the job user {user.name!r} cannot reach the checkout {REPO} ({blocked}): chmod o+x it"
+            )
+        with reachable_prefix(user, root / "python") as prefix, running_sandbox(
+            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True,
+            slurmd_timeout_s=SLURMD_TIMEOUT_S, message_timeout_s=MESSAGE_TIMEOUT_S,
+        ) as sb:  # fmt: skip
+            subtrees = [Path(d) for d in sb._state["cgroups"].values()]
+            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb))
+        # down() killed what was left in the nodes' cgroups and removed the subtrees
+        assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def production_sandbox(production: Production) -> SlurmSandbox:
+    return production.sandbox
+
+
+@pytest.fixture(scope="module")
+def job_user(production: Production) -> JobUser:
+    return production.job_user
+
+
+@pytest.fixture
+def run_dir(production_sandbox: SlurmSandbox, request: pytest.FixtureRequest) -> Path:
+    """A run directory the production sandbox's jobs can reach (beside the sandbox, outside /tmp)."""
+    d = production_sandbox.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
+    d.parent.mkdir(parents=True, exist_ok=True)
+    return d
 
 
 def job_processes(sandbox: SlurmSandbox, node: str) -> Dict[int, Tuple[str, str]]:
@@ -258,6 +276,7 @@ def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
     procs = job_processes(sb, job.show()["BatchHost"])
     assert {u for _, u in procs.values()} == {f"{uid} {uid} {uid} {uid}"}, procs
     assert sum("slurm_ddp.worker" in cmd for cmd, _ in procs.values()) >= 2, procs
+    t_stop = time.time()
     job.scancel("--batch", "--signal=USR2")  # what Slurm does signal_delay_s before the time limit
     wait_for(lambda: job.restarts() >= 1, 90, "the job to requeue itself", job.diag)
 
@@ -265,6 +284,8 @@ def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
         return re.findall(r"resumed from checkpoint of step (\d+)", job.rank_log(0))
 
     wait_for(lambda: len(resumed()) == 1, 120, "the requeued job to resume", job.diag)
+    record_timing("production profile: time-limit signal → resumed", time.time() - t_stop)
+    t_stop = time.time()
     # Needs every CPU of both nodes: the scheduler preempts the digits job (PreemptMode=REQUEUE: SIGTERM)
     hi = sb.run(
         ["sbatch", "--parsable", "--partition=high", "--nodes=2", "--ntasks-per-node=2",
@@ -272,16 +293,38 @@ def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert hi.returncode == 0, hi.stderr
-    finished = job.wait_finished(timeout_s=240)
-    assert finished and job.state() == "COMPLETED" and job.restarts() == 2, job.diag()
+    wait_for(lambda: len(resumed()) == 2, 120, "the preempted job to resume", job.diag)
+    record_timing("production profile: preemption → resumed", time.time() - t_stop)
+    # then its node is lost (slurmd and every process of it SIGKILLed): NODE_FAIL, requeued onto the other
+    # node, resumed from the newest checkpoint committed there (checkpoint.every_steps) at or after the loss
+    preempted_at = int(resumed()[1])
+    wait_for(lambda: max(committed_steps(run_dir), default=0) > preempted_at, 120, "a periodic checkpoint", job.diag)
+    victim = job.show()["BatchHost"]
+    try:
+        newest = committed_steps(run_dir)[-1]
+        t_stop = time.time()
+        assert sb.kill_node(victim), f"no process in {victim}'s namespace"
+        wait_for(lambda: len(resumed()) == 3, 180, "the job to resume after the node loss", job.diag)
+        record_timing("production profile: node lost → resumed", time.time() - t_stop)
+        finished = job.wait_finished(timeout_s=240)
+        assert finished and job.state() == "COMPLETED" and job.restarts() == 3, job.diag()
+        assert job.show()["BatchHost"] != victim, job.show()
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        sb.restart_node(victim)
     rank0 = job.rank_log(0)
     stops = re.findall(r"stopping for preemption \((\w+)\) after step (\d+)", rank0)
-    assert [sig for sig, _ in stops] == ["SIGUSR2", "SIGTERM"], rank0[-3000:]
-    assert resumed() == [step for _, step in stops], rank0[-3000:]  # each from the checkpoint of its stop
+    assert [sig for sig, _ in stops] == ["SIGUSR2", "SIGTERM"], (stops, job.diag())
+    assert resumed()[:2] == [step for _, step in stops], (resumed(), stops, job.diag())  # each from its stop's
+    assert int(resumed()[2]) >= newest, (resumed(), newest)
     marker = read_preempted(run_dir)  # the last stop's, by rank 0 of the job's restart 1
     assert marker and (marker.restart, str(marker.step), marker.signal) == (1, stops[-1][1], "SIGTERM"), marker
+    # the train events (every train.log_every steps) rise but once, where the steps since `newest` came again
     steps = train_steps(run_dir)
-    assert steps == sorted(set(steps)) and steps[-1] == DIGITS_STEPS, steps
+    again = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    assert len(again) <= 1 and steps[-1] == DIGITS_STEPS, steps
+    assert not again or steps[again[0]] > int(resumed()[2]) >= steps[again[0] - 1] - 2 * 50, steps
     assert "received SIGUSR2; forwarding it to the ranks" in job.batch_log()
     # task/affinity binds each rank to its own CPU, as Slurm's masks say; the job has DefMemPerCPU x 2 CPUs
     for rank in (0, 1):

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -142,20 +143,36 @@ def test_the_user_s_environment_and_process_keywords(tmp_path: Path) -> None:
     assert u.popen_kwargs() == {"user": 4321, "group": 4321, "extra_groups": [], "cwd": str(tmp_path)}
 
 
-def test_a_prefix_the_user_cannot_reach_is_hard_linked_for_them(tmp_path: Path, monkeypatch) -> None:
+def test_a_prefix_the_user_cannot_reach_is_mounted_read_only_for_them(tmp_path: Path, monkeypatch) -> None:
+    """The mount commands (mount(8) needs root: recorded here, not run), the directory made and removed, and
+    a failed remount: one line naming the fix, and the half-made mount undone."""
     prefix = tmp_path / "root" / "venv"
-    (prefix / "lib").mkdir(parents=True)
-    (prefix / "pyvenv.cfg").write_text("home = /usr/bin\n")
-    (prefix / "lib" / "mod.py").write_text("x = 1\n")
+    prefix.mkdir(parents=True)
     monkeypatch.setattr(sys, "prefix", str(prefix))
     me = a_user(os.getuid(), tmp_path)
-    assert users.reachable_prefix(me, tmp_path / "unused") == prefix and not (tmp_path / "unused").exists()
+    with users.reachable_prefix(me, tmp_path / "unused") as p:
+        assert p == prefix and not (tmp_path / "unused").exists()
 
     class Stopped(users.SandboxUser):  # a user whom the prefix's directory stops (as /root's 0700 does)
         def unreachable(self, path):
             return prefix.parent if Path(path) == prefix else None
 
-    copy = users.reachable_prefix(Stopped("someone", 1, 1, tmp_path), tmp_path / "linked")
-    assert copy == tmp_path / "linked"
-    for rel in ("pyvenv.cfg", "lib/mod.py"):  # the same files (links), not copies
-        assert (copy / rel).stat().st_ino == (prefix / rel).stat().st_ino
+    ran: list = []
+
+    def fake_run(argv, **kw):
+        ran.append(argv)
+        fails = "remount,bind,ro" in argv and "fail" in str(argv[-1])
+        return subprocess.CompletedProcess(argv, 32 if fails else 0, "", "mount: permission denied" if fails else "")
+
+    monkeypatch.setattr(users.subprocess, "run", fake_run)
+    stopped, dest = Stopped("someone", 1, 1, tmp_path), tmp_path / "python"
+    with users.reachable_prefix(stopped, dest) as p:
+        assert p == dest and dest.is_dir()
+        assert ran == [["mount", "--bind", str(prefix), str(dest)], ["mount", "-o", "remount,bind,ro", str(dest)]]
+    assert ran[2:] == [["umount", str(dest)]] and not dest.exists()
+    ran.clear()
+    with pytest.raises(users.SandboxUnavailable) as e, users.reachable_prefix(stopped, tmp_path / "fail"):
+        pass
+    text = str(e.value)
+    assert "\n" not in text and "permission denied" in text and f"chmod o+x {prefix.parent}" in text, text
+    assert ran[-1] == ["umount", str(tmp_path / "fail")] and not (tmp_path / "fail").exists()
