@@ -3,15 +3,20 @@
 What most clusters run and the session sandbox does not: ``proctrack/cgroup``, ``task/cgroup,task/affinity``
 with cores, RAM and devices constrained in cgroup v1, memory as a consumable resource (``CR_Core_Memory``,
 ``DefMemPerCPU``), ``PrologFlags=Contain``, a private ``/tmp`` per job (``job_container/tmpfs``) and
-``SlurmUser=slurm``. One 2-node sandbox with accounting for the module (its root and the run directories
-outside ``/tmp``, which the jobs do not share):
+``SlurmUser=slurm``, and jobs of an ordinary user (``slurm_ddp.sandbox.users.JOB_USER``). One 2-node
+sandbox with accounting for the module (its root and the run directories outside ``/tmp``, which the jobs
+do not share; ``SlurmdTimeout=10`` for the lost node):
 
 * each task sees the constraints (memory, CPU, devices, /tmp) as the profile sets them;
-* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup: Slurm says so (srun,
-  slurmstepd, sacct's OUT_OF_MEMORY step), and so do the batch log and ``slurm-ddp status``, naming the rank,
-  its node, the memory per node and ``slurm.mem_gb``;
-* the digits job under those plugins: the batch-shell time-limit signal, a checkpoint, Slurm's requeue, the
-  resume at the exact step, CPU binding by Slurm's masks, and its memory limit as the cgroup holds it.
+* a rank of the job user's that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup: Slurm
+  says so (srun, slurmstepd, sacct's OUT_OF_MEMORY step), and so do the batch log and ``slurm-ddp status``,
+  naming the rank, its node, the memory per node and ``slurm.mem_gb``;
+* the digits job under those plugins, submitted by the job user, whose uid its batch shell, srun and ranks
+  run as: the batch-shell time-limit signal, then partition preemption, each with a checkpoint, Slurm's
+  requeue and the resume at the exact step; then its node lost and the job requeued onto the other node,
+  resumed from the newest periodic checkpoint; CPU binding by Slurm's masks, and its memory limit as the
+  cgroup holds it;
+* a rank's GPU identity under ConstrainDevices.
 """
 
 from __future__ import annotations
@@ -286,10 +291,11 @@ def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
     wait_for(lambda: len(resumed()) == 1, 120, "the requeued job to resume", job.diag)
     record_timing("production profile: time-limit signal → resumed", time.time() - t_stop)
     t_stop = time.time()
-    # Needs every CPU of both nodes: the scheduler preempts the digits job (PreemptMode=REQUEUE: SIGTERM)
+    # Every CPU of the digits job's node: the scheduler preempts it (PreemptMode=REQUEUE: SIGTERM), which may
+    # start again at once on the other node
     hi = sb.run(
-        ["sbatch", "--parsable", "--partition=high", "--nodes=2", "--ntasks-per-node=2",
-         f"--output={run_dir.parent}/high-%j.out", "--wrap", "true"],
+        ["sbatch", "--parsable", "--partition=high", "--nodes=1", "--ntasks-per-node=2",
+         f"--nodelist={job.show()['BatchHost']}", f"--output={run_dir.parent}/high-%j.out", "--wrap", "true"],
         capture_output=True, text=True, timeout=30,
     )  # fmt: skip
     assert hi.returncode == 0, hi.stderr
