@@ -140,8 +140,8 @@ def reachable_prefix(user: SandboxUser, dest: os.PathLike[str] | str) -> Iterato
         yield target
     finally:
         if mounted:
-            r = subprocess.run(["umount", str(target)], capture_output=True, timeout=60, check=False)
-            if r.returncode != 0:  # still in use: detach it now, the kernel frees it when the last user goes
+            done = subprocess.run(["umount", str(target)], capture_output=True, timeout=60, check=False)
+            if done.returncode != 0:  # still in use: detach it now, the kernel frees it when the last user goes
                 subprocess.run(["umount", "--lazy", str(target)], capture_output=True, timeout=60, check=False)
         with contextlib.suppress(OSError):
             target.rmdir()
