@@ -261,19 +261,21 @@ def test_oom_kill_is_named(production_sandbox: SlurmSandbox, job_user: JobUser, 
 # The digits job's steps: enough that a preemption (sbatch, scheduling, SIGTERM: ~1 s) lands before the resumed
 # job ends (~70 steps/s on 2 busy cores; 120 steps ended in ~1 s on an idle machine, test_node_loss)
 DIGITS_STEPS = 800
+EVERY_STEPS = 50  # checkpoint.every_steps: bounds the steps the lost node costs
 
 
-def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
+def test_digits_time_limit_signal_preemption_and_node_loss_resume(
     production_sandbox: SlurmSandbox, job_user: JobUser, request: pytest.FixtureRequest
 ) -> None:
-    """The session tier's batch-shell signal and partition-preemption cases (test_slurm_jobs) in one job,
-    under cgroups, memory and a private /tmp, submitted by the unprivileged job user: its ranks run as that
-    uid, every file they write is theirs, and each stop resumes at the exact step."""
+    """The session tier's batch-shell signal, partition-preemption and lost-node cases (test_slurm_jobs,
+    test_node_loss) in one job, under cgroups, memory and a private /tmp, submitted by the unprivileged job
+    user: its processes run as that uid, every file of its run is theirs, each stop resumes at the exact
+    step and the lost node's restart from the newest periodic checkpoint."""
     sb, uid = production_sandbox, job_user.user.uid
     run_dir = job_user.run_dir(request)
     job = submit_digits(
         sb, run_dir, "slurm.nodes=1", "slurm.tasks_per_node=2", "slurm.partition=debug",
-        f"train.max_steps={DIGITS_STEPS}", **job_user.submit_kw(),
+        f"train.max_steps={DIGITS_STEPS}", f"checkpoint.every_steps={EVERY_STEPS}", **job_user.submit_kw(),
     )  # fmt: skip
     job.wait_step(30)
     assert job.show()["UserId"] == f"{job_user.user.name}({uid})", job.show()
@@ -330,7 +332,7 @@ def test_digits_time_limit_signal_and_preemption_requeue_and_resume(
     steps = train_steps(run_dir)
     again = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
     assert len(again) <= 1 and steps[-1] == DIGITS_STEPS, steps
-    assert not again or steps[again[0]] > int(resumed()[2]) >= steps[again[0] - 1] - 2 * 50, steps
+    assert not again or steps[again[0]] > int(resumed()[2]) >= steps[again[0] - 1] - 2 * EVERY_STEPS, steps
     assert "received SIGUSR2; forwarding it to the ranks" in job.batch_log()
     # task/affinity binds each rank to its own CPU, as Slurm's masks say; the job has DefMemPerCPU x 2 CPUs
     for rank in (0, 1):
