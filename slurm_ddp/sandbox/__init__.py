@@ -32,8 +32,8 @@ process still left inside the nodes' namespaces (job steps, tasks).
 The parts, one job each: ``cluster`` (``SlurmSandbox``: up, status, faults, down), ``conf`` (the
 configuration files), ``network`` (bridge, namespaces, addresses, ports), ``procs`` (the daemons'
 processes and the binaries they need), ``layout`` (settings, names, the state file), and for the
-production profile (``SlurmSandbox(profile="production")``) ``cgroups`` (a cgroup v1 subtree per node)
-and ``job_container`` (the jobs' private ``/tmp``).
+production profile (``SlurmSandbox(profile="production")``) ``cgroups`` (a cgroup v1 subtree per node),
+``job_container`` (the jobs' private ``/tmp``) and ``users`` (an unprivileged account to submit as).
 """
 
 from .cluster import SlurmSandbox

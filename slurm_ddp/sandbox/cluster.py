@@ -60,8 +60,8 @@ class SlurmSandbox(SandboxConf, SandboxNetwork, SandboxCgroups, SandboxDaemons):
     It needs the cgroup v1 controllers mounted under ``/sys/fs/cgroup`` and at most as many ``cpus_per_node``
     as this process may use, and refuses (ValueError) a ``root`` under ``/tmp`` or ``/dev/shm``, which its jobs
     do not share; run directories its jobs use must be outside them too. slurmctld (and slurmdbd) run as
-    ``SlurmUser=slurm`` (``layout.SLURM_USER``), who must be able to reach ``root``; jobs still run as their
-    submitter (root here).
+    ``SlurmUser=slurm`` (``layout.SLURM_USER``), who must be able to reach ``root``; jobs run as their
+    submitter: root, or the ordinary account ``slurm_ddp.sandbox.users`` makes (``ensure_user``).
 
     Timeouts (slurm.conf(5)): ``slurmd_timeout_s`` (``SlurmdTimeout``: a node whose slurmd does not
     answer for this long is marked DOWN and its jobs fail with NODE_FAIL, or are requeued),

@@ -37,10 +37,11 @@ DIGITS_JOB = REPO / "examples" / "digits" / "job.yaml"
 ENDED = ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY")
 
 
-def cli(sandbox: Any, *args: str, timeout: float = 120) -> Any:
+def cli(sandbox: Any, *args: str, timeout: float = 120, python: str = sys.executable, **run_kw: Any) -> Any:
     """``python -m slurm_ddp ARGS`` with the sandbox's Slurm commands (``SlurmSandbox.run``); the
-    completed process, text output captured."""
-    return sandbox.run([sys.executable, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout)
+    completed process, text output captured. ``run_kw``: more ``subprocess.run`` keywords (``user``, ``env``:
+    ``slurm_ddp.sandbox.users.SandboxUser``), ``python``: the interpreter they can run."""
+    return sandbox.run([python, "-m", "slurm_ddp", *args], capture_output=True, text=True, timeout=timeout, **run_kw)
 
 
 def write_tiny_sweep(project: Path, values: List[int], script: str, parallelism: int = 2) -> Path:
@@ -154,10 +155,12 @@ class DigitsJob:
         return self.state()
 
 
-def submit_digits(sandbox: Any, run_dir: Path, *sets: str, backend: str = "sbatch") -> DigitsJob:
+def submit_digits(
+    sandbox: Any, run_dir: Path, *sets: str, backend: str = "sbatch", python: str = sys.executable, **run_kw: Any
+) -> DigitsJob:
     """``slurm-ddp submit`` the digits example on ``sandbox`` through ``backend`` with small defaults and
-    ``--set`` overrides."""
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--backend", backend]
+    ``--set`` overrides; ``python`` and ``run_kw`` as for :func:`cli` (a submission as another user)."""
+    cmd = [python, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--backend", backend]
     cmd += ["--run-dir", str(run_dir)]
     for s in (
         "train.max_steps=200",
@@ -168,7 +171,7 @@ def submit_digits(sandbox: Any, run_dir: Path, *sets: str, backend: str = "sbatc
         *sets,
     ):
         cmd += ["--set", s]
-    r = sandbox.run(cmd, capture_output=True, text=True, timeout=60)
+    r = sandbox.run(cmd, capture_output=True, text=True, timeout=60, **run_kw)
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout

@@ -3,15 +3,20 @@
 What most clusters run and the session sandbox does not: ``proctrack/cgroup``, ``task/cgroup,task/affinity``
 with cores, RAM and devices constrained in cgroup v1, memory as a consumable resource (``CR_Core_Memory``,
 ``DefMemPerCPU``), ``PrologFlags=Contain``, a private ``/tmp`` per job (``job_container/tmpfs``) and
-``SlurmUser=slurm``. One 2-node sandbox with accounting for the module (its root and the run directories
-outside ``/tmp``, which the jobs do not share):
+``SlurmUser=slurm``, and jobs of an ordinary user (``slurm_ddp.sandbox.users.JOB_USER``). One 2-node
+sandbox with accounting for the module (its root and the run directories outside ``/tmp``, which the jobs
+do not share; ``SlurmdTimeout=10`` for the lost node):
 
 * each task sees the constraints (memory, CPU, devices, /tmp) as the profile sets them;
-* a rank that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup: Slurm says so (srun,
-  slurmstepd, sacct's OUT_OF_MEMORY step), and so do the batch log and ``slurm-ddp status``, naming the rank,
-  its node, the memory per node and ``slurm.mem_gb``;
-* the digits job under those plugins: the batch-shell time-limit signal, a checkpoint, Slurm's requeue, the
-  resume at the exact step, CPU binding by Slurm's masks, and its memory limit as the cgroup holds it.
+* a rank of the job user's that allocates more than ``slurm.mem_gb`` is killed by the memory cgroup: Slurm
+  says so (srun, slurmstepd, sacct's OUT_OF_MEMORY step), and so do the batch log and ``slurm-ddp status``,
+  naming the rank, its node, the memory per node and ``slurm.mem_gb``;
+* the digits job under those plugins, submitted by the job user, whose uid its batch shell, srun and ranks
+  run as: the batch-shell time-limit signal, then partition preemption, each with a checkpoint, Slurm's
+  requeue and the resume at the exact step; then its node lost and the job requeued onto the other node,
+  resumed from the newest periodic checkpoint; CPU binding by Slurm's masks, and its memory limit as the
+  cgroup holds it;
+* a rank's GPU identity under ConstrainDevices.
 """
 
 from __future__ import annotations
@@ -21,41 +26,98 @@ import re
 import shutil
 import sys
 import tempfile
+import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from lib import wait_for
-from lib.slurm_jobs import REPO, DigitsJob, cli, logs, submit_digits, train_steps
+from lib.slurm_jobs import REPO, DigitsJob, cli, committed_steps, logs, record_timing, submit_digits, train_steps
 
+from slurm_ddp.rundir import read_preempted
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
+from slurm_ddp.sandbox.users import SandboxUser, ensure_user, reachable_prefix
 from slurm_ddp.testing import missing_prerequisite, running_sandbox
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
 
 OWN_SCRIPT_JOB = REPO / "examples" / "own_script" / "job.yaml"
+# A lost node is DOWN after two failed pings, ~9-18 s with these (test_node_loss; ~80 s with Slurm's defaults)
+SLURMD_TIMEOUT_S = 10
+MESSAGE_TIMEOUT_S = 2
+
+
+@dataclass(frozen=True)
+class JobUser:
+    """The unprivileged account the module's jobs are submitted as, and the interpreter it runs."""
+
+    user: SandboxUser
+    python: str
+    sandbox: SlurmSandbox
+
+    def submit_kw(self) -> Dict[str, Any]:
+        """``submit_digits``/``cli`` keywords: this interpreter, run as the user in its home, with its login
+        variables and the sandbox's Slurm client settings."""
+        return {"python": self.python, **self.run_kw()}
+
+    def run_kw(self) -> Dict[str, Any]:
+        """``SlurmSandbox.run`` keywords that run a command as the user."""
+        return {**self.user.popen_kwargs(), "env": self.user.env(self.sandbox.client_env())}
+
+    def run_dir(self, request: pytest.FixtureRequest) -> Path:
+        """A run directory for the test, below the user's home (``slurm-ddp submit`` makes it, as them)."""
+        return self.user.home / re.sub(r"\W", "_", request.node.name)
+
+
+@dataclass(frozen=True)
+class Production:
+    """The module's sandbox and the unprivileged account its jobs are submitted as."""
+
+    sandbox: SlurmSandbox
+    job_user: JobUser
 
 
 @pytest.fixture(scope="module")
-def production_sandbox() -> Iterator[SlurmSandbox]:
+def production() -> Iterator[Production]:
     """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
-    /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there."""
+    /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there.
+    Its job user: ``users.JOB_USER`` (useradd'ed once per machine) with a home beside the sandbox, and this
+    interpreter's environment where they can run it (mounted read-only there, before the nodes start, when it
+    lies below a directory they cannot search, as /root)."""
     problems = cgroup_v1_problems()
     if problems:
         missing_prerequisite("; ".join(problems))
     root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
     root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
     try:
-        with running_sandbox(
-            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True
-        ) as sb:
+        user = ensure_user(root / "home")
+        blocked = user.unreachable(REPO)
+        if blocked is not None:
+            missing_prerequisite(
+                f"the job user {user.name!r} cannot reach the checkout {REPO} ({blocked}): chmod o+x it"
+            )
+        with reachable_prefix(user, root / "python") as prefix, running_sandbox(
+            root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True,
+            slurmd_timeout_s=SLURMD_TIMEOUT_S, message_timeout_s=MESSAGE_TIMEOUT_S,
+        ) as sb:  # fmt: skip
             subtrees = [Path(d) for d in sb._state["cgroups"].values()]
-            yield sb
+            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb))
         # down() killed what was left in the nodes' cgroups and removed the subtrees
         assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
     finally:
         shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def production_sandbox(production: Production) -> SlurmSandbox:
+    return production.sandbox
+
+
+@pytest.fixture(scope="module")
+def job_user(production: Production) -> JobUser:
+    return production.job_user
 
 
 @pytest.fixture
@@ -64,6 +126,23 @@ def run_dir(production_sandbox: SlurmSandbox, request: pytest.FixtureRequest) ->
     d = production_sandbox.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
     d.parent.mkdir(parents=True, exist_ok=True)
     return d
+
+
+def job_processes(sandbox: SlurmSandbox, node: str) -> Dict[int, Tuple[str, str]]:
+    """PID → (command line, ``Uid:`` of proc(5): real, effective, saved, filesystem) of every process on
+    ``node`` but Slurm's own, which run as root: ``slurmd``, ``slurmstepd`` and the extern step's placeholder
+    (``PrologFlags=Contain``: slurmstepd's ``sleep 100000000``)."""
+    out = {}
+    for pid in sandbox.node_pids(node):
+        try:
+            comm = Path(f"/proc/{pid}/comm").read_text().strip()
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            uid = re.search(r"^Uid:\s+(.*)$", Path(f"/proc/{pid}/status").read_text(), re.M)
+        except OSError:
+            continue
+        if comm not in ("slurmd", "slurmstepd") and cmd != "sleep 100000000 " and uid:
+            out[pid] = (cmd, " ".join(uid.group(1).split()))
+    return out
 
 
 # For each emulated GPU: "allowed" when open() gets past the devices cgroup (ENXIO: a placeholder device has
@@ -109,11 +188,12 @@ def test_the_profile_is_in_effect(production_sandbox: SlurmSandbox) -> None:
     assert r.stdout.split() == ["gpu0=denied", "gpu1=denied"], r.stdout + r.stderr  # no GPU asked for
 
 
-def submit_own_script(sandbox: SlurmSandbox, run_dir: Path, *sets: str) -> DigitsJob:
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(OWN_SCRIPT_JOB), "--run-dir", str(run_dir)]
+def submit_own_script(sandbox: SlurmSandbox, run_dir: Path, *sets: str, as_user: JobUser | None = None) -> DigitsJob:
+    python = as_user.python if as_user else sys.executable
+    cmd = [python, "-m", "slurm_ddp", "submit", str(OWN_SCRIPT_JOB), "--run-dir", str(run_dir)]
     for s in ("slurm.time=00:05:00", *sets):
         cmd += ["--set", s]
-    r = sandbox.run(cmd, capture_output=True, text=True, timeout=120)
+    r = sandbox.run(cmd, capture_output=True, text=True, timeout=120, **(as_user.run_kw() if as_user else {}))
     assert r.returncode == 0, r.stdout + r.stderr
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout
@@ -126,7 +206,9 @@ GREEDY_RANK = (
 )
 
 
-def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
+def test_oom_kill_is_named(production_sandbox: SlurmSandbox, job_user: JobUser, request: pytest.FixtureRequest) -> None:
+    """Submitted by the unprivileged job user: the cgroup's kill, Slurm's words and the project's note."""
+    run_dir = job_user.run_dir(request)
     job = submit_own_script(
         production_sandbox,
         run_dir,
@@ -134,6 +216,7 @@ def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> N
         "slurm.tasks_per_node=1",
         "slurm.mem_gb=0.4",
         f"train.command=[python, -c, {GREEDY_RANK!r}]",
+        as_user=job_user,
     )
     state = job.wait_ended(timeout_s=120)
     assert job.show().get("MinMemoryNode") == "410M", job.show()  # round(0.4 x 1024) MB per node: render's --mem
@@ -175,24 +258,89 @@ def test_oom_kill_is_named(production_sandbox: SlurmSandbox, run_dir: Path) -> N
     )
 
 
-def test_digits_time_limit_signal_requeues_and_resumes(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
-    """The session tier's batch-shell signal case (test_slurm_jobs) under cgroups, memory and a private /tmp."""
-    job = submit_digits(production_sandbox, run_dir, "slurm.nodes=1", "slurm.tasks_per_node=2", "train.max_steps=120")
+# The digits job's steps: enough that a preemption (sbatch, scheduling, SIGTERM: ~1 s) lands before the resumed
+# job ends (~70 steps/s on 2 busy cores; 120 steps ended in ~1 s on an idle machine, test_node_loss)
+DIGITS_STEPS = 800
+EVERY_STEPS = 50  # checkpoint.every_steps: bounds the steps the lost node costs
+
+
+def test_digits_time_limit_signal_preemption_and_node_loss_resume(
+    production_sandbox: SlurmSandbox, job_user: JobUser, request: pytest.FixtureRequest
+) -> None:
+    """The session tier's batch-shell signal, partition-preemption and lost-node cases (test_slurm_jobs,
+    test_node_loss) in one job, under cgroups, memory and a private /tmp, submitted by the unprivileged job
+    user: its processes run as that uid, every file of its run is theirs, each stop resumes at the exact
+    step and the lost node's restart from the newest periodic checkpoint."""
+    sb, uid = production_sandbox, job_user.user.uid
+    run_dir = job_user.run_dir(request)
+    job = submit_digits(
+        sb, run_dir, "slurm.nodes=1", "slurm.tasks_per_node=2", "slurm.partition=debug",
+        f"train.max_steps={DIGITS_STEPS}", f"checkpoint.every_steps={EVERY_STEPS}", **job_user.submit_kw(),
+    )  # fmt: skip
     job.wait_step(30)
+    assert job.show()["UserId"] == f"{job_user.user.name}({uid})", job.show()
+    # the batch shell, srun, the ranks (and their helpers): all the job user's, real to filesystem uid
+    procs = job_processes(sb, job.show()["BatchHost"])
+    assert {u for _, u in procs.values()} == {f"{uid} {uid} {uid} {uid}"}, procs
+    assert sum("slurm_ddp.worker" in cmd for cmd, _ in procs.values()) >= 2, procs
+    t_stop = time.time()
     job.scancel("--batch", "--signal=USR2")  # what Slurm does signal_delay_s before the time limit
     wait_for(lambda: job.restarts() >= 1, 90, "the job to requeue itself", job.diag)
-    finished = job.wait_finished(timeout_s=240)
-    assert finished, job.diag()
-    stopped = int((run_dir / "PREEMPTED").read_text().split()[2])
+
+    def resumed() -> List[str]:
+        return re.findall(r"resumed from checkpoint of step (\d+)", job.rank_log(0))
+
+    wait_for(lambda: len(resumed()) == 1, 120, "the requeued job to resume", job.diag)
+    record_timing("production profile: time-limit signal → resumed", time.time() - t_stop)
+    t_stop = time.time()
+    # Every CPU of the digits job's node: the scheduler preempts it (PreemptMode=REQUEUE: SIGTERM), which may
+    # start again at once on the other node
+    hi = sb.run(
+        ["sbatch", "--parsable", "--partition=high", "--nodes=1", "--ntasks-per-node=2",
+         f"--nodelist={job.show()['BatchHost']}", f"--output={run_dir.parent}/high-%j.out", "--wrap", "true"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert hi.returncode == 0, hi.stderr
+    wait_for(lambda: len(resumed()) == 2, 120, "the preempted job to resume", job.diag)
+    record_timing("production profile: preemption → resumed", time.time() - t_stop)
+    # then its node is lost (slurmd and every process of it SIGKILLed): NODE_FAIL, requeued onto the other
+    # node, resumed from the newest checkpoint committed there (checkpoint.every_steps) at or after the loss
+    preempted_at = int(resumed()[1])
+    wait_for(lambda: max(committed_steps(run_dir), default=0) > preempted_at, 120, "a periodic checkpoint", job.diag)
+    victim = job.show()["BatchHost"]
+    try:
+        newest = committed_steps(run_dir)[-1]
+        t_stop = time.time()
+        assert sb.kill_node(victim), f"no process in {victim}'s namespace"
+        wait_for(lambda: len(resumed()) == 3, 180, "the job to resume after the node loss", job.diag)
+        record_timing("production profile: node lost → resumed", time.time() - t_stop)
+        finished = job.wait_finished(timeout_s=240)
+        assert finished and job.state() == "COMPLETED" and job.restarts() == 3, job.diag()
+        assert job.show()["BatchHost"] != victim, job.show()
+    finally:
+        if job.state() not in ("COMPLETED", "FAILED", "CANCELLED"):
+            job.scancel()
+        sb.restart_node(victim)
     rank0 = job.rank_log(0)
-    assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)], rank0[-3000:]
+    stops = re.findall(r"stopping for preemption \((\w+)\) after step (\d+)", rank0)
+    assert [sig for sig, _ in stops] == ["SIGUSR2", "SIGTERM"], (stops, job.diag())
+    assert resumed()[:2] == [step for _, step in stops], (resumed(), stops, job.diag())  # each from its stop's
+    assert int(resumed()[2]) >= newest, (resumed(), newest)
+    marker = read_preempted(run_dir)  # the last stop's, by rank 0 of the job's restart 1
+    assert marker and (marker.restart, str(marker.step), marker.signal) == (1, stops[-1][1], "SIGTERM"), marker
+    # the train events (every train.log_every steps) rise but once, where the steps since `newest` came again
     steps = train_steps(run_dir)
-    assert steps == sorted(set(steps)) and steps[-1] == 120, steps
+    again = [i for i in range(1, len(steps)) if steps[i] <= steps[i - 1]]
+    assert len(again) <= 1 and steps[-1] == DIGITS_STEPS, steps
+    assert not again or steps[again[0]] > int(resumed()[2]) >= steps[again[0] - 1] - 2 * EVERY_STEPS, steps
     assert "received SIGUSR2; forwarding it to the ranks" in job.batch_log()
     # task/affinity binds each rank to its own CPU, as Slurm's masks say; the job has DefMemPerCPU x 2 CPUs
     for rank in (0, 1):
         assert f"rank {rank}/2 local_rank {rank}/2" in job.rank_log(rank), logs(run_dir)
     assert job.show().get("MinMemoryCPU") == "1000M", job.show()
+    # every file of the run directory is the user's: submit's, Slurm's logs, the ranks' checkpoints and metrics
+    written = [p for p in run_dir.rglob("*") if p.is_file()]
+    assert written and {p.stat().st_uid for p in written} == {uid}, {str(p): p.stat().st_uid for p in written}
 
 
 # Each rank: what slurm_ddp decides (python -m slurm_ddp.devices' record) and which emulated GPU the devices

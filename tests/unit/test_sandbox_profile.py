@@ -1,13 +1,16 @@
 """The sandbox's production profile, before anything starts: its settings, its files, its checks
-(``slurm_ddp.sandbox``: ``layout``, ``conf``, ``cgroups``, ``job_container``)."""
+(``slurm_ddp.sandbox``: ``layout``, ``conf``, ``cgroups``, ``job_container``, ``users``)."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
-from slurm_ddp.sandbox import SlurmSandbox, cgroups, job_container
+from slurm_ddp.sandbox import SlurmSandbox, cgroups, job_container, users
 
 
 def rendered(root: Path, profile: str) -> SlurmSandbox:
@@ -105,3 +108,71 @@ def test_a_root_slurm_user_cannot_reach_is_named(tmp_path: Path) -> None:
     assert f"{top} is mode 0700" in problem and "'slurm'" in problem and "chmod o+x" in problem
     top.chmod(0o755)
     assert [p for p in sb._unreachable_by_slurm_user() if f"{top} is mode" in p] == []  # (pytest's dirs are 0700)
+
+
+# ---------------------------------------------------------------- the job user (sandbox.users)
+
+
+def a_user(uid: int, home: Path) -> users.SandboxUser:
+    return users.SandboxUser("someone", uid, uid, home)
+
+
+def test_the_first_directory_a_user_cannot_search_is_named(tmp_path: Path) -> None:
+    """Modes only, as the user would meet them: pytest's own directories are 0700, so the user is their owner
+    here, and a directory whose owner lacks ``x`` stops them (``/root``'s 0700 stops everyone else alike)."""
+    locked = tmp_path / "locked"
+    (locked / "venv" / "bin").mkdir(parents=True)
+    me = a_user(os.getuid(), tmp_path)
+    assert me.unreachable(locked / "venv" / "bin") is None
+    locked.chmod(0o070)  # group and others... but the owner's bits count for the owner
+    try:
+        assert me.unreachable(locked / "venv" / "bin") == locked
+        assert me.unreachable(locked / "missing") == locked
+        assert me.unreachable(tmp_path / "missing") == tmp_path / "missing"
+    finally:
+        locked.chmod(0o700)
+    stranger = a_user(os.getuid() + 1, tmp_path)  # neither owner nor group: the "other" bits count
+    assert stranger.unreachable("/usr/bin") is None
+    assert stranger.unreachable(locked) is not None
+
+
+def test_the_user_s_environment_and_process_keywords(tmp_path: Path) -> None:
+    u = a_user(4321, tmp_path)
+    env = u.env({"PATH": "/usr/bin", "HOME": "/root", "USER": "root"})
+    assert env == {"PATH": "/usr/bin", "HOME": str(tmp_path), "USER": "someone", "LOGNAME": "someone"}
+    assert u.popen_kwargs() == {"user": 4321, "group": 4321, "extra_groups": [], "cwd": str(tmp_path)}
+
+
+def test_a_prefix_the_user_cannot_reach_is_mounted_read_only_for_them(tmp_path: Path, monkeypatch) -> None:
+    """The mount commands (mount(8) needs root: recorded here, not run), the directory made and removed, and
+    a failed remount: one line naming the fix, and the half-made mount undone."""
+    prefix = tmp_path / "root" / "venv"
+    prefix.mkdir(parents=True)
+    monkeypatch.setattr(sys, "prefix", str(prefix))
+    me = a_user(os.getuid(), tmp_path)
+    with users.reachable_prefix(me, tmp_path / "unused") as p:
+        assert p == prefix and not (tmp_path / "unused").exists()
+
+    class Stopped(users.SandboxUser):  # a user whom the prefix's directory stops (as /root's 0700 does)
+        def unreachable(self, path):
+            return prefix.parent if Path(path) == prefix else None
+
+    ran: list = []
+
+    def fake_run(argv, **kw):
+        ran.append(argv)
+        fails = "remount,bind,ro" in argv and "fail" in str(argv[-1])
+        return subprocess.CompletedProcess(argv, 32 if fails else 0, "", "mount: permission denied" if fails else "")
+
+    monkeypatch.setattr(users.subprocess, "run", fake_run)
+    stopped, dest = Stopped("someone", 1, 1, tmp_path), tmp_path / "python"
+    with users.reachable_prefix(stopped, dest) as p:
+        assert p == dest and dest.is_dir()
+        assert ran == [["mount", "--bind", str(prefix), str(dest)], ["mount", "-o", "remount,bind,ro", str(dest)]]
+    assert ran[2:] == [["umount", str(dest)]] and not dest.exists()
+    ran.clear()
+    with pytest.raises(users.SandboxUnavailable) as e, users.reachable_prefix(stopped, tmp_path / "fail"):
+        pass
+    text = str(e.value)
+    assert "\n" not in text and "permission denied" in text and f"chmod o+x {prefix.parent}" in text, text
+    assert ran[-1] == ["umount", str(tmp_path / "fail")] and not (tmp_path / "fail").exists()
