@@ -89,6 +89,12 @@ def production() -> Iterator[Production]:
     problems = cgroup_v1_problems()
     if problems:
         missing_prerequisite("; ".join(problems))
+    for what, where in (("the checkout", REPO), ("the Python environment", Path(sys.prefix))):
+        if Path("/tmp") in where.resolve().parents:  # the jobs' /tmp is their own (job_container/tmpfs)
+            missing_prerequisite(
+                f"{what} {where} is under /tmp, which job_container/tmpfs replaces with a private, empty /tmp "
+                "in every job of the production profile: put it elsewhere (e.g. /var/tmp) to run this module"
+            )
     root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
     root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
     try:
