@@ -29,7 +29,9 @@ decision has a unit test with a fake step and a fake clock (``tests/unit/test_su
 The submitit backend keeps rank 0's decision (submitit owns its batch script); the local backend's ranks
 are started by ``backends.local``.
 
-Imports no torch.
+Why over 600 lines: it is the one owner of a job start on the batch host: the plan ``render`` writes, the
+step interface and the loop over steps are one protocol, kept in one place (the rules it applies are pure
+functions of :mod:`slurm_ddp.rundir`). Imports no torch.
 """
 
 from __future__ import annotations
@@ -353,6 +355,7 @@ class Supervisor:
         restart_text = self.env.get("SLURM_RESTART_COUNT") or "0"
         self.restart = int(restart_text) if restart_text.isdigit() else 0
         self.step: Optional[Step] = None
+        self.ended = False  #: no step follows (the end's decision runs)
         self.pending: List[int] = []
         self.got_term = False
         self.got_signal = False
@@ -374,6 +377,8 @@ class Supervisor:
         if step is not None:
             self.log(f"received SIG{name}; forwarding it to the ranks")
             step.send(signum)
+        elif self.ended:
+            self.log(f"received SIG{name} after the ranks ended; nothing to forward it to")
         else:
             self.log(f"received SIG{name} before srun started; forwarding it to the ranks once srun runs")
             self.pending.append(signum)
@@ -735,6 +740,7 @@ class Supervisor:
         from .rundir.oom import describe_oom, mem_per_node_mb
         from .rundir.requeue import oom_of_start
 
+        self.ended = True
         decision = decide_end(self.run_dir, end, self.env)
         self.log(decision.reason)
         oom = None

@@ -67,10 +67,9 @@ its array's first element: 0 but for the later arrays of a sweep past ``MaxArray
 ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
 
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
-cannot disagree: the batch script asks for it after ``srun`` returns
-(``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
-backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision taken in Python
-(submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``, as the batch script does.
+cannot disagree: the job's supervisor (:mod:`slurm_ddp.supervise`) applies it after ``srun`` returns,
+and the submitit backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
+(the supervisor's, submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``.
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),

@@ -198,6 +198,13 @@ def test_a_signal_during_the_step_is_forwarded_and_the_checkpoint_requeues(tmp_p
     assert end["exit_code"] == 75 and end["requeue"] is True and end["by"] == "batch"
 
 
+def test_a_signal_after_the_last_step_is_not_queued(tmp_path: Path) -> None:
+    sup, starter, cluster, lines = make(tmp_path, lambda s, c, i: FakeStep(s, c, rc=3, ticks=1, at={}))
+    assert sup.run() == 3
+    sup.on_signal(signal.SIGTERM)  # Slurm ending the job while the end is decided: said, never queued
+    assert sup.pending == [] and "received SIGTERM after the ranks ended" in text(lines)
+
+
 def test_the_requeue_cap_stops_requeueing(tmp_path: Path) -> None:
     def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
         return FakeStep(sup, clock, rc=75, ticks=1, at={0: lambda: preempt(sup, tmp_path)})
