@@ -25,7 +25,6 @@ from . import container as _container
 from .config import JobConfig, command_argv, env_as_written, unused_settings
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
-from .launch import TORCHRUN_OMP_VAR
 from .rundir import (
     FINISHED_NAME,
     LOGS_DIR,
@@ -33,6 +32,7 @@ from .rundir import (
     RECOVERY_DIR,
     STEP_END_VAR,
     STEP_NODES_VAR,
+    TORCHRUN_OMP_VAR,
     batch_log_name,
     launcher_log_name,
     rank_log_name,
