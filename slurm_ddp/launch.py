@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from .entrypoint import run_main
 from .errors import CommandNotRunnable, UserError
+from .rundir import ENV_EXPANDED_VAR, RUN_DIR_VAR, SIGNAL_VAR, TORCHRUN_OMP_VAR  # the run directory's variables
 
 if TYPE_CHECKING:  # imported where used, so that a plain binding imports as little as it can
     from .binding import BindingPlan
@@ -71,20 +72,6 @@ if TYPE_CHECKING:  # imported where used, so that a plain binding imports as lit
     from .env import DistEnv
 
 USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] [--no-watchdog] -- CMD [ARG...]"
-
-#: Set for CMD: the run directory (absolute), where a script of one's own may keep its snapshots
-#: and ``metrics.jsonl`` (the batch script exports it too), and the job's ``requeue.signal``
-#: (``USR2``), which ``slurm_ddp.preemption`` handles.
-RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
-SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
-#: Set to 1 by the batch script (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
-#: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the
-#: user's choice, so the wrapper plans the rank's own value instead of keeping that one.
-TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
-#: Set for CMD once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``), to the rank
-#: (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through this wrapper a second time (submitit's
-#: ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice.
-ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:

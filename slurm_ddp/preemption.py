@@ -61,13 +61,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional
 
 from .constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from .errors import PeerFailure
+from .rundir import SIGNAL_VAR  # the variable the launch wrapper sets to the job's requeue.signal (USR2)
 from .signals import PreemptionFlag, SignalSpec, ignore_in_loader_workers, worker_signals
 
 if TYPE_CHECKING:
     from .worker.runtime import StepAgreement
 
-#: The variable the launch wrapper sets to the job's ``requeue.signal`` (``USR2``).
-SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
 
 _flag: Optional[PreemptionFlag] = None
 _agreement: Optional[StepAgreement] = None

@@ -92,7 +92,7 @@ class SubmitPlan:
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.shown
+        return "\n".join(head) + "\n" + self.rendered.printed
 
 
 def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:

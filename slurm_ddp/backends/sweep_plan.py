@@ -169,7 +169,7 @@ class SweepPlan:
             ),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.shown
+        return "\n".join(head) + "\n" + self.rendered.printed
 
 
 _SCAN_LIMIT = 2000  #: entries looked at per project entry (a dataset directory is not walked through)

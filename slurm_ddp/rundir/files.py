@@ -43,6 +43,20 @@ STEP_NODES_VAR = "SLURM_DDP_STEP_NODES"
 #: (:func:`write_step_end`): srun, which waits for a lost node's tasks until Slurm marks the node DOWN, is
 #: then ended by the batch script
 STEP_END_VAR = "SLURM_DDP_STEP_END"
+#: set for a rank's command by the launch wrapper (and exported by the batch script): the run directory
+#: (absolute), where a script of one's own may keep its snapshots and ``metrics.jsonl``
+RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
+#: set for a rank's command by the launch wrapper: the job's ``requeue.signal`` (``USR2``), which
+#: ``slurm_ddp.preemption`` handles
+SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
+#: set to 1 by the job's supervisor (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
+#: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the user's
+#: choice, so the launch wrapper plans the rank's own value instead of keeping that one
+TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
+#: set for a rank's command once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``),
+#: to the rank (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through the launch wrapper a second
+#: time (submitit's ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice
+ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
