@@ -14,8 +14,9 @@ The batch script (``job_templates/sbatch.sh.j2``) is its ``#SBATCH`` lines, ``en
    after either, a step that still waits for a lost node's tasks is ended here;
 5. with in-job recovery (config section ``recovery``), the recovery rule
    (:func:`slurm_ddp.rundir.recovery.decide_recovery`) after a failed step: the next step in this job, a
-   requeue without the bad nodes, or the requeue rule; an in-process recovery's generations are read from
-   ``recoveries.jsonl``, so a later plain crash is judged on the nodes the step last trained on;
+   requeue without the bad nodes, or the requeue rule; an in-process step's generations are read from its
+   records in ``recoveries.jsonl``, so a later plain crash is judged on the nodes the step last trained on, and
+   the nodes it lost and did not call back in (``rundir.inprocess_nodes.still_lost``) are given back;
 6. the requeue rule (:func:`slurm_ddp.rundir.decide_requeue`, over a :class:`JobEnd`), its log line, an
    out-of-memory kill named, the start's end record (``ends.jsonl``), ``scontrol requeue`` and the node
    exclusion (:func:`slurm_ddp.rundir.requeue_job`), the job's exit status.
@@ -542,6 +543,7 @@ class Supervisor:
                     f"in-process recovery: the step runs on {','.join(job_nodes)}; the nodes beyond the training "
                     "nodes wait as warm spares"
                 )
+            first_record = len(self.recovery_records()) if r.in_process else 0
             step = self.start_step(self.values(step_nodes, job_nodes), extra)
             rc, ended_here = self.watch_step(step, peer_lost, step_end, r.grace_s)
             self.step = None
@@ -552,7 +554,7 @@ class Supervisor:
                 if status is not None:
                     rc = status
                     self.log(f"rank 0 ended with status {rc}")
-                lost_in_step, generation = self.in_process_outcome()
+                lost_in_step, generation = self.in_process_outcome(first_record)
                 excluded += [n for n in lost_in_step if n not in excluded]
                 if generation:  # the batch side learns each generation's nodes
                     step_nodes = list(generation)
@@ -618,17 +620,26 @@ class Supervisor:
                 step.send(signal.SIGKILL)
                 killed = True
 
-    def in_process_outcome(self) -> Tuple[List[str], Tuple[str, ...]]:
-        """After an in-process recovery step: the nodes it lost (given back to the cluster, logged) and the
-        newest generation's training nodes (empty when no recovery happened in it)."""
+    def recovery_records(self) -> List[Dict[str, Any]]:
+        """The records of the run's ``recoveries.jsonl`` in order (none when it cannot be read)."""
         from .rundir import read_recoveries
-        from .rundir.recovery import IN_PROCESS, in_process_lost
 
         try:
-            records = read_recoveries(self.run_dir)
+            return list(read_recoveries(self.run_dir))
         except (OSError, ValueError):
-            records = []
-        lost = in_process_lost(records, self.job_id, self.restart)
+            return []
+
+    def in_process_outcome(self, first_record: int = 0) -> Tuple[List[str], Tuple[str, ...]]:
+        """After an in-process recovery step: the nodes it lost and did not take back later
+        (``rundir.inprocess_nodes.still_lost``: a node only slow, called in again as a spare, is not lost),
+        given back to the cluster (logged), and the newest generation's training nodes (empty when no recovery
+        happened in it). ``first_record``: the count of ``recoveries.jsonl``'s records when the step started;
+        only the step's own are read (an earlier step's generations are not this one's)."""
+        from .rundir.inprocess_nodes import still_lost
+        from .rundir.recovery import IN_PROCESS
+
+        records = self.recovery_records()[first_record:]
+        lost = still_lost(records, self.job_id, self.restart)
         generation: Tuple[str, ...] = ()
         for rec in records:
             this = str(rec.get("job_id")) == self.job_id and rec.get("restart") == self.restart

@@ -1,10 +1,10 @@
 """In-job recovery from a lost or hung node (config section ``recovery``): THE rule that decides, after
-a training step of a ``--no-kill`` job ended badly, whether the batch script starts the next step inside
+a training step of a ``--no-kill`` job ended badly, whether the job's supervisor starts the next step inside
 the same allocation, on which nodes, or falls back to a requeue (:func:`decide_recovery`, pure); the
 evidence it reads (:func:`gather_evidence`: the step's hang reports, the peer-lost marker the worker
 writes, a short probe step per node); and the node lists of the steps (:func:`start_nodes`,
-:func:`step_with_spares`, :func:`in_process_lost`). The job's supervisor (:mod:`slurm_ddp.supervise`) asks
-them after each step. Part of :mod:`slurm_ddp.rundir`.
+:func:`step_with_spares`; an in-process step's lost nodes: ``rundir.inprocess_nodes.still_lost``). The job's
+supervisor (:mod:`slurm_ddp.supervise`) asks them after each step. Part of :mod:`slurm_ddp.rundir`.
 
 Why our own evidence: Slurm marks a silent node DOWN only after ``SlurmdTimeout`` (300 s by default),
 and a step whose node vanished runs on until then (SLURM-FACTS.md, "A node lost inside a --no-kill
@@ -408,13 +408,3 @@ def step_with_spares(step_nodes: Sequence[str], nodes_now: Sequence[str], exclud
     other nodes now, less ``exclude`` (nodes found lost or hung, possibly not given back), as the warm
     spares. Pure."""
     return [*step_nodes, *(n for n in nodes_now if n not in step_nodes and n not in exclude)]
-
-
-def in_process_lost(recoveries: Sequence[Mapping[str, Any]], job_id: str, restart: int) -> List[str]:
-    """The nodes in-process recovery (``recovery.in_process``) found lost in job ``job_id`` at ``restart``,
-    from its ``in_process`` records in ``recoveries.jsonl``, in order. Pure."""
-    lost: List[str] = []
-    for r in recoveries:
-        if r.get("action") == IN_PROCESS and str(r.get("job_id")) == job_id and r.get("restart") == restart:
-            lost += [str(n) for n in r.get("bad") or () if str(n) not in lost]
-    return lost

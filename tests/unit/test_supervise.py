@@ -356,10 +356,18 @@ def test_the_time_limit_signal_ends_recovery_and_requeues(tmp_path: Path) -> Non
     assert cluster.requeued == [("77", None)] and cluster.probed == []
 
 
-def in_process_record(tmp_path: Path, nodes: List[str], bad: List[str]) -> None:
+def in_process_record(tmp_path: Path, nodes: List[str], bad: List[str], spares_used: Sequence[str] = ()) -> None:
     append_jsonl(
         tmp_path / "recoveries.jsonl",
-        {"job_id": "77", "restart": 0, "action": "in_process", "nodes": nodes, "bad": bad, "time": 1.0},
+        {
+            "job_id": "77",
+            "restart": 0,
+            "action": "in_process",
+            "nodes": nodes,
+            "bad": bad,
+            "spares_used": list(spares_used),
+            "time": 1.0,
+        },
     )
 
 
@@ -383,6 +391,50 @@ def test_generation_change_is_learned_so_a_later_crash_is_a_crash(tmp_path: Path
     assert len(starter.started) == 1 and cluster.requeued == []
     assert "gave node n2, lost in-process, back to the cluster (job NodeList=n1,n3)" in text(lines)
     assert "no node was found lost or hung" in text(lines)
+
+
+def test_a_later_step_is_judged_on_its_own_nodes_not_an_earlier_steps_generation(tmp_path: Path) -> None:
+    """Issue 52 item 6 across steps: step 0 recovered in-process to n1,n3, then lost n3 (restart on n1,n4); step 1's
+    plain crash is judged on n1,n4, not on step 0's generation (n3, still unreachable, is not "lost" again)."""
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=2, in_process=True, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 0:
+            return FakeStep(
+                sup, clock, rc=1, ticks=3, at={1: lambda: in_process_record(tmp_path, ["n1", "n3"], ["n2"])}
+            )
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2", "n3", "n4"], dead=["n2", "n3"])
+    sup, starter, cluster, lines = make(
+        tmp_path,
+        steps,
+        the_plan=plan(recovery=rec),
+        cluster=cluster,
+        env={"SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4"},
+    )
+    assert sup.run() == 1
+    assert [env["SLURM_DDP_STEP_NODES"] for _, env in starter.started] == ["n1,n2", "n1,n4"]
+    assert cluster.probed == [["n3", "n4"], ["n4"]]  # step 1: its own n4, not step 0's generation n1,n3
+    assert cluster.requeued == [] and "not preempted (status 1): not requeueing" in text(lines)
+    assert [r["action"] for r in read_recoveries(tmp_path)] == ["in_process", "restart"]
+
+
+def test_a_node_only_slow_and_called_back_in_is_neither_given_back_nor_kept_out(tmp_path: Path) -> None:
+    """Issue 52 item 1, batch side: n2 was taken for lost, then came back as the spare that replaced n3."""
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=2, in_process=True, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        def recovered_twice() -> None:
+            in_process_record(tmp_path, ["n1", "n3"], ["n2"])
+            in_process_record(tmp_path, ["n1", "n2"], ["n3"], spares_used=["n2"])
+
+        return FakeStep(sup, clock, rc=0, ticks=3, at={1: recovered_twice})
+
+    sup, starter, cluster, lines = make(tmp_path, steps, the_plan=plan(recovery=rec))
+    assert sup.run() == 0
+    assert "gave node n3, lost in-process, back to the cluster (job NodeList=n1,n2)" in text(lines)
+    assert cluster.nodes == ["n1", "n2"]
 
 
 def test_a_failing_spare_leaves_rank_0s_status(tmp_path: Path) -> None:
