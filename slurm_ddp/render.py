@@ -32,13 +32,14 @@ from .rundir import (
     RECOVERY_DIR,
     STEP_END_VAR,
     STEP_NODES_VAR,
+    SWEEP_NAME,
     TORCHRUN_OMP_VAR,
     batch_log_name,
     launcher_log_name,
     rank_log_name,
 )
 from .secrets import redact_argv, redact_env, secret_values
-from .submitenv import SUBMIT_DIR_VAR, batch_unset
+from .submitenv import batch_unset
 from .supervise import PLAN_DELIMITER, JobPlan, RecoveryPlan
 
 TEMPLATE = "sbatch.sh.j2"
@@ -408,7 +409,8 @@ def step_words(cfg: JobConfig, box: Optional[_container.ContainerPlan], python: 
 
 
 def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
-    """What the job's supervisor (``slurm_ddp.supervise``) does for ``cfg``: its :class:`JobPlan`."""
+    """What the job's supervisor (``slurm_ddp.supervise``) does for ``cfg`` submitted in ``run_dir`` (a sweep's:
+    the sweep directory): its :class:`JobPlan`."""
     box = _container.plan(cfg, run_dir)
     s = cfg.slurm
     recovery = None
@@ -435,6 +437,8 @@ def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
         pass_env=tuple(cfg.environment.pass_env),
         recovery=recovery,
         torchrun_omp_var=TORCHRUN_OMP_VAR if s.launcher == "torchrun" else "",
+        submit_dir=run_dir,
+        inherited_unset=tuple(batch_unset(sbatch_options(cfg), keep=[*cfg.environment.pass_env, *cfg.environment.env])),
     )
 
 
@@ -541,8 +545,6 @@ def render(
             env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
             # a caller's srun options this job's request does not set again (a submit by hand from inside a job)
-            inherited_unset=batch_unset(sbatch_options(cfg), keep=[*cfg.environment.pass_env, *cfg.environment.env]),
-            submit_dir_var=SUBMIT_DIR_VAR,
             setup=setup_lines(cfg.environment.setup, "log"),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,
@@ -574,6 +576,7 @@ def render(
             step_end_var=STEP_END_VAR,
             plan_json=plan.to_json(),
             plan_delimiter=PLAN_DELIMITER,
+            sweep_name=SWEEP_NAME,
         )
         return out
 

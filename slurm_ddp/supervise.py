@@ -7,7 +7,8 @@ The batch script (``job_templates/sbatch.sh.j2``) is its ``#SBATCH`` lines, ``en
    signal, or passes it on to a running step; one that arrives before a step runs is queued and delivered once
    it does (the script ignores both from just before its ``exec`` until these are installed, and hands over
    the ones it caught during ``environment.setup``: ``--pending``);
-2. the run's ``FINISHED`` (nothing to do), ``environment.pass_env``, ``scontrol`` on PATH (for the requeue);
+2. the srun input variables a script started by hand inherited, unset (:func:`drop_inherited`); the run's
+   ``FINISHED`` (nothing to do), ``environment.pass_env``, ``scontrol`` on PATH (for the requeue);
 3. the rendezvous (``MASTER_ADDR``/``MASTER_PORT``, :mod:`slurm_ddp.rendezvous`) and the training step, started
    through :class:`StepStarter` (:class:`SrunStarter`: the ``srun`` argv that ``render`` planned);
 4. waiting for it, watching the peer-lost marker and rank 0's step-end file (in-job recovery): ``grace_s``
@@ -51,7 +52,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Mapping, Optional, Protocol, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, MutableMapping, Optional, Protocol, Sequence, Tuple
 
 #: the plan format (``JobPlan.to_json``); a script rendered by another version states its own
 PLAN_VERSION = 1
@@ -109,6 +110,12 @@ class JobPlan:
     recovery: Optional[RecoveryPlan] = None
     #: ``slurm.launcher: torchrun``: export ``OMP_NUM_THREADS=1`` for the agents when it is unset
     torchrun_omp_var: str = ""
+    #: the directory submitted (a sweep's: the sweep directory); ``slurm-ddp submit`` names it in
+    #: ``submitenv.SUBMIT_DIR_VAR``. Started otherwise (``sbatch job.sbatch`` by hand, maybe inside another
+    #: job), the srun input variables in ``inherited_unset`` are unset (:func:`drop_inherited`)
+    submit_dir: str = ""
+    #: the srun input variables this job's own request does not set (``submitenv.batch_unset``)
+    inherited_unset: Tuple[str, ...] = ()
     version: int = PLAN_VERSION
 
     def to_json(self) -> str:
@@ -137,6 +144,8 @@ class JobPlan:
             pass_env=tuple(str(n) for n in d.get("pass_env") or ()),
             recovery=None if rec is None else RecoveryPlan(**rec),
             torchrun_omp_var=str(d.get("torchrun_omp_var") or ""),
+            submit_dir=str(d.get("submit_dir") or ""),
+            inherited_unset=tuple(str(n) for n in d.get("inherited_unset") or ()),
         )
 
     def explain(self) -> List[str]:
@@ -148,6 +157,11 @@ class JobPlan:
             "MASTER_ADDR: this batch host; MASTER_PORT: probed free here, from a port derived from the job id",
             "step: " + " ".join(self.srun_words),
         ]
+        if self.inherited_unset:
+            out.append(
+                f"started by hand (sbatch of the script, not slurm-ddp submit): unset the {len(self.inherited_unset)} "
+                "srun input variables this job's request does not set (submitenv.batch_unset), first"
+            )
         r = self.recovery
         if r is not None:
             nodes = str(r.nodes) if r.nodes else "the job's node count"
@@ -162,6 +176,23 @@ class JobPlan:
                     "the step's; the nodes lost in-process are given back and kept out"
                 )
         return out
+
+
+def drop_inherited(plan: JobPlan, environ: MutableMapping[str, str]) -> List[str]:
+    """Unset in ``environ`` (this process's, before anything runs) the srun input variables a job started
+    without ``slurm-ddp submit`` may have inherited: when ``submitenv.SUBMIT_DIR_VAR`` does not name
+    ``plan.submit_dir``, the script was started by hand (``sbatch job.sbatch``), maybe inside another job whose
+    step options would come as ``SLURM_*`` variables that srun reads (srun(1), "INPUT ENVIRONMENT VARIABLES"),
+    so those this job's own request does not set (``plan.inherited_unset``, ``submitenv.batch_unset``) go.
+    Returns the names unset, in order. A variable ``environment.setup`` exported under such a name goes too."""
+    from .submitenv import SUBMIT_DIR_VAR
+
+    if not plan.submit_dir or environ.get(SUBMIT_DIR_VAR) == plan.submit_dir:
+        return []
+    gone = [n for n in plan.inherited_unset if n in environ]
+    for n in gone:
+        del environ[n]
+    return gone
 
 
 def plan_of_script(script: str) -> JobPlan:
@@ -925,6 +956,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     except (ValueError, KeyError, TypeError) as e:
         _write_stdout(f"slurm_ddp supervise: error: the job plan on stdin is unreadable ({e}); render the job again\n")
         return 2
+    dropped = drop_inherited(plan, os.environ)  # before any srun or scontrol: they read them too
     sup = Supervisor(
         os.path.abspath(args.run_dir),
         plan,
@@ -935,6 +967,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         out=_write_stdout,
     )
     sup.install()
+    if dropped:
+        sup.log(
+            "started without slurm-ddp submit (sbatch of job.sbatch by hand?): unset the inherited srun option "
+            f"variable(s) {', '.join(dropped)}, which this job's own request does not set (slurm_ddp.submitenv)"
+        )
     for name in (n for n in args.pending.split(",") if n):
         sup.on_signal(_signum(name))
     for n in early:
