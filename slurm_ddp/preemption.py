@@ -286,7 +286,7 @@ def exit_if_peer_lost(
             "no survivor save: SLURM_DDP_RUN_DIR is unset, so the survivors have no shared place to agree on one writer"
         )
     elif save is not None and run_dir:
-        from .checkpoint import write_once
+        from .durable import write_once
         from .rundir import survivor_claim_path
 
         t0 = time.perf_counter()

@@ -568,7 +568,7 @@ def write_record(plan: SnapshotPlan, run_dir: Optional[str] = None, *, fsync: bo
     ``run_dir``: another run directory that runs ``plan``'s snapshot (a sweep element runs the
     sweep's one snapshot); default ``plan.run_dir``. ``fsync=False``: renamed into place but not
     fsynced (a thousand sweep elements; a record lost to a power cut is rewritten by resubmitting)."""
-    from .checkpoint import atomic_write_text
+    from .durable import atomic_write_text
 
     target = Path(run_dir or plan.run_dir) / SNAPSHOT_NAME
     text = json.dumps(plan.record(run_dir), indent=1) + "\n"

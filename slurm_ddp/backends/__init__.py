@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .. import container
-from ..checkpoint.durable import current_umask
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
+from ..durable import current_umask
 from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
 from ..provenance import record_submit

@@ -190,7 +190,7 @@ def write_private_text(path: PathLike, text: str, run_dir_mode: str = "private",
     """Write ``text`` to ``path`` (one of ``PRIVATE_FILES``, or a saved diff) atomically and durably
     (``checkpoint.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
     mode) set before the text is written, whatever the umask. Raises ``OSError``, ``ValueError``."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     modes = private_modes(run_dir_mode)
     atomic_write_text(path, text, mode=modes.script if script else modes.file)
@@ -324,7 +324,7 @@ def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
 
 def write_sweep_manifest(path: PathLike, record: Dict[str, Any]) -> None:
     """Write the sweep directory's ``SWEEP_NAME`` record atomically."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(path) / SWEEP_NAME, json.dumps(record, indent=1) + "\n")
 
@@ -506,7 +506,7 @@ class LocalWait:
 
 def record_waiting(run_dir: PathLike, wait: LocalWait) -> None:
     """Write ``RUN_DIR/waiting.json`` (atomically; the directory is created if missing). Raises ``OSError``."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     os.makedirs(run_dir, exist_ok=True)
     atomic_write_text(Path(run_dir) / WAITING_NAME, json.dumps(wait.to_dict()) + "\n")
@@ -647,7 +647,7 @@ def read_preempted(run_dir: PathLike) -> Optional[Preempted]:
 
 def write_preempted(run_dir: PathLike, marker: Preempted) -> None:
     """Write the ``PREEMPTED`` marker atomically (rank 0, after the checkpoint is committed)."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(run_dir) / PREEMPTED_NAME, marker.line())
 
@@ -671,7 +671,7 @@ def read_finished(run_dir: PathLike) -> Optional[Dict[str, Any]]:
 
 def write_finished(run_dir: PathLike, record: Dict[str, Any]) -> None:
     """Write the ``FINISHED`` marker (JSON) atomically; rank 0 only, after the final checkpoint."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(run_dir) / FINISHED_NAME, json.dumps(record) + "\n")
 

@@ -21,8 +21,8 @@ from lib import require_module
 from lib.own_project import git
 
 from slurm_ddp.backends import plan_submit
-from slurm_ddp.checkpoint import atomic_write_text
 from slurm_ddp.config import load_config
+from slurm_ddp.durable import atomic_write_text
 from slurm_ddp.errors import ConfigError
 from slurm_ddp.secrets import (
     REDACTED,
