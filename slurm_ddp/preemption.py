@@ -247,7 +247,7 @@ def exit_if_peer_lost(
 
     1. ``save`` (optional; the script's own snapshot of the last completed step, e.g. rank 0's
        epoch-end save) runs on exactly one survivor: the first to claim this job step's save
-       (``slurm_ddp.checkpoint.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
+       (``slurm_ddp.durable.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
        file create in the run directory, atomic on shared file systems; one claim per job step, not per
        ``step`` value, so two survivors one training step apart never write the snapshot at once). The
        other survivors wait up to ``wait_s`` seconds (default ``slurm_ddp.constants.EMERGENCY_WAIT_S``,

@@ -188,7 +188,7 @@ def private_dir(path: PathLike, run_dir_mode: str = "private") -> Path:
 
 def write_private_text(path: PathLike, text: str, run_dir_mode: str = "private", *, script: bool = False) -> None:
     """Write ``text`` to ``path`` (one of ``PRIVATE_FILES``, or a saved diff) atomically and durably
-    (``checkpoint.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
+    (``durable.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
     mode) set before the text is written, whatever the umask. Raises ``OSError``, ``ValueError``."""
     from ..durable import atomic_write_text
 
@@ -579,7 +579,7 @@ def write_step_end(environ: Mapping[str, str], status: int) -> bool:
 
 
 def survivor_claim_path(run_dir: PathLike, environ: Mapping[str, str]) -> Path:
-    """The claim file (``slurm_ddp.checkpoint.write_once``) by which the survivors of a lost peer in one
+    """The claim file (``slurm_ddp.durable.write_once``) by which the survivors of a lost peer in one
     training step pick the one that runs a ``train.command`` script's own save
     (``slurm_ddp.preemption.exit_if_peer_lost``): one per job step, so the survivors agree even when
     they completed different training steps. ``RUN_DIR/recovery/NAME.save.claim``, NAME the step's peer-lost marker's
