@@ -385,11 +385,11 @@ def _dry_run_report(plan: BindingPlan, full: List[str], denv: DistEnv) -> Dict[s
 
 
 def _record_start(run_dir: str, environ: Mapping[str, str], denv: DistEnv) -> None:
-    """Rank 0: this start in ``provenance.json`` (``slurm_ddp.provenance``), once per start; a failure to
+    """Rank 0: this start in ``provenance.json`` (``slurm_ddp.rundir.provenance``), once per start; a failure to
     write it is a note on stderr."""
     if denv.rank != 0:
         return
-    from .provenance import record_start
+    from .rundir.provenance import record_start
 
     try:
         record_start(run_dir, environ, job_id=denv.job_id, restart=denv.restart_count, world_size=denv.world_size)

@@ -80,8 +80,10 @@ The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME``
 of what a stop does to a run: :func:`at_stop`), ``script_checkpoints`` (a ``train.command`` script's
 own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``oom`` (an
 out-of-memory kill recognised in Slurm's lines and states), ``requeue`` (the requeue and finished
-rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
-after a lost or hung node, with its evidence and entry points).
+rules) and ``recovery`` (the in-job recovery rule after a lost or hung node, with its evidence); the job's
+supervisor (``slurm_ddp.supervise``) asks them. Imported by their own path: ``provenance`` (what ran, where:
+``provenance.json``), ``inprocess_nodes`` (the nodes an in-process step really lost), ``interval`` (the
+checkpoint interval rule).
 """
 
 from __future__ import annotations

@@ -76,7 +76,7 @@ DEFAULT_RUNS_DIR = "runs"
 SNAPSHOTS_DIR = "code"
 #: the snapshot the ranks run from (JSON: digest, directory, source roots), rewritten at each submit
 SNAPSHOT_NAME = "snapshot.json"
-#: what ran, where: submits and starts (JSON, see ``slurm_ddp.provenance``)
+#: what ran, where: submits and starts (JSON, see ``slurm_ddp.rundir.provenance``)
 PROVENANCE_NAME = "provenance.json"
 #: ``environment.container`` (``slurm_ddp.container``): what submit prepares for the ranks' container,
 #: ``RUN_DIR/container/python/slurm_ddp`` (a copy of the package, first on the ranks' PYTHONPATH) and

@@ -1,4 +1,4 @@
-"""The code snapshot at submit and the provenance record (slurm_ddp.snapshot, slurm_ddp.provenance),
+"""The code snapshot at submit and the provenance record (slurm_ddp.snapshot, slurm_ddp.rundir.provenance),
 through ``slurm-ddp submit`` with a fake sbatch: what is copied, where the ranks' paths go, the
 content addressing, the resubmit rule, the size cap and the bad-input lines."""
 
@@ -18,7 +18,7 @@ from lib.own_project import git
 
 from slurm_ddp.cli import main
 from slurm_ddp.config import load_config
-from slurm_ddp.provenance import changes, torch_mismatch
+from slurm_ddp.rundir.provenance import changes, torch_mismatch
 from slurm_ddp.snapshot import plan_snapshot, run_pythonpath
 from slurm_ddp.supervise import plan_of_script
 
@@ -457,7 +457,7 @@ def test_provenance_records_torch_as_torch_version_has_it(tmp_path, monkeypatch)
     """PyPI's CUDA wheel of torch 2.13.0: metadata version ``2.13.0``, ``torch.__version__``
     ``2.13.0+cu130``. Provenance records the latter, as the checkpoint manifest does (``torch_version``),
     so a resume with the same torch is no mismatch; the metadata version only without a ``version.py``."""
-    from slurm_ddp.provenance import versions
+    from slurm_ddp.rundir.provenance import versions
 
     cuda = tmp_path / "cuda"
     _fake_torch(cuda, "2.13.0", "__version__ = '2.13.0+cu130'\ncuda: Optional[str] = '13.0'\n")
