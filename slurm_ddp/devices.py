@@ -45,6 +45,9 @@ address (``torch.cuda.get_device_properties``) names it for certain (``cuda_pci_
 Readers of this machine (not pure; each takes its root as a parameter for tests):
 ``read_devices_constrained`` (slurm.conf/cgroup.conf), ``nvidia_minor`` (/proc/driver/nvidia),
 ``pci_numa_node`` (/sys/bus/pci/devices).
+
+Why over 600 lines: it is the one owner of a rank's GPU: the selection rule, the physical GPU under each
+Slurm binding and the NCCL variables all read the same Slurm GPU variables, parsed here once.
 """
 
 from __future__ import annotations

@@ -64,6 +64,7 @@ from typing import TYPE_CHECKING, Any, Dict, List, Mapping, Optional, Sequence, 
 
 from .entrypoint import run_main
 from .errors import CommandNotRunnable, UserError
+from .rundir import ENV_EXPANDED_VAR, RUN_DIR_VAR, SIGNAL_VAR, TORCHRUN_OMP_VAR  # the run directory's variables
 
 if TYPE_CHECKING:  # imported where used, so that a plain binding imports as little as it can
     from .binding import BindingPlan
@@ -71,20 +72,6 @@ if TYPE_CHECKING:  # imported where used, so that a plain binding imports as lit
     from .env import DistEnv
 
 USAGE = "usage: python -m slurm_ddp.launch --run-dir DIR [--dry-run] [--rank-log] [--no-watchdog] -- CMD [ARG...]"
-
-#: Set for CMD: the run directory (absolute), where a script of one's own may keep its snapshots
-#: and ``metrics.jsonl`` (the batch script exports it too), and the job's ``requeue.signal``
-#: (``USR2``), which ``slurm_ddp.preemption`` handles.
-RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
-SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
-#: Set to 1 by the batch script (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
-#: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the
-#: user's choice, so the wrapper plans the rank's own value instead of keeping that one.
-TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
-#: Set for CMD once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``), to the rank
-#: (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through this wrapper a second time (submitit's
-#: ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice.
-ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 
 
 def parse_args(argv: Sequence[str]) -> Tuple[str, bool, List[str]]:
@@ -256,16 +243,63 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _bind_and_exec(argv: Sequence[str]) -> int:
-    from .binding import APPLIED_VAR, format_cpulist
-    from .config import expand_env, load_config
-    from .env import DistEnv, container_step_env
-    from .rundir import CONFIG_NAME, ELEMENT_WORKDIR, LOGS_DIR, rank_log_name
+    """The wrapper's work, step by step: the config, this rank's environment, the binding plan and the
+    command's environment, the command (``train.command``: its arguments, working directory and resume),
+    then a dry run's report, or the start's record, the CPU pinning, the rank log and the exec (or, for a
+    ``train.command``, the supervised run)."""
+    from .binding import APPLIED_VAR
 
     run_dir, dry, rank_log, no_watchdog, cmd = parse_options(argv)
+    cfg = _load_run_config(run_dir)
+    environ, denv = _rank_environ(cfg, run_dir)
+    plan = plan_here(cfg, environ)
+    env = plan.environ(environ)
+    env[APPLIED_VAR] = plan.summary()
+    env.update(_command_environ(cfg, denv, env, run_dir))
+    resume_notes: List[str] = []
+    # the rank's train.command (not submitit's Python that starts it through this wrapper again: --no-watchdog)
+    if cfg.train.command and not no_watchdog:
+        cmd, resume_notes = _prepare_command(cfg, denv, env, cmd, publish=not dry)
+        run_dir = env[RUN_DIR_VAR]  # absolute: the paths below must not follow the chdir
+    full = plan.command(cmd)
+    if dry:
+        print(json.dumps(_dry_run_report(plan, full, denv), indent=1))
+        return 0
+    for note in plan.notes:
+        print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
+    _record_start(run_dir, environ, denv)
+    _pin(plan.affinity)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if rank_log:
+        _to_rank_log(run_dir, denv.rank)
+    for note in resume_notes:  # in the rank's log (srun's --output, or the one opened above)
+        print(f"slurm_ddp launch: rank {denv.rank}: {note}", file=sys.stderr, flush=True)
+    if cfg.train.command:
+        return _supervise(cfg, denv, env, full, watchdog=not no_watchdog)
+    return _exec_worker(cfg, denv, env, full, watchdog=not no_watchdog)
+
+
+def _load_run_config(run_dir: str) -> JobConfig:
+    """The run directory's ``config.yaml``. Raises ``UserError`` when ``run_dir`` holds none."""
+    from .config import load_config
+    from .rundir import CONFIG_NAME
+
     path = Path(run_dir) / CONFIG_NAME
     if not path.is_file():
         raise UserError(f"{path} does not exist: --run-dir must be a run directory made by `slurm-ddp submit`")
-    cfg = load_config(path)
+    return load_config(path)
+
+
+def _rank_environ(cfg: JobConfig, run_dir: str) -> Tuple[Dict[str, str], DistEnv]:
+    """This rank's environment before the binding plan, and its place in the job: the rank variables an OCI
+    container's task lacks (``env.container_step_env``), torchrun's ``OMP_NUM_THREADS=1`` dropped
+    (``TORCHRUN_OMP_VAR``), ``environment.env``'s ``$NAME`` values expanded once per rank start
+    (``ENV_EXPANDED_VAR``; before the plan, which reads ``OMP_*``/``KMP_*``), this interpreter first on
+    ``PATH``. PID 1 of the local backend's OCI container is tied to its parent first."""
+    from .config import expand_env
+    from .env import DistEnv, container_step_env
+
     environ = dict(os.environ)
     if os.getpid() == 1 and environ.get("SLURM_DDP_BACKEND") == "local":
         # PID 1 of the local backend's OCI container (container.local_rank_argv): like every local rank it must
@@ -281,94 +315,119 @@ def _bind_and_exec(argv: Sequence[str]) -> int:
     this_rank = f"{Path(run_dir).resolve()}:{denv.job_id}:{denv.restart_count}:{denv.rank}"
     if environ.get(ENV_EXPANDED_VAR) != this_rank:  # not again in a start through this wrapper (submitit's command)
         # environment.env's values with $NAME, in the rank's environment (the torchrun variables and the run
-        # directory too), as train.command's words; before the binding plan, which reads OMP_*/KMP_*
+        # directory too), as train.command's words
         seen = {**environ, **denv.torch_env(), RUN_DIR_VAR: str(Path(run_dir).resolve())}
         environ.update(expand_env(cfg.environment.env, seen))
         environ[ENV_EXPANDED_VAR] = this_rank
     environ["PATH"] = python_first_on_path(environ.get("PATH", ""), sys.executable)
-    plan = plan_here(cfg, environ)
-    env = plan.environ(environ)
-    env[APPLIED_VAR] = plan.summary()
+    return environ, denv
+
+
+def _command_environ(cfg: JobConfig, denv: DistEnv, env: Mapping[str, str], run_dir: str) -> Dict[str, str]:
+    """What the command's environment ``env`` (the binding plan's) gets on top: NCCL's defaults where the user
+    set none (GPU jobs, ``devices.NCCL_DEFAULTS``), the torchrun environment contract (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``, ``MASTER_ADDR``/``PORT``)
+    whichever launcher started it, the run directory and ``requeue.signal``, the checkpoint interval rule's
+    figures (``checkpoint.every_s: auto``), the trackers' run ids."""
+    out: Dict[str, str] = {}
     if cfg.slurm.gpu_job:  # NCCL's settings where the user set none (slurm_ddp.devices.NCCL_DEFAULTS)
         from .devices import nccl_environment
 
-        env.update(nccl_environment(env)[0])
-    # The torchrun environment contract (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
-    # GROUP_RANK/NODE_RANK, MASTER_ADDR/PORT) for CMD, whichever launcher started it.
-    env.update(denv.torch_env())
-    env[RUN_DIR_VAR] = str(Path(run_dir).resolve())
-    env[SIGNAL_VAR] = cfg.requeue.signal_name
+        out.update(nccl_environment(dict(env))[0])
+    out.update(denv.torch_env())
+    out[RUN_DIR_VAR] = str(Path(run_dir).resolve())
+    out[SIGNAL_VAR] = cfg.requeue.signal_name
     if cfg.checkpoint.auto_interval:  # the interval rule's figures for the script (slurm_ddp.preemption)
-        env.update(_interval_environment(cfg, denv, Path(run_dir)))
+        out.update(_interval_environment(cfg, denv, Path(run_dir)))
     if cfg.tracking.mlflow.enabled or cfg.tracking.wandb.enabled:  # MLFLOW_RUN_ID, WANDB_RUN_ID … (slurm_ddp.tracking)
         from .tracking import rank_env
 
-        env.update(rank_env(run_dir))
-    # the rank's train.command (not submitit's Python that starts it through this wrapper again: --no-watchdog):
-    # the run's (a sweep element's) train.args as ${args.NAME} and --NAME=VALUE, its working directory
-    if cfg.train.command and not no_watchdog:
-        cmd = expand_command(cmd, env, cfg.train.args)
-        run_dir = env[RUN_DIR_VAR]  # absolute: the paths below must not follow the chdir
-        work = Path(run_dir) / ELEMENT_WORKDIR
-        if work.is_dir():  # a sweep element: its relative outputs are its own (made at submit)
-            try:
-                os.chdir(work)
-            except OSError as err:
-                raise UserError(f"cannot enter the sweep element's working directory {work}: {err}") from None
-        cmd, resume_notes = resume_command(cfg, denv, env, cmd, publish=not dry)
-    else:
-        resume_notes = []
-    full = plan.command(cmd)
-    if dry:
-        print(
-            json.dumps(
-                {
-                    "cpus": format_cpulist(plan.cpus),
-                    "affinity": None if plan.affinity is None else format_cpulist(plan.affinity),
-                    "numa_nodes": list(plan.numa_nodes),
-                    "threads": plan.threads,
-                    "env": dict(plan.env),
-                    "kept": dict(plan.kept),
-                    "preload": list(plan.preload),
-                    "source": plan.source,
-                    "notes": list(plan.notes),
-                    "command": full,
-                    "torch_env": denv.torch_env(),
-                },
-                indent=1,
-            )
-        )
-        return 0
-    for note in plan.notes:
-        print(f"slurm_ddp launch: note: {note}", file=sys.stderr, flush=True)
-    if denv.rank == 0:  # this start in provenance.json (slurm_ddp.provenance), once per start
-        from .provenance import record_start
+        out.update(rank_env(run_dir))
+    return out
 
+
+def _prepare_command(
+    cfg: JobConfig, denv: DistEnv, env: Dict[str, str], cmd: List[str], *, publish: bool
+) -> Tuple[List[str], List[str]]:
+    """A ``train.command`` rank's command and the notes for its log: the run's (a sweep element's)
+    ``train.args`` as ``${args.NAME}`` and ``--NAME=VALUE``, the sweep element's working directory entered,
+    ``train.resume``'s checkpoint (``resume_command``). Raises ``UserError`` when the working directory cannot
+    be entered."""
+    from .rundir import ELEMENT_WORKDIR
+
+    cmd = expand_command(cmd, env, cfg.train.args)
+    work = Path(env[RUN_DIR_VAR]) / ELEMENT_WORKDIR
+    if work.is_dir():  # a sweep element: its relative outputs are its own (made at submit)
         try:
-            record_start(run_dir, environ, job_id=denv.job_id, restart=denv.restart_count, world_size=denv.world_size)
+            os.chdir(work)
         except OSError as err:
-            print(f"slurm_ddp launch: note: could not record this start's provenance: {err}", file=sys.stderr)
-    if plan.affinity is not None:
-        try:
-            os.sched_setaffinity(0, plan.affinity)
-        except OSError as err:
-            raise UserError(f"cannot pin this task to CPUs {format_cpulist(plan.affinity)}: {err}") from None
-    sys.stdout.flush()
-    sys.stderr.flush()
-    if rank_log:
-        log_path = Path(run_dir) / LOGS_DIR / rank_log_name(denv.rank)
-        try:
-            fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        except OSError as err:
-            raise UserError(f"cannot open the rank log {log_path}: {err}") from None
-        os.dup2(fd, 1)
-        os.dup2(fd, 2)
-        os.close(fd)
-    for note in resume_notes:  # in the rank's log (srun's --output, or the one opened above)
-        print(f"slurm_ddp launch: rank {denv.rank}: {note}", file=sys.stderr, flush=True)
-    if cfg.train.command:
-        return _supervise(cfg, denv, env, full, watchdog=not no_watchdog)
-    if cfg.watchdog.enabled and not no_watchdog:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
+            raise UserError(f"cannot enter the sweep element's working directory {work}: {err}") from None
+    return resume_command(cfg, denv, env, cmd, publish=publish)
+
+
+def _dry_run_report(plan: BindingPlan, full: List[str], denv: DistEnv) -> Dict[str, Any]:
+    """``--dry-run``'s JSON document: the binding plan, the command and the torchrun environment."""
+    from .binding import format_cpulist
+
+    return {
+        "cpus": format_cpulist(plan.cpus),
+        "affinity": None if plan.affinity is None else format_cpulist(plan.affinity),
+        "numa_nodes": list(plan.numa_nodes),
+        "threads": plan.threads,
+        "env": dict(plan.env),
+        "kept": dict(plan.kept),
+        "preload": list(plan.preload),
+        "source": plan.source,
+        "notes": list(plan.notes),
+        "command": full,
+        "torch_env": denv.torch_env(),
+    }
+
+
+def _record_start(run_dir: str, environ: Mapping[str, str], denv: DistEnv) -> None:
+    """Rank 0: this start in ``provenance.json`` (``slurm_ddp.rundir.provenance``), once per start; a failure to
+    write it is a note on stderr."""
+    if denv.rank != 0:
+        return
+    from .rundir.provenance import record_start
+
+    try:
+        record_start(run_dir, environ, job_id=denv.job_id, restart=denv.restart_count, world_size=denv.world_size)
+    except OSError as err:
+        print(f"slurm_ddp launch: note: could not record this start's provenance: {err}", file=sys.stderr)
+
+
+def _pin(affinity: Optional[Sequence[int]]) -> None:
+    """Pin this process to the plan's CPUs (``None``: leave it). Raises ``UserError``."""
+    if affinity is None:
+        return
+    from .binding import format_cpulist
+
+    try:
+        os.sched_setaffinity(0, affinity)
+    except OSError as err:
+        raise UserError(f"cannot pin this task to CPUs {format_cpulist(affinity)}: {err}") from None
+
+
+def _to_rank_log(run_dir: str, rank: int) -> None:
+    """``--rank-log``: stdout and stderr appended to ``logs/rank-N.log`` (torchrun's workers have no srun
+    ``--output`` of their own). Raises ``UserError``."""
+    from .rundir import LOGS_DIR, rank_log_name
+
+    log_path = Path(run_dir) / LOGS_DIR / rank_log_name(rank)
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    except OSError as err:
+        raise UserError(f"cannot open the rank log {log_path}: {err}") from None
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def _exec_worker(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str], *, watchdog: bool) -> int:
+    """The shared worker (or a task's command): its hang watchdog started beside it, then exec'd in place of
+    this process. Raises ``CommandNotRunnable``; returns only in a test's patched exec."""
+    if cfg.watchdog.enabled and watchdog:  # the rank's hang watchdog, a process beside it (slurm_ddp.watchdog)
         from .watchdog import start_for_rank
 
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))

@@ -61,13 +61,12 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional
 
 from .constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from .errors import PeerFailure
+from .rundir import SIGNAL_VAR  # the variable the launch wrapper sets to the job's requeue.signal (USR2)
 from .signals import PreemptionFlag, SignalSpec, ignore_in_loader_workers, worker_signals
 
 if TYPE_CHECKING:
     from .worker.runtime import StepAgreement
 
-#: The variable the launch wrapper sets to the job's ``requeue.signal`` (``USR2``).
-SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
 
 _flag: Optional[PreemptionFlag] = None
 _agreement: Optional[StepAgreement] = None
@@ -248,7 +247,7 @@ def exit_if_peer_lost(
 
     1. ``save`` (optional; the script's own snapshot of the last completed step, e.g. rank 0's
        epoch-end save) runs on exactly one survivor: the first to claim this job step's save
-       (``slurm_ddp.checkpoint.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
+       (``slurm_ddp.durable.write_once`` on ``slurm_ddp.rundir.survivor_claim_path``: an exclusive
        file create in the run directory, atomic on shared file systems; one claim per job step, not per
        ``step`` value, so two survivors one training step apart never write the snapshot at once). The
        other survivors wait up to ``wait_s`` seconds (default ``slurm_ddp.constants.EMERGENCY_WAIT_S``,
@@ -287,7 +286,7 @@ def exit_if_peer_lost(
             "no survivor save: SLURM_DDP_RUN_DIR is unset, so the survivors have no shared place to agree on one writer"
         )
     elif save is not None and run_dir:
-        from .checkpoint import write_once
+        from .durable import write_once
         from .rundir import survivor_claim_path
 
         t0 = time.perf_counter()

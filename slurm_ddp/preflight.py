@@ -199,7 +199,7 @@ class ImportCache:
         return all(PathFinder.find_spec(name, [here]) is None for name in top)
 
     def remember(self, key: str, loaded: Any) -> None:
-        from .checkpoint.durable import atomic_write_text
+        from .durable import atomic_write_text
 
         try:
             self.directory.mkdir(parents=True, exist_ok=True)

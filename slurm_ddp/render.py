@@ -25,7 +25,6 @@ from . import container as _container
 from .config import JobConfig, command_argv, env_as_written, unused_settings
 from .constants import PREEMPTED_EXIT_CODE, __version__
 from .errors import UserError
-from .launch import TORCHRUN_OMP_VAR
 from .rundir import (
     FINISHED_NAME,
     LOGS_DIR,
@@ -33,12 +32,15 @@ from .rundir import (
     RECOVERY_DIR,
     STEP_END_VAR,
     STEP_NODES_VAR,
+    SWEEP_NAME,
+    TORCHRUN_OMP_VAR,
     batch_log_name,
     launcher_log_name,
     rank_log_name,
 )
 from .secrets import redact_argv, redact_env, secret_values
-from .submitenv import SUBMIT_DIR_VAR, batch_unset
+from .submitenv import batch_unset
+from .supervise import PLAN_DELIMITER, JobPlan, RecoveryPlan
 
 TEMPLATE = "sbatch.sh.j2"
 #: In-job recovery: seconds the batch script lets srun end a step after a rank saw a peer vanish, before
@@ -385,6 +387,61 @@ def _container_env(box: Optional[_container.ContainerPlan]) -> str:
     return f'{clear}PYTHONPATH={shlex.quote(box.python_dir)}"${{PYTHONPATH:+:$PYTHONPATH}}" '
 
 
+def step_words(cfg: JobConfig, box: Optional[_container.ContainerPlan], python: str) -> List[str]:
+    """The training step's ``srun`` command as shell words (``srun_flags``, the rank log, the container's
+    options, the launch wrapper, ``rank_command``), naming only ``supervise.STEP_VARIABLES``: the job's
+    supervisor expands them for each step (``supervise.expand_word``)."""
+    q = shlex.quote
+    python_word = '"$CONTAINER_PYTHON"' if box is not None else '"$PYTHON"'
+    torchrun = cfg.slurm.launcher == "torchrun"
+    log = launcher_log_name("%n") if torchrun else rank_log_name("%t")
+    words = ["srun", *srun_flags(cfg), f'--output="$RUN_DIR"/{q(LOGS_DIR)}/{q(log)}']
+    if cfg.train.workdir:
+        words.append(f"--chdir={q(cfg.train.workdir)}")
+    if box is not None:
+        words += [*box.srun_flags, *box.prefix]
+    launch = [python_word, "-m", "slurm_ddp.launch", "--run-dir", '"$RUN_DIR"']
+    if torchrun:
+        words += [python_word, "-m", "torch.distributed.run", *torchrun_flags(cfg)]
+        words += ['--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT"', '--rdzv-id="$SLURM_JOB_ID"', "--no-python"]
+        launch.append("--rank-log")
+    return [*words, *launch, "--", *rank_command(cfg, python, python_word)]
+
+
+def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
+    """What the job's supervisor (``slurm_ddp.supervise``) does for ``cfg`` submitted in ``run_dir`` (a sweep's:
+    the sweep directory): its :class:`JobPlan`."""
+    box = _container.plan(cfg, run_dir)
+    s = cfg.slurm
+    recovery = None
+    if cfg.in_job_recovery:
+        recovery = RecoveryPlan(
+            nodes=s.min_nodes if s.min_nodes == s.max_nodes else 0,
+            min_nodes=cfg.recovery_min_nodes,
+            max_restarts=cfg.recovery.max_restarts,
+            in_process=cfg.recovery.in_process,
+            grace_s=PEER_LOST_GRACE_S,
+        )
+    clear = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")
+    return JobPlan(
+        signal=cfg.requeue.signal_name,
+        max_requeues=cfg.requeue.max_requeues,
+        command_mode=bool(cfg.train.command),
+        launcher=s.launcher,
+        srun_words=tuple(step_words(cfg, box, python)),
+        python=python,
+        container_python=box.python if box is not None else "",
+        step_env=tuple((n, "") for n in clear) if box is not None and box.runtime == "oci" else (),
+        pythonpath_first=box.python_dir if box is not None else "",
+        pythonpath_alone=bool(box is not None and box.clean_env),
+        pass_env=tuple(cfg.environment.pass_env),
+        recovery=recovery,
+        torchrun_omp_var=TORCHRUN_OMP_VAR if s.launcher == "torchrun" else "",
+        submit_dir=run_dir,
+        inherited_unset=tuple(batch_unset(sbatch_options(cfg), keep=[*cfg.environment.pass_env, *cfg.environment.env])),
+    )
+
+
 @dataclass(frozen=True)
 class ArrayJob:
     """A sweep's job array (``slurm_ddp.sweep``): ``render`` then writes one script for all elements.
@@ -416,6 +473,15 @@ class RenderedJob:
     shown: str = ""
     #: lines ``render`` and ``submit`` print to stderr (``job_warnings``); not in the script
     warnings: Tuple[str, ...] = ()
+
+    @property
+    def printed(self) -> str:
+        """What ``render`` and ``submit --dry-run`` print: ``shown``, then what the job's supervisor will do
+        (``supervise.JobPlan.explain`` of the script's plan) in comment lines after it, where nothing runs."""
+        from .supervise import plan_of_script
+
+        said = "".join(f"#   {line}\n" for line in plan_of_script(self.shown).explain())
+        return f"{self.shown}# ---- what python -m slurm_ddp.supervise does for this job (its plan) ----\n{said}"
 
 
 def render(
@@ -454,6 +520,7 @@ def render(
             "--run-dir, or leave environment.container out"
         )
     box = _container.plan(cfg, run_dir)
+    plan = job_plan(cfg, run_dir, py)
 
     def text(values: Mapping[str, str]) -> str:
         out: str = template.render(
@@ -478,8 +545,6 @@ def render(
             env_at_rank_start=sorted(set(cfg.environment.env) - set(env)),
             pass_env=list(cfg.environment.pass_env),
             # a caller's srun options this job's request does not set again (a submit by hand from inside a job)
-            inherited_unset=batch_unset(sbatch_options(cfg), keep=[*cfg.environment.pass_env, *cfg.environment.env]),
-            submit_dir_var=SUBMIT_DIR_VAR,
             setup=setup_lines(cfg.environment.setup, "log"),
             srun_flags=srun_flags(cfg),
             launcher=cfg.slurm.launcher,
@@ -509,6 +574,9 @@ def render(
             in_process=cfg.in_job_recovery and cfg.recovery.in_process,
             step_nodes_var=STEP_NODES_VAR,
             step_end_var=STEP_END_VAR,
+            plan_json=plan.to_json(),
+            plan_delimiter=PLAN_DELIMITER,
+            sweep_name=SWEEP_NAME,
         )
         return out
 

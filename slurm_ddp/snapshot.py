@@ -51,6 +51,9 @@ slurm_ddp itself is never copied: it runs from the installed package (the launch
 script's helpers and the worker import it before any snapshot path is on ``sys.path``), so its
 source directory is left out even when it lies in the snapshotted repository. Installed packages
 are the environment's, recorded by digest in ``provenance.json``, not copied.
+
+Why over 600 lines: what is copied, its digest, the remap of the ranks' code paths and the resubmit check
+are one contract between submit and every start of the run.
 """
 
 from __future__ import annotations
@@ -565,7 +568,7 @@ def write_record(plan: SnapshotPlan, run_dir: Optional[str] = None, *, fsync: bo
     ``run_dir``: another run directory that runs ``plan``'s snapshot (a sweep element runs the
     sweep's one snapshot); default ``plan.run_dir``. ``fsync=False``: renamed into place but not
     fsynced (a thousand sweep elements; a record lost to a power cut is rewritten by resubmitting)."""
-    from .checkpoint import atomic_write_text
+    from .durable import atomic_write_text
 
     target = Path(run_dir or plan.run_dir) / SNAPSHOT_NAME
     text = json.dumps(plan.record(run_dir), indent=1) + "\n"

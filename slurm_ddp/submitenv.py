@@ -21,9 +21,9 @@ caller's job and step variables (:func:`submit_environ`), rather than ``sbatch -
 login shell hands on (``PATH``, modules, conda, ``environment.pass_env``). A requeue keeps the
 environment of the submit, so it stays clean. That environment also names the directory submitted
 (:data:`SUBMIT_DIR_VAR`); a batch script that does not find its own there was started by hand
-(``sbatch job.sbatch``, maybe inside an allocation) and unsets, before its ``srun``, the srun input
-variables its own request does not set (:func:`batch_unset`): by then it cannot tell a caller's job
-from the user's own settings.
+(``sbatch job.sbatch``, maybe inside an allocation): its supervisor (``supervise.drop_inherited``) unsets,
+before any ``srun``, the srun input variables its own request does not set (:func:`batch_unset`): by
+then it cannot tell a caller's job from the user's own settings.
 
 The rule (:func:`caller_job_variables`), inside a job only (``SLURM_JOB_ID`` or ``SLURM_JOBID`` set:
 an ``salloc`` shell, a step, a rank); from a login shell nothing is left out, so a submit from there
@@ -272,7 +272,8 @@ def submit_environ(
 
 
 def batch_unset(options: Mapping[str, Optional[str]], keep: Sequence[str] = ()) -> List[str]:
-    """The srun input variables (:data:`SRUN_INPUT`) the batch script unsets before its ``srun``,
+    """The srun input variables (:data:`SRUN_INPUT`) a job started by hand unsets before its ``srun``
+    (``supervise.drop_inherited``, from the job's plan),
     sorted: those Slurm does not set in the batch job itself, neither always (:data:`BATCH_JOB_SETS`,
     ``SLURM_CONF`` and the other :data:`CLIENT_SETTINGS`) nor from one of the job's sbatch
     ``options`` (``render.sbatch_options``: ``SLURM_<OPTION>`` and :data:`OPTION_SETS`). Present in a batch job, such a

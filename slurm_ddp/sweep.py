@@ -33,6 +33,9 @@ vary only keys that neither depends on: ``train.*`` (except ``train.command``/``
 and the snapshot's ``train.pythonpath``/``train.snapshot``/``train.snapshot_max_mb``) and
 ``checkpoint.*``. Each element's config is named ``NAME[LABEL]``. Errors are
 ``UserError``/``ConfigError`` naming the element and the key (one line, exit 2 in the CLI).
+
+Why over 600 lines: the expansion, the element names, the array plan past ``MaxArraySize`` and the submit
+limits are one sweep's plan, checked together before anything is written.
 """
 
 from __future__ import annotations

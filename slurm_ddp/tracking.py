@@ -158,8 +158,8 @@ def _mlflow_create_run(
 
 
 def _submit_tags(run_dir: Path) -> Dict[str, str]:
-    """Tags from the submit's provenance record (``slurm_ddp.provenance``): snapshot digest, git commit."""
-    from .provenance import read as read_provenance
+    """Tags from the submit's provenance record (``slurm_ddp.rundir.provenance``): snapshot digest, git commit."""
+    from .rundir.provenance import read as read_provenance
 
     tags = {"slurm_ddp.run_dir": str(run_dir.resolve())}
     try:

@@ -16,11 +16,10 @@ from pathlib import Path
 from typing import Any, List, Mapping, Optional, Sequence, Tuple
 
 from .. import container
-from ..checkpoint.durable import current_umask
 from ..config import JobConfig, command_argv, config_from_dict, dump_config, read_yaml
+from ..durable import current_umask
 from ..errors import ConfigError, UserError
 from ..paths import check_dir_writable
-from ..provenance import record_submit
 from ..render import RenderedJob, render
 from ..rundir import (
     CHECKPOINTS_DIR,
@@ -35,6 +34,7 @@ from ..rundir import (
     was_accepted,
     write_private_text,
 )
+from ..rundir.provenance import record_submit
 from ..secrets import check_pass_env, literal_warning, redact_argv
 from ..snapshot import SnapshotPlan, check_resubmit, plan_snapshot, remap_config, take, write_record
 from ..tracking import check_installed, prepare_run
@@ -92,7 +92,7 @@ class SubmitPlan:
             *([self.snapshot.describe()] if self.snapshot is not None else ["# code snapshot: off"]),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.shown
+        return "\n".join(head) + "\n" + self.rendered.printed
 
 
 def check_run_dir(cfg: JobConfig, run_dir: str) -> bool:

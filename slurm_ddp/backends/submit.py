@@ -121,7 +121,8 @@ def render(
     cluster: Optional[str] = None,
 ) -> str:
     """``slurm-ddp render``: the batch script ``submit`` would write for ``job`` (a sweep: its array
-    script), with credential-looking values shown as ``***`` (``slurm_ddp.secrets``). Reads the
+    script), with credential-looking values shown as ``***`` (``slurm_ddp.secrets``), followed by what the
+    job's supervisor will do, in comment lines (``supervise.JobPlan.explain``). Reads the
     checkout for the code snapshot's paths; writes nothing and does not check ``run_dir`` (it may
     name a cluster path). Warnings (literal credentials, the renderer's) go to ``warn``. ``cluster``: whose
     per-cluster defaults apply (``cluster_defaults``; default this machine's).
@@ -148,7 +149,7 @@ def render(
         _, rendered = plan_script(cfg, run_dir or default_run_dir(cfg), command=command)
     for w in rendered.warnings:
         warn(w)
-    return rendered.shown
+    return rendered.printed
 
 
 def memory_note(cfg: JobConfig, run: Optional[Callable[..., subprocess.CompletedProcess[str]]] = None) -> str:

@@ -15,7 +15,6 @@ from typing import List, Optional, Tuple
 
 from ..config import dump_config
 from ..errors import UserError
-from ..provenance import record_submit
 from ..render import RenderedJob
 from ..rundir import (
     ARRAY_SCRIPT_NAME,
@@ -37,6 +36,7 @@ from ..rundir import (
     write_private_text,
     write_sweep_manifest,
 )
+from ..rundir.provenance import record_submit
 from ..secrets import redact_argv
 from ..snapshot import CHECKPOINT_DIR, SnapshotPlan, is_checkpoint_file, take, write_record
 from ..sweep import ArrayChunk, Sweep, SweepElement, chained
@@ -169,7 +169,7 @@ class SweepPlan:
             ),
             f"# script ({self.script_path}):",
         ]
-        return "\n".join(head) + "\n" + self.rendered.shown
+        return "\n".join(head) + "\n" + self.rendered.printed
 
 
 _SCAN_LIMIT = 2000  #: entries looked at per project entry (a dataset directory is not walked through)

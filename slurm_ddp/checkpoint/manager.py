@@ -50,8 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
-from ..errors import CheckpointError
-from .durable import (
+from ..durable import (
     PathArg,
     atomic_write,
     atomic_write_text,
@@ -61,6 +60,7 @@ from .durable import (
     wait_claim_file,
     write_once,
 )
+from ..errors import CheckpointError
 
 log = logging.getLogger("slurm_ddp.checkpoint")
 #: a manifest's file name: ``step-`` and the step, zero-padded to 8 digits or more

@@ -4,6 +4,9 @@ across keys (``_cross_checks``: task or command, GPUs, ``slurm.extra``, ``enviro
 
 Pure; imports no torch. Every mistake is a one-line ``ConfigError`` naming the key, what was given
 and what is valid. Part of ``slurm_ddp.config`` (import names from there).
+
+Why over 600 lines: the coercion of every key and the checks across keys are one rule set that
+``config_from_dict`` applies in order; split, the order and the one-line errors would live in two places.
 """
 
 from __future__ import annotations

@@ -75,8 +75,8 @@ def status_report(path: Path, run_cmd: Runner = subprocess.run) -> Union[StatusR
     if is_sweep_dir(path):
         return sweep_status(read_sweep(path), run_cmd)
     st = run_status(read_run(path), run_cmd)
-    from ..provenance import changes
-    from ..provenance import read as read_provenance
+    from ..rundir.provenance import changes
+    from ..rundir.provenance import read as read_provenance
 
     acc = None if st.run.is_local else history(st.run.job_ids, run_cmd, job_identities(st.run))
     changed = changes(read_provenance(str(st.run.path)))

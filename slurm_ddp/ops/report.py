@@ -386,7 +386,7 @@ def run_report(
     record; None: unknown, it is taken for running unless the run finished); ``config_nodes``:
     ``slurm.nodes``, the node count where no record gives one. Tolerates half-written files.
     """
-    from ..provenance import read as read_provenance
+    from ..rundir.provenance import read as read_provenance
 
     path = Path(path)
     now = time.time() if now is None else now

@@ -387,7 +387,7 @@ def read_run(path: Path, facts: Optional[Tuple[Optional[str], Optional[int], Opt
     ``facts``: (name, max_steps, world size) when the caller knows them (a sweep's manifest), so
     the config file is not parsed again; default :func:`read_config_facts`."""
     path = Path(path)
-    from ..provenance import read as read_provenance
+    from ..rundir.provenance import read as read_provenance
 
     data = _config_data(path / CONFIG_NAME)
     name, max_steps, world = facts if facts is not None else _facts_of(data)

@@ -70,10 +70,9 @@ its array's first element: 0 but for the later arrays of a sweep past ``MaxArray
 ``jobs.jsonl`` records its job as ``ARRAYJOBID_TASKID`` (:func:`array_task_id`).
 
 The requeue rule (:func:`decide_requeue`) is here too, so the two paths that requeue a job
-cannot disagree: the batch script asks for it after ``srun`` returns
-(``python -m slurm_ddp.rundir requeue-decision ...``, see :func:`main`), and the submitit
-backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision taken in Python
-(submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``, as the batch script does.
+cannot disagree: the job's supervisor (:mod:`slurm_ddp.supervise`) applies it after ``srun`` returns,
+and the submitit backend's rank 0 calls it in-process; :func:`requeue_job` carries out a decision
+(the supervisor's, submitit's rank 0, a hung submitit job's watchdog) with ``scontrol``.
 
 The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME`` is the public path):
 ``files`` (names, sweep layout, JSON lines, markers, newest checkpoint), ``hangs`` (hang reports),
@@ -81,8 +80,10 @@ The parts, one job each, re-exported here (``from slurm_ddp.rundir import NAME``
 of what a stop does to a run: :func:`at_stop`), ``script_checkpoints`` (a ``train.command`` script's
 own checkpoints, ``train.resume``, and what each start passed it), ``local_end`` (how a local start ended), ``oom`` (an
 out-of-memory kill recognised in Slurm's lines and states), ``requeue`` (the requeue and finished
-rules, and the batch shell's entry point; ``__main__`` runs it) and ``recovery`` (the in-job recovery rule
-after a lost or hung node, with its evidence and entry points).
+rules) and ``recovery`` (the in-job recovery rule after a lost or hung node, with its evidence); the job's
+supervisor (``slurm_ddp.supervise``) asks them. Imported by their own path: ``provenance`` (what ran, where:
+``provenance.json``), ``inprocess_nodes`` (the nodes an in-process step really lost), ``interval`` (the
+checkpoint interval rule).
 """
 
 from __future__ import annotations
@@ -100,6 +101,7 @@ from .files import (
     DIFFS_DIR,
     ELEMENT_WORKDIR,
     ENDS_NAME,
+    ENV_EXPANDED_VAR,
     FINAL_MODEL_NAME,
     FINISHED_NAME,
     HANDLERS_DIR,
@@ -118,7 +120,9 @@ from .files import (
     PROVENANCE_NAME,
     RECOVERIES_NAME,
     RECOVERY_DIR,
+    RUN_DIR_VAR,
     SCRIPT_NAME,
+    SIGNAL_VAR,
     SNAPSHOT_NAME,
     SNAPSHOTS_DIR,
     STEP_END_VAR,
@@ -128,6 +132,7 @@ from .files import (
     SUBMITTING_NAME,
     SWEEP_JOBS_NAME,
     SWEEP_NAME,
+    TORCHRUN_OMP_VAR,
     TRACKING_NAME,
     WAITING_NAME,
     WANDB_DIR_NAME,
@@ -230,7 +235,6 @@ from .requeue import (
     RequeueDecision,
     decide_requeue,
     decide_requeue_here,
-    main,
     mark_command_finished,
     marker_is_not_this,
     requeue_job,
@@ -299,7 +303,11 @@ __all__ = [
     "read_waiting",
     "record_waiting",
     "stop_precedence",
+    "ENV_EXPANDED_VAR",
     "PEER_LOST_VAR",
+    "RUN_DIR_VAR",
+    "SIGNAL_VAR",
+    "TORCHRUN_OMP_VAR",
     "STEP_END_VAR",
     "STEP_NODES_VAR",
     "RECOVERIES_NAME",
@@ -391,7 +399,6 @@ __all__ = [
     "is_sweep_dir",
     "latest_checkpoint_step",
     "launcher_log_name",
-    "main",
     "mark_command_finished",
     "marker_is_not_this",
     "PrivateModes",

@@ -43,6 +43,20 @@ STEP_NODES_VAR = "SLURM_DDP_STEP_NODES"
 #: (:func:`write_step_end`): srun, which waits for a lost node's tasks until Slurm marks the node DOWN, is
 #: then ended by the batch script
 STEP_END_VAR = "SLURM_DDP_STEP_END"
+#: set for a rank's command by the launch wrapper (and exported by the batch script): the run directory
+#: (absolute), where a script of one's own may keep its snapshots and ``metrics.jsonl``
+RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
+#: set for a rank's command by the launch wrapper: the job's ``requeue.signal`` (``USR2``), which
+#: ``slurm_ddp.preemption`` handles
+SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
+#: set to 1 by the job's supervisor (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
+#: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the user's
+#: choice, so the launch wrapper plans the rank's own value instead of keeping that one
+TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
+#: set for a rank's command once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``),
+#: to the rank (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through the launch wrapper a second
+#: time (submitit's ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice
+ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
@@ -62,7 +76,7 @@ DEFAULT_RUNS_DIR = "runs"
 SNAPSHOTS_DIR = "code"
 #: the snapshot the ranks run from (JSON: digest, directory, source roots), rewritten at each submit
 SNAPSHOT_NAME = "snapshot.json"
-#: what ran, where: submits and starts (JSON, see ``slurm_ddp.provenance``)
+#: what ran, where: submits and starts (JSON, see ``slurm_ddp.rundir.provenance``)
 PROVENANCE_NAME = "provenance.json"
 #: ``environment.container`` (``slurm_ddp.container``): what submit prepares for the ranks' container,
 #: ``RUN_DIR/container/python/slurm_ddp`` (a copy of the package, first on the ranks' PYTHONPATH) and
@@ -174,9 +188,9 @@ def private_dir(path: PathLike, run_dir_mode: str = "private") -> Path:
 
 def write_private_text(path: PathLike, text: str, run_dir_mode: str = "private", *, script: bool = False) -> None:
     """Write ``text`` to ``path`` (one of ``PRIVATE_FILES``, or a saved diff) atomically and durably
-    (``checkpoint.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
+    (``durable.atomic_write_text``), with :func:`private_modes`' file mode (``script``: the script
     mode) set before the text is written, whatever the umask. Raises ``OSError``, ``ValueError``."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     modes = private_modes(run_dir_mode)
     atomic_write_text(path, text, mode=modes.script if script else modes.file)
@@ -310,7 +324,7 @@ def read_sweep_manifest(path: PathLike) -> Optional[Dict[str, Any]]:
 
 def write_sweep_manifest(path: PathLike, record: Dict[str, Any]) -> None:
     """Write the sweep directory's ``SWEEP_NAME`` record atomically."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(path) / SWEEP_NAME, json.dumps(record, indent=1) + "\n")
 
@@ -492,7 +506,7 @@ class LocalWait:
 
 def record_waiting(run_dir: PathLike, wait: LocalWait) -> None:
     """Write ``RUN_DIR/waiting.json`` (atomically; the directory is created if missing). Raises ``OSError``."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     os.makedirs(run_dir, exist_ok=True)
     atomic_write_text(Path(run_dir) / WAITING_NAME, json.dumps(wait.to_dict()) + "\n")
@@ -565,7 +579,7 @@ def write_step_end(environ: Mapping[str, str], status: int) -> bool:
 
 
 def survivor_claim_path(run_dir: PathLike, environ: Mapping[str, str]) -> Path:
-    """The claim file (``slurm_ddp.checkpoint.write_once``) by which the survivors of a lost peer in one
+    """The claim file (``slurm_ddp.durable.write_once``) by which the survivors of a lost peer in one
     training step pick the one that runs a ``train.command`` script's own save
     (``slurm_ddp.preemption.exit_if_peer_lost``): one per job step, so the survivors agree even when
     they completed different training steps. ``RUN_DIR/recovery/NAME.save.claim``, NAME the step's peer-lost marker's
@@ -633,7 +647,7 @@ def read_preempted(run_dir: PathLike) -> Optional[Preempted]:
 
 def write_preempted(run_dir: PathLike, marker: Preempted) -> None:
     """Write the ``PREEMPTED`` marker atomically (rank 0, after the checkpoint is committed)."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(run_dir) / PREEMPTED_NAME, marker.line())
 
@@ -657,7 +671,7 @@ def read_finished(run_dir: PathLike) -> Optional[Dict[str, Any]]:
 
 def write_finished(run_dir: PathLike, record: Dict[str, Any]) -> None:
     """Write the ``FINISHED`` marker (JSON) atomically; rank 0 only, after the final checkpoint."""
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     atomic_write_text(Path(run_dir) / FINISHED_NAME, json.dumps(record) + "\n")
 

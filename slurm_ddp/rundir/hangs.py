@@ -54,7 +54,7 @@ def write_hang_report(run_dir: PathLike, report: HangReport) -> Path:
     """Write ``report`` as ``hang_dir(...)/rank-N.json`` (atomically); returns its path."""
     from dataclasses import asdict
 
-    from ..checkpoint import atomic_write_text
+    from ..durable import atomic_write_text
 
     path = hang_report_path(run_dir, report.job_id, report.restart, report.rank)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -80,7 +80,7 @@ def start_hang_save(run_dir: PathLike, job_id: str, restart: int, rank: int) -> 
     """The rank took its watchdog's report as a request to save: the first line, written atomically (a
     rank ended while it writes leaves no empty answer, which a reader would take for an acknowledgement
     without an outcome). Raises ``OSError``."""
-    from ..checkpoint import atomic_write_text  # deferred: the checkpoint package reads the run directory
+    from ..durable import atomic_write_text
 
     atomic_write_text(hang_save_path(run_dir, job_id, restart, rank), HANG_SAVE_ACK + "\n")
 

@@ -3,10 +3,9 @@
 A node whose ranks were only slow (silent past ``recovery.heartbeat_timeout_s``, then alive again) is recorded
 as lost (``bad``) by the recovery that left it out, but its ranks then wait as spares of the step
 (``slurm_ddp.worker.inprocess``) and a later recovery of the same step may call them in (its ``spares_used``).
-Such a node is not lost: it must be neither given back to the cluster nor kept out of a later step. The batch
-side (``recovery-release``, the Python supervisor replacing the batch script) asks :func:`still_lost` instead
-of ``rundir.recovery.in_process_lost``; a node a later recovery used again is also one of that recovery's
-``nodes``.
+Such a node is not lost: it must be neither given back to the cluster nor kept out of a later step. The job's
+supervisor (``slurm_ddp.supervise``) asks :func:`still_lost` after an in-process step; a node a later recovery
+used again is also one of that recovery's ``nodes``.
 """
 
 from __future__ import annotations

@@ -1,10 +1,10 @@
 """In-job recovery from a lost or hung node (config section ``recovery``): THE rule that decides, after
-a training step of a ``--no-kill`` job ended badly, whether the batch script starts the next step inside
+a training step of a ``--no-kill`` job ended badly, whether the job's supervisor starts the next step inside
 the same allocation, on which nodes, or falls back to a requeue (:func:`decide_recovery`, pure); the
 evidence it reads (:func:`gather_evidence`: the step's hang reports, the peer-lost marker the worker
-writes, a short probe step per node); and the batch shell's entry points (``python -m slurm_ddp.rundir
-recovery-start`` / ``recovery-decision``, :func:`main_start` / :func:`main_decision`). Part of
-:mod:`slurm_ddp.rundir`.
+writes, a short probe step per node); and the node lists of the steps (:func:`start_nodes`,
+:func:`step_with_spares`; an in-process step's lost nodes: ``rundir.inprocess_nodes.still_lost``). The job's
+supervisor (:mod:`slurm_ddp.supervise`) asks them after each step. Part of :mod:`slurm_ddp.rundir`.
 
 Why our own evidence: Slurm marks a silent node DOWN only after ``SlurmdTimeout`` (300 s by default),
 and a step whose node vanished runs on until then (SLURM-FACTS.md, "A node lost inside a --no-kill
@@ -13,24 +13,22 @@ job"). The ranks notice at once (a collective fails when a peer's socket closes,
 that fails or does not finish within seconds names a node that cannot run tasks.
 
 Side effects: :func:`gather_evidence` runs ``srun``/``scontrol`` (through an injected runner) and reads
-the run directory; :func:`main_decision` appends to ``recoveries.jsonl``, may shrink the job
+the run directory; the supervisor (:mod:`slurm_ddp.supervise`) appends to ``recoveries.jsonl``, may shrink the job
 (``scontrol update JobId= NodeList=``) and, before an in-job restart, sets the step's hang reports aside
 (``hangs/JOBID.RESTART.step-K``). Imports no torch.
 """
 
 from __future__ import annotations
 
-import argparse
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Mapping, NoReturn, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
-from .files import PathLike, append_jsonl, is_finished, read_jsonl, read_metrics, read_preempted, read_recoveries
-from .hangs import Hang, read_hang_reports, set_aside_hang_reports, summarize_hang
+from .files import PathLike, append_jsonl, read_jsonl, read_metrics, read_recoveries
+from .hangs import Hang, read_hang_reports, summarize_hang
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
@@ -397,22 +395,7 @@ def read_in_job_restarts(run_dir: PathLike) -> List[InJobRestart]:
     return in_job_restarts(recoveries, read_metrics(run_dir)) if recoveries else []
 
 
-# --------------------------------------------------------------------------- batch-shell entry points
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:
-        from ..errors import UserError
-
-        raise UserError(message)
-
-
-def _nodes_arg(text: str) -> List[str]:
-    names = [n for n in text.split(",") if n and n != "-"]
-    for n in names:
-        if not all(c.isalnum() or c in "._-" for c in n):
-            raise argparse.ArgumentTypeError(f"{n!r} is not a node name")
-    return names
-
-
+# --------------------------------------------------------------------------- the supervisor's node lists (pure)
 def start_nodes(job_nodes_now: Sequence[str], batch_host: str, nodes_wanted: int) -> List[str]:
     """The first step's nodes: the batch host (rank 0, MASTER_ADDR), then the allocation's other nodes in
     order, ``nodes_wanted`` in all; the rest are the spares. Pure."""
@@ -420,208 +403,8 @@ def start_nodes(job_nodes_now: Sequence[str], batch_host: str, nodes_wanted: int
     return [batch_host, *rest][:nodes_wanted]
 
 
-def main_start(argv: Sequence[str], environ: Mapping[str, str]) -> int:
-    """``recovery-start --nodes N``: print ``NODES COUNT``, the first step's nodes (comma list, batch host
-    first) and their count, from ``SLURM_JOB_NODELIST`` and ``SLURMD_NODENAME`` (or the host name)."""
-    import socket
-
-    from ..env import expand_nodelist
-
-    p = _Parser(prog="python -m slurm_ddp.rundir recovery-start", add_help=False)
-    p.add_argument("--nodes", required=True, type=int)
-    args = p.parse_args(argv)
-    nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
-    host = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    nodes = start_nodes(expand_nodelist(nodelist) if nodelist else [host], host, args.nodes)
-    print(f"{','.join(nodes)} {len(nodes)}", flush=True)
-    return 0
-
-
 def step_with_spares(step_nodes: Sequence[str], nodes_now: Sequence[str], exclude: Sequence[str]) -> List[str]:
     """The nodes of an in-process recovery step (``recovery.in_process``): the training nodes, then the job's
     other nodes now, less ``exclude`` (nodes found lost or hung, possibly not given back), as the warm
     spares. Pure."""
     return [*step_nodes, *(n for n in nodes_now if n not in step_nodes and n not in exclude)]
-
-
-def main_nodes(argv: Sequence[str], environ: Mapping[str, str], run: Runner = subprocess.run) -> int:
-    """``recovery-nodes --step-nodes A,B [--exclude C,D]``: print ``NODES COUNT``, the nodes of an in-process
-    recovery step (:func:`step_with_spares`; the job's nodes from ``scontrol``, else ``SLURM_JOB_NODELIST``)."""
-    from ..env import expand_nodelist
-
-    p = _Parser(prog="python -m slurm_ddp.rundir recovery-nodes", add_help=False)
-    p.add_argument("--step-nodes", required=True, type=_nodes_arg)
-    p.add_argument("--exclude", default="-", type=_nodes_arg)
-    args = p.parse_args(argv)
-    job_id = environ.get("SLURM_JOB_ID", "")
-    nodes_now = job_nodes(job_id, run) if job_id else []
-    if not nodes_now:
-        nodelist = environ.get("SLURM_JOB_NODELIST") or environ.get("SLURM_NODELIST") or ""
-        nodes_now = expand_nodelist(nodelist) if nodelist else []
-    nodes = step_with_spares(args.step_nodes, nodes_now, args.exclude)
-    print(f"{','.join(nodes)} {len(nodes)}", flush=True)
-    return 0
-
-
-def in_process_lost(recoveries: Sequence[Mapping[str, Any]], job_id: str, restart: int) -> List[str]:
-    """The nodes in-process recovery (``recovery.in_process``) found lost in job ``job_id`` at ``restart``,
-    from its ``in_process`` records in ``recoveries.jsonl``, in order. Pure."""
-    lost: List[str] = []
-    for r in recoveries:
-        if r.get("action") == IN_PROCESS and str(r.get("job_id")) == job_id and r.get("restart") == restart:
-            lost += [str(n) for n in r.get("bad") or () if str(n) not in lost]
-    return lost
-
-
-def main_release(
-    argv: Sequence[str], environ: Mapping[str, str], log: Callable[[str], None], run: Runner = subprocess.run
-) -> int:
-    """``recovery-release --run-dir D``: after an in-process recovery step ended, give the nodes it lost back to
-    the cluster (:func:`give_back`): a job still holding a node Slurm has not marked DOWN stays COMPLETING until
-    it is. Prints the lost nodes (a comma list, ``-`` for none) for the batch script to keep out of a later
-    step."""
-    p = _Parser(prog="python -m slurm_ddp.rundir recovery-release", add_help=False)
-    p.add_argument("--run-dir", required=True)
-    args = p.parse_args(argv)
-    job_id = environ.get("SLURM_JOB_ID", "")
-    restart_text = environ.get("SLURM_RESTART_COUNT") or "0"
-    lost = in_process_lost(read_recoveries(args.run_dir), job_id, int(restart_text) if restart_text.isdigit() else 0)
-    if lost and job_id:
-        nodes_now = job_nodes(job_id, run)
-        keep = [n for n in nodes_now if n not in lost]
-        if nodes_now and keep != nodes_now:
-            gave, why = give_back(job_id, keep, run)
-            log(
-                f"gave node {','.join(lost)}, lost in-process, back to the cluster (job NodeList={','.join(keep)})"
-                if gave
-                else f"could not give node {','.join(lost)} back (scontrol update NodeList: {why})"
-            )
-    print(",".join(lost) or "-", flush=True)
-    return 0
-
-
-def main_decision(argv: Sequence[str], environ: Mapping[str, str], log: Callable[[str], None]) -> int:
-    """``recovery-decision --run-dir D --exit-code N --step-nodes A,B --since T --restarts-done K --nodes W
-    --min-nodes M --max-restarts R --max-requeues Q --can-requeue 0|1 --stopped 0|1 [--peer-lost PATH]
-    [--give-back 0|1]``: gather the evidence, decide (:func:`decide_recovery`), record it in
-    ``recoveries.jsonl``, give lost nodes back when restarting (``--give-back 1``), log the reason and print
-    :meth:`RecoveryDecision.line`."""
-    p = _Parser(prog="python -m slurm_ddp.rundir recovery-decision", add_help=False)
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--exit-code", required=True, type=int)
-    p.add_argument("--step-nodes", required=True, type=_nodes_arg)
-    p.add_argument("--since", required=True, type=float)
-    p.add_argument("--restarts-done", required=True, type=int)
-    p.add_argument("--nodes", required=True, type=int)
-    p.add_argument("--min-nodes", required=True, type=int)
-    p.add_argument("--max-restarts", required=True, type=int)
-    p.add_argument("--max-requeues", required=True, type=int)
-    p.add_argument("--can-requeue", required=True, type=int, choices=(0, 1))
-    p.add_argument("--stopped", required=True, type=int, choices=(0, 1))
-    p.add_argument("--peer-lost", default="")
-    p.add_argument("--give-back", default=0, type=int, choices=(0, 1))
-    args = p.parse_args(argv)
-    import socket
-
-    job_id = environ.get("SLURM_JOB_ID", "")
-    restart_text = environ.get("SLURM_RESTART_COUNT") or "0"
-    restart = int(restart_text) if restart_text.isdigit() else 0
-    host = environ.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
-    marker = read_preempted(args.run_dir)
-    stopped = bool(args.stopped) or (marker is not None and marker.job_id == job_id and marker.restart == restart)
-    finished = is_finished(args.run_dir)
-    t0 = time.time()
-    if args.exit_code == 0 or finished or stopped or not job_id:
-        evidence = Evidence()
-        nodes_now = list(args.step_nodes)
-    else:
-        nodes_now = job_nodes(job_id) or list(args.step_nodes)
-        probe = [n for n in dict.fromkeys([*args.step_nodes, *nodes_now]) if n != host]
-        evidence = gather_evidence(
-            args.run_dir, job_id=job_id, restart=restart, since=args.since, probe=probe, peer_lost_marker=args.peer_lost
-        )
-    decision = decide_recovery(
-        exit_code=args.exit_code,
-        finished=finished,
-        stopped=stopped,
-        batch_host=host,
-        step_nodes=args.step_nodes,
-        job_nodes=nodes_now,
-        bad=evidence.bad,
-        nodes_wanted=args.nodes,
-        min_nodes=args.min_nodes,
-        restarts_done=args.restarts_done,
-        max_restarts=args.max_restarts,
-        restart_count=restart,
-        max_requeues=args.max_requeues,
-        can_requeue=bool(args.can_requeue),
-    )
-    if evidence.notes:
-        log(f"in-job recovery evidence ({time.time() - t0:.1f} s): {'; '.join(evidence.notes)}")
-    log(decision.reason)
-    gave_back = False
-    if decision.action == RESTART and args.give_back and job_id:
-        keep = [n for n in nodes_now if n not in decision.bad]
-        gave_back, why = give_back(job_id, keep)
-        log(
-            f"gave node {','.join(decision.bad)} back to the cluster (job NodeList={','.join(keep)})"
-            if gave_back
-            else f"could not give node {','.join(decision.bad)} back (scontrol update NodeList: {why}); "
-            "keeping it excluded"
-        )
-    if decision.action == RESTART and job_id:
-        try:  # the next step's watchdogs must not take this step's reports for a peer's hang
-            set_aside_hang_reports(args.run_dir, job_id, restart, args.restarts_done)
-        except OSError as e:
-            log(f"could not set this step's hang reports aside: {e}")
-    if decision.action != NONE or decision.bad:
-        record: Dict[str, Any] = {
-            "job_id": job_id,
-            "restart": restart,
-            "attempt": args.restarts_done,
-            "time": time.time(),
-            "step_started": args.since,
-            "action": decision.action,
-            "exit_code": args.exit_code,
-            "step_nodes": list(args.step_nodes),
-            "nodes": list(decision.nodes),
-            "bad": list(decision.bad),
-            "peer_lost": evidence.peer_lost,
-            # the first rank that saw it: when, and after which completed step
-            "lost_at": (evidence.peer_lost_record or {}).get("time"),
-            "lost_step": (evidence.peer_lost_record or {}).get("step"),
-            "hang": evidence.hang.line() if evidence.hang is not None else None,
-            "gave_back": gave_back,
-            "reason": decision.reason,
-        }
-        try:
-            record_recovery(args.run_dir, **record)
-        except OSError as e:
-            log(f"could not record the recovery in {RECOVERIES_NAME}: {e}")
-    print(decision.line(), flush=True)
-    return 0
-
-
-def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
-    """Entry of ``python -m slurm_ddp.rundir recovery-start|recovery-nodes|recovery-release|recovery-decision
-    ...`` (see :func:`main_start`, :func:`main_nodes`, :func:`main_release`, :func:`main_decision`). A malformed argument is one stderr line and exit status 2; the batch script
-    then ends the loop and lets the requeue rule decide."""
-    from ..entrypoint import run_main
-
-    env = os.environ if environ is None else environ
-    args = list(sys.argv[1:] if argv is None else argv)
-
-    def log(text: str) -> None:
-        stamp = time.strftime("%Y-%m-%dT%H:%M:%S")
-        print(f"{stamp} slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: {text}", file=sys.stderr, flush=True)
-
-    def run() -> int:
-        if args[:1] == ["recovery-start"]:
-            return main_start(args[1:], env)
-        if args[:1] == ["recovery-nodes"]:
-            return main_nodes(args[1:], env)
-        if args[:1] == ["recovery-release"]:
-            return main_release(args[1:], env, log)
-        return main_decision(args[1:], env, log)
-
-    return run_main("slurm_ddp rundir", run)

@@ -1,7 +1,8 @@
 """The requeue rule (:func:`decide_requeue`), one for the batch script, the submitit backend and
 the local launcher; :func:`requeue_job`, which carries out a decision taken in Python; the finished
-rule of ``train.command`` runs (:func:`mark_command_finished`); and the batch shell's entry point
-(``python -m slurm_ddp.rundir requeue-decision ...``, :func:`main`). Part of :mod:`slurm_ddp.rundir`.
+rule of ``train.command`` runs (:func:`mark_command_finished`); and the OOM check of a start
+(:func:`oom_of_start`). The job's supervisor (:mod:`slurm_ddp.supervise`) applies them. Part of
+:mod:`slurm_ddp.rundir`.
 
 Side effects: reads and writes the run directory's markers; :func:`requeue_job` runs ``scontrol``.
 Imports no torch.
@@ -9,30 +10,26 @@ Imports no torch.
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, List, Mapping, NoReturn, Optional, Sequence
+from typing import Any, Callable, List, Mapping, Optional, Sequence
 
 from ..constants import PREEMPTED_EXIT_CODE
 from .files import (
-    ENDS_NAME,
     LOGS_DIR,
     PathLike,
     Preempted,
     batch_log_name,
     is_finished,
     read_preempted,
-    record_end,
     write_finished,
 )
 from .hangs import Hang, find_hang
-from .oom import OomKill, describe_oom, find_oom, mem_per_node_mb, this_start
+from .oom import OomKill, find_oom, this_start
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
 # --------------------------------------------------------------------------- the requeue decision
@@ -389,41 +386,7 @@ def mark_command_finished(
     return True
 
 
-# --------------------------------------------------------------------------- batch-shell entry point
-class _Parser(argparse.ArgumentParser):
-    """argparse whose mistakes are a ``UserError`` (one stderr line, exit 2), not usage text."""
-
-    def error(self, message: str) -> NoReturn:
-        from ..errors import UserError
-
-        raise UserError(message)
-
-
-def _int_arg(low: int, high: Optional[int] = None) -> Any:
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
-        if value < low or (high is not None and value > high):
-            bound = f"{low}..{high}" if high is not None else f">= {low}"
-            raise argparse.ArgumentTypeError(f"{value} is out of range ({bound})")
-        return value
-
-    return parse
-
-
-def _node_list(text: str) -> List[str]:
-    """``--lost-nodes``: node names, comma-separated; ``-`` or empty for none."""
-    from ..errors import UserError
-
-    names = [n for n in text.split(",") if n and n != "-"]
-    for n in names:
-        if not all(c.isalnum() or c in "._-" for c in n):
-            raise UserError(f"--lost-nodes: {n!r} is not a node name")
-    return names
-
-
+# --------------------------------------------------------------------------- the OOM check of a start
 #: how much of each log the OOM check reads (its end: srun and slurmstepd write their lines as the step ends)
 _OOM_TAIL_BYTES = 256 * 1024
 
@@ -451,103 +414,3 @@ def oom_of_start(run_dir: PathLike, job_id: str, launcher: str = "srun") -> OomK
         if m:
             tasks[int(m.group(1))] = _tail(p)
     return find_oom(this_start(_tail(logs / batch_log_name(job_id)), job_id), tasks, job_id=job_id)
-
-
-def _parser() -> _Parser:
-    p = _Parser(prog="python -m slurm_ddp.rundir", add_help=False)
-    sub = p.add_subparsers(dest="command", required=True, parser_class=_Parser)
-    d = sub.add_parser("requeue-decision", add_help=False)
-    d.add_argument("--run-dir", required=True)
-    d.add_argument("--exit-code", required=True, type=_int_arg(0, 255))
-    d.add_argument("--got-term", required=True, type=_int_arg(0, 1))
-    d.add_argument("--can-requeue", required=True, type=_int_arg(0, 1))
-    d.add_argument("--max-requeues", required=True, type=_int_arg(0))
-    d.add_argument("--got-signal", default=0, type=_int_arg(0, 1))
-    d.add_argument("--command-mode", default=0, type=_int_arg(0, 1))
-    d.add_argument("--lost-nodes", default="-")
-    d.add_argument("--launcher", default="srun", choices=("srun", "torchrun"))
-    return p
-
-
-def main(argv: Optional[Sequence[str]] = None, environ: Optional[Mapping[str, str]] = None) -> int:
-    """``python -m slurm_ddp.rundir requeue-decision --run-dir D --exit-code N --got-term 0|1
-    --can-requeue 0|1 --max-requeues M [--got-signal 0|1] [--command-mode 0|1] [--lost-nodes A,B]``: the batch
-    script's requeue decision (``--got-signal``: it forwarded the time-limit signal to the ranks;
-    ``--command-mode``: a ``train.command`` run, whose status 0 writes ``FINISHED`` first, see
-    :func:`mark_command_finished`).
-
-    The job id and restart come from ``SLURM_JOB_ID``/``SLURM_RESTART_COUNT``. Prints one line
-    ``REQUEUE EXIT_CODE`` (``REQUEUE`` is 0 or 1; two integers, so the shell reads them with
-    ``read`` and checks them with a pattern, never ``eval``), followed by ``exclude=NODE`` when a
-    hang points at one node that the requeued job must leave out (``RequeueDecision.exclude``), and logs the reason
-    to stderr in the batch log's format. A malformed argument or environment is one stderr line
-    (``slurm_ddp rundir: error: ...``) and exit status 2; the script then does not requeue.
-    """
-    from ..entrypoint import run_main
-    from ..errors import UserError
-
-    env = os.environ if environ is None else environ
-    args_list = sys.argv[1:] if argv is None else list(argv)
-
-    def decide() -> int:
-        args = _parser().parse_args(args_list)
-        if args.command_mode:
-            told = bool(args.got_term or args.got_signal)
-            mark_command_finished(args.run_dir, exit_code=args.exit_code, environ=env, told_to_stop=told)
-        try:
-            decision = decide_requeue_here(
-                args.run_dir,
-                exit_code=args.exit_code,
-                max_requeues=args.max_requeues,
-                got_term=bool(args.got_term),
-                can_requeue=bool(args.can_requeue),
-                environ=env,
-                got_signal=bool(args.got_signal),
-                command=bool(args.command_mode),
-                lost_nodes=_node_list(args.lost_nodes),
-            )
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(
-            logging.Formatter(
-                f"%(asctime)s slurm_ddp[batch {env.get('SLURM_JOB_ID') or '?'}]: %(message)s", "%Y-%m-%dT%H:%M:%S"
-            )
-        )
-        blog = logging.getLogger("slurm_ddp.batch")
-        blog.handlers[:] = [handler]
-        blog.propagate = False
-        blog.setLevel(logging.INFO)
-        blog.info("%s", decision.reason)
-        oom = None
-        if args.exit_code != 0 and env.get("SLURM_JOB_ID"):  # a failed step: was it an OOM kill?
-            oom = oom_of_start(args.run_dir, env["SLURM_JOB_ID"], args.launcher)
-            if oom:
-                blog.warning("%s", describe_oom(oom, mem_per_node_mb=mem_per_node_mb(env), launcher=args.launcher))
-        if args.command_mode and decision.preempted:
-            # what the next start (a requeue, or a resubmit) trains from: the run's own (rundir.next_start)
-            try:
-                from .handlers import command_facts_here, next_start
-
-                blog.info("%s", next_start(command_facts_here(args.run_dir, env)).words)
-            except Exception as e:
-                blog.info("what the next start trains from is unknown (%s)", e)
-        restart_text = env.get("SLURM_RESTART_COUNT") or "0"
-        if env.get("SLURM_JOB_ID") and restart_text.isdigit():  # this start's end, for slurm-ddp report
-            try:
-                record_end(
-                    args.run_dir,
-                    job_id=env["SLURM_JOB_ID"],
-                    restart=int(restart_text),
-                    exit_code=args.exit_code,
-                    requeue=decision.requeue,
-                    by="batch",
-                    **({"oom": oom.to_record(mem_per_node_mb(env), args.launcher)} if oom else {}),
-                )
-            except OSError as e:
-                blog.warning("could not record this start's end in %s: %s", ENDS_NAME, e)
-        exclude = f" exclude={decision.exclude}" if decision.exclude else ""
-        print(f"{int(decision.requeue)} {decision.exit_code}{exclude}", flush=True)
-        return 0
-
-    return run_main("slurm_ddp rundir", decide)

@@ -20,6 +20,9 @@ first submission in ``jobs.jsonl`` less ``CLOCK_SKEW_S``): a directory shared wi
 ``--output_dir``) does not make a new run resume from that run's checkpoint; the first start passes nothing.
 
 Side effects: reads the checkpoint directory, reads and writes ``RUN_DIR/resumes/``. Imports no torch.
+
+Why over 600 lines: it is the one owner of a script's checkpoints: the listing, the completeness of each
+preset's layout, the per-start decision and its record share those layouts.
 """
 
 from __future__ import annotations

@@ -426,7 +426,7 @@ class Trainer:
         assert state is not None
         old_world = self._load_training_state(state)
         if self.denv.is_main:  # once per job, in rank 0's log
-            from ..provenance import torch_mismatch
+            from ..rundir.provenance import torch_mismatch
 
             mismatch = torch_mismatch(info.manifest, torch.__version__)
             if mismatch:

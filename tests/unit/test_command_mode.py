@@ -181,7 +181,8 @@ def test_render_and_explain_a_torchrun_command_job_without_torch(tmp_path, verb)
         assert '"$PYTHON" -m torch.distributed.run --nnodes=2 --nproc-per-node=2' in out.stdout
         # the script as submit would write it: train.py from the code snapshot of the default run directory
         snap = re.escape(f"{tmp_path}/runs/own-script/code/") + r"[0-9a-f]{16}/0/examples/own_script/train\.py"
-        assert re.search(f'--rank-log -- "\\$PYTHON" {snap} --epochs 5 &', out.stdout), out.stdout
+        # the supervisor's step, printed after the script (its plan)
+        assert re.search(f'--rank-log -- "\\$PYTHON" {snap} --epochs 5$', out.stdout, re.M), out.stdout
     else:
         assert "launcher: torchrun: one Slurm task per node" in out.stdout
         assert out.stdout.count(f"exec: PYTHON {train_py} --epochs 5") == 4

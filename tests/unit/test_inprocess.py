@@ -11,7 +11,8 @@ import pytest
 
 from slurm_ddp.config import config_from_dict
 from slurm_ddp.errors import ConfigError
-from slurm_ddp.rundir.recovery import in_process_lost, step_with_spares
+from slurm_ddp.rundir.inprocess_nodes import still_lost
+from slurm_ddp.rundir.recovery import step_with_spares
 from slurm_ddp.worker.inprocess import Membership, Plan, RecoveryAbandoned, first_plan, next_plan
 
 
@@ -101,7 +102,7 @@ def test_the_batch_script_s_node_lists():
         {"action": "in_process", "job_id": "5", "restart": 1, "bad": ["n3"]},
         {"action": "in_process", "job_id": "5", "restart": 0, "bad": ["n4", "n2"]},
     ]
-    assert in_process_lost(records, "5", 0) == ["n2", "n4"]
+    assert still_lost(records, "5", 0) == ["n2", "n4"]
 
 
 @pytest.mark.parametrize(
@@ -458,9 +459,7 @@ def test_the_store_is_read_in_few_requests_and_missing_keys_are_left_out():
 
 
 def test_a_node_taken_for_lost_then_called_back_in_is_not_lost_for_the_batch_side():
-    """Issue 52 item 1, batch side (pure; the supervisor calls it in place of ``in_process_lost``)."""
-    from slurm_ddp.rundir.inprocess_nodes import still_lost
-
+    """Issue 52 item 1, batch side (pure; the job's supervisor asks it after an in-process step)."""
     records = [
         {"action": "in_process", "job_id": "5", "restart": 0, "bad": ["n2"], "nodes": ["n1", "n3"], "spares_used": []},
         {
@@ -475,4 +474,3 @@ def test_a_node_taken_for_lost_then_called_back_in_is_not_lost_for_the_batch_sid
     ]
     assert still_lost(records, "5", 0) == ["n3"]
     assert still_lost(records[:1], "5", 0) == ["n2"]
-    assert in_process_lost(records, "5", 0) == ["n2", "n3"]  # what the batch script uses today

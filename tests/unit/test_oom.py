@@ -7,17 +7,15 @@ The log lines are Slurm 22.05's, as the sandbox's production profile printed the
 
 from __future__ import annotations
 
-import io
 import json
 import subprocess
-from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 from typing import Any, List
 
 from slurm_ddp.ops import read_run, run_status
 from slurm_ddp.rundir import OomKill, describe_oom, find_oom, mem_per_node_mb, oom_note, read_ends
 from slurm_ddp.rundir.oom import task_ids, this_start
-from slurm_ddp.rundir.requeue import main as requeue_main
+from slurm_ddp.supervise import JobEnd, finish_start
 
 BATCH_LOG = """\
 2026-12-01T10:00:00 slurm_ddp[batch 58]: host n1, restart 0, nodes n[1-2]
@@ -99,12 +97,9 @@ def _run_dir(tmp_path: Path) -> Path:
 def test_the_batch_shell_s_decision_names_it_and_records_it(tmp_path: Path) -> None:
     rd = _run_dir(tmp_path)
     env = {"SLURM_JOB_ID": "59", "SLURM_RESTART_COUNT": "0", "SLURM_MEM_PER_NODE": "410"}
-    argv = ["requeue-decision", "--run-dir", str(rd), "--exit-code", "125", "--got-term", "0", "--can-requeue", "1"]
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        assert requeue_main([*argv, "--max-requeues", "3", "--launcher", "srun"], env) == 0
-    assert out.getvalue() == "0 125\n"  # a failure: not requeued, as before
-    lines = err.getvalue().splitlines()
+    code, requeued, err = finish_start(rd, JobEnd(125, False, False, True, 3, False, "srun"), env)
+    assert code == 125 and requeued == []  # a failure: not requeued, as before
+    lines = err.splitlines()
     assert lines[-1].endswith(
         "slurm_ddp[batch 59]: out of memory: the memory cgroup killed rank 1 on n2 (srun: Out Of Memory; 1 "
         "oom-kill event(s) in step 59.0); the job had 410 MB per node; raise slurm.mem_gb"
@@ -131,19 +126,15 @@ def test_a_clean_failure_records_no_oom(tmp_path: Path) -> None:
     rd = _run_dir(tmp_path)
     (rd / "logs" / "batch-59.out").write_text(BATCH_LOG.split("srun: error: n2")[0])
     (rd / "logs" / "rank-1.log").write_text("Traceback ...\nValueError\n")
-    argv = ["requeue-decision", "--run-dir", str(rd), "--exit-code", "1", "--got-term", "0", "--can-requeue", "1"]
-    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()) as err:
-        assert requeue_main([*argv, "--max-requeues", "3"], {"SLURM_JOB_ID": "59"}) == 0
-    assert "out of memory" not in err.getvalue()
+    code, _, err = finish_start(rd, JobEnd(1, False, False, True, 3, False, "srun"), {"SLURM_JOB_ID": "59"})
+    assert code == 1 and "out of memory" not in err
     assert "oom" not in read_ends(rd)[0]
 
 
 def test_status_says_it(tmp_path: Path) -> None:
     rd = _run_dir(tmp_path)
     env = {"SLURM_JOB_ID": "59", "SLURM_MEM_PER_CPU": "1000", "SLURM_CPUS_ON_NODE": "1"}
-    argv = ["requeue-decision", "--run-dir", str(rd), "--exit-code", "125", "--got-term", "0", "--can-requeue", "1"]
-    with redirect_stdout(io.StringIO()), redirect_stderr(io.StringIO()):
-        requeue_main([*argv, "--max-requeues", "0"], env)
+    finish_start(rd, JobEnd(125, False, False, True, 0, False, "srun"), env)
     line = (
         "JobId=59 JobName=oom UserId=root(0) JobState=OUT_OF_MEMORY Reason=OutOfMemory Restarts=0 ExitCode=0:125 "
         "NodeList=n[1-2] BatchHost=n1 NumNodes=2\n"

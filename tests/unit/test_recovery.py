@@ -146,82 +146,41 @@ def test_probe_names_a_node_whose_step_fails_or_hangs() -> None:
     assert rec.probe_nodes(["n1", "n2", "n3"], timeout_s=0.1, popen=Fake) == ["n2", "n3"]
 
 
-def test_decision_entry_point_records_and_prints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
-    monkeypatch.setattr(rec, "job_nodes", lambda job_id, run=None: ["n1", "n2", "n3"])
-    monkeypatch.setattr(rec, "probe_nodes", lambda nodes, **_: ["n2"])
-    monkeypatch.setattr(rec, "give_back", lambda job_id, keep, run=None: (True, ""))
-    # gather_evidence's default prober is bound at definition: pass through the module's
-    real = rec.gather_evidence
-    monkeypatch.setattr(rec, "gather_evidence", lambda *a, **k: real(*a, prober=rec.probe_nodes, **k))
+def test_the_supervisor_s_decision_records_it(tmp_path: Path) -> None:
+    """The supervisor's recovery decision after a failed step: the evidence (a probe through the real
+    ``gather_evidence``, the peer-lost marker's first record), the node given back, the record."""
+    from slurm_ddp.supervise import Edges, JobPlan, RecoveryPlan, StepFacts, Supervisor, SystemClock
+
+    lines: list = []
+    edges = Edges(
+        job_nodes=lambda job_id: ["n1", "n2", "n3"],
+        give_back=lambda job_id, keep: (True, ""),
+        gather=lambda *a, **k: rec.gather_evidence(*a, prober=lambda nodes: ["n2"], **k),
+        requeue=lambda *a: None,
+        can_requeue=lambda: True,
+    )
+    plan = JobPlan(
+        signal="USR2",
+        max_requeues=3,
+        command_mode=False,
+        launcher="srun",
+        srun_words=(),
+        python="python3",
+        recovery=RecoveryPlan(nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5),
+    )
     env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0", "SLURMD_NODENAME": "n1"}
-    argv = [
-        "recovery-decision",
-        "--run-dir",
-        str(tmp_path),
-        "--exit-code",
-        "137",
-        "--step-nodes",
-        "n1,n2",
-        "--since",
-        "0",
-        "--restarts-done",
-        "0",
-        "--nodes",
-        "2",
-        "--min-nodes",
-        "2",
-        "--max-restarts",
-        "2",
-        "--max-requeues",
-        "3",
-        "--can-requeue",
-        "1",
-        "--stopped",
-        "0",
-        "--give-back",
-        "1",
-    ]
+    sup = Supervisor(str(tmp_path), plan, environ=env, starter=None, edges=edges, clock=SystemClock(), out=lines.append)  # type: ignore[arg-type]
     marker = tmp_path / "recovery" / "peer-lost.7.0.0"
     marker.parent.mkdir()
     marker.write_text(json.dumps({"rank": 0, "host": "n1", "step": 17, "time": 1234.5}) + "\n")
-    argv += ["--peer-lost", str(marker)]
-    assert rec.main(argv, env) == 0
-    out = capsys.readouterr()
-    assert out.out.strip() == "restart n1,n3 n2"
-    assert "probed n2,n3: n2 failed" in out.err and "gave node n2 back" in out.err
+    facts = StepFacts(137, ("n1", "n2"), 0.0, 0, str(marker), False)
+    d = sup.recovery_decision(facts, can_requeue=True)
+    assert d.line() == "restart n1,n3 n2"
+    log = "".join(lines)
+    assert "probed n2,n3: n2 failed" in log and "gave node n2 back" in log
     (r,) = read_recoveries(tmp_path)
     assert (r["action"], r["bad"], r["nodes"], r["gave_back"]) == ("restart", ["n2"], ["n1", "n3"], True)
     assert (r["peer_lost"], r["lost_at"], r["lost_step"]) == (True, 1234.5, 17)  # the first rank that saw it
-
-
-def test_decision_entry_point_rejects_a_bad_node_name(tmp_path: Path, capsys) -> None:
-    argv = [
-        "recovery-decision",
-        "--run-dir",
-        str(tmp_path),
-        "--exit-code",
-        "1",
-        "--step-nodes",
-        "n1,$(x)",
-        "--since",
-        "0",
-        "--restarts-done",
-        "0",
-        "--nodes",
-        "2",
-        "--min-nodes",
-        "2",
-        "--max-restarts",
-        "2",
-        "--max-requeues",
-        "3",
-        "--can-requeue",
-        "1",
-        "--stopped",
-        "0",
-    ]
-    assert rec.main(argv, {"SLURM_JOB_ID": "7"}) == 2
-    assert capsys.readouterr().out == ""
 
 
 def test_requeue_rule_requeues_lost_nodes_away() -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -25,6 +24,7 @@ from slurm_ddp import PREEMPTED_EXIT_CODE
 from slurm_ddp.config import config_from_dict, read_yaml
 from slurm_ddp.errors import ConfigError
 from slurm_ddp.render import render, sbatch_flags
+from slurm_ddp.supervise import plan_of_script
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLE = REPO / "examples" / "digits" / "job.yaml"
@@ -61,6 +61,11 @@ FULL = {
     "checkpoint": {"every_steps": 500, "keep_last": 3},
     "requeue": {"signal": "SIGUSR1", "signal_delay_s": 300, "max_requeues": 5},
 }
+
+
+def srun_of(script: str) -> str:
+    """The training step's srun command of a rendered script (its supervisor's plan), words joined by spaces."""
+    return " ".join(plan_of_script(script).srun_words)
 
 
 def digits_config():
@@ -246,7 +251,7 @@ def test_gpu_layout_lines(golden):
         if line.split("=")[0].split()[1] in ("--gpus-per-node", "--gpus-per-task", "--gres", "--gpu-bind")
     ]
     assert len(gpu_lines) == len([f for f in expected if not f.startswith(("--ntasks", "--nodes"))]), gpu_lines
-    srun = [line for line in script.splitlines() if line.startswith("srun ")][0]
+    srun = srun_of(script)
     assert ("--gpu-bind=" in srun) == ("gpu_bind" in slurm), srun
 
 
@@ -280,17 +285,17 @@ def test_golden_sweep_array_script(tmp_path):
 
 def test_command_mode_runs_the_script_through_the_launch_wrapper_in_its_workdir():
     script = render(own_script_config(), "/r", **FIXED).script
-    srun = script[script.index("\nsrun ") :].split("&\n")[0]
+    srun = srun_of(script)
     assert "--chdir=/scratch/own" in srun
     assert '"$PYTHON" -m slurm_ddp.launch --run-dir "$RUN_DIR" -- "$PYTHON" /scratch/own/train.py --epochs 5' in srun
-    assert "--command-mode 1" in script and "slurm_ddp.worker" not in script
+    assert plan_of_script(script).command_mode and "slurm_ddp.worker" not in script
 
 
 def test_torchrun_launcher_line():
     """One task per node holding the node's CPUs; torchrun's options; the wrapper as its entry point."""
     cfg = own_script_config(nodes=2, tasks_per_node=2, cpus_per_task=3, launcher="torchrun")
     script = render(cfg, "/r", **FIXED).script
-    srun = script[script.index("\nsrun ") :].split("&\n")[0]
+    srun = srun_of(script)
     assert (
         "--nodes=2 --ntasks=2 --ntasks-per-node=1 --cpus-per-task=6" in srun
         and '--output="$RUN_DIR"/logs/torchrun-node-%n.log' in srun
@@ -302,7 +307,7 @@ def test_torchrun_launcher_line():
     assert '--rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" --no-python' in srun
     assert '"$PYTHON" -m slurm_ddp.launch --run-dir "$RUN_DIR" --rank-log -- "$PYTHON" /scratch/own/train.py' in srun
     worker = render(config_from_dict({**read_yaml(EXAMPLE), "slurm": {"launcher": "torchrun"}}), "/r", **FIXED).script
-    assert '--rank-log -- "$PYTHON" -u -m slurm_ddp.worker --run-dir "$RUN_DIR" &' in worker
+    assert srun_of(worker).endswith('--rank-log -- "$PYTHON" -u -m slurm_ddp.worker --run-dir "$RUN_DIR"')
 
 
 def test_rendering_is_deterministic():
@@ -351,12 +356,13 @@ def test_sbatch_lines_sorted_and_complete(golden):
     assert f"#SBATCH --time={cfg.slurm.time}" in lines
     assert f"#SBATCH --output={run_dir}/logs/batch-%j.out" in lines
     assert_sbatch_header_first(script)
-    # the ranks' srun, after the variables a container sets for it (PYTHONPATH=… srun …)
-    srun = [line for line in script.splitlines() if re.match(r"^([A-Z_]+=\S* )*srun ", line)]
-    # the in-process step outlives any one member's exit (-K would end it on the first: issue 52)
+    # the ranks' srun: the supervisor's plan; the in-process step outlives any one member's exit (-K would end
+    # it on the first: issue 52)
     kill_on_bad_exit = 0 if cfg.in_job_recovery and cfg.recovery.in_process else 1
-    assert len(srun) == 1 and re.search(rf"(^| )srun --kill-on-bad-exit={kill_on_bad_exit} ", srun[0])
-    assert f"trap 'forward {cfg.requeue.signal_name}' {cfg.requeue.signal_name}" in script
+    assert srun_of(script).startswith(f"srun --kill-on-bad-exit={kill_on_bad_exit} ")
+    sig = cfg.requeue.signal_name
+    assert f'exec "$PYTHON" -m slurm_ddp.supervise --signal {sig} ' in script and f"trap '' {sig}" in script
+    assert script.count("\n") < 100, "the batch script stays under 100 lines"
 
 
 def test_header_records_version_command_and_hash():

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shlex
 import signal
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -280,25 +281,16 @@ def test_sigterm_to_the_batch_shell_is_not_requeued(make_config, tmp_path: Path)
     )
 
 
-@pytest.mark.parametrize("python_does", ["exit 1", "echo '1 75 more'", "echo requeue", "echo '1 -1'"])
-def test_a_failed_decision_never_requeues(make_config, tmp_path: Path, python_does: str) -> None:
-    """If the decision itself fails or prints something else, the job exits with srun's status
-    and does not requeue (a job that requeued whenever it could not decide would loop)."""
-    python = tmp_path / "python"
-    python.write_text(
-        "#!/bin/bash\n"
-        f'if [ "${{1:-}}" = -m ] && [ "${{2:-}}" = slurm_ddp.rundir ]; then {python_does}; exit; fi\n'
-        f'exec {shlex.quote(sys.executable)} "$@"\n'
+def test_an_unreadable_plan_never_requeues(tmp_path: Path) -> None:
+    """A supervisor that cannot read its plan starts nothing and never requeues: one line, status 2."""
+    out = subprocess.run(
+        [sys.executable, "-m", "slurm_ddp.supervise", "--signal", "USR2", str(tmp_path)],
+        input=b"{not json",
+        capture_output=True,
+        timeout=60,
     )
-    python.chmod(0o755)
-    cfg = make_config({"requeue": {"max_requeues": 3}})
-    script = render(cfg, str(tmp_path / "run"), command=["t"], python=str(python)).script
-    stubs = make_stubs(tmp_path, srun_body=f"exit {P}")
-    out = run_script(script, tmp_path, stubs)
-    text = out.stdout.decode() + out.stderr.decode()
-    assert out.returncode == P, text
-    assert not requeued(stubs), text
-    assert "the requeue decision failed" in text and "not requeueing" in text, text
+    assert out.returncode == 2 and out.stdout.decode().count("\n") == 1, out
+    assert out.stdout.decode().startswith("slurm_ddp supervise: error: the job plan on stdin is unreadable")
 
 
 def test_submitit_hang_is_decided_by_rank_0s_watchdog(monkeypatch, tmp_path: Path) -> None:

@@ -4,10 +4,8 @@ the one sbatch option mapping both backends are built from."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict
 
 import pytest
 from lib import require_module
@@ -28,6 +26,7 @@ from slurm_ddp.rundir import (
     write_finished,
     write_preempted,
 )
+from slurm_ddp.supervise import JobEnd, finish_start
 
 P = PREEMPTED_EXIT_CODE
 
@@ -162,111 +161,6 @@ def test_a_marker_of_this_job_and_restart_is_a_preemption_and_names_its_step() -
         assert not d.preempted and not d.requeue and d.exit_code == 1
 
 
-# --------------------------------------------------------------------------- the CLI the batch script calls
-def run_cli(tmp_path: Path, *args: str, env_extra: Optional[Dict[str, str]] = None) -> subprocess.CompletedProcess:
-    env = {"PATH": "/usr/bin:/bin", "SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "1", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "slurm_ddp.rundir", *args],
-        env=env,
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
-def test_cli_prints_two_integers_and_logs_the_reason(tmp_path: Path) -> None:
-    write_preempted(tmp_path, Preempted("9", 1, 12, "SIGUSR2"))
-    out = run_cli(
-        tmp_path,
-        "requeue-decision",
-        "--run-dir",
-        str(tmp_path),
-        "--exit-code",
-        "1",
-        "--got-term",
-        "0",
-        "--can-requeue",
-        "1",
-        "--max-requeues",
-        "3",
-    )
-    assert out.returncode == 0, out.stderr
-    assert out.stdout == f"1 {P}\n"
-    assert "slurm_ddp[batch 9]: rank 0 committed the checkpoint of step 12" in out.stderr
-    assert "requeueing (restart 2 of at most 3)" in out.stderr and out.stderr.count("\n") == 1
-
-
-@pytest.mark.parametrize(
-    "args, env_extra, expected",
-    [
-        (
-            [
-                "requeue-decision",
-                "--run-dir",
-                "R",
-                "--exit-code",
-                "x",
-                "--got-term",
-                "0",
-                "--can-requeue",
-                "1",
-                "--max-requeues",
-                "3",
-            ],
-            {},
-            "--exit-code: 'x' is not an integer",
-        ),
-        (
-            [
-                "requeue-decision",
-                "--run-dir",
-                "R",
-                "--exit-code",
-                "1",
-                "--got-term",
-                "2",
-                "--can-requeue",
-                "1",
-                "--max-requeues",
-                "3",
-            ],
-            {},
-            "--got-term: 2 is out of range (0..1)",
-        ),
-        (
-            ["requeue-decision", "--run-dir", "R", "--exit-code", "1", "--got-term", "0", "--can-requeue", "1"],
-            {},
-            "required: --max-requeues",
-        ),
-        (
-            [
-                "requeue-decision",
-                "--run-dir",
-                "R",
-                "--exit-code",
-                "1",
-                "--got-term",
-                "0",
-                "--can-requeue",
-                "1",
-                "--max-requeues",
-                "3",
-            ],
-            {"SLURM_RESTART_COUNT": "-1"},
-            "SLURM_RESTART_COUNT='-1' is not",
-        ),
-        (["requeue"], {}, "invalid choice: 'requeue'"),
-        ([], {}, "required"),
-    ],
-)
-def test_cli_malformed_input_is_one_line_and_exit_2(tmp_path: Path, args, env_extra, expected) -> None:
-    out = run_cli(tmp_path, *args, env_extra=env_extra)
-    assert out.returncode == 2 and out.stdout == "", out
-    assert out.stderr.startswith("slurm_ddp rundir: error: ") and out.stderr.count("\n") == 1, out.stderr
-    assert expected in out.stderr and "Traceback" not in out.stderr
-
-
 # --------------------------------------------------------------------------- one sbatch option mapping
 def test_submitit_writes_the_same_sbatch_options_as_the_script(make_config, tmp_path: Path) -> None:
     """submitit's own #SBATCH lines equal the rendered script's, except those submitit must own."""
@@ -306,7 +200,7 @@ def test_submitit_writes_the_same_sbatch_options_as_the_script(make_config, tmp_
     assert "--time=0-01:30:30" in theirs and "--job-name=my_job" in theirs and "--hold" in theirs
 
 
-def test_the_batch_log_says_what_the_next_start_of_a_script_trains_from(tmp_path: Path, make_config, capsys) -> None:
+def test_the_batch_log_says_what_the_next_start_of_a_script_trains_from(tmp_path: Path, make_config) -> None:
     """A ``train.command`` job stopped at the time-limit signal: after the decision, the batch log says what
     its next start trains from (``rundir.next_start``): nothing passed without ``train.resume``; the newest
     complete checkpoint with it (issue 49)."""
@@ -318,12 +212,9 @@ def test_the_batch_log_says_what_the_next_start_of_a_script_trains_from(tmp_path
             train["resume"] = resume
         cfg = make_config({"slurm": {"tasks_per_node": 2}, "train": train})
         (tmp_path / "config.yaml").write_text(dump_config(cfg))
-        argv = ["requeue-decision", "--run-dir", str(tmp_path), "--exit-code", "140", "--got-term", "0"]
-        argv += ["--can-requeue", "1", "--max-requeues", "3", "--got-signal", "1", "--command-mode", "1"]
-        capsys.readouterr()
-        assert rundir.main(argv, {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"}) == 0
-        out, err = capsys.readouterr()
-        assert out == f"1 {P}\n", (out, err)
+        end = JobEnd(140, False, True, True, 3, True, "srun")
+        code, requeued, err = finish_start(tmp_path, end, {"SLURM_JOB_ID": "9", "SLURM_RESTART_COUNT": "0"})
+        assert code == P and requeued == [("9", None)], err
         return err
 
     rundir.record_job(tmp_path, backend="sbatch", job_id="9", time=1.0)

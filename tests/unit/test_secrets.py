@@ -21,8 +21,8 @@ from lib import require_module
 from lib.own_project import git
 
 from slurm_ddp.backends import plan_submit
-from slurm_ddp.checkpoint import atomic_write_text
 from slurm_ddp.config import load_config
+from slurm_ddp.durable import atomic_write_text
 from slurm_ddp.errors import ConfigError
 from slurm_ddp.secrets import (
     REDACTED,
@@ -368,7 +368,7 @@ def test_group_run_dir_mode_opens_the_config_files_to_the_group_only_and_pass_en
     """Issue 50: a shared project's group reads config.yaml, job.sbatch, provenance.json, code/ and diffs/
     (0640/0750, never others); the secret handed over by name is in no file; the job's own start keeps the
     mode; going back to private is the same run and closes them again."""
-    from slurm_ddp.provenance import record_start
+    from slurm_ddp.rundir.provenance import record_start
 
     monkeypatch.setenv("WANDB_API_KEY", SECRET)
     job = _project(tmp_path, "environment: {run_dir_mode: group, pass_env: [WANDB_API_KEY]}\n")

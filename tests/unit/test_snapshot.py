@@ -1,4 +1,4 @@
-"""The code snapshot at submit and the provenance record (slurm_ddp.snapshot, slurm_ddp.provenance),
+"""The code snapshot at submit and the provenance record (slurm_ddp.snapshot, slurm_ddp.rundir.provenance),
 through ``slurm-ddp submit`` with a fake sbatch: what is copied, where the ranks' paths go, the
 content addressing, the resubmit rule, the size cap and the bad-input lines."""
 
@@ -18,8 +18,9 @@ from lib.own_project import git
 
 from slurm_ddp.cli import main
 from slurm_ddp.config import load_config
-from slurm_ddp.provenance import changes, torch_mismatch
+from slurm_ddp.rundir.provenance import changes, torch_mismatch
 from slurm_ddp.snapshot import plan_snapshot, run_pythonpath
+from slurm_ddp.supervise import plan_of_script
 
 TASK = "from slurm_ddp.task import Task\n\nclass T(Task):\n    pass\n"
 
@@ -208,6 +209,12 @@ def test_in_a_git_repository_untracked_outputs_and_tracked_weights_stay_out(tmp_
     assert "src/helper.py" in [f.rel for f in plan_snapshot(cfg, str(tmp_path / "run")).files]
 
 
+def step_of(run: Path) -> str:
+    """The ranks' srun command of the run's ``job.sbatch`` (its supervisor's plan), words joined by spaces, with
+    the ``&`` the batch shell once put after it (so a test can say where the command ends)."""
+    return " ".join(plan_of_script((run / "job.sbatch").read_text()).srun_words) + " &"
+
+
 def test_command_script_is_remapped_into_the_snapshot_and_runs_in_the_users_workdir(tmp_path, sbatch, capsys):
     repo = make_repo(tmp_path)
     (repo / "train.py").write_text("print('hi')\n")
@@ -218,10 +225,10 @@ def test_command_script_is_remapped_into_the_snapshot_and_runs_in_the_users_work
     rc, out, err = submit(repo, run, capsys, "--no-check-task")
     assert rc == 0, err
     snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
-    script = (run / "job.sbatch").read_text()
+    script = step_of(run)
     # the code from the snapshot, the working directory the user's (relative data and outputs)
     assert f"--chdir={repo.resolve()} " in script and f"{snap}/train.py --epochs 2" in script, script
-    assert str(repo / "train.py") not in script
+    assert str(repo / "train.py") not in (run / "job.sbatch").read_text()
     assert (snap / "train.py").read_text() == "print('hi')\n"
     rc, out, err = submit(repo, tmp_path / "run2", capsys, "--no-check-task", "--dry-run")
     assert rc == 0 and "# code snapshot: " in out and not (tmp_path / "run2").exists()
@@ -292,7 +299,7 @@ def test_a_wrapper_command_snapshots_its_shell_scripts_and_the_python_it_runs(tm
     rc, out, err = cli(["submit", str(job), "--backend", "sbatch", "--run-dir", str(run), "--no-check-task"], capsys)
     assert rc == 0 and "slurm-ddp: warning: train.command's wrapper run.sh names env.sh, train.py" in err, err
     snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
-    script = (run / "job.sbatch").read_text()
+    script = step_of(run)
     # the ranks run the snapshot's wrapper, in the user's directory
     assert f"bash -e {snap}/run.sh --fast &" in script and f"--chdir={(tmp_path / 'w').resolve()} " in script, script
     assert (snap / "run.sh").read_text() == WRAPPER
@@ -390,7 +397,7 @@ def test_python_m_runs_its_module_from_the_snapshot(tmp_path, sbatch, capsys, co
     rc, out, err = submit(repo, run, capsys, "--no-check-task")
     assert rc == 0, err
     snap = run / json.loads((run / "snapshot.json").read_text())["dir"] / "0"
-    script = (run / "job.sbatch").read_text()
+    script = step_of(run)
     tail = " ".join(shlex.quote(str(snap) if a == "SNAP" else a) for a in expected)
     assert f'"$PYTHON" {tail} &' in script and f"--chdir={repo.resolve()} " in script, script
 
@@ -450,7 +457,7 @@ def test_provenance_records_torch_as_torch_version_has_it(tmp_path, monkeypatch)
     """PyPI's CUDA wheel of torch 2.13.0: metadata version ``2.13.0``, ``torch.__version__``
     ``2.13.0+cu130``. Provenance records the latter, as the checkpoint manifest does (``torch_version``),
     so a resume with the same torch is no mismatch; the metadata version only without a ``version.py``."""
-    from slurm_ddp.provenance import versions
+    from slurm_ddp.rundir.provenance import versions
 
     cuda = tmp_path / "cuda"
     _fake_torch(cuda, "2.13.0", "__version__ = '2.13.0+cu130'\ncuda: Optional[str] = '13.0'\n")

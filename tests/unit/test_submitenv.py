@@ -18,6 +18,7 @@ from lib import require_module
 from slurm_ddp.backends import plan_submit
 from slurm_ddp.render import render, sbatch_options
 from slurm_ddp.submitenv import SRUN_INPUT, batch_unset, caller_job_variables, in_job, submit_environ
+from slurm_ddp.supervise import drop_inherited, plan_of_script
 
 STEP_ENV = {
     "SLURMD_NODENAME": "n2",
@@ -127,13 +128,11 @@ def test_the_batch_script_unsets_only_what_its_own_request_does_not_set(make_con
 
 
 def _script_env(script: str, env: Dict[str, str]) -> Dict[str, str]:
-    """The SLURM_* variables the batch script's shell holds before its first line that needs the run directory."""
-    head = script[: script.index("\nRUN_DIR=")]
-    out = subprocess.run(
-        ["bash", "-c", head + "\nenv"], env={"PATH": os.environ["PATH"], **env}, capture_output=True, text=True
-    )
-    assert out.returncode == 0, out.stderr
-    return dict(line.split("=", 1) for line in out.stdout.splitlines() if line.startswith("SLURM_"))
+    """The SLURM_* variables the job's supervisor holds, started by the batch script with ``env``, before the
+    script's exports of environment.env (``supervise.drop_inherited`` with the script's plan)."""
+    held = {"PATH": os.environ["PATH"], **env}
+    drop_inherited(plan_of_script(script), held)
+    return {k: v for k, v in held.items() if k.startswith("SLURM_")}
 
 
 def test_a_script_started_by_hand_drops_an_inherited_srun_option_and_keeps_its_own(

@@ -352,7 +352,7 @@ def test_render_prints_the_array_script_and_lists_the_elements(capsys):
     assert "#SBATCH --array=0-3%2\n" in out
     assert "#SBATCH --output=/scratch/runs/s/%3a/logs/batch-%j.out\n" in out
     assert "#   element 2: lr=0.005,seed=0\n" in out
-    assert 'scontrol requeue "${SLURM_ARRAY_JOB_ID}_${SLURM_ARRAY_TASK_ID}"' in out
+    assert "#   forward SIGUSR2 and SIGTERM to the ranks" in out  # the supervisor's plan, after the script
 
 
 def test_array_task_runs_in_its_own_element_dir_and_requeues_alone(tmp_path):

@@ -1,4 +1,5 @@
-"""Provenance: what ran, where — ``RUN_DIR/provenance.json``, written at submit, extended at every start.
+"""Provenance: what ran, where — ``RUN_DIR/provenance.json``, written at submit, extended at every start. Part of
+:mod:`slurm_ddp.rundir` (the run directory's files have one owner).
 
 Side effects: reads the environment (installed packages' metadata, ``git``), writes the run
 directory. Imports no torch: versions come from package metadata and ``torch/version.py``'s text,
@@ -37,9 +38,9 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Set, Union
 
-from .constants import __version__
-from .rundir import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir, run_dir_mode_of, write_private_text
-from .secrets import CREDENTIAL_FILES
+from ..constants import __version__
+from ..secrets import CREDENTIAL_FILES
+from .files import PROVENANCE_NAME, SNAPSHOT_NAME, diff_name, private_dir, run_dir_mode_of, write_private_text
 
 #: the fields of a start compared between consecutive starts by :func:`changes`
 COMPARED = ("nodes", "gpus", "world_size", "snapshot", "versions")

@@ -1,4 +1,5 @@
-"""Durable, atomic file writes, torch-free: the commit primitives of a checkpoint.
+"""Durable, atomic file writes, torch-free, on the bottom floor (it imports nothing of slurm_ddp): the commit
+primitives of a checkpoint (``slurm_ddp.checkpoint``), and of the run directory's files and markers.
 
 Owns ``fsync_dir``, ``atomic_write`` (temporary file in the same directory, ``fsync``, ``rename``,
 directory ``fsync``), ``atomic_write_text`` and ``sha256_file``, the ``_HashingWriter`` that
@@ -7,7 +8,7 @@ hashes and counts the bytes as they are written, and the one-writer claim protoc
 through a collective (a lost peer) must make once. Side effects: creates, renames, fsyncs and
 deletes files; a large write starts two short-lived helper threads (``checkpoint-hash``,
 ``checkpoint-writeback``), joined before ``atomic_write`` returns. Imports no torch: the run
-directory's markers (``slurm_ddp.rundir``) and the backends write with it on a login node.
+directory's markers (``slurm_ddp.rundir``), the code snapshot and the backends write with it on a login node.
 
 Why each step (rename(2) is atomic; it is durable only once the directory entry is flushed; see
 fsync(2) NOTES) is described in ``slurm_ddp.checkpoint.manager``, which builds the commit
