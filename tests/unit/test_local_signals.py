@@ -11,9 +11,9 @@ import sys
 
 import pytest
 
-from slurm_ddp import provenance
 from slurm_ddp.backends import plan_submit
 from slurm_ddp.backends.local import LocalJob
+from slurm_ddp.rundir import provenance
 from slurm_ddp.signals import forwarded_signals
 
 

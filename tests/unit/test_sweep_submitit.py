@@ -16,13 +16,14 @@ import pytest
 from lib import require_module
 from lib.fake_slurm import fake_scontrol_config
 
-from slurm_ddp import cli, provenance
+from slurm_ddp import cli
 from slurm_ddp.backends.array import plan_sweep
 from slurm_ddp.backends.submitit_backend import SubmititWorker
 from slurm_ddp.backends.submitit_sweep import element_dirs_setup, schedule_submitit
 from slurm_ddp.rundir import (
     SUBMITIT_DIR,
     element_dir_name,
+    provenance,
     read_jobs,
     read_sweep_jobs,
     write_finished,
