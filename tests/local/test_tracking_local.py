@@ -6,8 +6,10 @@ the run directory) and W&B (offline mode) libraries, local backend, gloo on CPU.
 - W&B, ``kill -9`` right after ``run.log`` returned (the row in W&B's buffers, not yet in its ``.wandb``
   file), then a stop, then a finish: the offline runs' history, read back from the ``.wandb`` files with
   wandb's protobuf ``Record``, holds every step once.
-- A plain script calling ``mlflow.start_run()`` / ``wandb.init()`` with no arguments, started three
-  times: one MLflow run, one W&B run id.
+- A plain script calling ``mlflow.start_run()`` / ``wandb.init()`` with no arguments, started twice (a
+  stop, then a finish): one MLflow run, one W&B run id. (A third start re-read the same ``tracking.json``
+  as the second and showed nothing more; the 3-start stop/kill/finish runs are in
+  tests/local/test_stop_kill_finish_local.py and tests/slurm/test_tracking_slurm.py.)
 - A sweep of 2 elements: 2 tracker runs, grouped (MLflow parent run + tag; W&B group = the sweep's name); two
   elements show the grouping and that each element has its own run as well as four did, at half the starts.
 """
@@ -97,26 +99,27 @@ def seen(run_dir: Path) -> List[dict]:
     return [json.loads(line) for line in (run_dir / "seen.jsonl").read_text().splitlines()]
 
 
-def test_own_script_with_no_arguments_requeued_twice_is_one_tracker_run(tmp_path: Path) -> None:
+def test_own_script_with_no_arguments_requeued_is_one_tracker_run(tmp_path: Path) -> None:
     job, rd = own_job(tmp_path, "own"), tmp_path / "run"
-    for expected in (PREEMPTED_EXIT_CODE, PREEMPTED_EXIT_CODE, 0):
-        r = subprocess.run(submit(job, rd, []), capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    sets = [f"train.command=python {SCRIPT} 1"]  # stopped (75) on its first start, finished on its second
+    for expected in (PREEMPTED_EXIT_CODE, 0):
+        r = subprocess.run(submit(job, rd, sets), capture_output=True, text=True, timeout=300, cwd=tmp_path)
         assert r.returncode == expected, r.stdout[-2000:] + r.stderr[-2000:]
     record = json.loads((rd / "tracking.json").read_text())
     starts = seen(rd)
-    assert [s["start"] for s in starts] == [0, 1, 2]
+    assert [s["start"] for s in starts] == [0, 1]
     assert {s["mlflow"] for s in starts} == {record["mlflow"]["run_id"]}
     assert {s["wandb"] for s in starts} == {record["wandb"]["run_id"]}
     client = _mlflow().MlflowClient(record["mlflow"]["tracking_uri"])
     runs = client.search_runs([record["mlflow"]["experiment_id"]])
     assert len(runs) == 1 and runs[0].info.status == "FINISHED"
-    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "start")] == [0, 1, 2]
-    assert wandb_ids(rd) == [record["wandb"]["run_id"]] * 3
+    assert [m.step for m in client.get_metric_history(runs[0].info.run_id, "start")] == [0, 1]
+    assert wandb_ids(rd) == [record["wandb"]["run_id"]] * 2
     dry = subprocess.run(
         [sys.executable, "-m", "slurm_ddp", "sync", str(rd), "--dry-run"], capture_output=True, text=True, timeout=120
     )
     assert dry.returncode == 0, dry.stderr
-    assert f"would sync W&B run {record['wandb']['run_id']}: 3 offline start(s)" in dry.stdout, dry.stdout
+    assert f"would sync W&B run {record['wandb']['run_id']}: 2 offline start(s)" in dry.stdout, dry.stdout
 
 
 def test_sweep_of_two_elements_is_two_grouped_tracker_runs(tmp_path: Path) -> None:
