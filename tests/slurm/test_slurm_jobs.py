@@ -1,6 +1,7 @@
 """The real-Slurm tier: the digits job through sbatch and submitit on the 2-node sandbox.
 
-Covers 2-node DDP training, one node × 2 tasks, USR2 at the steps and at the batch shell,
+Covers 2-node DDP training, USR2 at the steps, one node × 2 tasks and the batch shell's forwarding (both
+in the time-limit test),
 max_requeues, requeue of a finished run, partition preemption (SIGTERM → checkpoint →
 Slurm requeues → resume), the submitit path, and the real ``--signal=B:USR2@…`` path
 before a short time limit. Every wait has its own timeout. Timings measured on the way
@@ -119,19 +120,6 @@ def test_two_nodes_signal_at_steps_then_finished_requeue(slurm_sandbox, tmp_path
     assert len(train_steps(job.run_dir)) == n_train
 
 
-def test_one_node_two_tasks_signal_at_batch_shell(slurm_sandbox, tmp_path: Path) -> None:
-    job = submit(slurm_sandbox, tmp_path / "run", "slurm.nodes=1", "slurm.tasks_per_node=2")
-    stopped = signal_and_measure(job, "--batch", "--signal=USR2")
-    finished = job.wait_finished()
-    assert finished["eval_accuracy"] >= 0.97, finished
-    assert job.restarts() == 1
-    check_resumed(job, stopped)
-    batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
-    assert "received SIGUSR2; forwarding it to the ranks" in batch
-    for rank in (0, 1):
-        assert f"rank {rank}/2 local_rank {rank}/2" in (job.run_dir / "logs" / f"rank-{rank}.log").read_text()
-
-
 def test_max_requeues_is_honoured(slurm_sandbox, tmp_path: Path) -> None:
     job = submit(
         slurm_sandbox,
@@ -209,12 +197,15 @@ def test_submitit_backend_trains_and_requeues(slurm_sandbox, tmp_path: Path) -> 
 
 
 def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
-    """The real path: #SBATCH --signal=B:USR2@60 with --time=2 arrives at the batch shell."""
+    """The real path: #SBATCH --signal=B:USR2@60 with --time=2 arrives at the batch shell, which forwards
+    it to the ranks of one node × 2 tasks. This run is also the suite's batch-shell forwarding and one-node ×
+    2-tasks test (it was a separate ``scancel --batch --signal=USR2`` run); a run that finishes after a
+    requeue, at its accuracy, is test_two_nodes_signal_at_steps_then_finished_requeue's."""
     job = submit(
         slurm_sandbox,
         tmp_path / "run",
         "slurm.nodes=1",
-        "slurm.tasks_per_node=1",
+        "slurm.tasks_per_node=2",
         "slurm.time=2",
         "requeue.signal_delay_s=60",
         "requeue.max_requeues=1",
@@ -236,8 +227,12 @@ def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
     )
     rank0 = (job.run_dir / "logs" / "rank-0.log").read_text()
     assert re.findall(r"resumed from checkpoint of step (\d+)", rank0) == [str(stopped)]
+    steps = train_steps(job.run_dir)
+    assert steps == sorted(set(steps)), steps  # no step trained twice across the requeue
     batch = "".join(p.read_text() for p in (job.run_dir / "logs").glob("batch-*.out"))
-    assert "received SIGUSR2" in batch
+    assert "received SIGUSR2; forwarding it to the ranks" in batch, batch
+    for rank in (0, 1):
+        assert f"rank {rank}/2 local_rank {rank}/2" in (job.run_dir / "logs" / f"rank-{rank}.log").read_text()
     job.scancel()
     job.wait_ended()
 

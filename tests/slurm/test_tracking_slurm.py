@@ -30,11 +30,12 @@ require_module("wandb", "pip install 'slurm-ddp[wandb]'")
 pytestmark = pytest.mark.slurm
 
 EVERY = 20
+MAX_STEPS = 120
 SETS = (
     "slurm.nodes=1",
     "slurm.tasks_per_node=2",
     "train.snapshot=false",
-    "train.max_steps=300",
+    f"train.max_steps={MAX_STEPS}",  # the stop at ~10 and the kill at ~40 leave 80 steps for the last start
     "train.log_every=1",  # every step's time in metrics.jsonl: the redone steps are exact
     f"checkpoint.every_steps={EVERY}",
     "tracking.mlflow.enabled=true",
@@ -97,7 +98,7 @@ def kill_every_rank_after_a_checkpoint(run_dir: Path, after: int, t0: float) -> 
 def test_worker_stopped_killed_and_finished_is_one_tracker_run_and_its_report(slurm_sandbox, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     job = submit_digits(slurm_sandbox, run_dir, *SETS)
-    job.wait_step(30)
+    job.wait_step(10)
     job.scancel("--signal=USR2")
     wait_for(lambda: job.restarts() >= 1, 120, "the job to requeue itself", job.diag)
     wait_for(lambda: "resume" in [m["event"] for m in read_metrics(run_dir)], 180, "the requeued start", job.diag)
@@ -125,7 +126,7 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run_and_its_report(sl
     assert runs[0].data.tags["slurm_ddp.job_id"] == again.id
     history = client.get_metric_history(runs[0].info.run_id, "loss")
     logged = [m.step for m in history]
-    assert sorted(logged) == sorted(set(logged)) == list(range(1, 301)), logged
+    assert sorted(logged) == sorted(set(logged)) == list(range(1, MAX_STEPS + 1)), logged
     assert max(history, key=lambda m: m.step).value == rows[-1]["loss"]
     for m in history:  # the redone steps: the same (exact resume) values, logged once
         assert m.value == [x["loss"] for x in rows if x["step"] == m.step][-1]
@@ -133,7 +134,7 @@ def test_worker_stopped_killed_and_finished_is_one_tracker_run_and_its_report(sl
     assert len(starts) == 3, starts
     assert {p.name.rsplit("-", 1)[1] for p in starts} == {record["wandb"]["run_id"]}
     wandb_steps = [r["_step"] for r in wandb_history(run_dir, record["wandb"]["run_id"]) if "loss" in r]
-    assert sorted(wandb_steps) == list(range(1, 301)), wandb_steps
+    assert sorted(wandb_steps) == list(range(1, MAX_STEPS + 1)), wandb_steps
 
     # the report of the same three starts
     r = slurm_sandbox.run(
