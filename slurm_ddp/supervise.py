@@ -167,7 +167,8 @@ class JobPlan:
             nodes = str(r.nodes) if r.nodes else "the job's node count"
             out.append(
                 f"in-job recovery: a failed step is judged (probes, hang reports, the peer-lost marker); at most "
-                f"{r.max_restarts} restarts in the job on {nodes} nodes (at least {r.min_nodes}), else requeue "
+                f"{r.max_restarts} recoveries per job start (in-job restarts and in-process) on {nodes} nodes (at least "
+                f"{r.min_nodes}), else requeue "
                 f"without the bad nodes; srun is ended {r.grace_s:g} s after a rank left the peer-lost marker"
             )
             if r.in_process:
@@ -340,9 +341,12 @@ class StepFacts:
     exit_code: int  #: srun's status, or rank 0's (in-process recovery's step-end file)
     step_nodes: Tuple[str, ...]  #: the nodes it trained on last (an in-process recovery's newest generation)
     started: float  #: ``time.time()`` at its start
-    restarts_done: int  #: in-job restarts before it, in this job start
+    restarts_done: int  #: in-job restarts before it, in this job start (the step's index)
     peer_lost: str  #: its peer-lost marker's path
     stopped: bool  #: SIGTERM reached this supervisor
+    #: the recoveries of this job start before its end: in-job restarts and in-process recoveries of its steps
+    #: (``recovery.max_restarts`` is one budget per job start); ``None``: ``restarts_done``
+    recoveries_done: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -530,7 +534,7 @@ class Supervisor:
     def run_recovery(self, can_requeue: bool) -> Tuple[int, Tuple[str, ...]]:
         from .env import expand_nodelist
         from .rundir import PEER_LOST_VAR, RECOVERY_DIR, STEP_END_VAR, STEP_NODES_VAR
-        from .rundir.recovery import start_nodes, step_with_spares
+        from .rundir.recovery import RECOVERIES_LEFT_VAR, start_nodes, step_with_spares
 
         r = self.plan.recovery
         assert r is not None
@@ -563,12 +567,18 @@ class Supervisor:
                 except OSError:
                     pass
                 extra.update({STEP_NODES_VAR: ",".join(step_nodes), STEP_END_VAR: step_end})
+            # recovery.max_restarts is one budget per job start: what the in-job restarts and the earlier steps'
+            # in-process recoveries left is the step's (rundir.recovery.recoveries_left)
+            left = max(0, r.max_restarts - restarts_done - (self.in_process_done() if r.in_process else 0))
+            extra[RECOVERIES_LEFT_VAR] = str(left)
             if not self.rendezvous(step_nodes[0], user):
                 return 1, ()
             self.log(
                 f"training step on {','.join(step_nodes)} ({len(step_nodes)} nodes, in-job restart {restarts_done}); "
                 f"MASTER_ADDR={self.env['MASTER_ADDR']} MASTER_PORT={self.env['MASTER_PORT']}"
             )
+            if restarts_done or left < r.max_restarts:
+                self.log(f"{left} of recovery.max_restarts={r.max_restarts} recoveries left in this job start")
             if r.in_process:
                 self.log(
                     f"in-process recovery: the step runs on {','.join(job_nodes)}; the nodes beyond the training "
@@ -598,6 +608,7 @@ class Supervisor:
                 restarts_done=restarts_done,
                 peer_lost=peer_lost,
                 stopped=self.got_term,
+                recoveries_done=restarts_done + (self.in_process_done() if r.in_process else 0),
             )
             decision = self.recovery_decision(facts, can_requeue)
             if decision.action == "restart":
@@ -659,6 +670,12 @@ class Supervisor:
             return list(read_recoveries(self.run_dir))
         except (OSError, ValueError):
             return []
+
+    def in_process_done(self) -> int:
+        """The in-process recoveries this job start's steps recorded so far (``rundir.recovery.in_process_recoveries``)."""
+        from .rundir.recovery import in_process_recoveries
+
+        return in_process_recoveries(self.recovery_records(), self.job_id, self.restart)
 
     def in_process_outcome(self, first_record: int = 0) -> Tuple[List[str], Tuple[str, ...]]:
         """After an in-process recovery step: the nodes it lost and did not take back later
@@ -727,7 +744,7 @@ class Supervisor:
             bad=evidence.bad,
             nodes_wanted=r.nodes or int(self.env.get("SLURM_JOB_NUM_NODES") or 1),
             min_nodes=r.min_nodes,
-            restarts_done=facts.restarts_done,
+            restarts_done=facts.restarts_done if facts.recoveries_done is None else facts.recoveries_done,
             max_restarts=r.max_restarts,
             restart_count=self.restart,
             max_requeues=self.plan.max_requeues,

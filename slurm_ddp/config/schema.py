@@ -763,7 +763,12 @@ class RecoveryConfig:
         ),
     )
     max_restarts: int = field(
-        default=2, metadata=_meta("in-job restarts before falling back to a requeue (requeue.max_requeues)", min=0)
+        default=2,
+        metadata=_meta(
+            "recoveries per job start, in-job restarts and in-process recoveries together (one budget), before "
+            "falling back to a requeue (requeue.max_requeues)",
+            min=0,
+        ),
     )
     in_process: bool = field(
         default=False,

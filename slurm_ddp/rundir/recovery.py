@@ -39,6 +39,33 @@ IN_PROCESS = "in_process"
 #: Seconds a probe step (``srun -w NODE true``) may take before its node counts as bad.
 PROBE_TIMEOUT_S = 10.0
 
+#: The variable in which the job's supervisor tells a training step how many recoveries of this job start's
+#: ``recovery.max_restarts`` are left for its in-process recoveries (:func:`recoveries_left`); set for every
+#: step of a job with in-job recovery, unset elsewhere.
+RECOVERIES_LEFT_VAR = "SLURM_DDP_RECOVERIES_LEFT"
+
+
+def in_process_recoveries(recoveries: Sequence[Mapping[str, Any]], job_id: str, restart: int) -> int:
+    """How many in-process recoveries (``IN_PROCESS`` records) job ``job_id`` made at requeue count
+    ``restart`` (one job start), over all its steps. ``recoveries``: ``recoveries.jsonl``'s records. Pure."""
+    return sum(
+        1
+        for r in recoveries
+        if r.get("action") == IN_PROCESS and str(r.get("job_id")) == job_id and r.get("restart") == restart
+    )
+
+
+def recoveries_left(environ: Mapping[str, str], max_restarts: int) -> int:
+    """The recoveries a training step may still do (in-process recovery's generations): ``recovery.max_restarts``
+    is one budget per job start, shared by the in-job restarts and the in-process recoveries of all its steps,
+    so the supervisor passes what is left in :data:`RECOVERIES_LEFT_VAR`. Without it (a step started outside
+    the supervisor: the local backend, a hand-run ``srun``) or unreadable, ``max_restarts``; never above it,
+    never below 0."""
+    text = str(environ.get(RECOVERIES_LEFT_VAR, "")).strip()
+    if not text.isdigit():
+        return max(0, max_restarts)
+    return max(0, min(int(text), max_restarts))
+
 
 @dataclass(frozen=True)
 class RecoveryDecision:
@@ -99,8 +126,9 @@ def decide_recovery(
     ``step_nodes``: the nodes the step ran on; ``job_nodes``: the nodes the allocation holds now (the
     step's plus idle spares); ``bad``: the nodes the evidence names (:class:`Evidence`);
     ``nodes_wanted``: ``slurm.nodes``; ``min_nodes``: the fewest nodes a step may run on
-    (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: in-job restarts so far in this job
-    start and ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
+    (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: the recoveries so far in this job
+    start (its in-job restarts and its steps' in-process recoveries: one budget per job start) and
+    ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
     requeue rule.
 
     - a step that ended with status 0, a finished run or a stop → ``none``;
@@ -148,7 +176,9 @@ def decide_recovery(
     if batch_host in bad_t:
         return requeue(f"it is the batch host ({batch_host}), where this script and rank 0 run")
     if restarts_done >= max_restarts:
-        return requeue(f"recovery.max_restarts={max_restarts} in-job restarts done")
+        return requeue(
+            f"recovery.max_restarts={max_restarts} recoveries (in-job restarts and in-process) done in this job start"
+        )
     healthy = [n for n in step_nodes if n not in bad_t]
     spares = [n for n in job_nodes if n not in bad_t and n not in step_nodes]
     if batch_host in healthy:  # rank 0 and MASTER_ADDR stay on the batch host
@@ -162,8 +192,8 @@ def decide_recovery(
         RESTART,
         tuple(nodes),
         bad_t,
-        f"in-job recovery: node {lost} lost or hung (step status {exit_code}); restart {restarts_done + 1} of at "
-        f"most {max_restarts} in this job, {how}: {','.join(nodes)}",
+        f"in-job recovery: node {lost} lost or hung (step status {exit_code}); recovery {restarts_done + 1} of at "
+        f"most {max_restarts} in this job start, {how}: {','.join(nodes)}",
     )
 
 

@@ -354,3 +354,20 @@ def test_give_back_says_why_slurm_refused() -> None:
         False,
         "Job update not available right now, the DB index is being set",
     )
+
+
+def test_recoveries_left_is_what_the_supervisor_passed_within_max_restarts() -> None:
+    """Issue 52 item 10: the step's in-process budget is the job start's rest (``RECOVERIES_LEFT_VAR``)."""
+    var = rec.RECOVERIES_LEFT_VAR
+    assert rec.recoveries_left({}, 2) == 2  # outside the supervisor: the whole budget
+    assert rec.recoveries_left({var: "1"}, 2) == 1
+    assert rec.recoveries_left({var: "0"}, 2) == 0
+    assert rec.recoveries_left({var: "9"}, 2) == 2 and rec.recoveries_left({var: "x"}, 2) == 2
+    records = [
+        {"action": "in_process", "job_id": "7", "restart": 0},
+        {"action": "restart", "job_id": "7", "restart": 0},
+        {"action": "in_process", "job_id": 7, "restart": 0},
+        {"action": "in_process", "job_id": "7", "restart": 1},  # another job start
+        {"action": "in_process", "job_id": "8", "restart": 0},
+    ]
+    assert rec.in_process_recoveries(records, "7", 0) == 2

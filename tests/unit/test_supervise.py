@@ -420,6 +420,39 @@ def test_a_later_step_is_judged_on_its_own_nodes_not_an_earlier_steps_generation
     assert [r["action"] for r in read_recoveries(tmp_path)] == ["in_process", "restart"]
 
 
+def test_max_restarts_is_one_budget_per_job_start_across_in_process_recoveries_and_restarts(tmp_path: Path) -> None:
+    """Issue 52 item 10: max_restarts=3. Step 0 recovers in-process once (n2 lost), then loses n3: an in-job
+    restart (2 used); step 1 is told 1 is left, recovers in-process once (n4), then loses n5: the budget is spent
+    (1 restart + 2 in-process), so the job requeues without n5 instead of a third restart."""
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=3, in_process=True, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 0:
+            return FakeStep(
+                sup, clock, rc=1, ticks=3, at={1: lambda: in_process_record(tmp_path, ["n1", "n3"], ["n2"])}
+            )
+        cluster.dead.add("n5")
+        return FakeStep(sup, clock, rc=1, ticks=3, at={1: lambda: in_process_record(tmp_path, ["n1", "n5"], ["n4"])})
+
+    cluster = Cluster(["n1", "n2", "n3", "n4", "n5"], dead=["n2", "n3"])
+    sup, starter, cluster, lines = make(
+        tmp_path,
+        steps,
+        the_plan=plan(recovery=rec),
+        cluster=cluster,
+        env={"SLURM_JOB_NODELIST": "n[1-5]", "SLURM_JOB_NUM_NODES": "5"},
+    )
+    assert sup.run() == 1
+    assert [env["SLURM_DDP_RECOVERIES_LEFT"] for _, env in starter.started] == ["3", "1"]
+    assert [env["SLURM_DDP_STEP_NODES"] for _, env in starter.started] == ["n1,n2", "n1,n4"]
+    assert cluster.requeued == [("77", "n5")]
+    log = text(lines)
+    assert "recovery 2 of at most 3 in this job start" in log  # the in-process one was the first
+    assert "recovery.max_restarts=3 recoveries (in-job restarts and in-process) done in this job start" in log
+    assert "1 of recovery.max_restarts=3 recoveries left in this job start" in log
+    assert [r["action"] for r in read_recoveries(tmp_path)] == ["in_process", "restart", "in_process", "requeue"]
+
+
 def test_a_node_only_slow_and_called_back_in_is_neither_given_back_nor_kept_out(tmp_path: Path) -> None:
     """Issue 52 item 1, batch side: n2 was taken for lost, then came back as the spare that replaced n3."""
     rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=2, in_process=True, grace_s=5)
