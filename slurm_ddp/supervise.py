@@ -86,6 +86,8 @@ class RecoveryPlan:
     max_restarts: int  #: ``recovery.max_restarts``
     in_process: bool  #: ``recovery.in_process``
     grace_s: float  #: seconds srun may take to end after the peer-lost marker (``render.PEER_LOST_GRACE_S``)
+    #: ``recovery.max_no_progress`` (``rundir.recovery.no_progress_stop``); 0: off
+    max_no_progress: int = 3
 
 
 @dataclass(frozen=True)
@@ -392,6 +394,8 @@ class Supervisor:
         self.restart = int(restart_text) if restart_text.isdigit() else 0
         self.step: Optional[Step] = None
         self.ended = False  #: no step follows (the end's decision runs)
+        #: why the job ends instead of recovering again (``rundir.recovery.no_progress_stop``); "" when not
+        self.no_progress = ""
         self.pending: List[int] = []
         self.got_term = False
         self.got_signal = False
@@ -671,6 +675,16 @@ class Supervisor:
         except (OSError, ValueError):
             return []
 
+    def committed_step(self) -> Optional[int]:
+        """The run's newest committed checkpoint step (``rundir.latest_checkpoint_step``); ``None``: none, or
+        unreadable."""
+        from .rundir import latest_checkpoint_step
+
+        try:
+            return latest_checkpoint_step(self.run_dir)
+        except Exception:  # a damaged manifest: no progress can be read, as before any checkpoint
+            return None
+
     def in_process_done(self) -> int:
         """The in-process recoveries this job start's steps recorded so far (``rundir.recovery.in_process_recoveries``)."""
         from .rundir.recovery import in_process_recoveries
@@ -710,7 +724,17 @@ class Supervisor:
         restarting, set the step's hang reports aside, record the decision in ``recoveries.jsonl``."""
         from .rundir import is_finished, read_preempted
         from .rundir.hangs import set_aside_hang_reports
-        from .rundir.recovery import NONE, RESTART, Evidence, decide_recovery, record_recovery
+        from .rundir.recovery import (
+            COMMITTED_STEP_KEY,
+            NONE,
+            REQUEUE,
+            RESTART,
+            Evidence,
+            RecoveryDecision,
+            decide_recovery,
+            no_progress_stop,
+            record_recovery,
+        )
 
         r = self.plan.recovery
         assert r is not None
@@ -750,6 +774,13 @@ class Supervisor:
             max_requeues=self.plan.max_requeues,
             can_requeue=can_requeue,
         )
+        committed: Optional[int] = None
+        if decision.action in (RESTART, REQUEUE):  # a recovery loop's guard: did the last ones bring progress?
+            committed = self.committed_step()
+            why = no_progress_stop(self.recovery_records(), committed, r.max_no_progress)
+            if why:
+                self.no_progress = why
+                decision = RecoveryDecision(NONE, (), decision.bad, f"in-job recovery: {why}")
         if evidence.notes:
             self.log(f"in-job recovery evidence ({self.clock.monotonic() - t0:.1f} s): {'; '.join(evidence.notes)}")
         self.log(decision.reason)
@@ -787,6 +818,7 @@ class Supervisor:
                     hang=evidence.hang.line() if evidence.hang is not None else None,
                     gave_back=gave_back,
                     reason=decision.reason,
+                    **({COMMITTED_STEP_KEY: committed} if decision.action in (RESTART, REQUEUE) else {}),
                 )
             except OSError as e:
                 self.log(f"could not record the recovery in recoveries.jsonl: {e}")
@@ -797,10 +829,20 @@ class Supervisor:
         """The requeue rule over ``end``, its log lines and records, the requeue itself; the exit status."""
         from .rundir import ENDS_NAME, record_end, requeue_target
         from .rundir.oom import describe_oom, mem_per_node_mb
+        from .rundir.recovery import NO_PROGRESS_KEY
         from .rundir.requeue import oom_of_start
 
         self.ended = True
         decision = decide_end(self.run_dir, end, self.env)
+        if self.no_progress and decision.requeue:  # a hang's requeue too: the loop guard decided first
+            from dataclasses import replace
+
+            decision = replace(
+                decision,
+                requeue=False,
+                exclude=None,
+                reason=f"{decision.reason}; overruled: not requeueing ({self.no_progress.split(':', 1)[0]})",
+            )
         self.log(decision.reason)
         oom = None
         if end.exit_code != 0 and self.job_id:  # a failed step: was it an OOM kill?
@@ -824,6 +866,7 @@ class Supervisor:
                     requeue=decision.requeue,
                     by="batch",
                     **({"oom": oom.to_record(mem_per_node_mb(self.env), end.launcher)} if oom else {}),
+                    **({NO_PROGRESS_KEY: self.no_progress} if self.no_progress else {}),
                 )
             except OSError as e:
                 self.log(f"could not record this start's end in {ENDS_NAME}: {e}")

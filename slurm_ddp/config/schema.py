@@ -777,6 +777,16 @@ class RecoveryConfig:
             "(slurm_ddp.worker.inprocess); else every rank starts again"
         ),
     )
+    max_no_progress: int = field(
+        default=3,
+        metadata=_meta(
+            "end the job, naming the cause, when this many recoveries in a row (in-job restarts and requeues for "
+            "a lost or hung node) brought no new committed checkpoint: a failure that repeats is not a node's "
+            "(slurm_ddp.rundir.recovery.no_progress_stop); preemption and time-limit requeues never count; "
+            "0: never stop for it",
+            min=0,
+        ),
+    )
     heartbeat_interval_s: float = field(
         default=0.25,
         metadata=_meta(

@@ -55,6 +55,52 @@ def in_process_recoveries(recoveries: Sequence[Mapping[str, Any]], job_id: str, 
     )
 
 
+#: The key of a supervisor's ``recoveries.jsonl`` record that holds the run's newest committed checkpoint
+#: step when the decision was taken (``null``: none yet): the progress :func:`no_progress_stop` compares.
+COMMITTED_STEP_KEY = "committed_step"
+#: The key of an end record (``ends.jsonl``) that names a no-progress stop (:func:`no_progress_stop`'s reason).
+NO_PROGRESS_KEY = "no_progress"
+
+
+def no_progress_stop(
+    recoveries: Sequence[Mapping[str, Any]], committed_step: Optional[int], max_no_progress: int
+) -> Optional[str]:
+    """Why the recovery about to be made (an in-job restart, or a requeue for a lost or hung node) must not be,
+    or ``None``: the last ``max_no_progress`` recoveries of the run (its ``restart``/``requeue`` records in
+    ``recoveries.jsonl`` that carry :data:`COMMITTED_STEP_KEY`, over every job start) each found the run at
+    the committed checkpoint step ``committed_step`` (``None``: no checkpoint yet, the same for all), so none of
+    them brought progress: a failure that comes back at the same place is the training code's or its data's,
+    not a node's, and recovering again would loop. ``max_no_progress`` 0: never. Pure.
+
+    The convention: NVIDIA Resiliency Extension's fault-tolerance launcher stops when no new completed
+    checkpoint appears across several failing restart cycles (docs, "Operations and troubleshooting: Cycle
+    records and checkpoint progress", ``--ft-checkpoint-iteration-file``), and SkyPilot managed jobs bound
+    restarts on user-code errors (``max_restarts_on_errors``) apart from preemption recoveries. Preemption and
+    time-limit requeues write no such record (the requeue rule, ``rundir.decide_requeue``, takes them), so they
+    never count; a preemption's checkpoint is progress like any other.
+    """
+    if max_no_progress <= 0:
+        return None
+    counted = [r for r in recoveries if r.get("action") in (RESTART, REQUEUE) and COMMITTED_STEP_KEY in r]
+    last = counted[-max_no_progress:]
+    if len(last) < max_no_progress or any(r.get(COMMITTED_STEP_KEY) != committed_step for r in last):
+        return None
+    where = "no checkpoint committed yet" if committed_step is None else f"still at checkpoint step {committed_step}"
+    return (
+        f"recovery.max_no_progress={max_no_progress}: the last {max_no_progress} recoveries of this run brought no "
+        f"progress ({where}): the failure repeats, a fault of the training code or its data, not of a node; "
+        "ending the job instead of recovering again"
+    )
+
+
+def no_progress_note(ends: Sequence[Mapping[str, Any]], job_id: str) -> Optional[str]:
+    """``slurm-ddp status``'s line for job ``job_id`` when its latest end record (``ends.jsonl``) states a
+    no-progress stop (:data:`NO_PROGRESS_KEY`, the supervisor's :func:`no_progress_stop` reason); else None."""
+    mine = [e for e in ends if str(e.get("job_id")) == str(job_id)]
+    why = mine[-1].get(NO_PROGRESS_KEY) if mine else None
+    return f"ended without recovering again: {why}" if isinstance(why, str) and why else None
+
+
 def recoveries_left(environ: Mapping[str, str], max_restarts: int) -> int:
     """The recoveries a training step may still do (in-process recovery's generations): ``recovery.max_restarts``
     is one budget per job start, shared by the in-job restarts and the in-process recoveries of all its steps,

@@ -341,6 +341,34 @@ def test_a_crash_after_a_recovery_ends_the_job(tmp_path: Path) -> None:
     assert "not preempted (status 1): not requeueing" in text(lines)
 
 
+def test_recoveries_that_bring_no_progress_end_the_job_with_the_cause(tmp_path: Path) -> None:
+    """Issue 52: two earlier recoveries of the run (a restart, then a requeue for a lost node) and this start's
+    restart left the run without a committed checkpoint; the next loss ends the job (no restart, no requeue),
+    the cause in the batch log and in the start's end record (slurm-ddp status reads it)."""
+    for action in ("restart", "requeue"):
+        append_jsonl(
+            tmp_path / "recoveries.jsonl", {"job_id": "77", "restart": 0, "action": action, "committed_step": None}
+        )
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=2, in_process=False, grace_s=5, max_no_progress=3)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 1:
+            cluster.dead.add("n3")  # the spare is lost too, at the same place: a restart on n1 alone would follow
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2", "n3"], dead=["n2"])
+    sup, starter, cluster, lines = make(tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, restart=1)
+    assert sup.run() == 1
+    assert len(starter.started) == 2 and cluster.requeued == []
+    records = read_recoveries(tmp_path)
+    assert [r["action"] for r in records] == ["restart", "requeue", "restart", "none"]
+    assert "committed_step" in records[2] and records[2]["committed_step"] is None
+    log = text(lines)
+    stop = "recovery.max_no_progress=3: the last 3 recoveries of this run brought no progress (no checkpoint committed"
+    assert stop in log and "not preempted (status 1): not requeueing" in log
+    assert str(read_ends(tmp_path)[-1]["no_progress"]).startswith("recovery.max_no_progress=3")
+
+
 def test_the_time_limit_signal_ends_recovery_and_requeues(tmp_path: Path) -> None:
     def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
         def usr2() -> None:
