@@ -14,7 +14,15 @@ import pytest
 
 from slurm_ddp.config import config_from_dict
 from slurm_ddp.render import job_plan, render
-from slurm_ddp.rundir import Preempted, append_jsonl, read_ends, read_recoveries, write_preempted
+from slurm_ddp.rundir import (
+    HangReport,
+    Preempted,
+    append_jsonl,
+    read_ends,
+    read_recoveries,
+    write_hang_report,
+    write_preempted,
+)
 from slurm_ddp.rundir.recovery import Evidence
 from slurm_ddp.supervise import Edges, JobPlan, RecoveryPlan, Supervisor, expand_word
 
@@ -367,6 +375,43 @@ def test_recoveries_that_bring_no_progress_end_the_job_with_the_cause(tmp_path: 
     stop = "recovery.max_no_progress=3: the last 3 recoveries of this run brought no progress (no checkpoint committed"
     assert stop in log and "not preempted (status 1): not requeueing" in log
     assert str(read_ends(tmp_path)[-1]["no_progress"]).startswith("recovery.max_no_progress=3")
+
+
+def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -> None:
+    """The loop guard also overrules the hang rule's requeue (a hang is taken for a node's fault)."""
+    for action in ("restart", "requeue", "requeue"):
+        append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": action, "committed_step": None})
+    for rank, host in ((0, "n1"), (1, "n2")):
+        write_hang_report(
+            tmp_path,
+            HangReport(
+                job_id="77",
+                restart=0,
+                rank=rank,
+                world_size=2,
+                host=host,
+                step=9,
+                phase="step",
+                idle_s=50.0,
+                limit_s=45.0,
+                cause="self" if rank == 1 else "peer",
+                time=1001.0,
+            ),
+        )
+    rec = RecoveryPlan(nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2"], dead=["n2"])
+    sup, starter, cluster, lines = make(
+        tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, env={"SLURM_JOB_NODELIST": "n[1-2]"}
+    )
+    assert sup.run() == 1
+    assert cluster.requeued == [] and len(starter.started) == 1
+    log = text(lines)
+    assert "taken for a node problem: requeueing" in log, log  # the hang rule's word, overruled
+    assert "overruled: not requeueing (recovery.max_no_progress=3)" in log, log
 
 
 def test_the_time_limit_signal_ends_recovery_and_requeues(tmp_path: Path) -> None:
