@@ -172,6 +172,12 @@ class JobPlan:
                 f"{r.max_restarts} recoveries per job start (in-job restarts and in-process) on {nodes} nodes (at least "
                 f"{r.min_nodes}), else requeue "
                 f"without the bad nodes; srun is ended {r.grace_s:g} s after a rank left the peer-lost marker"
+                + (
+                    f"; {r.max_no_progress} recoveries in a row without a new committed checkpoint end the job "
+                    "(recovery.max_no_progress)"
+                    if r.max_no_progress
+                    else ""
+                )
             )
             if r.in_process:
                 out.append(
