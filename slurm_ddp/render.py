@@ -420,6 +420,7 @@ def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
             min_nodes=cfg.recovery_min_nodes,
             max_restarts=cfg.recovery.max_restarts,
             in_process=cfg.recovery.in_process,
+            max_no_progress=cfg.recovery.max_no_progress,
             grace_s=PEER_LOST_GRACE_S,
         )
     clear = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")

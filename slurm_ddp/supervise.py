@@ -86,6 +86,8 @@ class RecoveryPlan:
     max_restarts: int  #: ``recovery.max_restarts``
     in_process: bool  #: ``recovery.in_process``
     grace_s: float  #: seconds srun may take to end after the peer-lost marker (``render.PEER_LOST_GRACE_S``)
+    #: ``recovery.max_no_progress`` (``rundir.recovery.no_progress_stop``); 0: off
+    max_no_progress: int = 3
 
 
 @dataclass(frozen=True)
@@ -167,8 +169,15 @@ class JobPlan:
             nodes = str(r.nodes) if r.nodes else "the job's node count"
             out.append(
                 f"in-job recovery: a failed step is judged (probes, hang reports, the peer-lost marker); at most "
-                f"{r.max_restarts} restarts in the job on {nodes} nodes (at least {r.min_nodes}), else requeue "
+                f"{r.max_restarts} recoveries per job start (in-job restarts and in-process) on {nodes} nodes (at least "
+                f"{r.min_nodes}), else requeue "
                 f"without the bad nodes; srun is ended {r.grace_s:g} s after a rank left the peer-lost marker"
+                + (
+                    f"; {r.max_no_progress} recoveries in a row without a new committed checkpoint end the job "
+                    "(recovery.max_no_progress)"
+                    if r.max_no_progress
+                    else ""
+                )
             )
             if r.in_process:
                 out.append(
@@ -340,9 +349,12 @@ class StepFacts:
     exit_code: int  #: srun's status, or rank 0's (in-process recovery's step-end file)
     step_nodes: Tuple[str, ...]  #: the nodes it trained on last (an in-process recovery's newest generation)
     started: float  #: ``time.time()`` at its start
-    restarts_done: int  #: in-job restarts before it, in this job start
+    restarts_done: int  #: in-job restarts before it, in this job start (the step's index)
     peer_lost: str  #: its peer-lost marker's path
     stopped: bool  #: SIGTERM reached this supervisor
+    #: the recoveries of this job start before its end: in-job restarts and in-process recoveries of its steps
+    #: (``recovery.max_restarts`` is one budget per job start); ``None``: ``restarts_done``
+    recoveries_done: Optional[int] = None
 
 
 @dataclass(frozen=True)
@@ -388,6 +400,8 @@ class Supervisor:
         self.restart = int(restart_text) if restart_text.isdigit() else 0
         self.step: Optional[Step] = None
         self.ended = False  #: no step follows (the end's decision runs)
+        #: why the job ends instead of recovering again (``rundir.recovery.no_progress_stop``); "" when not
+        self.no_progress = ""
         self.pending: List[int] = []
         self.got_term = False
         self.got_signal = False
@@ -530,7 +544,7 @@ class Supervisor:
     def run_recovery(self, can_requeue: bool) -> Tuple[int, Tuple[str, ...]]:
         from .env import expand_nodelist
         from .rundir import PEER_LOST_VAR, RECOVERY_DIR, STEP_END_VAR, STEP_NODES_VAR
-        from .rundir.recovery import start_nodes, step_with_spares
+        from .rundir.recovery import RECOVERIES_LEFT_VAR, start_nodes, step_with_spares
 
         r = self.plan.recovery
         assert r is not None
@@ -563,12 +577,18 @@ class Supervisor:
                 except OSError:
                     pass
                 extra.update({STEP_NODES_VAR: ",".join(step_nodes), STEP_END_VAR: step_end})
+            # recovery.max_restarts is one budget per job start: what the in-job restarts and the earlier steps'
+            # in-process recoveries left is the step's (rundir.recovery.recoveries_left)
+            left = max(0, r.max_restarts - restarts_done - (self.in_process_done() if r.in_process else 0))
+            extra[RECOVERIES_LEFT_VAR] = str(left)
             if not self.rendezvous(step_nodes[0], user):
                 return 1, ()
             self.log(
                 f"training step on {','.join(step_nodes)} ({len(step_nodes)} nodes, in-job restart {restarts_done}); "
                 f"MASTER_ADDR={self.env['MASTER_ADDR']} MASTER_PORT={self.env['MASTER_PORT']}"
             )
+            if restarts_done or left < r.max_restarts:
+                self.log(f"{left} of recovery.max_restarts={r.max_restarts} recoveries left in this job start")
             if r.in_process:
                 self.log(
                     f"in-process recovery: the step runs on {','.join(job_nodes)}; the nodes beyond the training "
@@ -598,6 +618,7 @@ class Supervisor:
                 restarts_done=restarts_done,
                 peer_lost=peer_lost,
                 stopped=self.got_term,
+                recoveries_done=restarts_done + (self.in_process_done() if r.in_process else 0),
             )
             decision = self.recovery_decision(facts, can_requeue)
             if decision.action == "restart":
@@ -660,6 +681,22 @@ class Supervisor:
         except (OSError, ValueError):
             return []
 
+    def committed_step(self) -> Optional[int]:
+        """The run's newest committed checkpoint step (``rundir.latest_checkpoint_step``); ``None``: none, or
+        unreadable."""
+        from .rundir import latest_checkpoint_step
+
+        try:
+            return latest_checkpoint_step(self.run_dir)
+        except Exception:  # a damaged manifest: no progress can be read, as before any checkpoint
+            return None
+
+    def in_process_done(self) -> int:
+        """The in-process recoveries this job start's steps recorded so far (``rundir.recovery.in_process_recoveries``)."""
+        from .rundir.recovery import in_process_recoveries
+
+        return in_process_recoveries(self.recovery_records(), self.job_id, self.restart)
+
     def in_process_outcome(self, first_record: int = 0) -> Tuple[List[str], Tuple[str, ...]]:
         """After an in-process recovery step: the nodes it lost and did not take back later
         (``rundir.inprocess_nodes.still_lost``: a node only slow, called in again as a spare, is not lost),
@@ -693,7 +730,17 @@ class Supervisor:
         restarting, set the step's hang reports aside, record the decision in ``recoveries.jsonl``."""
         from .rundir import is_finished, read_preempted
         from .rundir.hangs import set_aside_hang_reports
-        from .rundir.recovery import NONE, RESTART, Evidence, decide_recovery, record_recovery
+        from .rundir.recovery import (
+            COMMITTED_STEP_KEY,
+            NONE,
+            REQUEUE,
+            RESTART,
+            Evidence,
+            RecoveryDecision,
+            decide_recovery,
+            no_progress_stop,
+            record_recovery,
+        )
 
         r = self.plan.recovery
         assert r is not None
@@ -727,12 +774,19 @@ class Supervisor:
             bad=evidence.bad,
             nodes_wanted=r.nodes or int(self.env.get("SLURM_JOB_NUM_NODES") or 1),
             min_nodes=r.min_nodes,
-            restarts_done=facts.restarts_done,
+            restarts_done=facts.restarts_done if facts.recoveries_done is None else facts.recoveries_done,
             max_restarts=r.max_restarts,
             restart_count=self.restart,
             max_requeues=self.plan.max_requeues,
             can_requeue=can_requeue,
         )
+        committed: Optional[int] = None
+        if decision.action in (RESTART, REQUEUE):  # a recovery loop's guard: did the last ones bring progress?
+            committed = self.committed_step()
+            why = no_progress_stop(self.recovery_records(), committed, r.max_no_progress)
+            if why:
+                self.no_progress = why
+                decision = RecoveryDecision(NONE, (), decision.bad, f"in-job recovery: {why}")
         if evidence.notes:
             self.log(f"in-job recovery evidence ({self.clock.monotonic() - t0:.1f} s): {'; '.join(evidence.notes)}")
         self.log(decision.reason)
@@ -770,6 +824,7 @@ class Supervisor:
                     hang=evidence.hang.line() if evidence.hang is not None else None,
                     gave_back=gave_back,
                     reason=decision.reason,
+                    **({COMMITTED_STEP_KEY: committed} if decision.action in (RESTART, REQUEUE) else {}),
                 )
             except OSError as e:
                 self.log(f"could not record the recovery in recoveries.jsonl: {e}")
@@ -780,10 +835,20 @@ class Supervisor:
         """The requeue rule over ``end``, its log lines and records, the requeue itself; the exit status."""
         from .rundir import ENDS_NAME, record_end, requeue_target
         from .rundir.oom import describe_oom, mem_per_node_mb
+        from .rundir.recovery import NO_PROGRESS_KEY
         from .rundir.requeue import oom_of_start
 
         self.ended = True
         decision = decide_end(self.run_dir, end, self.env)
+        if self.no_progress and decision.requeue:  # a hang's requeue too: the loop guard decided first
+            from dataclasses import replace
+
+            decision = replace(
+                decision,
+                requeue=False,
+                exclude=None,
+                reason=f"{decision.reason}; overruled: not requeueing ({self.no_progress.split(':', 1)[0]})",
+            )
         self.log(decision.reason)
         oom = None
         if end.exit_code != 0 and self.job_id:  # a failed step: was it an OOM kill?
@@ -807,6 +872,7 @@ class Supervisor:
                     requeue=decision.requeue,
                     by="batch",
                     **({"oom": oom.to_record(mem_per_node_mb(self.env), end.launcher)} if oom else {}),
+                    **({NO_PROGRESS_KEY: self.no_progress} if self.no_progress else {}),
                 )
             except OSError as e:
                 self.log(f"could not record this start's end in {ENDS_NAME}: {e}")

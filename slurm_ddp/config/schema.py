@@ -763,13 +763,28 @@ class RecoveryConfig:
         ),
     )
     max_restarts: int = field(
-        default=2, metadata=_meta("in-job restarts before falling back to a requeue (requeue.max_requeues)", min=0)
+        default=2,
+        metadata=_meta(
+            "recoveries per job start, in-job restarts and in-process recoveries together (one budget), before "
+            "falling back to a requeue (requeue.max_requeues)",
+            min=0,
+        ),
     )
     in_process: bool = field(
         default=False,
         metadata=_meta(
             "the shared worker's survivors keep their processes and state on a lost node, spares wait warm "
             "(slurm_ddp.worker.inprocess); else every rank starts again"
+        ),
+    )
+    max_no_progress: int = field(
+        default=3,
+        metadata=_meta(
+            "end the job, naming the cause, when this many recoveries in a row (in-job restarts and requeues for "
+            "a lost or hung node) brought no new committed checkpoint: a failure that repeats is not a node's "
+            "(slurm_ddp.rundir.recovery.no_progress_stop); preemption and time-limit requeues never count; "
+            "0: never stop for it",
+            min=0,
         ),
     )
     heartbeat_interval_s: float = field(

@@ -39,6 +39,79 @@ IN_PROCESS = "in_process"
 #: Seconds a probe step (``srun -w NODE true``) may take before its node counts as bad.
 PROBE_TIMEOUT_S = 10.0
 
+#: The variable in which the job's supervisor tells a training step how many recoveries of this job start's
+#: ``recovery.max_restarts`` are left for its in-process recoveries (:func:`recoveries_left`); set for every
+#: step of a job with in-job recovery, unset elsewhere.
+RECOVERIES_LEFT_VAR = "SLURM_DDP_RECOVERIES_LEFT"
+
+
+def in_process_recoveries(recoveries: Sequence[Mapping[str, Any]], job_id: str, restart: int) -> int:
+    """How many in-process recoveries (``IN_PROCESS`` records) job ``job_id`` made at requeue count
+    ``restart`` (one job start), over all its steps. ``recoveries``: ``recoveries.jsonl``'s records. Pure."""
+    return sum(
+        1
+        for r in recoveries
+        if r.get("action") == IN_PROCESS and str(r.get("job_id")) == job_id and r.get("restart") == restart
+    )
+
+
+#: The key of a supervisor's ``recoveries.jsonl`` record that holds the run's newest committed checkpoint
+#: step when the decision was taken (``null``: none yet): the progress :func:`no_progress_stop` compares.
+COMMITTED_STEP_KEY = "committed_step"
+#: The key of an end record (``ends.jsonl``) that names a no-progress stop (:func:`no_progress_stop`'s reason).
+NO_PROGRESS_KEY = "no_progress"
+
+
+def no_progress_stop(
+    recoveries: Sequence[Mapping[str, Any]], committed_step: Optional[int], max_no_progress: int
+) -> Optional[str]:
+    """Why the recovery about to be made (an in-job restart, or a requeue for a lost or hung node) must not be,
+    or ``None``: the last ``max_no_progress`` recoveries of the run (its ``restart``/``requeue`` records in
+    ``recoveries.jsonl`` that carry :data:`COMMITTED_STEP_KEY`, over every job start) each found the run at
+    the committed checkpoint step ``committed_step`` (``None``: no checkpoint yet, the same for all), so none of
+    them brought progress: a failure that comes back at the same place is the training code's or its data's,
+    not a node's, and recovering again would loop. ``max_no_progress`` 0: never. Pure.
+
+    The convention: NVIDIA Resiliency Extension's fault-tolerance launcher stops when no new completed
+    checkpoint appears across several failing restart cycles (docs, "Operations and troubleshooting: Cycle
+    records and checkpoint progress", ``--ft-checkpoint-iteration-file``), and SkyPilot managed jobs bound
+    restarts on user-code errors (``max_restarts_on_errors``) apart from preemption recoveries. Preemption and
+    time-limit requeues write no such record (the requeue rule, ``rundir.decide_requeue``, takes them), so they
+    never count; a preemption's checkpoint is progress like any other.
+    """
+    if max_no_progress <= 0:
+        return None
+    counted = [r for r in recoveries if r.get("action") in (RESTART, REQUEUE) and COMMITTED_STEP_KEY in r]
+    last = counted[-max_no_progress:]
+    if len(last) < max_no_progress or any(r.get(COMMITTED_STEP_KEY) != committed_step for r in last):
+        return None
+    where = "no checkpoint committed yet" if committed_step is None else f"still at checkpoint step {committed_step}"
+    return (
+        f"recovery.max_no_progress={max_no_progress}: the last {max_no_progress} recoveries of this run brought no "
+        f"progress ({where}): the failure repeats, a fault of the training code or its data, not of a node; "
+        "ending the job instead of recovering again"
+    )
+
+
+def no_progress_note(ends: Sequence[Mapping[str, Any]], job_id: str) -> Optional[str]:
+    """``slurm-ddp status``'s line for job ``job_id`` when its latest end record (``ends.jsonl``) states a
+    no-progress stop (:data:`NO_PROGRESS_KEY`, the supervisor's :func:`no_progress_stop` reason); else None."""
+    mine = [e for e in ends if str(e.get("job_id")) == str(job_id)]
+    why = mine[-1].get(NO_PROGRESS_KEY) if mine else None
+    return f"ended without recovering again: {why}" if isinstance(why, str) and why else None
+
+
+def recoveries_left(environ: Mapping[str, str], max_restarts: int) -> int:
+    """The recoveries a training step may still do (in-process recovery's generations): ``recovery.max_restarts``
+    is one budget per job start, shared by the in-job restarts and the in-process recoveries of all its steps,
+    so the supervisor passes what is left in :data:`RECOVERIES_LEFT_VAR`. Without it (a step started outside
+    the supervisor: the local backend, a hand-run ``srun``) or unreadable, ``max_restarts``; never above it,
+    never below 0."""
+    text = str(environ.get(RECOVERIES_LEFT_VAR, "")).strip()
+    if not text.isdigit():
+        return max(0, max_restarts)
+    return max(0, min(int(text), max_restarts))
+
 
 @dataclass(frozen=True)
 class RecoveryDecision:
@@ -99,8 +172,9 @@ def decide_recovery(
     ``step_nodes``: the nodes the step ran on; ``job_nodes``: the nodes the allocation holds now (the
     step's plus idle spares); ``bad``: the nodes the evidence names (:class:`Evidence`);
     ``nodes_wanted``: ``slurm.nodes``; ``min_nodes``: the fewest nodes a step may run on
-    (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: in-job restarts so far in this job
-    start and ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
+    (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: the recoveries so far in this job
+    start (its in-job restarts and its steps' in-process recoveries: one budget per job start) and
+    ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
     requeue rule.
 
     - a step that ended with status 0, a finished run or a stop → ``none``;
@@ -148,7 +222,9 @@ def decide_recovery(
     if batch_host in bad_t:
         return requeue(f"it is the batch host ({batch_host}), where this script and rank 0 run")
     if restarts_done >= max_restarts:
-        return requeue(f"recovery.max_restarts={max_restarts} in-job restarts done")
+        return requeue(
+            f"recovery.max_restarts={max_restarts} recoveries (in-job restarts and in-process) done in this job start"
+        )
     healthy = [n for n in step_nodes if n not in bad_t]
     spares = [n for n in job_nodes if n not in bad_t and n not in step_nodes]
     if batch_host in healthy:  # rank 0 and MASTER_ADDR stay on the batch host
@@ -162,8 +238,8 @@ def decide_recovery(
         RESTART,
         tuple(nodes),
         bad_t,
-        f"in-job recovery: node {lost} lost or hung (step status {exit_code}); restart {restarts_done + 1} of at "
-        f"most {max_restarts} in this job, {how}: {','.join(nodes)}",
+        f"in-job recovery: node {lost} lost or hung (step status {exit_code}); recovery {restarts_done + 1} of at "
+        f"most {max_restarts} in this job start, {how}: {','.join(nodes)}",
     )
 
 

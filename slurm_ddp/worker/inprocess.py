@@ -18,7 +18,8 @@ uninterrupted one), or, with no spare left, the survivors renumber and continue 
 (resumed sample-exactly, ``slurm_ddp.resize``). Rank 0 (the batch host) broadcasts its
 training state (model, optimizer, scheduler, data position, log window) over the new group; nothing is read
 from disk. A crash (a rank's own exception, :meth:`Membership.report_crash`), a rank lost on a node whose
-other ranks live, a lost batch host or ``max_restarts`` reached end the step as before (each rank's
+other ranks live, a lost batch host or ``recovery.max_restarts`` reached (one budget per job start, shared
+with the in-job restarts and earlier steps: ``rundir.recovery.recoveries_left``) end the step as before (each rank's
 peer-failure path: the emergency checkpoint, the peer-lost marker, the batch script's recovery rule).
 
 Key names in the store (one owner, this module): ``hb/<slot>`` heartbeat counters, ``spare/<slot>`` a
@@ -164,7 +165,8 @@ def next_plan(
 
     No plan when: no member was lost (a collective failed with every rank alive: a timeout, not a lost node);
     a lost rank's node still has a live rank (a crash of one process, not a lost node); the batch host
-    (``plan.nodes[0]``, rank 0's node) is lost; ``max_generations`` recoveries were done; fewer than
+    (``plan.nodes[0]``, rank 0's node) is lost; ``max_generations`` recoveries were done (what
+    ``recovery.max_restarts`` left this step: ``rundir.recovery.recoveries_left``); fewer than
     ``min_nodes`` nodes would be left.
     """
     lost_slots = [s for s in plan.ranks if s not in alive]
@@ -181,7 +183,10 @@ def next_plan(
     if plan.nodes and plan.nodes[0] in lost_nodes:
         return f"the batch host {plan.nodes[0]} (rank 0) is lost"
     if plan.generation >= max_generations:
-        return f"recovery.max_restarts={max_generations} recoveries done"
+        return (
+            f"recovery.max_restarts reached: the {max_generations} recoveries this job start had left for the step "
+            "were done"
+        )
     by_node: Dict[str, List[str]] = {}
     for s in spare_slots:
         by_node.setdefault(slot_node(s), []).append(s)

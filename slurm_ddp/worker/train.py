@@ -60,7 +60,7 @@ from ..rundir import (
     write_preempted,
     write_step_end,
 )
-from ..rundir.recovery import IN_PROCESS, record_recovery
+from ..rundir.recovery import IN_PROCESS, record_recovery, recoveries_left
 from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, loader_context, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
@@ -997,7 +997,8 @@ class Trainer:
                 self.place.spare_slots(),
                 tasks_per_node=self.place.tasks_per_node,
                 min_nodes=self.cfg.recovery_min_nodes,
-                max_generations=self.cfg.recovery.max_restarts,
+                # one budget per job start: what the supervisor left this step (earlier steps' recoveries count)
+                max_generations=recoveries_left(os.environ, self.cfg.recovery.max_restarts),
                 deadline_s=deadline,
                 replanned=replanned,
             )

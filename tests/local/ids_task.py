@@ -12,6 +12,8 @@ stops for preemption right after the step that call belongs to. With ``IDS_DIE_A
 ``IDS_DIE_RANK`` (default 1) SIGKILLs itself in its K-th loss call, as a lost node's rank would vanish
 in the middle of a step. With ``IDS_SPARE_FAILS=1`` a warm spare of an in-process step (``RANK=-1``) fails as
 it builds its datasets, as one whose node lacks the data would (``tests/slurm/test_in_process_recovery.py``).
+With ``IDS_CRASH_FILE=PATH``, once PATH exists every loss call raises (a deterministic failure of the code or
+its data, the same on every rank and every restart).
 """
 
 from __future__ import annotations
@@ -61,6 +63,9 @@ class IdsTask(Task):
             with open(path, "a") as f:
                 f.write(" ".join(str(int(t)) for t in targets) + "\n")
         time.sleep(float(os.environ.get("IDS_SLEEP_S", "0")))
+        crash = os.environ.get("IDS_CRASH_FILE")
+        if crash and os.path.exists(crash):
+            raise RuntimeError(f"IDS_CRASH_FILE: {crash} exists: a deterministic failure")
         if os.environ.get("RANK") == "0" and str(self.calls) == os.environ.get("IDS_STOP_AFTER_CALLS"):
             os.kill(os.getpid(), signal.SIGUSR2)
         if os.environ.get("RANK") == os.environ.get("IDS_DIE_RANK", "1") and str(self.calls) == os.environ.get(

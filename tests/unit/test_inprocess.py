@@ -86,7 +86,9 @@ def test_recoveries_stop_at_max_restarts():
     one = next_plan(p, {"n1/0": 1}, ["n3/0"], tasks_per_node=1, min_nodes=1, max_generations=1)
     assert isinstance(one, Plan)
     two = next_plan(one, {"n1/0": 2}, ["n4/0"], tasks_per_node=1, min_nodes=1, max_generations=1)
-    assert two == "recovery.max_restarts=1 recoveries done"
+    assert isinstance(two, str) and two.startswith("recovery.max_restarts reached: the 1 recoveries"), two
+    none_left = next_plan(p, {"n1/0": 1}, ["n3/0"], tasks_per_node=1, min_nodes=1, max_generations=0)
+    assert isinstance(none_left, str) and "the 0 recoveries" in none_left, none_left
 
 
 def test_a_plan_survives_its_json():

@@ -151,3 +151,22 @@ def test_status_says_it(tmp_path: Path) -> None:
         "out of memory: the memory cgroup killed rank 1 on n2 (srun: Out Of Memory; 1 oom-kill event(s) in step "
         "59.0; Slurm's state OUT_OF_MEMORY); the job had 1000 MB per node; raise slurm.mem_gb"
     ) in st.notes, st.notes
+
+
+def test_status_names_a_no_progress_stop_from_the_end_record(tmp_path: Path) -> None:
+    """Issue 52: a job the recovery-loop guard ended (``rundir.recovery.no_progress_stop``) says why in status."""
+    from slurm_ddp.rundir import record_end
+
+    rd = _run_dir(tmp_path)
+    why = "recovery.max_no_progress=3: the last 3 recoveries of this run brought no progress (no checkpoint committed yet)"
+    record_end(rd, job_id="59", restart=0, exit_code=1, requeue=False, by="batch", no_progress=why)
+    line = (
+        "JobId=59 JobName=oom UserId=root(0) JobState=FAILED Reason=NonZeroExitCode Restarts=0 ExitCode=1:0 "
+        "NodeList=n[1-2] BatchHost=n1 NumNodes=2\n"
+    )
+
+    def scontrol(argv: Any, **kw: Any) -> subprocess.CompletedProcess:
+        return subprocess.CompletedProcess(argv, 0, stdout=line if argv[:2] == ["scontrol", "show"] else "", stderr="")
+
+    st = run_status(read_run(rd), scontrol)
+    assert st.state == "FAILED" and f"ended without recovering again: {why}" in st.notes, (st.state, st.notes)

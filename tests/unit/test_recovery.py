@@ -354,3 +354,44 @@ def test_give_back_says_why_slurm_refused() -> None:
         False,
         "Job update not available right now, the DB index is being set",
     )
+
+
+def test_recoveries_left_is_what_the_supervisor_passed_within_max_restarts() -> None:
+    """Issue 52 item 10: the step's in-process budget is the job start's rest (``RECOVERIES_LEFT_VAR``)."""
+    var = rec.RECOVERIES_LEFT_VAR
+    assert rec.recoveries_left({}, 2) == 2  # outside the supervisor: the whole budget
+    assert rec.recoveries_left({var: "1"}, 2) == 1
+    assert rec.recoveries_left({var: "0"}, 2) == 0
+    assert rec.recoveries_left({var: "9"}, 2) == 2 and rec.recoveries_left({var: "x"}, 2) == 2
+    records = [
+        {"action": "in_process", "job_id": "7", "restart": 0},
+        {"action": "restart", "job_id": "7", "restart": 0},
+        {"action": "in_process", "job_id": 7, "restart": 0},
+        {"action": "in_process", "job_id": "7", "restart": 1},  # another job start
+        {"action": "in_process", "job_id": "8", "restart": 0},
+    ]
+    assert rec.in_process_recoveries(records, "7", 0) == 2
+
+
+def test_no_progress_stop_after_max_no_progress_recoveries_at_the_same_committed_step() -> None:
+    """Issue 52: a failure that repeats at the same place ends the job instead of looping (N recoveries in a row
+    that brought no new committed checkpoint); progress, or records of other kinds, do not count against it."""
+
+    def r(action: str, step: Any) -> Dict[str, Any]:
+        return {"action": action, rec.COMMITTED_STEP_KEY: step}
+
+    loop = [r("restart", 10), r("requeue", 10), r("restart", 10)]
+    why = rec.no_progress_stop(loop, 10, 3)
+    assert why is not None and why.startswith("recovery.max_no_progress=3") and "checkpoint step 10" in why
+    assert rec.no_progress_stop(loop, 20, 3) is None  # the run moved on since: progress
+    assert rec.no_progress_stop(loop[1:], 10, 3) is None  # only 2 so far
+    assert rec.no_progress_stop([r("restart", 5), *loop[1:]], 10, 3) is None  # the first of the 3 was at 5
+    assert rec.no_progress_stop(loop, 10, 0) is None  # off
+    never = [r("restart", None)] * 2
+    assert "no checkpoint committed yet" in (rec.no_progress_stop(never, None, 2) or "")
+    # in-process records, decisions without the key (older runs) and "none" decisions are not recoveries counted
+    other = [{"action": "in_process"}, {"action": "restart"}, r("none", 10)]
+    assert rec.no_progress_stop([*other, *loop[:2]], 10, 3) is None
+    ends = [{"job_id": "7", rec.NO_PROGRESS_KEY: why}, {"job_id": "8"}]
+    assert rec.no_progress_note(ends, "7") == f"ended without recovering again: {why}"
+    assert rec.no_progress_note(ends, "8") is None and rec.no_progress_note([], "7") is None

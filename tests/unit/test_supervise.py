@@ -14,7 +14,15 @@ import pytest
 
 from slurm_ddp.config import config_from_dict
 from slurm_ddp.render import job_plan, render
-from slurm_ddp.rundir import Preempted, append_jsonl, read_ends, read_recoveries, write_preempted
+from slurm_ddp.rundir import (
+    HangReport,
+    Preempted,
+    append_jsonl,
+    read_ends,
+    read_recoveries,
+    write_hang_report,
+    write_preempted,
+)
 from slurm_ddp.rundir.recovery import Evidence
 from slurm_ddp.supervise import Edges, JobPlan, RecoveryPlan, Supervisor, expand_word
 
@@ -341,6 +349,71 @@ def test_a_crash_after_a_recovery_ends_the_job(tmp_path: Path) -> None:
     assert "not preempted (status 1): not requeueing" in text(lines)
 
 
+def test_recoveries_that_bring_no_progress_end_the_job_with_the_cause(tmp_path: Path) -> None:
+    """Issue 52: two earlier recoveries of the run (a restart, then a requeue for a lost node) and this start's
+    restart left the run without a committed checkpoint; the next loss ends the job (no restart, no requeue),
+    the cause in the batch log and in the start's end record (slurm-ddp status reads it)."""
+    for action in ("restart", "requeue"):
+        append_jsonl(
+            tmp_path / "recoveries.jsonl", {"job_id": "77", "restart": 0, "action": action, "committed_step": None}
+        )
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=2, in_process=False, grace_s=5, max_no_progress=3)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 1:
+            cluster.dead.add("n3")  # the spare is lost too, at the same place: a restart on n1 alone would follow
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2", "n3"], dead=["n2"])
+    sup, starter, cluster, lines = make(tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, restart=1)
+    assert sup.run() == 1
+    assert len(starter.started) == 2 and cluster.requeued == []
+    records = read_recoveries(tmp_path)
+    assert [r["action"] for r in records] == ["restart", "requeue", "restart", "none"]
+    assert "committed_step" in records[2] and records[2]["committed_step"] is None
+    log = text(lines)
+    stop = "recovery.max_no_progress=3: the last 3 recoveries of this run brought no progress (no checkpoint committed"
+    assert stop in log and "not preempted (status 1): not requeueing" in log
+    assert str(read_ends(tmp_path)[-1]["no_progress"]).startswith("recovery.max_no_progress=3")
+
+
+def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -> None:
+    """The loop guard also overrules the hang rule's requeue (a hang is taken for a node's fault)."""
+    for action in ("restart", "requeue", "requeue"):
+        append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": action, "committed_step": None})
+    for rank, host in ((0, "n1"), (1, "n2")):
+        write_hang_report(
+            tmp_path,
+            HangReport(
+                job_id="77",
+                restart=0,
+                rank=rank,
+                world_size=2,
+                host=host,
+                step=9,
+                phase="step",
+                idle_s=50.0,
+                limit_s=45.0,
+                cause="self" if rank == 1 else "peer",
+                time=1001.0,
+            ),
+        )
+    rec = RecoveryPlan(nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2"], dead=["n2"])
+    sup, starter, cluster, lines = make(
+        tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, env={"SLURM_JOB_NODELIST": "n[1-2]"}
+    )
+    assert sup.run() == 1
+    assert cluster.requeued == [] and len(starter.started) == 1
+    log = text(lines)
+    assert "taken for a node problem: requeueing" in log, log  # the hang rule's word, overruled
+    assert "overruled: not requeueing (recovery.max_no_progress=3)" in log, log
+
+
 def test_the_time_limit_signal_ends_recovery_and_requeues(tmp_path: Path) -> None:
     def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
         def usr2() -> None:
@@ -418,6 +491,39 @@ def test_a_later_step_is_judged_on_its_own_nodes_not_an_earlier_steps_generation
     assert cluster.probed == [["n3", "n4"], ["n4"]]  # step 1: its own n4, not step 0's generation n1,n3
     assert cluster.requeued == [] and "not preempted (status 1): not requeueing" in text(lines)
     assert [r["action"] for r in read_recoveries(tmp_path)] == ["in_process", "restart"]
+
+
+def test_max_restarts_is_one_budget_per_job_start_across_in_process_recoveries_and_restarts(tmp_path: Path) -> None:
+    """Issue 52 item 10: max_restarts=3. Step 0 recovers in-process once (n2 lost), then loses n3: an in-job
+    restart (2 used); step 1 is told 1 is left, recovers in-process once (n4), then loses n5: the budget is spent
+    (1 restart + 2 in-process), so the job requeues without n5 instead of a third restart."""
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=3, in_process=True, grace_s=5)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 0:
+            return FakeStep(
+                sup, clock, rc=1, ticks=3, at={1: lambda: in_process_record(tmp_path, ["n1", "n3"], ["n2"])}
+            )
+        cluster.dead.add("n5")
+        return FakeStep(sup, clock, rc=1, ticks=3, at={1: lambda: in_process_record(tmp_path, ["n1", "n5"], ["n4"])})
+
+    cluster = Cluster(["n1", "n2", "n3", "n4", "n5"], dead=["n2", "n3"])
+    sup, starter, cluster, lines = make(
+        tmp_path,
+        steps,
+        the_plan=plan(recovery=rec),
+        cluster=cluster,
+        env={"SLURM_JOB_NODELIST": "n[1-5]", "SLURM_JOB_NUM_NODES": "5"},
+    )
+    assert sup.run() == 1
+    assert [env["SLURM_DDP_RECOVERIES_LEFT"] for _, env in starter.started] == ["3", "1"]
+    assert [env["SLURM_DDP_STEP_NODES"] for _, env in starter.started] == ["n1,n2", "n1,n4"]
+    assert cluster.requeued == [("77", "n5")]
+    log = text(lines)
+    assert "recovery 2 of at most 3 in this job start" in log  # the in-process one was the first
+    assert "recovery.max_restarts=3 recoveries (in-job restarts and in-process) done in this job start" in log
+    assert "1 of recovery.max_restarts=3 recoveries left in this job start" in log
+    assert [r["action"] for r in read_recoveries(tmp_path)] == ["in_process", "restart", "in_process", "requeue"]
 
 
 def test_a_node_only_slow_and_called_back_in_is_neither_given_back_nor_kept_out(tmp_path: Path) -> None:
