@@ -259,8 +259,11 @@ def _renumbered(gpus: Sequence[str]) -> bool:
 
 def _task_bind(environ: Mapping[str, str]) -> Tuple[str, str]:
     """The GPU binding Slurm applied to this task, from ``SLURMD_TRES_BIND`` (``gpu:per_task:1`` →
-    ``("per_task", "1")``; set by srun for ``--gpus-per-task`` and ``--gpu-bind``); ``("", "")`` = none."""
+    ``("per_task", "1")``; set by srun for ``--gpus-per-task`` and ``--gpu-bind``); ``("", "")`` = none.
+    Slurm 22.05 writes ``gpu:per_task:1``, 24.11 and 26.05 ``gres/gpu:per_task:1`` (seen in
+    .ci/other-debian's chroots); both are read."""
     for part in environ.get("SLURMD_TRES_BIND", "").split("+"):
+        part = part.removeprefix("gres/")
         if part.startswith("gpu:"):
             kind, _, arg = part[4:].removeprefix("verbose,").partition(":")
             return ("", "") if kind == "none" else (kind, arg)

@@ -55,6 +55,12 @@ CASES = {
         None,
         "1",
     ),
+    "constrained per_task as Slurm 24.11/26.05 write it (gres/gpu:), n1 task 1": (
+        task("n1", 1, "0", "0", "0,1", "gres/gpu:per_task:1"),
+        True,
+        None,
+        "1",
+    ),
     "constrained per_task, n2 task 1: SLURM_JOB_GPUS is n1's": (
         task("n2", 1, "0", "0", "0,1", "gpu:per_task:1"),
         True,
