@@ -336,7 +336,9 @@ def real_edges() -> Edges:
         job_nodes=lambda job_id: job_nodes(job_id),
         give_back=lambda job_id, keep: give_back(job_id, keep),
         gather=gather_evidence,
-        requeue=lambda target, exclude, log: requeue_job(target, exclude, subprocess.run, log),
+        requeue=lambda target, exclude, log: requeue_job(
+            target, exclude, subprocess.run, log, wait_steps=os.environ.get("SLURM_JOB_ID") or target
+        ),
         can_requeue=lambda: shutil.which("scontrol") is not None,
     )
 

@@ -323,11 +323,56 @@ def decide_requeue_here(
     )
 
 
-def requeue_job(job_id: str, exclude: Optional[str], run: Callable[..., Any], wlog: logging.Logger) -> None:
+#: seconds the batch side waits for the job's steps to end (:func:`wait_for_steps_to_end`) before it requeues
+STEPS_END_TIMEOUT_S = 10.0
+_STEP_ID = re.compile(r"\bStepId=\S+?\.(\d+)\b")
+
+
+def wait_for_steps_to_end(
+    job_id: str,
+    run: Callable[..., Any],
+    timeout_s: float = STEPS_END_TIMEOUT_S,
+    interval_s: float = 0.5,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> bool:
+    """Wait until job ``job_id`` has no numbered step left (``scontrol show step JOB_ID``: ``StepId=J.N``;
+    its ``batch`` and ``extern`` steps do not count), at most ``timeout_s`` seconds; True when none is left
+    or ``scontrol`` cannot say (nothing to wait for), False at the timeout.
+
+    Why: srun exits once its tasks have exited, while slurmstepd may still be cleaning the step up (its
+    epilogue, an OCI container's ``RunTimeDelete``: oci.conf(5)); a requeue then ends the job under that
+    clean-up, and the next start's step can find it unfinished (seen on Slurm 26.05: ``runc run failed:
+    container with given ID already exists``, the container id ``%n.%u.%j.%s.%t`` being the same after a
+    requeue). For the batch side only: a caller inside a step (submitit's rank 0) would wait for itself."""
+    deadline = clock() + timeout_s
+    while True:
+        r = run(["scontrol", "show", "step", job_id, "-o"], check=False, capture_output=True, text=True)
+        if getattr(r, "returncode", 1) != 0 or not _STEP_ID.search(str(getattr(r, "stdout", "") or "")):
+            return True
+        if clock() >= deadline:
+            return False
+        sleep(interval_s)
+
+
+def requeue_job(
+    job_id: str,
+    exclude: Optional[str],
+    run: Callable[..., Any],
+    wlog: logging.Logger,
+    wait_steps: Optional[str] = None,
+) -> None:
     """``scontrol requeue JOB_ID``, then leave node ``exclude`` (a hang's) out of the requeued job
-    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again),
-    as the batch script does. Used where Python takes the requeue decision (submitit's rank 0, a hung
-    submitit job's watchdog); failures are logged, not raised."""
+    (``ExcNodeList``, added to the job's own; Slurm takes it only once the job is pending again).
+    ``wait_steps`` (the batch side's supervisor: ``SLURM_JOB_ID``, an array element's own id): first wait
+    for that job's steps to end (:func:`wait_for_steps_to_end`). Also used where Python takes the requeue decision inside a step
+    (submitit's rank 0, a hung submitit job's watchdog); failures are logged, not raised."""
+    if wait_steps and not wait_for_steps_to_end(wait_steps, run):
+        wlog.warning(
+            "job %s still has a step %.0f s after it ended (scontrol show step); requeueing anyway",
+            wait_steps,
+            STEPS_END_TIMEOUT_S,
+        )
     r = run(["scontrol", "requeue", job_id], check=False)
     if getattr(r, "returncode", 0) != 0:
         wlog.error("scontrol requeue failed (status %s)", r.returncode)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -88,16 +89,26 @@ def requeued(stubs: Path, job_id: str = JOB_ID) -> bool:
     argv = stubs / "scontrol.argv"
     if not argv.exists():
         return False
-    data = argv.read_bytes()
+    data = after_step_wait(argv.read_bytes())
     first = f"requeue\0{job_id}\0".encode()
     assert data.startswith(first) and b"requeue" not in data[len(first) :], data
     return True
 
 
+def after_step_wait(data: bytes) -> bytes:
+    """``data`` (the fake ``scontrol``'s NUL-separated calls) without the ``scontrol show step JOB -o`` calls
+    the batch side makes before it requeues (``rundir.requeue.wait_for_steps_to_end``: this fake lists no
+    step, so one call)."""
+    wait = re.compile(rb"^show\0step\0[^\0]*\0-o\0")
+    while wait.match(data):
+        data = wait.sub(b"", data, count=1)
+    return data
+
+
 def scontrol_after_requeue(stubs: Path) -> bytes:
     """What the fake ``scontrol`` got after ``requeue JOB_ID`` (NUL-separated arguments), or b""."""
     argv = stubs / "scontrol.argv"
-    data = argv.read_bytes() if argv.exists() else b""
+    data = after_step_wait(argv.read_bytes()) if argv.exists() else b""
     return data.split(b"\0", 2)[2] if data.startswith(b"requeue\0") else b""
 
 

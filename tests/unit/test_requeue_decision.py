@@ -352,3 +352,37 @@ def test_srun_teardown_after_the_requeue_signal_is_not_a_stop(tmp_path: Path) ->
     assert d.requeue and d.preempted, d.reason
     record_rank_stop(tmp_path, job_id=JOB_ID, restart=0, rank=2, signal="SIGTERM", requeue=False)
     assert read_rank_stops(tmp_path, JOB_ID, 0).stop
+
+
+def test_the_batch_side_requeues_only_once_the_step_is_gone() -> None:
+    """srun exits before slurmstepd has cleaned its step up (an OCI container's RunTimeDelete): the batch
+    side's requeue waits until ``scontrol show step`` lists no numbered step; batch/extern do not count."""
+    import logging
+    import subprocess
+
+    from slurm_ddp.rundir.requeue import requeue_job, wait_for_steps_to_end
+
+    listings = [
+        "StepId=7.0 UserId=0 State=COMPLETING\nStepId=7.batch UserId=0\nStepId=7.extern UserId=0\n",
+        "StepId=7.0 UserId=0 State=COMPLETING\nStepId=7.batch UserId=0\n",
+        "StepId=7.batch UserId=0\nStepId=7.extern UserId=0\n",
+    ]
+    calls = []
+
+    def run(argv, **kw):
+        calls.append(argv)
+        out = listings.pop(0) if argv[:3] == ["scontrol", "show", "step"] else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+
+    requeue_job("7", None, run, logging.getLogger("t"), wait_steps="7")
+    assert [c[:3] for c in calls] == [["scontrol", "show", "step"]] * 3 + [["scontrol", "requeue", "7"]]
+
+    # a step that never ends: the wait gives up at its timeout (fake clock), and an scontrol that cannot
+    # answer is nothing to wait for
+    now = [0.0]
+    step = subprocess.CompletedProcess([], 0, "StepId=7.0 State=COMPLETING\n", "")
+    assert not wait_for_steps_to_end(
+        "7", lambda a, **k: step, timeout_s=3, clock=lambda: now[0], sleep=lambda s: now.__setitem__(0, now[0] + s)
+    )
+    assert now[0] >= 3
+    assert wait_for_steps_to_end("7", lambda a, **k: subprocess.CompletedProcess(a, 1, "", "error"), timeout_s=3)

@@ -14,7 +14,7 @@ from typing import List
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
-from lib.fake_slurm import make_stubs, run_script
+from lib.fake_slurm import after_step_wait, make_stubs, run_script
 
 from slurm_ddp import PREEMPTED_EXIT_CODE, cli
 from slurm_ddp.backends.array import plan_sweep, prepare_sweep_dir, render_sweep
@@ -276,7 +276,7 @@ def test_array_task_at_an_offset_runs_offset_plus_task_id(tmp_path):
     r = run_script(script, tmp_path, stubs, env_extra=env, args=["4"])
     assert r.returncode == PREEMPTED_EXIT_CODE, r.stdout + r.stderr
     assert (stubs / "run_dir.env").read_text().strip() == str(sweep_dir / "005")
-    assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004701_1\x00"
+    assert after_step_wait((stubs / "scontrol.argv").read_bytes()) == b"requeue\x004701_1\x00"
     bad = run_script(script, tmp_path, stubs, env_extra=env, args=["4; rm"])
     assert bad.returncode == 2 and b"must be a number" in bad.stderr
 
@@ -366,7 +366,7 @@ def test_array_task_runs_in_its_own_element_dir_and_requeues_alone(tmp_path):
     r = run_script(script, tmp_path, stubs, env_extra={"SLURM_ARRAY_JOB_ID": "4700", "SLURM_ARRAY_TASK_ID": "2"})
     assert r.returncode == PREEMPTED_EXIT_CODE, r.stdout + r.stderr
     assert (stubs / "run_dir.env").read_text().strip() == str(sweep_dir / "002")
-    assert (stubs / "scontrol.argv").read_bytes() == b"requeue\x004700_2\x00"
+    assert after_step_wait((stubs / "scontrol.argv").read_bytes()) == b"requeue\x004700_2\x00"
 
 
 def test_requeue_target():
