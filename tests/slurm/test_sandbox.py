@@ -220,8 +220,13 @@ def test_second_sandbox_coexists_and_down_leaves_nothing(slurm_sandbox, tmp_path
         assert out.stdout.split() == ["n1"], out.stderr
         # a running job: down() must also stop its slurmstepd and task
         sbatch(sb, "-o", str(tmp_path / "%j.out"), "--wrap", "srun sleep 300")
-        wait_for(lambda: "R" in sb.run(["squeue", "-h", "-o", "%t"], capture_output=True, text=True,
-                                       timeout=30).stdout.split(), 30, "the job to run")  # fmt: skip
+
+        def queue() -> str:
+            return sb.run(["squeue", "-h", "-o", "%i %t %r"], capture_output=True, text=True, timeout=30).stdout
+
+        # a deadline for a loaded machine (once 30 s in CI's other-Debian tier under load): the event is the state
+        wait_for(lambda: "R" in [line.split()[1] for line in queue().splitlines() if line.split()], 120,
+                 "the job to run", diag=queue)  # fmt: skip
         job_pids = subprocess.run(
             ["ip", "netns", "pids", sb.netns("n1")], capture_output=True, text=True, timeout=10
         ).stdout.split()
