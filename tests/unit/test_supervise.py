@@ -318,16 +318,24 @@ def test_peer_lost_grace_expiry_kills_srun_and_restarts_on_a_spare(tmp_path: Pat
     assert "the run finished: nothing to requeue" not in log  # no FINISHED written by the fake
 
 
-def test_no_spare_left_requeues_without_the_lost_node(tmp_path: Path) -> None:
+def two_nodes_n2_dead_every_step_fails(tmp_path: Path) -> Tuple[Supervisor, Any, Any, List[str]]:
+    """A 2-node job with in-job recovery (no spare, ``min_nodes`` 2) whose every step fails and whose n2 is dead."""
     rec = RecoveryPlan(nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5)
 
     def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
         return FakeStep(sup, clock, rc=1, ticks=2, at={})
 
-    cluster = Cluster(["n1", "n2"], dead=["n2"])
-    sup, starter, cluster, lines = make(
-        tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, env={"SLURM_JOB_NODELIST": "n[1-2]"}
+    return make(
+        tmp_path,
+        steps,
+        the_plan=plan(recovery=rec),
+        cluster=Cluster(["n1", "n2"], dead=["n2"]),
+        env={"SLURM_JOB_NODELIST": "n[1-2]"},
     )
+
+
+def test_no_spare_left_requeues_without_the_lost_node(tmp_path: Path) -> None:
+    sup, starter, cluster, lines = two_nodes_n2_dead_every_step_fails(tmp_path)
     assert sup.run() == 1
     assert len(starter.started) == 1
     assert cluster.requeued == [("77", "n2")]
@@ -398,15 +406,7 @@ def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -
                 time=1001.0,
             ),
         )
-    rec = RecoveryPlan(nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5)
-
-    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
-        return FakeStep(sup, clock, rc=1, ticks=2, at={})
-
-    cluster = Cluster(["n1", "n2"], dead=["n2"])
-    sup, starter, cluster, lines = make(
-        tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, env={"SLURM_JOB_NODELIST": "n[1-2]"}
-    )
+    sup, starter, cluster, lines = two_nodes_n2_dead_every_step_fails(tmp_path)
     assert sup.run() == 1
     assert cluster.requeued == [] and len(starter.started) == 1
     log = text(lines)
