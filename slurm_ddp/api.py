@@ -15,7 +15,7 @@ torch. Reached lazily from the package's top level (``slurm_ddp.submit``, ``slur
     rows = run.metrics()                      # metrics.jsonl, one dict per line
 
 Side effects: those of the verbs: writes run directories, runs ``sbatch``/``scontrol``/``squeue``/
-``scancel``, starts a local launcher in the background (``backend="local"``).
+``scancel``, starts a detached submit process that runs a local job in the background (``backend="local"``).
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def _ended(st: RunStatus) -> bool:
 
 def _check_dependency(st: RunStatus) -> None:
     """Raise ``DependencyNeverSatisfied`` when the run's job will never start: pending on a dependency that
-    can no longer be met, or cancelled for it (a local launcher that gave up, Slurm under
+    can no longer be met, or cancelled for it (a local run's wait that gave up, Slurm under
     ``kill_invalid_depend``). The note names the dependency: ``scontrol`` is asked for it (once) where the
     batched ``squeue`` answer lacks it."""
     s = st.slurm
@@ -102,11 +102,12 @@ class Run:
     run directory.
     """
 
-    def __init__(self, run_dir: PathLike, *, _launcher: Optional[subprocess.Popen[bytes]] = None) -> None:
-        # the background local launcher this process started (``submit``): it writes the directory itself
-        self._launcher = _launcher
-        self.path: Path = Path(run_dir).resolve() if _launcher is not None else resolve_run(os.fspath(run_dir))
-        self._jobs_before = len(read_jobs(self.path)) if _launcher is not None else 0
+    def __init__(self, run_dir: PathLike, *, _detached: Optional[subprocess.Popen[bytes]] = None) -> None:
+        # the detached submit process this process started for a local run (``submit``): it writes the
+        # directory itself
+        self._detached = _detached
+        self.path: Path = Path(run_dir).resolve() if _detached is not None else resolve_run(os.fspath(run_dir))
+        self._jobs_before = len(read_jobs(self.path)) if _detached is not None else 0
 
     def __repr__(self) -> str:
         return f"Run({str(self.path)!r})"
@@ -118,21 +119,22 @@ class Run:
 
     @property
     def job_ids(self) -> List[str]:
-        """Job ids of its submissions, oldest first (a requeue keeps its id; a local run's id is its
-        launcher's pid)."""
+        """Job ids of its submissions, oldest first (a requeue keeps its id; a local run's id is the pid of
+        its local supervisor, the process that started and watches its ranks)."""
         return read_run(self.path).job_ids
 
     def status(self) -> RunStatus:
         """Its state now (``ops.run_status``: Slurm's word joined with the run directory's). A local
-        run whose launcher waits for its ``after=`` runs is ``PENDING`` with ``.slurm.reason``
-        ``Dependency`` and ``.slurm.dependency`` (as a Slurm job); so is a background launcher started
-        by this process that has not started the ranks yet."""
+        run that waits for its ``after=`` runs is ``PENDING`` with ``.slurm.reason``
+        ``Dependency`` and ``.slurm.dependency`` (as a Slurm job); so is a run of a detached submit process
+        started by this process that has not started the ranks yet."""
         self._reap()
         run = read_run(self.path)
         st = run_status(run)
-        if self._launcher is not None and self._launcher.poll() is None and not _has_live_job(run):
+        if self._detached is not None and self._detached.poll() is None and not _has_live_job(run):
             if st.state == "PENDING":
                 return st  # waiting, and it says for what
+            # "local launcher": the source word ops.status gives a local run's wait
             return RunStatus(run, "PENDING", False, "local launcher", notes=["waiting for the runs it comes after"])
         return st
 
@@ -144,16 +146,16 @@ class Run:
         seconds to wait at most (None: no limit). Slurm is asked on ``ops.poll``'s schedule: ``poll_s``
         seconds after a change, doubled while nothing changes, up to ``max_poll_s`` (squeue(1)
         "PERFORMANCE"); the run directory is looked at every second in between, and a new job record or
-        ``FINISHED`` marker makes the next question due at once. A background local launcher of this
+        ``FINISHED`` marker makes the next question due at once. A detached submit process of this
         process is watched every ``poll_s`` (no scheduler).
 
         Raises ``WaitTimeout`` when the time runs out (the run goes on), ``DependencyNeverSatisfied``
         when its job will never start (Slurm: PENDING with Reason=DependencyNeverSatisfied, e.g.
-        ``after=`` a run that failed, with ``afterok``; the local backend: its launcher found the same),
-        ``SlurmDDPError`` when a background local launcher of this process failed otherwise
+        ``after=`` a run that failed, with ``afterok``; the local backend: its wait found the same),
+        ``SlurmDDPError`` when a detached submit process of this process failed otherwise
         before it started the ranks, and ``UserError`` for ``max_poll_s < poll_s`` or a value <= 0."""
         policy = _policy(poll_s, max_poll_s)
-        if self._launcher is None:
+        if self._detached is None:
             (st,), timed_out = wait_runs(
                 [self.path], _ended, check=_check_dependency, timeout_s=timeout_s, policy=policy
             )
@@ -162,15 +164,15 @@ class Run:
             return st
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         while True:
-            if self._launcher.poll() is not None:
-                self._check_launcher()
+            if self._detached.poll() is not None:
+                self._check_detached()
                 return run_status(read_run(self.path))
             st = self.status()
             _check_dependency(st)
             if deadline is not None and time.monotonic() >= deadline:
                 raise WaitTimeout(f"run {str(self.path)!r} did not end within {timeout_s:g} s (it is {st.state})")
             try:
-                self._launcher.wait(timeout=poll_s if deadline is None else min(poll_s, deadline - time.monotonic()))
+                self._detached.wait(timeout=poll_s if deadline is None else min(poll_s, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
                 pass
 
@@ -198,7 +200,7 @@ class Run:
         return buf.getvalue()
 
     def cancel(self) -> str:
-        """Stop it: ``scancel`` its Slurm job, or SIGTERM to its local launcher. Returns what was done, with
+        """Stop it: ``scancel`` its Slurm job, or SIGTERM to its local supervisor. Returns what was done, with
         what SIGTERM does to this run's ranks (``rundir.at_stop``: a checkpoint at the step boundary only
         where a handler exists). Raises ``UserError`` when it already ended."""
         from .ops.targets import cancel_target
@@ -215,15 +217,15 @@ class Run:
         return requeue_target(self.path)
 
     def _reap(self) -> None:
-        if self._launcher is not None:
-            self._launcher.poll()
+        if self._detached is not None:
+            self._detached.poll()
 
-    def _check_launcher(self) -> None:
-        """Raise when the background launcher ended with an error before it started the ranks (a
+    def _check_detached(self) -> None:
+        """Raise when the detached submit process ended with an error before it started the ranks (a
         dependency never satisfied, a run directory taken in between); once the ranks ran, the run's
         own status says how they ended."""
-        assert self._launcher is not None
-        rc = self._launcher.returncode
+        assert self._detached is not None
+        rc = self._detached.returncode
         if rc in (0, None) or len(read_jobs(self.path)) > self._jobs_before:
             return
         waited = read_waiting(self.path)
@@ -232,11 +234,12 @@ class Run:
         tail = _tail(self.path / LAUNCHER_OUT_NAME)
         if rc == DependencyNeverSatisfied.exit_code:
             raise DependencyNeverSatisfied(tail.split(": error: ", 1)[-1])
-        raise SlurmDDPError(f"the local launcher of {str(self.path)!r} exited with status {rc}: {tail}")
+        raise SlurmDDPError(f"the detached submit process of {str(self.path)!r} exited with status {rc}: {tail}")
 
 
 def _has_live_job(run: Any) -> bool:
-    """A job recorded after the launcher of this session started (the last record is local and live)."""
+    """A job recorded after the detached submit process of this session started (the last record is local
+    and its supervisor is alive)."""
     from .ops.status import local_launcher_alive
 
     return bool(run.jobs) and run.is_local and local_launcher_alive(run.jobs[-1], run.path)
@@ -254,12 +257,12 @@ class Sweep:
     """A sweep directory: its elements as :class:`Run` objects and a table of values → metrics.
     Raises ``UserError`` when ``sweep_dir`` is not a sweep directory."""
 
-    def __init__(self, sweep_dir: PathLike, *, _launcher: Optional[subprocess.Popen[bytes]] = None) -> None:
+    def __init__(self, sweep_dir: PathLike, *, _detached: Optional[subprocess.Popen[bytes]] = None) -> None:
         p = Path(sweep_dir)
-        if _launcher is None and not is_sweep_dir(p):
+        if _detached is None and not is_sweep_dir(p):
             raise UserError(f"{str(p)!r} is not a sweep directory (no sweep.json); give the --run-dir of a sweep")
         self.path: Path = p.resolve()
-        self._launcher = _launcher
+        self._detached = _detached
 
     def __repr__(self) -> str:
         return f"Sweep({str(self.path)!r})"
@@ -293,9 +296,9 @@ class Sweep:
         for intervals ``ops.poll.PollPolicy`` cannot take."""
         policy = _policy(poll_s, max_poll_s)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
-        while self._launcher is not None and self._launcher.poll() is None:
-            try:  # the background local launcher runs the elements: its end is the sweep's
-                self._launcher.wait(
+        while self._detached is not None and self._detached.poll() is None:
+            try:  # the detached submit process runs the elements: its end is the sweep's
+                self._detached.wait(
                     timeout=poll_s if deadline is None else max(0.0, min(poll_s, deadline - time.monotonic()))
                 )
             except subprocess.TimeoutExpired:
@@ -338,7 +341,7 @@ def wait_all(
     for each, and return their last statuses in the same order. Slurm is asked ONE question per interval
     for all of them (``squeue --jobs=ID1,ID2,…``, one per cluster; ``sacct`` only for ids that left the
     queue; ``ops.poll.wait_runs``) instead of one per run, on ``Run.wait``'s schedule; a run that ended is
-    asked about once more in detail (``scontrol``) and then no more. Runs of a background local launcher
+    asked about once more in detail (``scontrol``) and then no more. Runs of a detached submit process
     this process started are waited for first (no scheduler). Raises as :meth:`Run.wait` does
     (``WaitTimeout`` names the runs still going)."""
     policy = _policy(poll_s, max_poll_s)
@@ -346,7 +349,7 @@ def wait_all(
     deadline = None if timeout_s is None else time.monotonic() + timeout_s
     done: Dict[Path, RunStatus] = {}
     for r in objs:
-        if r._launcher is not None:
+        if r._detached is not None:
             left = None if deadline is None else max(0.0, deadline - time.monotonic())
             done[r.path] = r.wait(timeout_s=left, poll_s=poll_s, max_poll_s=max_poll_s)
     rest = [r.path for r in objs if r.path not in done]
@@ -379,8 +382,8 @@ def submit(
     directory). ``overrides``: ``SECTION.KEY=VALUE`` strings (``--set``). ``run_dir``: default
     ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH; else local, unless the job asks for a cluster:
     ``UserError``), ``sbatch``,
-    ``submitit`` or ``local`` — a local run starts in the background (its launcher's output in the
-    run directory's ``launcher.out``) and this returns at once. ``sweep``: ``KEY=V1,V2`` strings
+    ``submitit`` or ``local`` — a local run starts in the background, in a detached submit process (its
+    output in the run directory's ``launcher.out``), and this returns at once. ``sweep``: ``KEY=V1,V2`` strings
     (``--sweep``). ``after``: runs (``Run``, a run directory) or job ids, each optionally
     ``:afterok`` (default), ``:afterany`` or ``:afternotok`` (``--after``, sbatch's ``--dependency``).
     ``check_task``: import ``train.task`` in a child process first. ``say``: where the submit's
@@ -391,7 +394,7 @@ def submit(
     Raises ``UserError`` (config, run directory, arguments, dependencies), ``ClusterError``
     (Slurm refused the job); never ``SystemExit``.
     """
-    from .backends.submit import Reporter
+    from .backends.submit import Reporter, SubmitRequest
     from .backends.submit import submit as submit_job
 
     lines: Callable[[str], None] = say or (lambda _line: None)
@@ -415,20 +418,19 @@ def submit(
         )
 
     report = Reporter(out=out, warn=warn, say=lines)
-    afters = [f"{a.path}" if isinstance(a, Run) else str(a) for a in after]
-    done = submit_job(
-        job if isinstance(job, Mapping) else os.fspath(job),
-        overrides,
-        sweep,
-        report=report,
+    request = SubmitRequest(
+        job,
+        overrides=overrides,
+        sweep=sweep,
         backend=backend,
         run_dir=os.fspath(run_dir) if run_dir is not None else None,
         command=None,
         check_task=check_task,
         accept_new_code=accept_new_code,
-        after=afters,
-        detach=True,
+        after=[f"{a.path}" if isinstance(a, Run) else str(a) for a in after],
+        detach=True,  # a local run goes on in the background; the returned Run follows it
     )
+    done = submit_job(request, report=report)
     if done.sweep:
-        return Sweep(done.run_dir, _launcher=done.launcher)
-    return Run(done.run_dir, _launcher=done.launcher)
+        return Sweep(done.run_dir, _detached=done.detached)
+    return Run(done.run_dir, _detached=done.detached)

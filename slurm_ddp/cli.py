@@ -191,8 +191,8 @@ def _add_ops_parsers(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "cancel",
         help="scancel the run's current job (SIGTERM: ranks that handle it checkpoint first)",
-        description="scancel the run's current job: SIGTERM to every rank (locally: to the launcher). The shared "
-        "worker's ranks, and a train.command script that uses slurm_ddp.preemption or the SlurmDDPCallback of "
+        description="scancel the run's current job: SIGTERM to every rank (locally: to the local supervisor, "
+        "which passes it on). The shared worker's ranks, and a train.command script that uses slurm_ddp.preemption or the SlurmDDPCallback of "
         "slurm_ddp.lightning or slurm_ddp.transformers, stop at a step the ranks agree on and save it first; a script "
         "without a handler dies of the signal wherever it is (it resumes from its own last save). A cancelled job is not "
         "requeued: `slurm-ddp requeue RUN` starts it again.",
@@ -264,13 +264,12 @@ def _reporter() -> Reporter:
 
 
 def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
-    from .backends.submit import submit
+    from .backends.submit import SubmitRequest, submit
 
-    done = submit(
+    request = SubmitRequest(
         args.job,
-        args.overrides,
-        args.sweep,
-        report=_reporter(),
+        overrides=args.overrides,
+        sweep=args.sweep,
         backend=args.backend,
         run_dir=args.run_dir,
         command=_command_line(argv),
@@ -281,6 +280,7 @@ def cmd_submit(args: argparse.Namespace, argv: Sequence[str]) -> int:
         after=args.after,
         cluster=args.cluster,
     )
+    done = submit(request, report=_reporter())
     if not args.wait or not done.started or done.backend == "local":  # a local run was waited for already
         return done.exit_status
     from .api import Run, Sweep

@@ -1,12 +1,12 @@
-"""``python -m slurm_ddp.backends.detached SPEC``: a local launcher in the background, started by the
+"""``python -m slurm_ddp.backends.detached SPEC``: the detached submit process, started by the
 Python API (``slurm_ddp.submit(..., backend="local")``, through ``backends.submit``) after it planned
-and checked the job in its own process.
+and checked the job in its own process, to run a local job in the background in a session of its own.
 
 It reads the spec (a YAML file ``backends.submit`` wrote owner-only, removed here once read), loads
 the job again, waits for its ``--after`` runs, runs it on the local backend as ``slurm-ddp submit
---backend local`` would, and exits with the job's status. Its output (the launcher's lines and
-rank 0's) goes to the run directory's ``LAUNCHER_OUT_NAME``, where its parent pointed it. Errors are
-one line and their exit code (``entrypoint.run_main``).
+--backend local`` would (this process is then the run's local supervisor), and exits with the job's
+status. Its output (its own lines and rank 0's) goes to the run directory's ``LAUNCHER_OUT_NAME``,
+where its parent pointed it. Errors are one line and their exit code (``entrypoint.run_main``).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any, Dict, Optional, Sequence
 
 def _launch(spec: Dict[str, Any]) -> int:
     from ..config import JobConfig
-    from .submit import Reporter, load_job, submit_run, submit_sweep
+    from .submit import Reporter, SubmitRequest, load_job, submit_run, submit_sweep
 
     def out(text: str) -> None:
         sys.stdout.write(text)
@@ -32,8 +32,10 @@ def _launch(spec: Dict[str, Any]) -> int:
     )
     job = spec["job"] if spec["job"] is not None else spec["data"]
     loaded = load_job(job, spec["overrides"], spec["sweep"])
-    common: Dict[str, Any] = dict(
-        report=report,
+    request = SubmitRequest(
+        job,
+        overrides=spec["overrides"],
+        sweep=spec["sweep"],
         backend="local",
         run_dir=spec["run_dir"],
         command=spec["command"],
@@ -42,9 +44,9 @@ def _launch(spec: Dict[str, Any]) -> int:
         after=spec["after"],
     )
     if isinstance(loaded, JobConfig):
-        done = submit_run(loaded, job=spec["job"] or "JOB.yaml", **common)
+        done = submit_run(loaded, request, report=report, backend="local")
     else:
-        done = submit_sweep(loaded, **common)
+        done = submit_sweep(loaded, request, report=report, backend="local")
     return done.exit_status
 
 
@@ -61,7 +63,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         os.unlink(args[0])
         return _launch(spec)
 
-    return run_main("slurm_ddp local launcher", launch)
+    return run_main("slurm_ddp detached submit", launch)
 
 
 if __name__ == "__main__":

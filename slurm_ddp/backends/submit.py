@@ -38,7 +38,8 @@ Job = Union[str, "os.PathLike[str]", Mapping[str, Any]]
 class Reporter:
     """Where ``submit``'s words go. ``out``: text of the result (the CLI's stdout; each call a whole
     line or block, newline included); ``warn``: a warning (the CLI prints ``slurm-ddp: warning: …``);
-    ``say``: a status line of the launcher (``slurm-ddp: …``); ``echo``: rank 0's output of a local run."""
+    ``say``: a status line of submit or of the local run's supervision (``slurm-ddp: …``); ``echo``:
+    rank 0's output of a local run."""
 
     out: Callable[[str], None]
     warn: Callable[[str], None]
@@ -56,8 +57,9 @@ class Submitted:
     job_id: Optional[str] = None  #: the Slurm job id (a sweep: the array job id); None on the local backend
     exit_status: int = 0  #: the local run's (or first failed element's) exit status; 0 for Slurm backends
     started: bool = True  #: False for ``dry_run``, ``test_only`` and a sweep with nothing left to run
-    #: the detached local launcher (``detach=True``), whose end the caller may wait for
-    launcher: Optional[subprocess.Popen[bytes]] = field(default=None, compare=False)
+    #: the detached submit process that runs a local job (``SubmitRequest.detach``), whose end the caller
+    #: may wait for
+    detached: Optional[subprocess.Popen[bytes]] = field(default=None, compare=False)
 
 
 def cluster_request(cfg: JobConfig) -> Optional[str]:
@@ -208,104 +210,109 @@ def load_job(
     return loaded if loaded is not None else load_config_with_defaults(job, overrides, defaults)
 
 
-def submit(
-    job: Job,
-    overrides: Sequence[str] = (),
-    sweep: Sequence[str] = (),
-    *,
-    report: Reporter,
-    backend: str = "auto",
-    run_dir: Optional[str] = None,
-    command: Optional[Sequence[str]] = None,
-    dry_run: bool = False,
-    test_only: bool = False,
-    check_task: bool = True,
-    accept_new_code: bool = False,
-    after: Sequence[str] = (),
-    detach: bool = False,
-    cluster: Optional[str] = None,
-) -> Submitted:
-    """Submit the job ``job`` (a YAML path or mapping, with ``--set`` ``overrides``; a sweep when
-    ``sweep`` specs or the file's ``sweep:`` section say so) on ``backend``. ``command``: the command
-    line recorded in the script header and ``provenance.json``. ``after``: ``--after`` specs
-    (``backends.after``). A local run is waited for, unless ``detach``: then its launcher runs in a
-    process of its own session (output in the run directory's ``LAUNCHER_OUT_NAME``) and
-    ``Submitted.launcher`` is that process. Slurm backends return once the job is accepted. The job
-    file is merged over the per-cluster defaults of this machine's cluster (:func:`cluster_defaults`);
-    ``cluster`` names another one, for a ``dry_run`` only.
+@dataclass(frozen=True)
+class SubmitRequest:
+    """What one ``submit`` is asked to do: the flags of ``slurm-ddp submit`` (built once by the CLI) or the
+    keyword arguments of ``slurm_ddp.api.submit`` (built there), passed down unchanged to
+    :func:`submit_run` and :func:`submit_sweep`. The sequences given are stored as tuples and a path-like
+    ``job`` as a string, so a request holds no caller's list and compares and prints by value.
+
+    Raises ``UserError`` for ``cluster`` without ``dry_run`` (a submit goes to this machine's cluster).
+    """
+
+    #: the job: a YAML path, or the mapping such a file holds (relative paths from the current directory)
+    job: Job
+    #: ``SECTION.KEY=VALUE`` strings, applied in order over the file (``--set``; ``config.apply_overrides``)
+    overrides: Sequence[str] = ()
+    #: ``KEY=V1,V2`` strings (``--sweep``; ``slurm_ddp.sweep``); a sweep also when the file has ``sweep:``
+    sweep: Sequence[str] = ()
+    #: ``auto``, ``sbatch``, ``submitit`` or ``local`` (``--backend``; ``auto``: :func:`resolve_backend`)
+    backend: str = "auto"
+    #: the run directory (a sweep: its sweep directory); None: ``./runs/<name>`` (``--run-dir``)
+    run_dir: Optional[str] = None
+    #: the command line recorded in the script header and ``provenance.json``; None: not known (the API)
+    command: Optional[Sequence[str]] = None
+    #: print what would be submitted after submit's checks, and write and queue nothing (``--dry-run``)
+    dry_run: bool = False
+    #: ask the controller with ``sbatch --test-only`` instead of submitting (``--test-only``)
+    test_only: bool = False
+    #: import ``train.task`` in a child process first (``--no-check-task`` turns it off)
+    check_task: bool = True
+    #: resume a run whose code snapshot differs from the checkout's (``--accept-new-code``)
+    accept_new_code: bool = False
+    #: dependency specs ``RUN_DIR|JOBID[:afterok|:afterany|:afternotok]`` (``--after``; ``after.parse_after``)
+    after: Sequence[str] = ()
+    #: a local run starts in a detached submit process of its own session (``backends.detached``), and
+    #: ``submit`` returns at once; False: it is waited for (the Python API detaches, the CLI waits)
+    detach: bool = False
+    #: whose per-cluster defaults apply (``--cluster``; :func:`cluster_defaults`), for a dry run only;
+    #: None: this machine's cluster
+    cluster: Optional[str] = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job, Mapping):
+            object.__setattr__(self, "job", os.fspath(self.job))
+        for name in ("overrides", "sweep", "after"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        if self.command is not None:
+            object.__setattr__(self, "command", tuple(self.command))
+        if self.cluster is not None and not self.dry_run:
+            raise UserError(
+                f"--cluster {self.cluster} picks the per-cluster defaults for render, env and submit --dry-run; a "
+                "submit goes to this machine's cluster with its defaults: run it on a login node of that cluster"
+            )
+
+    @property
+    def job_shown(self) -> str:
+        """The job as a resume hint names it (``slurm-ddp submit JOB ...``): its path, or ``JOB.yaml`` for a
+        mapping (which has no file)."""
+        return "JOB.yaml" if isinstance(self.job, Mapping) else str(self.job)
+
+
+def submit(request: SubmitRequest, *, report: Reporter) -> Submitted:
+    """Submit ``request.job`` (with its ``--set`` overrides; a sweep when ``request.sweep`` specs or the
+    file's ``sweep:`` section say so) on ``request.backend``. A local run is waited for, unless
+    ``request.detach``: then a detached submit process of its own session runs it (output in the run
+    directory's ``LAUNCHER_OUT_NAME``) and ``Submitted.detached`` is that process. Slurm backends return
+    once the job is accepted. The job file is merged over the per-cluster defaults of this machine's
+    cluster (:func:`cluster_defaults`); ``request.cluster`` names another one, for a dry run only.
 
     Raises ``UserError`` (bad config, run directory, backend, flags, dependency) or ``ClusterError``
     (sbatch or submitit refused the job); nothing is submitted then.
     """
-    if cluster is not None and not dry_run:
-        raise UserError(
-            f"--cluster {cluster} picks the per-cluster defaults for render, env and submit --dry-run; a submit "
-            "goes to this machine's cluster with its defaults: run it on a login node of that cluster"
-        )
-    loaded = load_job(job, overrides, sweep, cluster=cluster)
-    if test_only and backend == "auto":
+    loaded = load_job(request.job, request.overrides, request.sweep, cluster=request.cluster)
+    if request.test_only and request.backend == "auto":
         chosen = "sbatch"  # check_test_only says when it is not here
     else:
         chosen = resolve_backend(
-            backend, loaded if isinstance(loaded, JobConfig) else loaded.elements[0].cfg, report.warn
+            request.backend, loaded if isinstance(loaded, JobConfig) else loaded.elements[0].cfg, report.warn
         )
     if not isinstance(loaded, JobConfig):
-        return submit_sweep(
-            loaded,
-            report=report,
-            backend=chosen,
-            run_dir=run_dir,
-            command=command,
-            dry_run=dry_run,
-            test_only=test_only,
-            check_task=check_task,
-            accept_new_code=accept_new_code,
-            after=after,
-            detach=_detach_spec(job, overrides, sweep, command, after, accept_new_code) if detach else None,
-        )
-    if test_only:
-        check_test_only(backend, chosen, dry_run)
-    return submit_run(
-        loaded,
-        job=os.fspath(job) if not isinstance(job, Mapping) else "JOB.yaml",
-        report=report,
-        backend=chosen,
-        run_dir=run_dir,
-        command=command,
-        dry_run=dry_run,
-        test_only=test_only,
-        check_task=check_task,
-        accept_new_code=accept_new_code,
-        after=after,
-        detach=_detach_spec(job, overrides, sweep, command, after, accept_new_code) if detach else None,
-    )
+        return submit_sweep(loaded, request, report=report, backend=chosen)
+    if request.test_only:
+        check_test_only(request.backend, chosen, request.dry_run)
+    return submit_run(loaded, request, report=report, backend=chosen)
 
 
-def _detach_spec(
-    job: Job,
-    overrides: Sequence[str],
-    sweep: Sequence[str],
-    command: Optional[Sequence[str]],
-    after: Sequence[str],
-    accept_new_code: bool,
-) -> Dict[str, Any]:
-    """What the detached launcher (:func:`run_detached`) needs to load and run the job again."""
+def _detach_spec(request: SubmitRequest) -> Dict[str, Any]:
+    """What the detached submit process (``backends.detached``) needs to load and run the job again."""
+    job = request.job
     return {
         "job": None if isinstance(job, Mapping) else os.path.abspath(job),
         "data": dict(job) if isinstance(job, Mapping) else None,
         "cwd": os.getcwd(),
-        "overrides": list(overrides),
-        "sweep": list(sweep),
-        "command": list(command) if command is not None else None,
-        "after": list(after),
-        "accept_new_code": accept_new_code,
+        "overrides": list(request.overrides),
+        "sweep": list(request.sweep),
+        "command": list(request.command) if request.command is not None else None,
+        "after": list(request.after),
+        "accept_new_code": request.accept_new_code,
     }
 
 
 def _start_detached(spec: Dict[str, Any], run_dir: str, out_dir: str) -> subprocess.Popen[bytes]:
     """Start ``python -m slurm_ddp.backends.detached SPEC`` in a session of its own, output to
-    ``out_dir/LAUNCHER_OUT_NAME``; the spec file is owner-only (it may hold ``environment.env``
-    values) and the launcher removes it once read."""
+    ``out_dir/LAUNCHER_OUT_NAME``: the detached submit process. The spec file is owner-only (it may hold
+    ``environment.env`` values) and that process removes it once read."""
     import tempfile
 
     import yaml
@@ -313,7 +320,7 @@ def _start_detached(spec: Dict[str, Any], run_dir: str, out_dir: str) -> subproc
     from ..rundir import LAUNCHER_OUT_NAME
 
     spec = {**spec, "run_dir": run_dir}
-    fd, path = tempfile.mkstemp(prefix="slurm-ddp-launch-", suffix=".yaml")
+    fd, path = tempfile.mkstemp(prefix="slurm-ddp-detached-", suffix=".yaml")
     with os.fdopen(fd, "w", encoding="utf-8") as f:
         yaml.safe_dump(spec, f)
     os.makedirs(out_dir, exist_ok=True)
@@ -337,28 +344,21 @@ def _dependencies(after: Sequence[str], backend: str, report: Reporter) -> Depen
     return deps
 
 
-def submit_run(
-    cfg: JobConfig,
-    *,
-    job: Union[str, Path],
-    report: Reporter,
-    backend: str,
-    run_dir: Optional[str] = None,
-    command: Optional[Sequence[str]] = None,
-    dry_run: bool = False,
-    test_only: bool = False,
-    check_task: bool = True,
-    accept_new_code: bool = False,
-    after: Sequence[str] = (),
-    detach: Optional[Dict[str, Any]] = None,
-) -> Submitted:
-    """:func:`submit` of one loaded job on a resolved ``backend``; ``job`` is the YAML path the
-    resume hint of a preempted local run names; ``detach``: :func:`_detach_spec` of it, to run a
-    local job in a launcher process of its own."""
+def submit_run(cfg: JobConfig, request: SubmitRequest, *, report: Reporter, backend: str) -> Submitted:
+    """:func:`submit` of ``request``'s job, loaded as ``cfg``, on ``backend`` (resolved: not ``auto``);
+    ``request.detach`` runs a local job in a detached submit process of its own."""
     from . import plan_submit
 
-    deps = _dependencies(after, backend, report)
-    plan = plan_submit(cfg, backend, run_dir, command=command, accept_new_code=accept_new_code, dependency=deps.slurm)
+    test_only, command = request.test_only, request.command
+    deps = _dependencies(request.after, backend, report)
+    plan = plan_submit(
+        cfg,
+        backend,
+        request.run_dir,
+        command=command,
+        accept_new_code=request.accept_new_code,
+        dependency=deps.slurm,
+    )
     if backend in ("sbatch", "submitit") and not test_only:
         plan = dataclasses.replace(plan, memory=memory_note(cfg))
     for w in plan.warnings:
@@ -370,9 +370,9 @@ def submit_run(
         note = refuse_active_run(Path(plan.run_dir))
         if note:
             report.warn(note)
-    if check_task:
+    if request.check_task:
         _preflight(cfg, backend, report.warn)
-    if dry_run:
+    if request.dry_run:
         if backend == "submitit":  # submitit's own batch script, not the sbatch backend's
             from .submitit_backend import describe
 
@@ -402,15 +402,17 @@ def submit_run(
         report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)
-    if detach is not None:
-        launcher = _start_detached(detach, plan.run_dir, plan.run_dir)
-        report.out(f"slurm-ddp: started a local launcher (process {launcher.pid}); run directory {plan.run_dir}\n")
-        return Submitted(plan.run_dir, backend, sweep=False, launcher=launcher)
+    if request.detach:
+        detached = _start_detached(_detach_spec(request), plan.run_dir, plan.run_dir)
+        report.out(
+            f"slurm-ddp: started a detached submit process (process {detached.pid}); run directory {plan.run_dir}\n"
+        )
+        return Submitted(plan.run_dir, backend, sweep=False, detached=detached)
     if deps.local:
         from .after import wait_for_runs
 
         wait_for_runs(deps.local, report.say, run_dir=plan.run_dir)
-    return run_local(plan, job=job, report=report)
+    return run_local(plan, job=request.job_shown, report=report)
 
 
 def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Submitted:
@@ -439,7 +441,7 @@ def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Su
             + f"; weights in {Path(plan.run_dir) / FINAL_MODEL_NAME}\n"
         )
     elif status == PREEMPTED_EXIT_CODE or getattr(read_local_end(plan.run_dir), "state", "") == "CANCELLED":
-        # what happened: the launcher's PREEMPTED/CANCELLED line (rundir.local_end)
+        # what happened: the local supervisor's PREEMPTED/CANCELLED line (rundir.local_end)
         # "resume" only where the next start has a checkpoint to use (ops.runs.Run.next_start)
         from ..ops.runs import read_run
 
@@ -450,20 +452,7 @@ def run_local(plan: SubmitPlan, *, job: Union[Job, str], report: Reporter) -> Su
     return Submitted(plan.run_dir, backend, sweep=False, exit_status=status)
 
 
-def submit_sweep(
-    sweep: Sweep,
-    *,
-    report: Reporter,
-    backend: str,
-    run_dir: Optional[str] = None,
-    command: Optional[Sequence[str]] = None,
-    dry_run: bool = False,
-    test_only: bool = False,
-    check_task: bool = True,
-    accept_new_code: bool = False,
-    after: Sequence[str] = (),
-    detach: Optional[Dict[str, Any]] = None,
-) -> Submitted:
+def submit_sweep(sweep: Sweep, request: SubmitRequest, *, report: Reporter, backend: str) -> Submitted:
     """:func:`submit` of a sweep: one sweep directory, one ``sbatch --array`` (several past the
     cluster's ``MaxArraySize``; or the local backend, element by element) of the elements that have
     not finished. Refused (``UserError``) when they exceed the user's submit limit by themselves
@@ -473,16 +462,17 @@ def submit_sweep(
     from ..sweep import check_submit_limit, max_array_size, submit_limit
     from .array import plan_sweep, schedule_sbatch
 
-    if test_only:
+    if request.test_only:
         raise UserError("--test-only checks a single job; for a sweep use --dry-run")
-    deps = _dependencies(after, backend, report)
+    dry_run, command = request.dry_run, request.command
+    deps = _dependencies(request.after, backend, report)
     on_slurm = backend in ("sbatch", "submitit")
     plan = plan_sweep(
         sweep,
         backend,
-        run_dir,
+        request.run_dir,
         command=command,
-        accept_new_code=accept_new_code,
+        accept_new_code=request.accept_new_code,
         dependency=deps.slurm,
         max_array_size=max_array_size() if on_slurm else None,
     )
@@ -510,7 +500,7 @@ def submit_sweep(
                 f"sweep {plan.sweep_dir!r} still has {len(active)} element(s) pending or running "
                 f"(e.g. element {active[0]}); wait for them, or cancel first: slurm-ddp cancel {plan.sweep_dir}"
             )
-    if check_task and (plan.todo or dry_run):
+    if request.check_task and (plan.todo or dry_run):
         _preflight(sweep.elements[0].cfg, backend, report.warn)
     if dry_run:
         for w in plan.warnings:
@@ -557,10 +547,12 @@ def submit_sweep(
             f"{len(plan.todo)} of {n} elements; sweep directory {plan.sweep_dir}\n"
         )
         return Submitted(plan.sweep_dir, backend, sweep=True, job_id=job_id)
-    if detach is not None:
-        launcher = _start_detached(detach, plan.sweep_dir, plan.sweep_dir)
-        report.out(f"slurm-ddp: started a local launcher (process {launcher.pid}); sweep directory {plan.sweep_dir}\n")
-        return Submitted(plan.sweep_dir, backend, sweep=True, launcher=launcher)
+    if request.detach:
+        detached = _start_detached(_detach_spec(request), plan.sweep_dir, plan.sweep_dir)
+        report.out(
+            f"slurm-ddp: started a detached submit process (process {detached.pid}); sweep directory {plan.sweep_dir}\n"
+        )
+        return Submitted(plan.sweep_dir, backend, sweep=True, detached=detached)
     if deps.local:
         from .after import wait_for_runs
 

@@ -130,7 +130,7 @@ def test_unknown_where_slurm_cannot_be_asked(make_config: Any) -> None:
 
 
 def test_the_dry_run_prints_the_memory_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from slurm_ddp.backends.submit import Reporter, submit
+    from slurm_ddp.backends.submit import Reporter, SubmitRequest, submit
 
     bindir = tmp_path / "bin"
     bindir.mkdir()
@@ -144,12 +144,8 @@ def test_the_dry_run_prints_the_memory_line(tmp_path: Path, monkeypatch: pytest.
     job.write_text("name: m\nslurm: {tasks_per_node: 2}\ntrain: {task: 'x:y', snapshot: false}\n")
     out: List[str] = []
     submit(
-        str(job),
+        SubmitRequest(str(job), backend="sbatch", run_dir=str(tmp_path / "run"), dry_run=True, check_task=False),
         report=Reporter(out=out.append, warn=lambda s: None, say=lambda s: None),
-        backend="sbatch",
-        run_dir=str(tmp_path / "run"),
-        dry_run=True,
-        check_task=False,
     )
     head = [ln for ln in "".join(out).splitlines() if ln.startswith("# memory:")]
     assert head == [
