@@ -14,6 +14,7 @@ import gc
 import logging
 import os
 import random
+import sys
 import time
 from datetime import timedelta
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sized, Tuple, cast
@@ -552,3 +553,18 @@ def evaluate(
     out = {f"eval_{k}": sum(p.get(k, 0.0) for p in parts) / max(total, 1) for k in keys}
     out["eval_samples"] = total
     return out
+
+
+def setup_logging(rank: int) -> None:
+    """Rank 0 logs INFO; the other ranks WARNING and above (the per-rank logging recipe).
+
+    The ``slurm_ddp.rank`` logger logs INFO on every rank (host/rank facts at start).
+    """
+    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(fmt)
+    root = logging.getLogger("slurm_ddp")
+    root.handlers[:] = [handler]
+    root.propagate = False
+    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    logging.getLogger("slurm_ddp.rank").setLevel(logging.INFO)

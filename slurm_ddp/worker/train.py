@@ -9,9 +9,11 @@ preemption after the checkpoint of the last completed step was committed; 2 bad 
 
 Why over 600 lines: most of it is one class, :class:`Trainer`, whose methods share the state of
 one training process (model, optimizer, sampler, scaler, step, the preemption flag) and run in one
-order (build → resume → train loop → stop or finish). Its reusable pieces already live elsewhere
-(``worker.runtime``, ``checkpoint``, ``resize``, ``signals``); splitting the class across modules
-would only scatter that order.
+order (build → resume → train loop → stop or finish). What it does when a peer is lost or hangs (the
+emergency save, the hang saver, the peer failure, the in-process join) is a helper it owns
+(``worker.fault.FaultTolerance``, its ``fault``); its reusable pieces live elsewhere
+(``worker.runtime``, ``checkpoint``, ``resize``, ``signals``); splitting the rest across modules would
+only scatter that order.
 """
 
 from __future__ import annotations
@@ -20,8 +22,6 @@ import contextlib
 import logging
 import os
 import socket
-import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any, Dict, Generator, List, Optional, Tuple, cast
@@ -33,9 +33,9 @@ from torch.utils.data import DataLoader
 
 from ..checkpoint import AsyncCheckpointer, CheckpointInfo, CheckpointManager, atomic_write
 from ..config import JobConfig, load_config
-from ..constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
+from ..constants import PREEMPTED_EXIT_CODE
 from ..env import DistEnv
-from ..errors import CheckpointError, PeerFailure, TrainingDiverged, UserError
+from ..errors import CheckpointError, TrainingDiverged, UserError
 from ..progress import CHECKPOINT, DATA, DISABLED, EVAL, STARTUP, STEP
 from ..progress import recorder as progress_recorder
 from ..resize import accumulation_for, samples_in_epoch
@@ -48,23 +48,17 @@ from ..rundir import (
     Preempted,
     append_jsonl,
     checkpoint_dir,
-    end_hang_save,
     end_partial_line,
-    hang_report_path,
     is_finished,
-    peer_lost_record,
     read_metrics,
-    start_hang_save,
     write_finished,
-    write_peer_lost,
     write_preempted,
-    write_step_end,
 )
-from ..rundir.recovery import IN_PROCESS, record_recovery, recoveries_left
 from ..signals import PreemptionFlag, blocked, ignore_in_loader_workers, loader_context, worker_signals
 from ..snapshot import run_pythonpath
 from ..task import Task, load_task_class
-from .inprocess import Membership, Place, Plan, RecoveryAbandoned, first_plan, place_in_step
+from .fault import FaultTolerance, StandbyEnded
+from .inprocess import Place, RecoveryAbandoned, place_in_step
 from .runtime import (
     ResumableDistributedSampler,
     SeededBatchSampler,
@@ -81,26 +75,12 @@ from .runtime import (
     restore_rng,
     seed_everything,
     seed_step,
+    setup_logging,
     shutdown_distributed,
 )
 from .saves import SaveSchedule
 
 log = logging.getLogger("slurm_ddp.worker")
-
-
-def setup_logging(rank: int) -> None:
-    """Rank 0 logs INFO; the other ranks WARNING and above (the per-rank logging recipe).
-
-    The ``slurm_ddp.rank`` logger logs INFO on every rank (host/rank facts at start).
-    """
-    fmt = logging.Formatter(f"%(asctime)s rank{rank} %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%S")
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(fmt)
-    root = logging.getLogger("slurm_ddp")
-    root.handlers[:] = [handler]
-    root.propagate = False
-    root.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    logging.getLogger("slurm_ddp.rank").setLevel(logging.INFO)
 
 
 class MetricsWriter:
@@ -125,14 +105,12 @@ class MetricsWriter:
 class Trainer:
     """State and steps of one rank's training run; ``run()`` returns the exit status."""
 
+    device: torch.device  #: this rank's device, from run() on (``init_distributed``, ``rank_device``)
+
     def __init__(self, cfg: JobConfig, run_dir: Path, denv: DistEnv, place: Optional[Place] = None):
         self.cfg, self.run_dir, self.denv = cfg, run_dir, denv
-        # in-process recovery (recovery.in_process, slurm_ddp.worker.inprocess): this process's place in the
-        # step, its link to the step's store and the current generation's plan (a spare: None until called in)
-        self.place = place
-        self.spare = place is not None and place.spare
-        self.membership: Optional[Membership] = None
-        self.plan: Optional[Plan] = None
+        # the emergency save, hang saver, peer failure and in-process recovery (slurm_ddp.worker.fault)
+        self.fault = FaultTolerance(self, place)
         self._groups: Optional[Generator[list, None, None]] = None  # train()'s micro-batch groups (close_loader)
         self.tc = cfg.train
         self.flag = PreemptionFlag(worker_signals(cfg.requeue.signal_name))
@@ -168,21 +146,7 @@ class Trainer:
         self.scaler: Optional[Any] = None
         self.tb: Optional[Any] = None
         # what the hang watchdog reads (slurm_ddp.progress); a waiting spare is not judged until called in
-        self.progress = DISABLED if self.spare else progress_recorder()
-        # True from the start of the train loop on: every collective that can fail from then on (the
-        # DDP backward's all-reduce, the stop check, eval, a checkpoint's gather) leaves the model,
-        # optimizer, scheduler and data position at the last completed step, so a rank that loses a
-        # peer may commit them alone (``_emergency_save``). Before it (resume), they are not yet loaded.
-        self.at_step_boundary = False
-        # Inside a training step (from its start to ``self.step += 1``), and the model's persistent
-        # buffers (BatchNorm running statistics …) as the step's first forward began, after DDP broadcast
-        # rank 0's: what an emergency save of the step before must hold, as the forward updates them
-        # (``_keep_buffers``); ``buffers_kept``: kept in this step.
-        self.in_step = False
-        self.buffers_kept = False
-        self.kept_buffers: Dict[str, torch.Tensor] = {}
-        self.buffer_names: List[str] = []  # the model's persistent buffers (build)
-        self.nonfinite: Optional[torch.Tensor] = None  # the NaN/inf flag of the log window (nan_check)
+        self.progress = DISABLED if self.fault.spare else progress_recorder()
 
     # ------------------------------------------------------------------ setup
     def build(self) -> None:
@@ -211,11 +175,7 @@ class Trainer:
         if tc.channels_last:
             model = model.to(memory_format=torch.channels_last)
         self.model = model
-        persistent = set(model.state_dict())
-        self.buffer_names = [n for n, _ in model.named_buffers() if n in persistent]
-        # only an emergency checkpoint (in-job recovery) needs them; compiled, a Python hook would break the graph
-        if self.cfg.in_job_recovery and self.buffer_names and not tc.compile:
-            model.register_forward_pre_hook(self._keep_buffers)
+        self.fault.track_buffers(model)  # kept at each step's start for an emergency checkpoint
         self.build_ddp()
         self.optimizer = self.task.build_optimizer(model)
         self.scheduler = self.task.build_scheduler(self.optimizer)
@@ -230,7 +190,7 @@ class Trainer:
     def build_ddp(self) -> None:
         """Wrap the model in DDP over the current default group (its constructor broadcasts rank 0's weights and
         buffers), and compile that when ``train.compile``. Skipped by a warm spare until it is called in."""
-        if self.spare and self.plan is None:
+        if self.fault.waiting_spare:
             return
         tc = self.tc
         device_ids = [self.device.index] if self.device.type == "cuda" else None
@@ -247,7 +207,7 @@ class Trainer:
     def build_loader(self) -> None:
         """This rank's share of the training set for the current world size and rank (sampler, batches,
         loader), and its per-rank random streams. Skipped by a warm spare until it is called in."""
-        if self.spare and self.plan is None:
+        if self.fault.waiting_spare:
             return
         tc, denv = self.tc, self.denv
         sampler = ResumableDistributedSampler(self.train_ds, denv.world_size, denv.rank, seed=tc.seed)
@@ -285,27 +245,6 @@ class Trainer:
             self.tb = SummaryWriter(str(self.run_dir / "tensorboard"))
         except ImportError:  # tensorboard is optional
             self.tb = None
-
-    def _keep_buffers(self, module: torch.nn.Module, args: Any) -> None:
-        """Forward pre-hook of the model (inside DDP: after its buffer broadcast): copy the persistent
-        buffers at the first forward of a training step into ``kept_buffers`` (allocated once; one
-        ``_foreach_copy_`` where torch has it: a few kernels, not one per buffer)."""
-        if not self.in_step or self.buffers_kept or not module.training:
-            return
-        live = dict(module.named_buffers())
-        src = [live[n] for n in self.buffer_names]
-        with torch.no_grad():
-            kept = list(self.kept_buffers.values())
-            if len(kept) == len(src) and all(k.shape == b.shape and k.dtype == b.dtype for k, b in zip(kept, src)):
-                foreach_copy = getattr(torch, "_foreach_copy_", None)  # torch >= 2.2
-                if foreach_copy is not None:
-                    foreach_copy(kept, src)
-                else:
-                    for k, b in zip(kept, src):
-                        k.copy_(b)
-            else:  # the first step, or buffers that changed shape
-                self.kept_buffers = {n: b.detach().clone() for n, b in zip(self.buffer_names, src)}
-        self.buffers_kept = True
 
     def state_dict(self) -> Optional[Dict[str, Any]]:
         """The training state rank 0 saves (None elsewhere). Not a collective: each rank's RNG state
@@ -424,7 +363,7 @@ class Trainer:
             return
         state = self.ckpt.load(info)
         assert state is not None
-        old_world = self._load_training_state(state)
+        old_world = self.load_training_state(state)
         if self.denv.is_main:  # once per job, in rank 0's log
             from ..rundir.provenance import torch_mismatch
 
@@ -453,7 +392,7 @@ class Trainer:
                 restore_rng(self.ckpt.load_rank_state(info, self.denv.rank))
             elif len(rngs) == self.denv.world_size:
                 restore_rng(rngs[self.denv.rank])
-        self._place_in_epoch(state, old_world, exact)
+        self.place_in_epoch(state, old_world, exact)
         log.info(
             "resumed from checkpoint of step %d (epoch %d, batch %d of the epoch) in %s",
             self.step,
@@ -471,7 +410,7 @@ class Trainer:
             samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
         )
 
-    def _load_training_state(self, state: Dict[str, Any]) -> int:
+    def load_training_state(self, state: Dict[str, Any]) -> int:
         """Load a training state (``training_state()``'s shape: a checkpoint's, or a survivor's broadcast under
         in-process recovery) into the model, optimizer, scheduler, scaler, task, step counters, log window and
         global batch; returns the world size it was made on."""
@@ -496,7 +435,7 @@ class Trainer:
         self.global_batch = int(state.get("global_batch") or old_world * b * self.tc.grad_accum_steps)
         return old_world
 
-    def _place_in_epoch(self, state: Dict[str, Any], old_world: int, exact: bool) -> None:
+    def place_in_epoch(self, state: Dict[str, Any], old_world: int, exact: bool) -> None:
         """The position in the epoch after loading ``state``: as saved when ``exact`` (the same world size, every
         rank's stream known), else sample-exactly on this world size (``_resume_resized``)."""
         if exact:
@@ -614,8 +553,9 @@ class Trainer:
         loss_sum = self.loss_sum  # updated in place; read only every log_every steps: no per-step sync
         # every checkpoint is of a window without NaN/inf (checked before each save), so this starts clear
         nonfinite = torch.zeros((), dtype=torch.bool, device=self.device)
-        self.nonfinite = nonfinite  # updated in place below
-        self.at_step_boundary = True
+        fault = self.fault
+        fault.nonfinite = nonfinite  # updated in place below
+        fault.at_step_boundary = True
         t_log = time.perf_counter()
         step_at_log = self.step
         log.info(
@@ -652,7 +592,7 @@ class Trainer:
                 # this step's random streams from (train.seed, rank, step): known at every step
                 # boundary, so any checkpoint of this step resumes exactly (step_seed)
                 seed_step(tc.seed, self.denv.rank, self.step + 1, self.device)
-                self.in_step, self.buffers_kept = True, False
+                fault.in_step, fault.buffers_kept = True, False
                 loss = optimizer_step(
                     self.forward_model,
                     micro,
@@ -668,7 +608,7 @@ class Trainer:
                     self.scheduler.step()
                 self.step += 1
                 self.batch_in_epoch += len(micro)
-                self.in_step = False
+                fault.in_step = False
                 # the step is done: a hang report from here on names it (its phase stays as it was)
                 mark(self.step, self.progress.phase)
                 if first_step:  # one record per start, rank 0 only, no collective
@@ -799,50 +739,28 @@ class Trainer:
 
     def run(self) -> int:
         denv = self.denv
+        fault = self.fault
         ok = False
         self.flag.install()
-        saver_done = threading.Event()
-        if self.cfg.in_job_recovery and self.cfg.watchdog.enabled:
-            threading.Thread(target=self._hang_saver, args=(saver_done,), name="hang-saver", daemon=True).start()
+        fault.start_hang_saver()
         status = 1
         try:
             t0 = time.perf_counter()
-            store = None
-            if self.place is not None:  # in-process recovery: every process of the step joins rank 0's store
+            if fault.place is not None:  # in-process recovery: every process of the step joins rank 0's store
                 _, self.device = rank_device(denv, self.tc.backend)
-                self.membership = Membership(
-                    denv.master_addr,
-                    denv.master_port,
-                    self.place.slot,
-                    serve=denv.is_main,
-                    timeout_s=max(self.cfg.watchdog.startup_s, self.tc.pg_timeout_s),
-                    heartbeat_s=self.cfg.recovery.heartbeat_interval_s,
-                    dead_after_s=self.cfg.recovery.heartbeat_timeout_s,
-                )
-            if self.spare:  # build the task, then wait warm until a lost node's ranks are this node's
-                assert self.membership is not None
+                fault.join_step()
+            if fault.spare:  # build the task, then wait warm until a lost node's ranks are this node's
                 self.build()
                 end_startup_gc()
-                self.membership.spare_ready()
-                log.warning(
-                    "warm spare on %s: task built in %.1f s; waiting to be called in",
-                    denv.hostname,
-                    time.perf_counter() - t0,
-                )
-                plan = self.membership.wait_for_call()
-                if plan is None or not self._follow(plan, time.time(), "called in"):
-                    log.warning("warm spare on %s: the step ended without calling it in", denv.hostname)
+                if not fault.serve_as_spare(t0):
                     ok, status = True, 0
                     return status
             else:
-                if self.membership is not None and self.place is not None:
-                    self.plan = first_plan(self.place.step_nodes, self.place.tasks_per_node)
-                    store = self.membership.group_store(self.plan.generation)
+                store = fault.first_store()
                 self.device = init_distributed(
                     denv, self.tc.backend, self.tc.pg_timeout_s, store=store, device=getattr(self, "device", None)
                 )
-                if self.membership is not None:
-                    self.membership.watch(self.plan)  # a node that falls silent while this generation trains
+                fault.watch_first()  # a node that falls silent while this generation trains
                 if dist.get_backend() != "gloo":  # the preemption flag lives on the CPU: a gloo group for it
                     self.stop.group = dist.new_group(backend="gloo")
                 if denv.is_main:
@@ -862,39 +780,34 @@ class Trainer:
                 self.build()
                 end_startup_gc()  # python -m slurm_ddp.worker paused it for the start-up
                 self.resume()
-            status = self.train_recovering()
+            status = fault.train_recovering()
             if status == 0:
                 self.finish()
             ok = True
             return status
-        except _StandbyEnded as e:  # left out of a generation, it waited as a spare until the step ended
+        except StandbyEnded as e:  # left out of a generation, it waited as a spare until the step ended
             log.warning("%s", e)
             status = 0
             return status
         except RecoveryAbandoned as e:  # a called-in spare's generation never formed and none came after it
-            log.error("warm spare %s: in-process recovery given up: %s", self._slot(), e)
+            log.error("warm spare %s: in-process recovery given up: %s", fault.slot(), e)
             status = 0  # the training ranks take their peer-failure path; this spare failed nothing
             return status
         except RuntimeError as e:  # DistBackendError included
             if is_peer_failure(e):
-                raise self._peer_failure(e) from e
-            self._report_crash(e)
+                raise fault.peer_failure(e) from e
+            fault.report_crash(e)
             raise
         except BaseException as e:
-            self._report_crash(e)
-            if self.spare and self.plan is None and not isinstance(e, (KeyboardInterrupt, SystemExit)):
+            fault.report_crash(e)
+            if fault.waiting_spare and not isinstance(e, (KeyboardInterrupt, SystemExit)):
                 # a warm spare's own failure (its data, its GPU, an import) is the spare's problem: named in
                 # the run's records, left out of every plan, and no failed exit (the training ranks go on)
-                log.error("warm spare %s failed before it was called in: %s", self._slot(), e, exc_info=True)
+                log.error("warm spare %s failed before it was called in: %s", fault.slot(), e, exc_info=True)
                 return 0
             raise
         finally:
-            saver_done.set()
-            if self.membership is not None:
-                if self.denv.is_main:  # srun may wait for a lost node's tasks: the batch script ends it
-                    write_step_end(os.environ, status if ok else 1)
-                    self.membership.done()  # the waiting spares end
-                self.membership.close()
+            fault.close(status if ok else 1)  # the hang saver; the step's store under in-process recovery
             self.flag.restore()
             # close(), not just wait(): the writer thread must end here. Left idle, it still holds its
             # last job (the snapshot buffers); weakref.finalize's atexit hook wakes it at exit, and a
@@ -917,385 +830,17 @@ class Trainer:
             # without an active exception"). Normal exits only: after a peer failure the threads may
             # still wait on the dead peer, and joining them would hang.
             if ok:
-                for name in ("forward_model", "ddp"):
-                    self.__dict__.pop(name, None)
-                self.stop.group = None
+                self.release_ddp()
                 shutdown_distributed()
             elif dist.is_initialized():
                 dist.destroy_process_group()
 
-    # ------------------------------------------------------------------ in-process recovery
-    def train_recovering(self) -> int:
-        """``train()``, and under in-process recovery (``recovery.in_process``) again after each lost node the
-        survivors recovered from without leaving this process (:meth:`_recover_in_process`). A failure it
-        cannot recover from is raised as it came (the peer-failure path of :meth:`run`)."""
-        while True:
-            try:
-                return self.train()
-            except RuntimeError as e:
-                if self.membership is None or not is_peer_failure(e):
-                    raise
-                if not self._recover_in_process(e):
-                    raise
-
-    def _recover_in_process(self, e: BaseException) -> bool:
-        """After a failed collective: leave the broken group with the model, optimizer and data position of the
-        last completed step kept in memory, check in for the next generation and join it
-        (:class:`~slurm_ddp.worker.inprocess.Membership`; rank 0 decides). False when the step cannot go on
-        in-process (the reason is logged): the caller's peer-failure path follows."""
-        assert self.membership is not None and self.plan is not None and self.place is not None
-        t_fail = time.time()
-        self.membership.watch(None)  # the coordinator judges the members from here on
-        log.warning(
-            "a peer was lost after step %d (%s); recovering in-process (generation %d)",
-            self.step,
-            self._peer_message(e)[-200:],
-            self.plan.generation + 1,
-        )
-        self.progress.mark(self.step, STARTUP)
-        if self.in_step and self.buffers_kept:  # the failed step's forward updated them: back to its start
-            live = dict(self.model.named_buffers())
-            with torch.no_grad():
-                for name, kept in self.kept_buffers.items():
-                    live[name].copy_(kept)
-        # in_step stays as it is until this rank is in the next generation: when recovery is given up (the
-        # batch host lost …), the emergency save of the peer-failure path needs to know the buffers it holds
-        # are the failed step's start (rank 0's, broadcast by DDP), not this rank's own
-        for name in ("forward_model", "ddp"):  # they hold the broken group
+    def release_ddp(self) -> None:
+        """Drop the DDP wrapper (compiled or not) and the stop agreement's gloo group: they hold the process
+        group (the broken one after a lost peer)."""
+        for name in ("forward_model", "ddp"):
             self.__dict__.pop(name, None)
         self.stop.group = None
-        try:
-            dist.destroy_process_group()
-        except Exception as err:
-            log.warning("leaving the broken process group: %s", err)
-        try:
-            plan = self._next_generation(self.plan)
-            joined = self._follow(plan, t_fail, f"lost {','.join(plan.lost)}")
-        except RecoveryAbandoned as why:
-            log.error("in-process recovery given up: %s", why)
-            return False
-        if not joined:
-            raise _StandbyEnded(
-                f"{self.place.slot} was taken for lost (silent past recovery.heartbeat_timeout_s="
-                f"{self.cfg.recovery.heartbeat_timeout_s} s) and waited as a spare; the step ended without calling it in"
-            )
-        return True
-
-    def _recovery_deadline_s(self) -> float:
-        return self.tc.pg_timeout_s + 30.0
-
-    def _next_generation(self, plan: Plan, replanned: str = "") -> Plan:
-        """Check in for the generation after ``plan`` and get its plan (rank 0 of ``plan`` decides it,
-        ``Membership.coordinate``). Raises :class:`RecoveryAbandoned` when there is none."""
-        assert self.membership is not None and self.place is not None
-        # a spare called into a generation that never formed holds no state: it must not be the source
-        self.membership.check_in(plan, self.step if self.plan is not None else -1)
-        deadline = self._recovery_deadline_s()
-        if plan.ranks.get(self.place.slot) == 0:
-            return self.membership.coordinate(
-                plan,
-                self.place.spare_slots(),
-                tasks_per_node=self.place.tasks_per_node,
-                min_nodes=self.cfg.recovery_min_nodes,
-                # one budget per job start: what the supervisor left this step (earlier steps' recoveries count)
-                max_generations=recoveries_left(os.environ, self.cfg.recovery.max_restarts),
-                deadline_s=deadline,
-                replanned=replanned,
-            )
-        return self.membership.wait_plan(plan.generation + 1, deadline + 10.0)
-
-    def _mark_waiting(self) -> None:
-        """A rank waiting as a spare is alive: its progress record says so (start-up phase, its last step)."""
-        self.progress.mark(self.step, STARTUP)
-
-    def _follow(self, plan: Plan, t_fail: float, why: str) -> bool:
-        """From a published ``plan`` on: join it (``_join``) once every member is there
-        (``Membership.enter``), planning the next generation again while a member is lost before it formed
-        (a second failure during the recovery). Outside a plan (this process was taken for lost: it was only
-        slow), wait as a spare of the step to be called in. True once this process trains in a generation;
-        False when the step ended while it waited. Raises :class:`RecoveryAbandoned` (no next plan)."""
-        assert self.membership is not None and self.place is not None
-        while True:
-            if self.place.slot not in plan.ranks:
-                log.warning(
-                    "%s is not in generation %d (taken for lost: silent past recovery.heartbeat_timeout_s=%s s); "
-                    "waiting as a spare of the step",
-                    self.place.slot,
-                    plan.generation,
-                    self.cfg.recovery.heartbeat_timeout_s,
-                )
-                self.membership.spare_ready()
-                called = self.membership.wait_for_call(plan.generation + 1, tick=self._mark_waiting)
-                if called is None:
-                    return False
-                plan, why = called, "called in"
-                continue
-            again = self.membership.enter(plan, self._recovery_deadline_s())
-            if not again:
-                self.in_step = False
-                self._join(plan, t_fail, why)
-                return True
-            log.warning("generation %d did not form (%s); planning again", plan.generation, again)
-            plan = self._next_generation(plan, replanned=again)
-            why = f"{why}; then {again}"
-
-    def _join(self, plan: Plan, t_fail: float, why: str) -> None:
-        """Form generation ``plan``'s process group, load the state its source rank broadcasts (the same world
-        size: exact; a smaller one: sample-exact, ``_resume_resized``), and rebuild DDP, the data loader and
-        the stop agreement for the new rank and world size."""
-        from dataclasses import replace
-
-        assert self.membership is not None and self.place is not None
-        rank = plan.ranks[self.place.slot]
-        # the source's state, made before this rank's place changes (its world size is the old one)
-        state = self.training_state() if rank == plan.source and self.plan is not None else None
-        was_spare = self.plan is None
-        self.denv = replace(
-            self.denv,
-            rank=rank,
-            world_size=plan.world_size,
-            node_rank=plan.nodes.index(self.place.node),
-            num_nodes=len(plan.nodes),
-        )
-        os.environ.update(self.denv.torch_env())
-        if was_spare:
-            setup_logging(rank)
-            self.progress = progress_recorder()  # judged by the hang watchdog from now on
-            self.progress.mark(0, STARTUP)
-        self.plan = plan
-        init_distributed(
-            self.denv,
-            self.tc.backend,
-            self.tc.pg_timeout_s,
-            store=self.membership.group_store(plan.generation),
-            device=self.device,
-        )
-        box = [state]
-        dist.broadcast_object_list(box, src=plan.source)
-        state = box[0]
-        assert state is not None
-        old_world = self._load_training_state(state)
-        self._place_in_epoch(state, old_world, exact=old_world == self.denv.world_size)
-        self.build_ddp()
-        self.build_loader()
-        self.stop = StepAgreement(self.flag)
-        if dist.get_backend() != "gloo":
-            self.stop.group = dist.new_group(backend="gloo")
-        self.membership.watch(plan)
-        took = time.time() - t_fail
-        log.warning(
-            "in-process recovery, generation %d (%s): rank %d of %d on %s, resuming after step %d from rank %d's "
-            "memory in %.2f s",
-            plan.generation,
-            why,
-            rank,
-            plan.world_size,
-            ",".join(plan.nodes),
-            self.step,
-            plan.source,
-            took,
-        )
-        if self.denv.is_main:
-            b = self.tc.batch_size
-            self.metrics.write(
-                event="resume",
-                step=self.step,
-                restart=self.denv.restart_count,
-                world_size=self.denv.world_size,
-                emergency=False,
-                in_process=True,
-                generation=plan.generation,
-                grad_accum_steps=self.accum,
-                samples_in_epoch=samples_in_epoch(self.epoch_base, self.batch_in_epoch, self.denv.world_size, b),
-            )
-            try:
-                record_recovery(
-                    self.run_dir,
-                    job_id=str(self.denv.job_id),
-                    restart=self.denv.restart_count,
-                    attempt=plan.generation - 1,
-                    time=t_fail,
-                    action=IN_PROCESS,
-                    nodes=list(plan.nodes),
-                    bad=list(plan.lost),
-                    spares_used=list(plan.spares_used),
-                    spares_failed=list(plan.spares_failed),
-                    replanned=plan.replanned,
-                    lost_at=t_fail,
-                    lost_step=plan.step,
-                    world_size=plan.world_size,
-                    recovery_s=took,
-                    reason=f"in-process recovery: node {','.join(plan.lost)} lost after step {plan.step}; "
-                    + (
-                        f"spare {','.join(plan.spares_used)} took its ranks"
-                        if plan.spares_used
-                        else f"the {len(plan.nodes)} surviving node(s) go on"
-                    )
-                    + (f"; failed spare(s) left out: {','.join(plan.spares_failed)}" if plan.spares_failed else "")
-                    + (f"; planned again: {plan.replanned}" if plan.replanned else ""),
-                )
-            except OSError as err:
-                log.error("could not record the in-process recovery: %s", err)
-
-    def _slot(self) -> str:
-        return self.place.slot if self.place is not None else str(self.denv.rank)
-
-    def _report_crash(self, e: BaseException) -> None:
-        """In-process recovery: tell the step's store this rank failed of its own (not a lost peer), so the
-        survivors give up instead of calling a spare in for it. A warm spare not yet called in reports a
-        spare failure instead (``Membership.spare_failed``: left out of every plan, no ``crash``), and names
-        itself in the run's metrics (``spare_failed`` event)."""
-        if self.membership is None:
-            return
-        what = f"{type(e).__name__}: {str(e)[:300]}"
-        if self.spare and self.plan is None:
-            self.membership.spare_failed(what)
-            host = self.denv.hostname or socket.gethostname()
-            try:
-                append_jsonl(
-                    self.run_dir / METRICS_NAME,
-                    {"event": "spare_failed", "slot": self._slot(), "host": host, "error": what, "time": time.time()},
-                )
-            except OSError as err:
-                log.error("could not record the spare's failure: %s", err)
-            return
-        self.membership.report_crash(what)
-
-    def _peer_failure(self, e: BaseException) -> PeerFailure:
-        """The ``PeerFailure`` for ``e``, after committing the last completed step alone
-        (``_emergency_save``) and then leaving the step's peer-lost marker (in-job recovery: the batch
-        script stops waiting for a step whose lost node Slurm has not yet marked DOWN)."""
-        message = self._peer_message(e)
-        self._emergency_save(message)
-        host = self.denv.hostname or socket.gethostname()
-        write_peer_lost(os.environ, peer_lost_record(self.denv.rank, host, self.step, message))
-        return PeerFailure(message)
-
-    def _emergency_save(self, why: str) -> str:
-        """After a lost or hung peer, commit the state of the last completed step from this rank alone,
-        so that the next start redoes at most the step that failed (not everything since the last
-        periodic checkpoint). No collective. The first survivor to claim the step writes it
-        (``CheckpointManager.write_once``); the others wait up to ``EMERGENCY_WAIT_S`` for it before they
-        exit (an early non-zero exit makes srun end the step, the writer with it). Skipped without in-job
-        recovery (``JobConfig.in_job_recovery``), before the train loop (nothing loaded yet), when the
-        step is already committed, when this rank saw a NaN/inf loss in the window (``train.nan_check``),
-        and on a rank other than 0 whose buffers are its own (between two steps: DDP's are rank 0's). Called from the main thread after a failed
-        collective, or from the hang saver's thread (``_hang_saver``) while the main thread waits in one.
-        Never raises: a failed save leaves the resume to the newest committed checkpoint, as before.
-        Returns the outcome in a few words (``committed``, why not).
-        """
-        if not self.cfg.in_job_recovery:
-            # A requeued job resumes from its newest periodic checkpoint. Saving here too was tried: a hang
-            # that repeats at the same step then recurs in the resumed job's first step, under the
-            # watchdog's start-up allowance (watchdog.startup_s) instead of a step's, and is found late.
-            return "skipped: no in-job recovery"
-        if not self.at_step_boundary:
-            return "skipped: training had not begun"
-        step = self.step
-        try:
-            if self.tc.nan_check and self.nonfinite is not None and bool(self.nonfinite):
-                log.error("no emergency checkpoint of step %d: the loss was NaN or infinite on this rank", step)
-                return "skipped: NaN/inf loss on this rank"
-            if self.writer is not None:  # a background write (rank 0's) first: two writers never overlap
-                try:
-                    self.writer.wait()
-                except CheckpointError as e:
-                    log.error("%s", e)
-            if any(i.step == step for i in self.ckpt.committed(quiet=True)):
-                log.warning("a peer was lost after step %d, whose checkpoint is committed", step)
-                return f"step {step} already committed"
-            if self.denv.rank != 0 and self.buffer_names and not (self.in_step and self.buffers_kept):
-                # DDP's buffers are rank 0's (broadcast at each forward); between steps this rank holds
-                # its own, updated by its last forward: rank 0, or the newest periodic checkpoint, saves
-                log.warning(
-                    "no emergency checkpoint of step %d from rank %d: its buffers (BatchNorm statistics …) are "
-                    "its own, not rank 0's, between two steps",
-                    step,
-                    self.denv.rank,
-                )
-                return "skipped: this rank's buffers are not rank 0's between two steps"
-            t0 = time.perf_counter()
-            host = self.denv.hostname or socket.gethostname()
-            record = {"rank": self.denv.rank, "host": host, "job_id": str(self.denv.job_id), "why": why[-300:]}
-            saved: List[CheckpointInfo] = []
-
-            def write() -> None:
-                state = self.training_state()
-                if self.in_step and self.buffers_kept:  # the failed step's forward ran
-                    state["model"].update(self.kept_buffers)  # its buffers as the step began
-                saved.append(self.ckpt.save(state, step, world_size=self.denv.world_size, emergency=record))
-
-            wrote, outcome = self.ckpt.write_once(step, write, EMERGENCY_WAIT_S)
-            if not wrote:
-                log.warning("emergency checkpoint of step %d by another survivor: %s", step, outcome or "no answer")
-                return f"by another survivor: {outcome or 'no answer'}"
-            info = saved[0]
-            took = time.perf_counter() - t0
-            log.warning(
-                "emergency checkpoint of step %d committed by rank %d alone after a lost or hung peer (%.1f MB, %.3f s)",
-                step,
-                self.denv.rank,
-                info.size_bytes / 1e6,
-                took,
-            )
-            # this rank may not be rank 0 (whose MetricsWriter alone writes): one line, appended directly
-            append_jsonl(
-                self.run_dir / METRICS_NAME,
-                {
-                    "event": "emergency_checkpoint",
-                    "step": step,
-                    "rank": self.denv.rank,
-                    "host": host,
-                    "duration_s": took,
-                    "time": time.time(),
-                },
-            )
-            return f"committed step {step}"
-        except Exception as e:  # the resume falls back to the newest committed checkpoint
-            log.error("no emergency checkpoint of step %d: %s", step, e)
-            return f"failed: {e}"
-
-    def watchdog_rank(self) -> int:
-        """The rank this process's hang watchdog names in its report: the launch wrapper's, i.e. Slurm's task
-        number (``SLURM_PROCID``). Under in-process recovery it differs from the training rank (a warm spare's
-        is -1, a renumbered survivor's changes); otherwise they are the same."""
-        procid = os.environ.get("SLURM_PROCID", "")
-        return int(procid) if self.place is not None and procid.isdigit() else self.denv.rank
-
-    def _hang_saver(self, done: threading.Event) -> None:
-        """A daemon thread under in-job recovery with the watchdog on: when this rank's watchdog reports a
-        hang (its report appears: ``rundir.hang_report_path``) it is about to end the rank, most likely
-        while the main thread waits in a collective for a hung or stopped peer; the thread commits the
-        last completed step alone (``_emergency_save``) and answers the watchdog (``rundir.hangs``: the
-        save before a hung job's ranks end), which waits for that before it kills the rank. Looks every
-        0.5 s (a ``stat``) until ``done``."""
-        job_id, restart, rank = str(self.denv.job_id), self.denv.restart_count, self.watchdog_rank()
-        report = hang_report_path(self.run_dir, job_id, restart, rank)
-        while not done.wait(0.5):
-            if report.exists():
-                break
-        else:
-            return
-        try:
-            start_hang_save(self.run_dir, job_id, restart, rank)
-        except OSError as e:
-            log.error("cannot answer the hang watchdog in %s: %s", report.parent, e)
-            return
-        host = self.denv.hostname or socket.gethostname()
-        outcome = self._emergency_save(f"rank {rank} on {host}: its hang watchdog ends it after step {self.step}")
-        end_hang_save(self.run_dir, job_id, restart, rank, outcome)
-
-    def _peer_message(self, e: BaseException) -> str:
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        return (
-            f"rank {self.denv.rank} on {self.denv.hostname or socket.gethostname()}: a peer rank stopped "
-            f"responding or died (no answer within train.pg_timeout_s={self.tc.pg_timeout_s} s, or its "
-            f"connection closed) at step {self.step}; see the other ranks' logs for the cause. ({first[:300]})"
-        )
-
-
-class _StandbyEnded(Exception):
-    """A rank taken for lost that waited as a spare until the step ended (exit 0: it failed nothing)."""
 
 
 def gather_rank_digests(mine: Tuple[int, str], device: torch.device) -> List[Tuple[int, str]]:

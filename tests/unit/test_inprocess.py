@@ -305,12 +305,13 @@ def test_a_recovery_given_up_mid_step_keeps_what_the_emergency_save_needs():
     """Issue 52 item 4 (unit: the real-Slurm scenario, the batch host lost under a BatchNorm model, is not
     run): the survivor's failed step had updated its BatchNorm buffers; recovery puts back those of the step's
     start (rank 0's, broadcast by DDP) and, when it is given up, leaves ``in_step``/``buffers_kept`` set, so
-    ``_emergency_save`` commits the step (on main it reset ``in_step`` first, and the save was skipped as "this
+    ``emergency_save`` commits the step (on main it reset ``in_step`` first, and the save was skipped as "this
     rank's buffers are its own")."""
     import torch
 
     from slurm_ddp.env import DistEnv
     from slurm_ddp.progress import DISABLED
+    from slurm_ddp.worker.fault import FaultTolerance
     from slurm_ddp.worker.inprocess import Place
     from slurm_ddp.worker.train import Trainer
 
@@ -336,16 +337,16 @@ def test_a_recovery_given_up_mid_step_keeps_what_the_emergency_save_needs():
     model = torch.nn.BatchNorm1d(3)
     t.cfg, t.tc, t.model, t.step = cfg, cfg.train, model, 11
     t.denv = DistEnv(1, 0, 2, 1, 2, 1, "n1", 29500, "5", "n2", 0)
-    t.place = Place("n2", 0, False, ("n1", "n2"), ("n3",), 1)
-    t.plan, t.membership, t.progress = first_plan(["n1", "n2"], 1), GivesUp(), DISABLED
+    ft = t.fault = FaultTolerance(t, Place("n2", 0, False, ("n1", "n2"), ("n3",), 1))
+    ft.plan, ft.membership, t.progress = first_plan(["n1", "n2"], 1), GivesUp(), DISABLED
     t.stop = type("Stop", (), {"group": None})()
-    t.kept_buffers = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("running")}
-    t.in_step, t.buffers_kept = True, True
+    ft.kept_buffers = {k: v.clone() for k, v in model.state_dict().items() if k.startswith("running")}
+    ft.in_step, ft.buffers_kept = True, True
     with torch.no_grad():
         model.running_mean.add_(1.0)  # the failed step's forward
-    assert not t._recover_in_process(RuntimeError("Connection closed by peer"))
-    assert t.in_step and t.buffers_kept  # the emergency save's "the buffers are the step's start"
-    assert torch.equal(model.running_mean, t.kept_buffers["running_mean"])
+    assert not ft.recover_in_process(RuntimeError("Connection closed by peer"))
+    assert ft.in_step and ft.buffers_kept  # the emergency save's "the buffers are the step's start"
+    assert torch.equal(model.running_mean, ft.kept_buffers["running_mean"])
 
 
 @pytest.mark.parametrize(
@@ -427,16 +428,17 @@ def test_the_hang_saver_of_a_spare_watches_its_slurm_task_s_report(monkeypatch):
     """Issue 52 item 10: the watchdog's report is named by Slurm's task number; a warm spare's training rank
     is -1 (it watched ``rank--1.json``, which never appears)."""
     from slurm_ddp.env import DistEnv
+    from slurm_ddp.worker.fault import FaultTolerance
     from slurm_ddp.worker.inprocess import Place
     from slurm_ddp.worker.train import Trainer
 
     t = Trainer.__new__(Trainer)
     t.denv = DistEnv(-1, 0, 2, -1, 2, 1, "n1", 29500, "5", "n3", 0)
-    t.place = Place("n3", 0, True, ("n1", "n2"), ("n3",), 1)
+    t.fault = FaultTolerance(t, Place("n3", 0, True, ("n1", "n2"), ("n3",), 1))
     monkeypatch.setenv("SLURM_PROCID", "2")
-    assert t.watchdog_rank() == 2
-    t.place = None
-    assert t.watchdog_rank() == -1
+    assert t.fault.watchdog_rank() == 2
+    t.fault.place = None
+    assert t.fault.watchdog_rank() == -1
 
 
 def test_the_store_is_read_in_few_requests_and_missing_keys_are_left_out():
