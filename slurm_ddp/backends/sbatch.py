@@ -19,7 +19,7 @@ import shutil
 import subprocess
 import time
 from datetime import datetime
-from typing import Callable, Mapping, Optional, Sequence, Tuple
+from typing import Callable, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ClusterError, UserError
 from ..rundir import (
@@ -138,6 +138,47 @@ def adopt_lost_job(
     return JobIdentity(prev.job_id or jid, prev.cluster, prev.user, prev.job_name, prev.job_dir, prev.time), jid
 
 
+def refuse_beside_lost_job(
+    run_dir: str,
+    backend: str,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    adopt: Callable[[JobIdentity], object] = lambda ident: None,
+) -> List[str]:
+    """Before a submission into ``run_dir`` (sbatch and submitit backends): the job ids it already
+    records, after looking for the job an earlier submit made whose answer was lost
+    (:func:`adopt_lost_job`). Such a job is recorded (``backend``), ``adopt(identity)`` (its id filled in)
+    finishes what that submit left undone (submitit: its pickle), and ``UserError`` refuses a second job; ``ClusterError``
+    when Slurm cannot be asked."""
+    known = [str(j.get("job_id", "")) for j in read_jobs(run_dir)]
+    adopted = adopt_lost_job(run_dir, known, run)
+    if adopted is None:
+        return known
+    ident, jid = adopted
+    adopt(_with_id(ident, jid, ident.cluster))
+    record_job(run_dir, backend=backend, identity=ident, found_after_lost_answer=True)
+    clear_submit_intent(run_dir)
+    raise UserError(
+        f"run directory {run_dir!r} already has job {jid}, made by an earlier submit whose sbatch answer "
+        f"was lost (now recorded); a second job would write the same checkpoints. HINT: watch it with: "
+        f"slurm-ddp status {run_dir}, or cancel it first: slurm-ddp cancel {run_dir}"
+    )
+
+
+def lost_answer_error(lost: str, what: str, why: str) -> ClusterError:
+    """The error of a submission whose answer was lost (``lost``: how) and whose job was not found
+    (``why``: why Slurm could not be asked, "" when squeue answered without it)."""
+    looked = f"Slurm could not be asked whether it made one ({why})" if why else "squeue shows no such job"
+    return ClusterError(
+        f"{lost}: the controller may or may not have made {what}, and {looked}; nothing was recorded. "
+        f"Submit again in a minute: submit looks for that job first and does not make a second one"
+    )
+
+
+def found_note(lost: str, job_id: str) -> str:
+    """What the user is told when the job a lost answer made was found (one wording, both backends)."""
+    return f"{lost}; found the job it made: {job_id} (not submitted twice)"
+
+
 def submit_once(
     argv: Sequence[str],
     ident: JobIdentity,
@@ -176,12 +217,8 @@ def submit_once(
     if lost:
         jid, why = find_lost_job(ident, known, run)
         if jid is None:
-            looked = f"Slurm could not be asked whether it made one ({why})" if why else "squeue shows no such job"
-            raise ClusterError(
-                f"{lost}: the controller may or may not have made {what}, and {looked}; nothing was recorded. "
-                f"Submit again in a minute: submit looks for that job first and does not make a second one"
-            )
-        return jid, _with_id(ident, jid, ident.cluster), f"{lost}; found the job it made: {jid} (not submitted twice)"
+            raise lost_answer_error(lost, what, why)
+        return jid, _with_id(ident, jid, ident.cluster), found_note(lost, jid)
     assert proc is not None
     answer = proc.stdout.strip().split(";")
     job_id = answer[0].strip()
@@ -216,17 +253,7 @@ def schedule(
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
-    known = [str(j.get("job_id", "")) for j in read_jobs(plan.run_dir)]
-    adopted = adopt_lost_job(plan.run_dir, known, run)
-    if adopted is not None:
-        ident, jid = adopted
-        record_job(plan.run_dir, backend="sbatch", identity=ident, found_after_lost_answer=True)
-        clear_submit_intent(plan.run_dir)
-        raise UserError(
-            f"run directory {plan.run_dir!r} already has job {jid}, made by an earlier submit whose sbatch answer "
-            f"was lost (now recorded); a second job would write the same checkpoints. HINT: watch it with: "
-            f"slurm-ddp status {plan.run_dir}, or cancel it first: slurm-ddp cancel {plan.run_dir}"
-        )
+    known = refuse_beside_lost_job(plan.run_dir, "sbatch", run)
     prepare_run_dir(plan)
     env = submit_environ(os.environ, keep=plan.cfg.environment.pass_env, submit_dir=plan.run_dir)
     ident = identity_for(plan.run_dir, script_job_name(plan.rendered.script))

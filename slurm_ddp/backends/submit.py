@@ -398,7 +398,7 @@ def submit_run(cfg: JobConfig, request: SubmitRequest, *, report: Reporter, back
     if backend == "submitit":
         from .submitit_backend import schedule as submitit_schedule
 
-        job_id = submitit_schedule(plan)
+        job_id = submitit_schedule(plan, warn=report.warn)
         report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(f"submitted job {job_id} through submitit; run directory {plan.run_dir}\n")
         return Submitted(plan.run_dir, backend, sweep=False, job_id=job_id)

@@ -37,10 +37,12 @@ from ..render import sbatch_options, setup_lines
 from ..rundir import (
     SUBMITIT_DIR,
     RequeueDecision,
+    clear_submit_intent,
     decide_requeue_here,
     mark_command_finished,
     private_dir,
     record_job,
+    record_submit_intent,
     requeue_job,
     requeue_target,
 )
@@ -284,6 +286,12 @@ def without_caller_job(keep: Sequence[str] = ()) -> Iterator[None]:
         os.environ.update(saved)
 
 
+class AnswerLost(ClusterError):
+    """sbatch, run by submitit, failed with one of the controller's transient errors
+    (``ops.slurm.TRANSIENT_ERRORS``): the controller may have made the job and lost only its reply.
+    ``str()``: how the answer was lost."""
+
+
 @contextlib.contextmanager
 def submitting(what: str, keep: Sequence[str] = ()) -> Iterator[None]:
     """Around ``executor.submit``/``executor.batch()``: sbatch runs without the caller's job
@@ -295,12 +303,20 @@ def submitting(what: str, keep: Sequence[str] = ()) -> Iterator[None]:
     passed on."""
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
+    from ..ops.slurm import transient
+
     held = io.StringIO()
     try:
         with contextlib.redirect_stderr(held), without_caller_job(keep):
             yield
     except FailedJobError as e:
         cause = e.__cause__
+        if isinstance(cause, subprocess.CalledProcessError) and transient(
+            subprocess.CompletedProcess(cause.cmd, cause.returncode, str(cause.output or ""), str(cause.stderr or ""))
+        ):
+            raise AnswerLost(
+                f"sbatch failed with a transient error ({_last_line(str(cause.stderr or cause.output or ''))})"
+            ) from None
         status = f"exit {cause.returncode}" if isinstance(cause, subprocess.CalledProcessError) else "no job"
         raise ClusterError(f"sbatch refused {what} ({status}): {_last_line(str(e))}") from None
     except FailedSubmissionError as e:
@@ -363,11 +379,30 @@ def describe(plan: SubmitPlan) -> str:
     return "\n".join(head) + "\n" + body + ("" if body.endswith("\n") else "\n")
 
 
-def schedule(plan: SubmitPlan) -> str:
+def schedule(
+    plan: SubmitPlan,
+    warn: Callable[[str], None] = lambda line: None,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> str:
     """Submit through ``submitit.SlurmExecutor``; returns the job id. Raises ``UserError`` (no
-    submitit, a config submitit cannot run) and ``ClusterError`` (no sbatch or srun here, sbatch
-    refused: ``submitting``)."""
+    submitit, a config submitit cannot run, an earlier submit's lost answer left a job here) and
+    ``ClusterError`` (no sbatch or srun here, sbatch refused: ``submitting``; its answer was lost and
+    the job cannot be found).
+
+    A lost answer never makes a second job, as with the sbatch backend (``sbatch.submit_once``): the
+    intent is written first; when sbatch fails with a transient controller error the job is looked for
+    (``sbatch.find_lost_job``, ``run``: the squeue runner) and, found, recorded and given the callable
+    submitit did not get to move into its folder (:func:`adopt_submission_files`); ``warn`` gets the line
+    that says so."""
+    from .sbatch import find_lost_job, found_note, lost_answer_error, refuse_beside_lost_job
+
     executor = _executor(plan)
+    known = refuse_beside_lost_job(
+        plan.run_dir,
+        "submitit",
+        run,
+        adopt=lambda ident: adopt_submission_files(executor.folder, ident.job_id, since=ident.time),
+    )
     rd = prepare_run_dir(plan)
     # its batch script exports environment.env, its pickles hold the config (rundir.PRIVATE_DIRS)
     private_dir(rd / SUBMITIT_DIR, plan.cfg.environment.run_dir_mode)
@@ -376,7 +411,54 @@ def schedule(plan: SubmitPlan) -> str:
     from .sbatch import identity_for
 
     ident = identity_for(plan.run_dir, str(executor.parameters.get("job_name", "")))  # its StdOut: RUN_DIR/submitit
-    with submitting("the job", keep=plan.cfg.environment.pass_env):
-        job = executor.submit(callable_)
-    record_job(plan.run_dir, backend="submitit", identity=dataclasses.replace(ident, job_id=str(job.job_id)))
-    return str(job.job_id)
+    record_submit_intent(plan.run_dir, ident)  # as the sbatch backend's submit_once
+    note = ""
+    try:
+        with submitting("the job", keep=plan.cfg.environment.pass_env):
+            job_id = str(executor.submit(callable_).job_id)
+    except AnswerLost as e:
+        found, why = find_lost_job(ident, known, run)
+        if found is None:
+            raise lost_answer_error(str(e), "the job", why) from None  # the intent stays: the next submit looks
+        job_id, note = found, found_note(str(e), found)
+        adopt_submission_files(executor.folder, job_id, since=ident.time)
+    except BaseException:
+        clear_submit_intent(plan.run_dir)
+        raise
+    record_job(
+        plan.run_dir,
+        backend="submitit",
+        identity=dataclasses.replace(ident, job_id=job_id),
+        **({"found_after_lost_answer": True} if note else {}),
+    )
+    clear_submit_intent(plan.run_dir)
+    if note:
+        warn(note)
+    return job_id
+
+
+def adopt_submission_files(folder: Any, job_id: str, since: float) -> List[str]:
+    """After sbatch's answer was lost but its job found: do what ``submitit.Executor.submit`` does once
+    sbatch answers and did not get to, so that the job finds its callable (submitit's job waits 60 s for
+    it, ``submitit.core.submission.process_job``): the newest pickle and submission file submitit wrote
+    into ``folder``'s id-independent directory since ``since`` (epoch s, less ``sbatch.CLOCK_SLACK_S``)
+    moved to the job's paths (``submitit.core.utils.JobPaths``: ``%j_submitted.pkl``, ``%j_submission.sh``).
+    Returns the moved files' new paths ([] when submitit left none)."""
+    from submitit.core.utils import JobPaths
+
+    from .sbatch import CLOCK_SLACK_S
+
+    base = JobPaths.get_first_id_independent_folder(folder)
+    paths = JobPaths(folder, job_id=job_id)
+    moved: List[str] = []
+    for pattern, name in (("*.pkl", "submitted_pickle"), (".submission_file_*.sh", "submission_file")):
+        left = [
+            p
+            for p in base.glob(pattern)
+            if p.is_file() and not p.is_symlink() and p.stat().st_mtime >= since - CLOCK_SLACK_S
+        ]
+        if left:
+            newest = max(left, key=lambda p: p.stat().st_mtime)
+            paths.move_temporary_file(newest, name)
+            moved.append(str(getattr(paths, name)))
+    return moved

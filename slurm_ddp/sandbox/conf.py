@@ -106,7 +106,10 @@ class SandboxConf(SandboxLayout):
         self.gpu_dir.mkdir(parents=True)
         for k in range(self.gpus_per_node):
             try:
-                os.mknod(self.gpu_dir / f"nvidia{k}", 0o600 | stat.S_IFCHR, os.makedev(195, k))
+                # crw-rw-rw-, as the NVIDIA driver makes /dev/nvidiaN: any user's job may open what the
+                # devices cgroup lets through (ConstrainDevices decides, not the mode)
+                os.mknod(self.gpu_dir / f"nvidia{k}", 0o666 | stat.S_IFCHR, os.makedev(195, k))
+                os.chmod(self.gpu_dir / f"nvidia{k}", 0o666)  # mknod's mode is masked by the umask
             except OSError as e:
                 raise SandboxUnavailable(f"cannot make the emulated GPU device {self.gpu_dir}/nvidia{k}: {e}") from None
         files = (

@@ -216,10 +216,13 @@ def test_submit_test_only_asks_the_real_controller(slurm_sandbox, cli, tmp_path:
     assert out == f"no runs under {tmp_path}\n"
 
 
-def test_a_lost_sbatch_answer_is_found_not_submitted_twice(slurm_sandbox, tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["sbatch", "submitit"])
+def test_a_lost_sbatch_answer_is_found_not_submitted_twice(slurm_sandbox, tmp_path: Path, backend: str) -> None:
     """sbatch makes the job but its answer is lost (here: a wrapper that submits the job held, then
     says "Socket timed out" as sbatch does when the controller's reply never came): ``submit`` finds
-    the job by user, name and run directory in the real squeue, records it and submits nothing more."""
+    the job by user, name and run directory in the real squeue, records it and submits nothing more.
+    Through submitit (which runs sbatch itself) the found job also gets the callable submitit did not
+    get to move into its folder: released, it trains."""
     import os
     import shutil
 
@@ -234,19 +237,28 @@ def test_a_lost_sbatch_answer_is_found_not_submitted_twice(slurm_sandbox, tmp_pa
     (wrapper / "sbatch").chmod(0o755)
     run_dir = tmp_path / "run"
     env = {**os.environ, "PATH": f"{wrapper}:{os.environ.get('PATH', '')}"}
-    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", "sbatch", "--run-dir", str(run_dir)]
+    cmd = [sys.executable, "-m", "slurm_ddp", "submit", str(JOB), "--backend", backend, "--run-dir", str(run_dir)]
     cmd += ["--no-check-task", "--set", "slurm.nodes=1", "--set", "slurm.tasks_per_node=1"]
+    cmd += ["--set", "train.max_steps=100000", "--set", "train.log_every=10"]
     r = slurm_sandbox.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     found = re.search(r"found the job it made: (\d+) \(not submitted twice\)", r.stderr)
-    ids = slurm_sandbox.run(["squeue", "-h", "--name=digits", "-o", "%i %Z"], capture_output=True, text=True).stdout
-    mine = [ln.split()[0] for ln in ids.splitlines() if ln.split()[1:] == [str(run_dir)]]
+    ids = slurm_sandbox.run(["squeue", "-h", "--name=digits", "-o", "%i %Z %o"], capture_output=True, text=True).stdout
+    # the sbatch backend submits from the run directory; submitit from here, its script in RUN_DIR/submitit
+    mine = [ln.split()[0] for ln in ids.splitlines() if any(w.startswith(str(run_dir)) for w in ln.split()[1:])]
     try:
         assert r.returncode == 0 and found, r.stdout + r.stderr
         assert mine == [found.group(1)], ids  # one job, the one found
-        assert f"submitted job {found.group(1)}; run directory {run_dir}" in r.stdout
+        assert f"submitted job {found.group(1)}" in r.stdout and f"run directory {run_dir}" in r.stdout, r.stdout
         rec = json.loads((run_dir / "jobs.jsonl").read_text().splitlines()[-1])
         assert rec["job_id"] == found.group(1) and rec["found_after_lost_answer"] is True
+        assert rec["backend"] == backend
         assert not (run_dir / "submitting.json").exists()
+        if backend == "submitit":
+            jid = found.group(1)
+            assert (run_dir / "submitit" / jid / f"{jid}_submitted.pkl").is_file()
+            slurm_sandbox.run(["scontrol", "release", jid], capture_output=True, timeout=20, check=True)
+            logs = lambda: "\n".join(p.read_text()[-2000:] for p in sorted(run_dir.glob("**/*.err")))  # noqa: E731
+            wait_for(lambda: events(run_dir, "train"), 120, "the found job's first logged step", logs)
     finally:
         for jid in mine:
             slurm_sandbox.run(["scancel", jid], capture_output=True, timeout=20)

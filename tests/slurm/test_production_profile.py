@@ -16,7 +16,7 @@ do not share; ``SlurmdTimeout=10`` for the lost node):
   requeue and the resume at the exact step; then its node lost and the job requeued onto the other node,
   resumed from the newest periodic checkpoint; CPU binding by Slurm's masks, and its memory limit as the
   cgroup holds it;
-* a rank's GPU identity under ConstrainDevices.
+* a rank's GPU identity under ConstrainDevices, in a job of the job user's.
 """
 
 from __future__ import annotations
@@ -124,14 +124,6 @@ def production_sandbox(production: Production) -> SlurmSandbox:
 @pytest.fixture(scope="module")
 def job_user(production: Production) -> JobUser:
     return production.job_user
-
-
-@pytest.fixture
-def run_dir(production_sandbox: SlurmSandbox, request: pytest.FixtureRequest) -> Path:
-    """A run directory the production sandbox's jobs can reach (beside the sandbox, outside /tmp)."""
-    d = production_sandbox.root.parent / "runs" / re.sub(r"\W", "_", request.node.name)
-    d.parent.mkdir(parents=True, exist_ok=True)
-    return d
 
 
 def job_processes(sandbox: SlurmSandbox, node: str) -> Dict[int, Tuple[str, str]]:
@@ -351,7 +343,8 @@ def test_digits_time_limit_signal_preemption_and_node_loss_resume(
 
 
 # Each rank: what slurm_ddp decides (python -m slurm_ddp.devices' record) and which emulated GPU the devices
-# cgroup lets it open (ENXIO: allowed, a placeholder without a driver; EPERM: denied), as one JSON line.
+# cgroup lets it open (ENXIO: allowed, a placeholder without a driver; EPERM: denied; anything else, e.g. the
+# job user's EACCES, fails the probe), as one JSON line.
 GPU_IDENTITY = """
 import errno, json, os, sys
 from slurm_ddp.devices import probe_record, read_devices_constrained
@@ -363,17 +356,23 @@ for k in (0, 1):
     except OSError as e:
         if e.errno == errno.EPERM:
             continue
+        if e.errno != errno.ENXIO:
+            raise
     allowed.append(str(k))
 print("GPU-IDENTITY " + json.dumps({**record, "allowed": allowed}, sort_keys=True), flush=True)
 """
 
 
-def test_gpu_identity_under_constrain_devices(production_sandbox: SlurmSandbox, run_dir: Path) -> None:
-    """``--gpus-per-task=1`` on 2 tasks of one node under ConstrainDevices: Slurm renumbers both
-    CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS to 0; each rank still names the GPU the devices cgroup lets it
-    open (the per_task binding over SLURM_JOB_GPUS of the batch host), never rank 1 as GPU 0."""
-    probe = run_dir.parent / "gpu_identity.py"
+def test_gpu_identity_under_constrain_devices(
+    production_sandbox: SlurmSandbox, job_user: JobUser, request: pytest.FixtureRequest
+) -> None:
+    """``--gpus-per-task=1`` on 2 tasks of one node under ConstrainDevices, submitted by the job user: Slurm
+    renumbers both CUDA_VISIBLE_DEVICES and SLURM_STEP_GPUS to 0; each rank still names the GPU the devices
+    cgroup lets it open (the per_task binding over SLURM_JOB_GPUS of the batch host), never rank 1 as GPU 0."""
+    run_dir = job_user.run_dir(request)
+    probe = job_user.user.home / "gpu_identity.py"
     probe.write_text(GPU_IDENTITY)
+    probe.chmod(0o644)
     job = submit_own_script(
         production_sandbox,
         run_dir,
@@ -381,7 +380,9 @@ def test_gpu_identity_under_constrain_devices(production_sandbox: SlurmSandbox, 
         "slurm.tasks_per_node=2",
         "slurm.gpus_per_task=1",
         f"train.command=[python, {probe}, {production_sandbox.gpu_dir}]",
+        as_user=job_user,
     )
+    assert job.show()["UserId"].startswith(f"{job_user.user.name}("), job.show()
     assert job.wait_ended(timeout_s=120) == "COMPLETED", job.diag()
     records = {}
     for rank in (0, 1):

@@ -362,3 +362,40 @@ def test_status_says_when_a_submit_lost_its_answer(tmp_path, slurm, capsys):  # 
     rc, out, err = cli(["status", str(rd), "--json"], capsys)
     st = json.loads(out)
     assert st["state"] == "NOT SUBMITTED" and "lost sbatch's answer (submitting.json)" in st["notes"][-1], st
+
+
+def test_submitit_s_lost_answer_job_gets_its_callable_and_the_next_submit_refuses_a_second(tmp_path, monkeypatch):
+    """submitit moves its pickle into the job's folder only once sbatch answered: a job found after a lost
+    answer gets it moved (``adopt_submission_files``), at submit or at the next submit
+    (``refuse_beside_lost_job``), which records the job and refuses a second one."""
+    import os
+
+    from slurm_ddp.backends import submitit_backend
+
+    monkeypatch.setattr(ops_slurm, "RETRY", ops_slurm.RetryPolicy(sleep=lambda s: None))
+    d = tmp_path / "run"
+    base = d / "submitit"
+    base.mkdir(parents=True)
+    stale = base / ("a" * 32 + ".pkl")  # a refused submit's, long before the intent
+    stale.write_bytes(b"old")
+    os.utime(stale, (1000.0, 1000.0))
+    pickle = base / ("b" * 32 + ".pkl")
+    pickle.write_bytes(b"callable")
+    script = base / (".submission_file_" + "c" * 32 + ".sh")
+    script.write_text("#!/bin/bash\n")
+    since = pickle.stat().st_mtime - 1
+    intent = rundir.JobIdentity("", cluster="", user="ann", job_name="digits", job_dir=str(d), time=since)
+    rundir.record_submit_intent(d, intent)
+    run = Runner(proc(0, squeue_line("60", "PENDING", d / "submitit", user="ann")))
+    moved: List[List[str]] = []
+    adopt = lambda ident: moved.append(  # noqa: E731
+        submitit_backend.adopt_submission_files(str(base / "%j"), ident.job_id, since=ident.time)
+    )
+    with pytest.raises(sbatch_backend.UserError, match="already has job 60, made by an earlier submit whose sbatch"):
+        sbatch_backend.refuse_beside_lost_job(str(d), "submitit", run, adopt=adopt)
+    assert moved == [[str(base / "60" / "60_submitted.pkl"), str(base / "60" / "60_submission.sh")]]
+    assert (base / "60" / "60_submitted.pkl").read_bytes() == b"callable" and stale.exists()
+    assert rundir.read_jobs(d)[-1]["job_id"] == "60" and rundir.read_jobs(d)[-1]["backend"] == "submitit"
+    assert rundir.read_submit_intent(d) is None
+    # no intent: nothing asked, the ids recorded returned
+    assert sbatch_backend.refuse_beside_lost_job(str(d), "submitit", Runner()) == ["60"]
