@@ -28,12 +28,9 @@ decision has a unit test with a fake step and a fake clock (``tests/unit/test_su
 ``render`` decided for this job: the srun words, the recovery settings) comes as one JSON document on stdin
 (:class:`JobPlan`), written into the script by ``render``.
 
-The local backend runs this same supervisor in its launcher process (``backends.local.schedule``): its
-step is the ranks it starts on this machine (``backends.local.LocalRanksStarter``), its rendezvous a port
-reserved here, it cannot requeue, and its end record is a :class:`~slurm_ddp.rundir.LocalEnd` (``by:
-"local"``) said on the terminal; the after-step rules (finished, the requeue rule, a hang, a ``train.command``
-run's ``FINISHED``, the end record) are this module's for both. The submitit backend keeps rank 0's decision
-(submitit owns its batch script).
+The local backend runs this supervisor too (``by="local"``, ``backends.local.schedule``; its step the ranks
+of ``backends.local.LocalRanksStarter``); the submitit backend keeps rank 0's decision (submitit owns its batch
+script). docs/development.md, "A job's start, step by step", says what differs.
 
 Why over 600 lines: it is the one owner of a job start on the batch host: the plan ``render`` writes, the
 step interface and the loop over steps are one protocol, kept in one place (the rules it applies are pure
@@ -325,14 +322,17 @@ class SystemClock:
 
 @dataclass
 class Edges:
-    """What the supervisor asks the cluster (replaced by fakes in unit tests)."""
+    """What the supervisor asks the cluster (replaced by fakes in unit tests); the defaults: no cluster to
+    ask (the local backend's, and an end replayed by :func:`finish_start`)."""
 
-    job_nodes: Callable[[str], List[str]]  #: the nodes the job holds now (``scontrol show job``)
-    give_back: Callable[[str, Sequence[str]], Tuple[bool, str]]  #: shrink the job to ``keep``
+    job_nodes: Callable[[str], List[str]] = lambda job_id: []  #: the nodes the job holds now (``scontrol show job``)
+    #: shrink the job to ``keep``: (done, why not)
+    give_back: Callable[[str, Sequence[str]], Tuple[bool, str]] = lambda job_id, keep: (False, "no Slurm job")
     #: the evidence after a failed step (``rundir.recovery.gather_evidence``'s arguments)
-    gather: Callable[..., Any]
-    requeue: Callable[[str, Optional[str], logging.Logger], None]  #: ``scontrol requeue`` + ExcNodeList
-    can_requeue: Callable[[], bool]  #: ``scontrol`` is on PATH
+    gather: Callable[..., Any] = lambda *a, **k: None
+    #: ``scontrol requeue`` + ExcNodeList
+    requeue: Callable[[str, Optional[str], logging.Logger], None] = lambda target, exclude, log: None
+    can_requeue: Callable[[], bool] = lambda: False  #: ``scontrol`` is on PATH
     #: ``(MASTER_ADDR, MASTER_PORT)`` for the step's environment; None: :func:`slurm_ddp.rendezvous.choose`
     rendezvous: Optional[Callable[[Mapping[str, str]], Tuple[str, int]]] = None
 
@@ -876,8 +876,9 @@ class Supervisor:
     # ---- the end
     def finish(self, end: JobEnd) -> int:
         """The requeue rule over ``end``, its log lines and records, the requeue itself; the exit status."""
-        from .rundir import requeue_target
+        from .rundir import ENDS_NAME, record_end, requeue_target
         from .rundir.oom import describe_oom, mem_per_node_mb
+        from .rundir.recovery import NO_PROGRESS_KEY
         from .rundir.requeue import oom_of_start
 
         self.ended = True
@@ -910,34 +911,25 @@ class Supervisor:
         if self.by == "local":
             return self.record_local_end(end, decision, next_words)
         if self.job_id:  # this start's end, for slurm-ddp report
-            self.record_batch_end(end, decision, oom)
+            try:
+                record_end(
+                    self.run_dir,
+                    job_id=self.job_id,
+                    restart=self.restart,
+                    exit_code=end.exit_code,
+                    requeue=decision.requeue,
+                    by="batch",
+                    **({"oom": oom.to_record(mem_per_node_mb(self.env), end.launcher)} if oom else {}),
+                    **({NO_PROGRESS_KEY: self.no_progress} if self.no_progress else {}),
+                )
+            except OSError as e:
+                self.log(f"could not record this start's end in {ENDS_NAME}: {e}")
         if decision.requeue:
             # scontrol requeue ends this process with SIGTERM: ignored from here on, so the exclusion is done first
             # (Slurm takes ExcNodeList only for a pending job; SIGKILL comes KillWait later)
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
             self.edges.requeue(requeue_target(self.env), decision.exclude, self.logger)
         return int(decision.exit_code)
-
-    def record_batch_end(self, end: JobEnd, decision: Any, oom: Any) -> None:
-        """This start's end record (``rundir.ENDS_NAME``, ``by: "batch"``): srun's status, the requeue, an
-        out-of-memory kill, a recovery loop's stop."""
-        from .rundir import ENDS_NAME, record_end
-        from .rundir.oom import mem_per_node_mb
-        from .rundir.recovery import NO_PROGRESS_KEY
-
-        try:
-            record_end(
-                self.run_dir,
-                job_id=self.job_id,
-                restart=self.restart,
-                exit_code=end.exit_code,
-                requeue=decision.requeue,
-                by="batch",
-                **({"oom": oom.to_record(mem_per_node_mb(self.env), end.launcher)} if oom else {}),
-                **({NO_PROGRESS_KEY: self.no_progress} if self.no_progress else {}),
-            )
-        except OSError as e:
-            self.log(f"could not record this start's end in {ENDS_NAME}: {e}")
 
     def record_local_end(self, end: JobEnd, decision: Any, next_words: Optional[str]) -> int:
         """A local start's end: the hang said, the record (``rundir.ENDS_NAME``, ``by: "local"``, a
@@ -1030,11 +1022,7 @@ def finish_start(
     lines: List[str] = []
     requeued: List[Tuple[str, Optional[str]]] = []
     edges = Edges(
-        job_nodes=lambda job_id: [],
-        give_back=lambda job_id, keep: (False, "not asked"),
-        gather=lambda *a, **k: None,
-        requeue=lambda target, exclude, log: requeued.append((target, exclude)),
-        can_requeue=lambda: end.can_requeue,
+        requeue=lambda target, exclude, log: requeued.append((target, exclude)), can_requeue=lambda: end.can_requeue
     )
     plan = JobPlan(
         signal="USR2",

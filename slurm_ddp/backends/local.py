@@ -233,14 +233,7 @@ class LocalRanksStarter:
 
     def edges(self) -> Edges:
         """The supervisor's edges here: no cluster to ask, no ``scontrol``; the rendezvous is :meth:`rendezvous`."""
-        return Edges(
-            job_nodes=lambda job_id: [],
-            give_back=lambda job_id, keep: (False, "the local backend holds no Slurm job"),
-            gather=lambda *a, **k: None,
-            requeue=lambda target, exclude, log: None,
-            can_requeue=lambda: False,
-            rendezvous=self.rendezvous,
-        )
+        return Edges(rendezvous=self.rendezvous)
 
     def rendezvous(self, environ: Mapping[str, str]) -> Tuple[str, int]:
         """``(127.0.0.1, MASTER_PORT)``: a port reserved, not only free now (``rendezvous.reserve_port``): a
