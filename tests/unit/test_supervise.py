@@ -1,7 +1,7 @@
 """The job supervisor (``slurm_ddp.supervise``): every decision with a fake step and a fake clock — a signal
 before the step starts and during it, the peer-lost marker and its grace, a generation change of in-process
-recovery, a failing spare, a crash after a recovery, the time limit, a cancel, the requeue cap — and the
-plan's words as srun's argv."""
+recovery, a failing spare, a crash after a recovery, the time limit, a cancel, the requeue cap — the plan's
+words as srun's argv, and a local backend's start (``by: local``: its end record, what it says)."""
 
 from __future__ import annotations
 
