@@ -231,10 +231,6 @@ class LocalRanksStarter:
             python=self.python,
         )
 
-    def edges(self) -> Edges:
-        """The supervisor's edges here: no cluster to ask, no ``scontrol``; the rendezvous is :meth:`rendezvous`."""
-        return Edges(rendezvous=self.rendezvous)
-
     def rendezvous(self, environ: Mapping[str, str]) -> Tuple[str, int]:
         """``(127.0.0.1, MASTER_PORT)``: a port reserved, not only free now (``rendezvous.reserve_port``): a
         concurrent launch here (a sweep's other element) cannot take it; held until :meth:`release`."""
@@ -547,7 +543,7 @@ def schedule(
             starter.job_plan(),
             environ={"SLURM_JOB_ID": starter.job_id, "SLURM_RESTART_COUNT": str(starter.restart)},
             starter=starter,
-            edges=starter.edges(),
+            edges=Edges(rendezvous=starter.rendezvous),  # no cluster to ask, no scontrol
             clock=SystemClock(),
             out=_debug,
             host="localhost",
