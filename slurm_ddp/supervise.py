@@ -28,8 +28,9 @@ decision has a unit test with a fake step and a fake clock (``tests/unit/test_su
 ``render`` decided for this job: the srun words, the recovery settings) comes as one JSON document on stdin
 (:class:`JobPlan`), written into the script by ``render``.
 
-The submitit backend keeps rank 0's decision (submitit owns its batch script); the local backend's ranks
-are started by ``backends.local``.
+The local backend runs this supervisor too (``by="local"``, ``backends.local.schedule``; its step the ranks
+of ``backends.local.LocalRanksStarter``); the submitit backend keeps rank 0's decision (submitit owns its batch
+script). docs/development.md, "A job's start, step by step", says what differs.
 
 Why over 600 lines: it is the one owner of a job start on the batch host: the plan ``render`` writes, the
 step interface and the loop over steps are one protocol, kept in one place (the rules it applies are pure
@@ -255,7 +256,9 @@ def expand_word(word: str, values: Mapping[str, str]) -> List[str]:
 
 # --------------------------------------------------------------------------- the step interface
 class Step(Protocol):
-    """A started training step."""
+    """A started training step. A step that starts each rank itself (the local backend's) also knows which
+    rank failed first and what cancelled it: ``outcome`` (:class:`RanksOutcome`), read once it ended; srun's
+    status tells neither (no ``outcome``, or None)."""
 
     pid: int
 
@@ -267,7 +270,8 @@ class Step(Protocol):
 
 
 class StepStarter(Protocol):
-    """Starts a training step; :class:`SrunStarter` on Slurm."""
+    """Starts a training step: :class:`SrunStarter` on Slurm (``argv`` is srun's), the local backend's ranks
+    (``backends.local.LocalRanksStarter``, which builds each rank's command itself)."""
 
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Step: ...
 
@@ -318,14 +322,19 @@ class SystemClock:
 
 @dataclass
 class Edges:
-    """What the supervisor asks the cluster (replaced by fakes in unit tests)."""
+    """What the supervisor asks the cluster (replaced by fakes in unit tests); the defaults: no cluster to
+    ask (the local backend's, and an end replayed by :func:`finish_start`)."""
 
-    job_nodes: Callable[[str], List[str]]  #: the nodes the job holds now (``scontrol show job``)
-    give_back: Callable[[str, Sequence[str]], Tuple[bool, str]]  #: shrink the job to ``keep``
+    job_nodes: Callable[[str], List[str]] = lambda job_id: []  #: the nodes the job holds now (``scontrol show job``)
+    #: shrink the job to ``keep``: (done, why not)
+    give_back: Callable[[str, Sequence[str]], Tuple[bool, str]] = lambda job_id, keep: (False, "no Slurm job")
     #: the evidence after a failed step (``rundir.recovery.gather_evidence``'s arguments)
-    gather: Callable[..., Any]
-    requeue: Callable[[str, Optional[str], logging.Logger], None]  #: ``scontrol requeue`` + ExcNodeList
-    can_requeue: Callable[[], bool]  #: ``scontrol`` is on PATH
+    gather: Callable[..., Any] = lambda *a, **k: None
+    #: ``scontrol requeue`` + ExcNodeList
+    requeue: Callable[[str, Optional[str], logging.Logger], None] = lambda target, exclude, log: None
+    can_requeue: Callable[[], bool] = lambda: False  #: ``scontrol`` is on PATH
+    #: ``(MASTER_ADDR, MASTER_PORT)`` for the step's environment; None: :func:`slurm_ddp.rendezvous.choose`
+    rendezvous: Optional[Callable[[Mapping[str, str]], Tuple[str, int]]] = None
 
 
 def real_edges() -> Edges:
@@ -360,6 +369,17 @@ class StepFacts:
 
 
 @dataclass(frozen=True)
+class RanksOutcome:
+    """What a step that starts each rank itself (the local backend's) knows beyond its status."""
+
+    #: ``(rank, Popen.returncode)`` of the first rank that failed on its own (not of a stop signal passed on)
+    failed: Optional[Tuple[int, int]] = None
+    #: the signal that told the launcher to stop (``SIGINT``, or ``SIGTERM`` when it is not the requeue
+    #: signal), when it came before any rank failed
+    cancelled: Optional[str] = None
+
+
+@dataclass(frozen=True)
 class JobEnd:
     """How this start's last step ended, for the requeue rule (:func:`decide_end`)."""
 
@@ -371,6 +391,7 @@ class JobEnd:
     command_mode: bool
     launcher: str
     lost_nodes: Tuple[str, ...] = ()  #: in-job recovery: bad nodes it could not replace (``requeue``)
+    ranks: Optional[RanksOutcome] = None  #: the step's :class:`RanksOutcome`, when it knows one
 
 
 # --------------------------------------------------------------------------- the supervisor
@@ -388,7 +409,13 @@ class Supervisor:
         clock: Clock,
         out: Callable[[str], None],
         host: Optional[str] = None,
+        by: str = "batch",
+        say: Optional[Callable[[str], None]] = None,
     ):
+        """``out``: the log (the batch log's lines, newline-ended); ``say``: the lines for the user (the local
+        launcher's terminal, one line each without a newline; None: the log); ``by``: who runs it, the end
+        record's ``by`` (``batch``: a :func:`~slurm_ddp.rundir.record_end` record, ``scontrol`` wanted;
+        ``local``: a :class:`~slurm_ddp.rundir.LocalEnd`, said on the terminal)."""
         self.run_dir = run_dir
         self.plan = plan
         self.env = dict(environ)
@@ -396,6 +423,8 @@ class Supervisor:
         self.edges = edges
         self.clock = clock
         self.out = out
+        self.by = by
+        self.say = say
         self.host = host or self.env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
         self.job_id = self.env.get("SLURM_JOB_ID", "")
         restart_text = self.env.get("SLURM_RESTART_COUNT") or "0"
@@ -409,10 +438,19 @@ class Supervisor:
         self.got_signal = False
         self.requeue_sig = _signum(plan.signal)
         self.logger = _batch_logger(self.out, self.job_id)
+        #: the last step's :class:`RanksOutcome` (its ``outcome``), once it ended
+        self.outcome: Optional[RanksOutcome] = None
 
     # ---- logging and signals
     def log(self, text: str) -> None:
-        self.out(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm_ddp[batch {self.job_id or '?'}]: {text}\n")
+        self.out(f"{time.strftime('%Y-%m-%dT%H:%M:%S')} slurm_ddp[{self.by} {self.job_id or '?'}]: {text}\n")
+
+    def tell(self, text: str) -> None:
+        """A line for the user: ``say``'s, else the log's."""
+        if self.say is not None:
+            self.say(text)
+        else:
+            self.log(text)
 
     def on_signal(self, signum: int) -> None:
         """The handler's whole work: remember the signal, pass it on to a running step or queue it."""
@@ -447,13 +485,13 @@ class Supervisor:
                 )
                 return 1
         can_requeue = self.edges.can_requeue()
-        if not can_requeue:
+        if not can_requeue and self.by == "batch":
             self.log(
                 f"WARNING: scontrol is not on PATH on {socket.gethostname()}; this job cannot requeue itself after "
                 f"SIG{self.plan.signal}. Put Slurm's client commands on PATH (environment.setup)."
             )
         if os.path.exists(os.path.join(self.run_dir, FINISHED_NAME)):
-            self.log(f"the run in {self.run_dir} already finished; nothing to do")
+            self.tell(f"the run in {self.run_dir} already finished; nothing to do")
             return 0
         os.makedirs(os.path.join(self.run_dir, LOGS_DIR), exist_ok=True)
         if self.plan.recovery is None:
@@ -470,6 +508,7 @@ class Supervisor:
             command_mode=self.plan.command_mode,
             launcher=self.plan.launcher,
             lost_nodes=lost,
+            ranks=self.outcome,
         )
         return self.finish(end)
 
@@ -493,6 +532,7 @@ class Supervisor:
         """Set ``MASTER_ADDR``/``MASTER_PORT`` in the step's environment; False (logged) when it cannot."""
         from .rendezvous import choose
 
+        rendezvous = self.edges.rendezvous or choose
         env = dict(self.env)
         for k in ("MASTER_ADDR", "MASTER_PORT"):
             env.pop(k, None)
@@ -501,7 +541,7 @@ class Supervisor:
         if addr and not user.get("MASTER_ADDR"):
             env["MASTER_ADDR"] = addr
         try:
-            master_addr, port = choose(env)
+            master_addr, port = rendezvous(env)
         except Exception as e:  # a user's bad MASTER_PORT, a malformed node list
             self.log(f"ERROR: could not choose MASTER_ADDR/MASTER_PORT ({e})")
             return False
@@ -530,6 +570,7 @@ class Supervisor:
         while True:
             rc = step.wait(POLL_S)
             if rc is not None:
+                self.outcome = getattr(step, "outcome", None)
                 return rc
 
     def run_plain(self) -> int:
@@ -853,17 +894,22 @@ class Supervisor:
             )
         self.log(decision.reason)
         oom = None
-        if end.exit_code != 0 and self.job_id:  # a failed step: was it an OOM kill?
+        if end.exit_code != 0 and self.job_id and self.by == "batch":  # a failed step: was it an OOM kill?
             oom = oom_of_start(self.run_dir, self.job_id, end.launcher)
             if oom:
                 self.log(describe_oom(oom, mem_per_node_mb=mem_per_node_mb(self.env), launcher=end.launcher))
-        if end.command_mode and decision.preempted:
+        next_words: Optional[str] = None
+        if end.command_mode and (decision.preempted or self.by == "local"):
             try:  # what the next start (a requeue, or a resubmit) trains from: the run's own (rundir.next_start)
                 from .rundir.handlers import command_facts_here, next_start
 
-                self.log(next_start(command_facts_here(self.run_dir, self.env)).words)
+                next_words = next_start(command_facts_here(self.run_dir, self.env)).words
             except Exception as e:
                 self.log(f"what the next start trains from is unknown ({e})")
+            else:
+                self.log(next_words)
+        if self.by == "local":
+            return self.record_local_end(end, decision, next_words)
         if self.job_id:  # this start's end, for slurm-ddp report
             try:
                 record_end(
@@ -885,15 +931,75 @@ class Supervisor:
             self.edges.requeue(requeue_target(self.env), decision.exclude, self.logger)
         return int(decision.exit_code)
 
+    def record_local_end(self, end: JobEnd, decision: Any, next_words: Optional[str]) -> int:
+        """A local start's end: the hang said, the record (``rundir.ENDS_NAME``, ``by: "local"``, a
+        :class:`~slurm_ddp.rundir.LocalEnd` in Slurm's state names, ``rundir.local_end``'s rule) written, and
+        said unless the launcher said it already (a failed rank, a hang) or the run simply finished. Returns
+        the launcher's exit status: the requeue rule's, but a failed rank's or a hang's own."""
+        from .rundir import (
+            LOGS_DIR,
+            find_hang,
+            is_finished,
+            local_end,
+            marker_is_not_this,
+            rank_log_name,
+            read_preempted,
+            write_local_end,
+        )
+
+        ranks = end.ranks or RanksOutcome()
+        hang = find_hang(self.run_dir, self.job_id, self.restart)
+        if hang is not None:  # the ranks' watchdogs ended them (slurm_ddp.watchdog)
+            self.tell(f"{hang.line()} (logs in {Path(self.run_dir) / LOGS_DIR})")
+        marker = read_preempted(self.run_dir)
+        requeue_signal = f"SIG{self.plan.signal}"
+        failed_log = None
+        if ranks.failed is not None:
+            failed_log = str(Path(self.run_dir) / LOGS_DIR / rank_log_name(ranks.failed[0]))
+        rec = local_end(
+            job_id=self.job_id,
+            restart=self.restart,
+            status=end.exit_code,
+            decision=decision if ranks.failed is None and hang is None else None,
+            requeue_signal=requeue_signal,
+            command=end.command_mode,
+            finished=is_finished(self.run_dir),
+            marker=None if marker_is_not_this(marker, self.job_id, self.restart) else marker,
+            failed=ranks.failed,
+            failed_log=failed_log,
+            hang=hang,
+            cancelled=ranks.cancelled,
+            stopped_by=requeue_signal if end.got_signal else "SIGTERM" if end.got_term else None,
+            next_start=next_words,
+        )
+        try:
+            write_local_end(self.run_dir, rec, end.exit_code)  # one record of this start's end (report, status)
+        except OSError as e:
+            self.tell(f"warning: could not record how the job ended in {self.run_dir}: {e}")
+        said = rec.state == "FAILED" and (ranks.failed is not None or hang is not None)
+        if not said and not (rec.state == "COMPLETED" and end.exit_code == 0):
+            self.tell(f"{rec.state}: {rec.reason}")
+        return rec.exit_code
+
 
 def decide_end(run_dir: str, end: JobEnd, environ: Mapping[str, str]) -> Any:
     """The requeue decision for ``end`` (:func:`slurm_ddp.rundir.decide_requeue_here` over the run's markers);
-    a ``train.command`` run whose ranks all exited 0 unstopped is marked finished first."""
-    from .rundir import decide_requeue_here, mark_command_finished
+    a ``train.command`` run whose ranks all exited 0 unstopped is marked finished first. A rank that failed
+    on its own (``end.ranks.failed``: known where the ranks are started one by one, the local backend; srun's
+    status cannot tell it from a rank ``--kill-on-bad-exit`` ended) is a crash: the rule is not asked."""
+    from .rundir import RequeueDecision, decide_requeue_here, mark_command_finished
 
     if end.command_mode:
         told = end.got_term or end.got_signal
         mark_command_finished(run_dir, exit_code=end.exit_code, environ=environ, told_to_stop=told)
+    if end.ranks is not None and end.ranks.failed is not None:
+        rank, status = end.ranks.failed
+        return RequeueDecision(
+            preempted=False,
+            requeue=False,
+            reason=f"rank {rank} failed first (Popen status {status}): not requeueing",
+            exit_code=end.exit_code,
+        )
     return decide_requeue_here(
         run_dir,
         exit_code=end.exit_code,
@@ -916,11 +1022,7 @@ def finish_start(
     lines: List[str] = []
     requeued: List[Tuple[str, Optional[str]]] = []
     edges = Edges(
-        job_nodes=lambda job_id: [],
-        give_back=lambda job_id, keep: (False, "not asked"),
-        gather=lambda *a, **k: None,
-        requeue=lambda target, exclude, log: requeued.append((target, exclude)),
-        can_requeue=lambda: end.can_requeue,
+        requeue=lambda target, exclude, log: requeued.append((target, exclude)), can_requeue=lambda: end.can_requeue
     )
     plan = JobPlan(
         signal="USR2",

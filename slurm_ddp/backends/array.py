@@ -434,7 +434,7 @@ def _run_local_concurrently(
                         for sig, handler in originals.items():
                             signal.signal(sig, handler)
                         # still blocked: one passed on before the element's launcher catches them
-                        # (backends.local.LocalJob.start, which unblocks them) waits for it, pending,
+                        # (backends.local.LocalRanksStarter.install, which unblocks them) waits for it, pending,
                         # and is not taken by the default action
                         os.setsid()
                         die_with_parent(signal.SIGTERM)

@@ -10,20 +10,24 @@ Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-
 With ``environment.container`` (apptainer, oci) each rank runs inside it (``slurm_ddp.container``):
 the signals go to ``apptainer``/``runc run``, which forward them to the rank.
 
-At the end of each start it records how the start ended (``rundir.ENDS_NAME``, built by
-``rundir.local_end`` after the requeue rule the batch script applies): ``COMPLETED``, ``PREEMPTED``
-(the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C, or SIGTERM that is not the requeue
-signal, before any rank failed) or ``FAILED`` (the first failing rank, its status and log; a hang),
-for ``slurm-ddp status``; a launcher killed with ``kill -9`` records nothing.
+Each start is one run of the job supervisor the batch host runs (``slurm_ddp.supervise.Supervisor``,
+``by: "local"``) with these ranks as its step (:class:`LocalRanksStarter`, :class:`LocalRanks`): the
+finished check, the requeue rule (it cannot requeue here), a hang, a ``train.command`` run's ``FINISHED``
+and the record of how the start ended (``rundir.ENDS_NAME``, ``rundir.local_end``'s rule) are the
+supervisor's: ``COMPLETED``, ``PREEMPTED`` (the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C,
+or SIGTERM that is not the requeue signal, before any rank failed) or ``FAILED`` (the first failing rank,
+its status and log; a hang), for ``slurm-ddp status``; a launcher killed with ``kill -9`` records nothing.
 
 It writes nothing to the terminal itself: rank 0's lines go to the ``echo`` stream and its
 own status lines ("rank 1 exited with status 1; …") to the ``say`` callable, both given by
-``slurm_ddp.cli``. Its signal handler only records the signal; ``LocalJob.wait`` acts on it.
+``slurm_ddp.cli``; the supervisor's log lines go to Python's logging (DEBUG). Its signal handler only
+records the signal; the step's ``wait`` acts on it.
 """
 
 from __future__ import annotations
 
 import collections
+import logging
 import os
 import re
 import signal
@@ -33,7 +37,7 @@ import threading
 import time
 from dataclasses import replace
 from pathlib import Path
-from typing import IO, Callable, Deque, Dict, List, Optional, Protocol, Set, Tuple
+from typing import IO, Callable, Deque, Dict, List, Mapping, Optional, Protocol, Sequence, Set, Tuple
 
 from .. import container
 from ..config import command_argv, env_as_written
@@ -41,29 +45,13 @@ from ..constants import PREEMPTED_EXIT_CODE
 from ..env import synthetic_slurm_env
 from ..errors import UserError
 from ..rendezvous import PortReservation, reserve_port
-from ..rundir import (
-    FINISHED_NAME,
-    LAUNCHER_LOCK_NAME,
-    LOGS_DIR,
-    Hang,
-    RequeueDecision,
-    at_stop,
-    decide_requeue_here,
-    find_hang,
-    is_finished,
-    local_end,
-    mark_command_finished,
-    marker_is_not_this,
-    rank_log_name,
-    read_jobs,
-    read_preempted,
-    record_job,
-    write_local_end,
-)
+from ..rundir import LAUNCHER_LOCK_NAME, LOGS_DIR, at_stop, rank_log_name, read_jobs, record_job
 from ..signals import die_with_parent, forwarded_signals
 from ..submitenv import submit_environ
+from ..supervise import Edges, JobPlan, RanksOutcome, Supervisor, SystemClock
 from . import SubmitPlan, prepare_run_dir
 
+_LOG = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0
 #: Seconds the launcher waits, after it first finds a failed rank, for others to end before it names them
 #: and stops the rest. The rank that failed first is often not the first to exit: a peer whose collective
@@ -190,11 +178,16 @@ def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
         progress.close()
 
 
-class LocalJob:
-    """The ranks of one local launch; ``wait()`` returns the job's exit status.
+class LocalRanksStarter:
+    """The local backend's :class:`~slurm_ddp.supervise.StepStarter`: the ranks on this machine, one process
+    each through the launch wrapper, as srun starts them (:class:`LocalRanks` is the step).
 
-    ``echo`` receives rank 0's output lines, ``say`` the launcher's status lines (one line
-    each, without a program prefix); either may be ``None`` to drop them.
+    It holds what one local start owns: the run directory's launcher lock (:meth:`lock`, which also counts
+    the start's ``restart``), the signals it passes on (:meth:`install`: the handler only records them; the
+    step acts on them while it is waited for), ``MASTER_PORT`` (:meth:`rendezvous`, reserved while the ranks
+    run). ``echo`` receives rank 0's output lines, ``say`` the launcher's status lines (one line each, without
+    a program prefix); either may be ``None`` to drop them. ``told`` receives the stop signals (SIGTERM,
+    ``requeue.signal``) passed on to the ranks.
     """
 
     def __init__(
@@ -203,41 +196,52 @@ class LocalJob:
         echo: Optional[IO[str]] = None,
         python: Optional[str] = None,
         say: Optional[Callable[[str], None]] = None,
+        told: Optional[Set[int]] = None,
     ):
         self.plan = plan
         self.echo = echo
         self.say = say or (lambda message: None)
         self.python = python or plan.cfg.environment.python or sys.executable
-        self.procs: List[subprocess.Popen[bytes]] = []
-        self.threads: List[threading.Thread] = []
         self.job_id = str(os.getpid())
-        self._interrupts = 0
-        #: signals received and not yet acted on (appended by the handler, drained by wait())
-        self._pending: Deque[int] = collections.deque()
-        self._lock_fd: Optional[int] = None
-        #: MASTER_PORT, held while the ranks run (``rendezvous.reserve_port``)
-        self._port: Optional[PortReservation] = None
-        self.restart = 0  #: how many local launches of this run directory came before this one
+        self.restart = 0  #: how many local launches of this run directory came before this one (``lock``)
         #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
-        self.told: Set[int] = set()
-        #: (rank, status) of the first rank that failed, when one did
-        self.failed: Optional[Tuple[int, int]] = None
-        #: the signal that told this launcher to stop (SIGINT, or SIGTERM when it is not the requeue signal)
-        self.cancelled: Optional[str] = None
-        #: whether that came before the first failure (then the job was cancelled, not failed)
-        self.cancelled_first = False
-        #: the handlers this launcher replaced (``_install``), put back by ``_restore``
+        self.told: Set[int] = set() if told is None else told
+        #: signals received and not yet acted on (appended by the handler, drained by the step's ``wait``)
+        self.pending: Deque[int] = collections.deque()
+        #: the supervisor's ``on_signal`` (``schedule``): told of each stop signal the step passes on
+        self.notify: Optional[Callable[[int], None]] = None
+        self._lock_fd: Optional[int] = None
+        self._port: Optional[PortReservation] = None
+        #: the handlers this launcher replaced (``install``), put back by ``release``
         self._originals: Dict[int, object] = {}
         #: ``environment.container``: each rank runs inside it (``slurm_ddp.container``), None without one
         self.box = container.plan(plan.ranks_cfg, plan.run_dir)
-        #: the OCI containers' names (``runc run … NAME``), deleted by ``wait()`` once the ranks ended
-        self._containers: List[str] = []
-        self._tool = ""  #: the program that runs the containers (``container.check_local``)
+        self.step: Optional[LocalRanks] = None
+
+    def job_plan(self) -> JobPlan:
+        """The supervisor's plan of a local start: no srun words (:meth:`start` builds each rank's command),
+        no requeue (``max_requeues`` 0), no in-job recovery."""
+        cfg = self.plan.cfg
+        return JobPlan(
+            signal=cfg.requeue.signal_name,
+            max_requeues=0,
+            command_mode=bool(cfg.train.command),
+            launcher=cfg.slurm.launcher,
+            srun_words=(),
+            python=self.python,
+        )
+
+    def rendezvous(self, environ: Mapping[str, str]) -> Tuple[str, int]:
+        """``(127.0.0.1, MASTER_PORT)``: a port reserved, not only free now (``rendezvous.reserve_port``): a
+        concurrent launch here (a sweep's other element) cannot take it; held until :meth:`release`."""
+        if self._port is None:
+            self._port = reserve_port(self.job_id)
+        return "127.0.0.1", self._port.port
 
     def _signals(self) -> Set[int]:
         return set(forwarded_signals(self.plan.cfg.requeue.signal_name))
 
-    def _install(self) -> None:
+    def install(self) -> None:
         """Catch the signals it passes on (``_on_signal``), then unblock them: a local sweep starts its
         element with them blocked (``array._run_local_concurrently``), so one sent before this point
         is pending and is recorded now, not taken by its default action. Main thread only (Python's
@@ -248,16 +252,15 @@ class LocalJob:
         self._originals = {s: signal.signal(s, self._on_signal) for s in sigs}
         signal.pthread_sigmask(signal.SIG_UNBLOCK, sigs)
 
-    def _restore(self) -> None:
-        """Put back the handlers ``_install`` replaced."""
-        for s, h in self._originals.items():
-            signal.signal(s, h)  # type: ignore[arg-type]
-        self._originals = {}
+    def _on_signal(self, signum: int, frame: object) -> None:
+        """Signal handler: only records the signal; the step's ``wait`` acts on it (``LocalRanks.act_on``)."""
+        self.pending.append(signum)
 
-    def _lock(self) -> None:
+    def lock(self) -> None:
         """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
         directory, and ``slurm-ddp status`` can tell that this one is alive. The kernel drops
-        the lock when this process dies; the ranks do not inherit it (close_fds)."""
+        the lock when this process dies; the ranks do not inherit it (close_fds). Then count the
+        local starts before this one (``restart``). Raises ``UserError`` when another launcher holds it."""
         import fcntl
 
         Path(self.plan.run_dir).mkdir(parents=True, exist_ok=True)
@@ -273,11 +276,16 @@ class LocalJob:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         self._lock_fd = fd
+        self.restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
 
     def release(self) -> None:
-        """Drop the run directory's launcher lock and the port's (also dropped when this process exits),
-        and put back the signal handlers (a ``start()`` that failed half-way)."""
-        self._restore()
+        """End what is left of the step (``LocalRanks.close``), put back the signal handlers, drop the port's
+        reservation and the run directory's launcher lock (all also dropped when this process exits)."""
+        if self.step is not None:
+            self.step.close()
+        for s, h in self._originals.items():
+            signal.signal(s, h)  # type: ignore[arg-type]
+        self._originals = {}
         if self._port is not None:
             self._port.release()
             self._port = None
@@ -285,42 +293,41 @@ class LocalJob:
             os.close(self._lock_fd)
             self._lock_fd = None
 
-    def start(self) -> LocalJob:
-        """Start every rank (through the launch wrapper) and return at once; ``wait()`` then waits.
-        From here on the launcher catches the signals it passes on: one that comes while the ranks
-        start is passed on by ``wait()``, not the launcher's death (which would SIGKILL the ranks).
-        Each rank starts with them blocked (the mask is inherited across exec): the launch wrapper
-        unblocks all but its preemption flag's, which the rank unblocks once its handlers are in
-        (``signals.PreemptionFlag.install``), or the ``train.command`` supervisor once its are."""
-        self._lock()
-        self._install()
+    def start(self, argv: Sequence[str], env: Mapping[str, str]) -> LocalRanks:
+        """Write the run directory, record the start and start every rank (through the launch wrapper) on
+        ``env``'s ``MASTER_PORT``; returns at once. ``argv`` is empty (a local plan has no srun words).
+        Each rank starts with the signals passed on blocked (the mask is inherited across exec): the
+        launch wrapper unblocks all but its preemption flag's, which the rank unblocks once its handlers
+        are in (``signals.PreemptionFlag.install``), or the ``train.command`` supervisor once its are."""
+        if self.plan.cfg.slurm.launcher == "torchrun":
+            self.say("slurm.launcher=torchrun: the local backend starts every rank itself, as the srun launcher does")
+        self.install()  # done by schedule(); a start without it would die of a signal, killing the ranks
         rd = prepare_run_dir(self.plan)
-        restart = self.restart = sum(1 for j in read_jobs(self.plan.run_dir) if j.get("backend") == "local")
+        restart = self.restart
         record_job(self.plan.run_dir, backend="local", job_id=self.job_id, restart=restart)
-        # reserved, not only free now: a concurrent launch here (a sweep's other element) cannot take it
-        self._port = reserve_port(self.job_id)
-        port = self._port.port
-        tool = self._tool = container.check_local(self.box) if self.box is not None else ""
+        port = int(env.get("MASTER_PORT") or self.rendezvous(env)[1])
+        step = self.step = LocalRanks(self)
+        tool = step.tool = container.check_local(self.box) if self.box is not None else ""
         for rank in range(self.plan.cfg.slurm.world_size):
-            env = rank_environ(self.plan, rank, self.job_id, port, restart)
+            renv = rank_environ(self.plan, rank, self.job_id, port, restart)
             log_path = rd / LOGS_DIR / rank_log_name(rank)
             # Through the binding wrapper, as srun does in the sbatch script (slurm_ddp.launch).
             py = self.rank_python()
             cmd = [py, "-m", "slurm_ddp.launch", "--run-dir", str(rd), "--", *self.rank_command(str(rd))]
             if self.box is not None:  # inside the container, as the batch script wraps each rank
-                env = container.rank_environ(self.box, env)
+                renv = container.rank_environ(self.box, renv)
                 name = f"slurm-ddp-{self.job_id}-{restart}-{rank}"
-                cmd = container.local_rank_argv(self.box, str(rd), rank, cmd, env, tool, name)
+                cmd = container.local_rank_argv(self.box, str(rd), rank, cmd, renv, tool, name)
                 if self.box.runtime == "oci":
                     # a name left by a launcher killed with kill -9 (its container died with runc: launch.py)
                     subprocess.run([tool, "delete", "--force", name], capture_output=True, check=False)
-                    self._containers.append(name)
+                    step.containers.append(name)
             # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals())
             try:
                 p = subprocess.Popen(
                     cmd,
-                    env=env,
+                    env=renv,
                     cwd=self.plan.ranks_cfg.train.workdir or None,  # the user's directory; code: the snapshot
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,
@@ -332,9 +339,10 @@ class LocalJob:
                 signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
             t = threading.Thread(target=_pump, args=(p.stdout, log_path, self.echo if rank == 0 else None), daemon=True)
             t.start()
-            self.procs.append(p)
-            self.threads.append(t)
-        return self
+            step.procs.append(p)
+            step.threads.append(t)
+        step.pid = step.procs[0].pid if step.procs else 0
+        return step
 
     def rank_python(self) -> str:
         """The ranks' interpreter: ``environment.container.python`` inside a container, else this launcher's."""
@@ -348,6 +356,49 @@ class LocalJob:
         if tc.command:
             return command_argv(tc.command, py)
         return [py, "-u", "-m", "slurm_ddp.worker", "--run-dir", run_dir]
+
+    def requeue_signal(self) -> int:
+        return int(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
+
+    def at_stop_words(self) -> str:
+        """What SIGTERM does to the ranks (``ops.runs.Run.at_stop``: a checkpoint only where a handler exists)."""
+        from ..ops.runs import read_run
+
+        try:
+            run = read_run(Path(self.plan.run_dir))
+        except (OSError, ValueError):
+            return "what it does to them is unknown"
+        return at_stop(replace(run.facts(), command=bool(self.plan.cfg.train.command))).ranks_words
+
+
+class LocalRanks:
+    """The ranks of one local start, as one :class:`~slurm_ddp.supervise.Step`: ``wait`` returns the job's
+    status once every rank ended (0, 75 preempted, or the first failure's); like ``--kill-on-bad-exit=1``
+    it stops the others when one fails, naming every rank that failed within ``NAME_WINDOW_S``, and SIGKILLs
+    what is left ``KILL_GRACE_S`` later. ``outcome`` (:class:`~slurm_ddp.supervise.RanksOutcome`) says then
+    which rank failed first and what cancelled the start."""
+
+    def __init__(self, starter: LocalRanksStarter):
+        self.starter = starter
+        self.pid = 0  #: rank 0's process
+        self.procs: List[subprocess.Popen[bytes]] = []
+        self.threads: List[threading.Thread] = []
+        #: the OCI containers' names (``runc run … NAME``), deleted once the ranks ended
+        self.containers: List[str] = []
+        self.tool = ""  #: the program that runs the containers (``container.check_local``)
+        self._interrupts = 0
+        #: (rank, status) of the first rank that failed, when one did
+        self.failed: Optional[Tuple[int, int]] = None
+        #: the signal that told this launcher to stop (SIGINT, or SIGTERM when it is not the requeue signal)
+        self.cancelled: Optional[str] = None
+        #: whether that came before the first failure (then the job was cancelled, not failed)
+        self.cancelled_first = False
+        self.outcome: Optional[RanksOutcome] = None  #: set once every rank ended
+        self._bad: List[Tuple[int, int]] = []  # the failed ranks, in the order found (rank order within a poll)
+        self._name_at: Optional[float] = None
+        self._kill_at: Optional[float] = None
+        self._status: Optional[int] = None
+        self._closed = False
 
     def send(self, sig: int) -> None:
         """Send ``sig`` to every rank still running: to its process group (each rank leads its own
@@ -367,108 +418,104 @@ class LocalJob:
         """Whether a rank's exit status ``code`` (``Popen.returncode``) is its death by a stop signal this
         launcher passed on: ``-SIG``, or ``128 + SIG`` from a container runtime (``runc run`` exits so
         when the container's process was killed by a signal)."""
+        told = self.starter.told
         if code < 0:
-            return -code in self.told
-        return self.box is not None and code > 128 and code - 128 in self.told
+            return -code in told
+        return self.starter.box is not None and code > 128 and code - 128 in told
 
-    def _requeue_signal(self) -> int:
-        return int(signal.Signals["SIG" + self.plan.cfg.requeue.signal_name])
-
-    def _on_signal(self, signum: int, frame: object) -> None:
-        """Signal handler: only records the signal; ``wait()``'s loop acts on it (``_act_on``)."""
-        self._pending.append(signum)
-
-    def _at_stop_words(self) -> str:
-        """What SIGTERM does to the ranks (``ops.runs.Run.at_stop``: a checkpoint only where a handler exists)."""
-        from ..ops.runs import read_run
-
-        try:
-            run = read_run(Path(self.plan.run_dir))
-        except (OSError, ValueError):
-            return "what it does to them is unknown"
-        return at_stop(replace(run.facts(), command=bool(self.plan.cfg.train.command))).ranks_words
-
-    def _act_on(self, signum: int) -> None:
-        """Forward ``signum`` to the ranks, as srun does; SIGINT asks them to stop (SIGTERM: a
-        checkpoint at the step boundary where they have a handler), a second SIGINT kills them."""
+    def act_on(self, signum: int) -> None:
+        """Forward ``signum`` to the ranks, as srun does (through the supervisor's ``on_signal``, which
+        records it); SIGINT asks them to stop (SIGTERM: a checkpoint at the step boundary where they have a
+        handler), a second SIGINT kills them."""
+        st = self.starter
         if self.cancelled is None and (
-            signum == signal.SIGINT or (signum == signal.SIGTERM and signum != self._requeue_signal())
+            signum == signal.SIGINT or (signum == signal.SIGTERM and signum != st.requeue_signal())
         ):
             self.cancelled = signal.Signals(signum).name
         if signum == signal.SIGINT:
             self._interrupts += 1
-            if self._interrupts == 1:
-                self.say(f"interrupted: SIGTERM to the ranks: {self._at_stop_words()} (Ctrl-C again to kill them)")
-                self.told.add(signal.SIGTERM)
-                self.send(signal.SIGTERM)
-            else:
+            if self._interrupts > 1:
                 self.send(signal.SIGKILL)
-            return
-        if signum in (signal.SIGTERM, self._requeue_signal()):
-            self.told.add(signum)
-        self.send(signum)
+                return
+            st.say(f"interrupted: SIGTERM to the ranks: {st.at_stop_words()} (Ctrl-C again to kill them)")
+            signum = signal.SIGTERM
+        if signum in (signal.SIGTERM, st.requeue_signal()):
+            st.told.add(signum)
+        (st.notify or self.send)(signum)
 
-    def wait(self) -> int:
-        """Wait for all ranks; kill the rest when one fails. Returns 0, 75 (preempted) or the failure's status."""
-        self._install()  # done by start(); a test may wait() for ranks of its own
-        failed: Optional[Tuple[int, int]] = None
-        bad: List[Tuple[int, int]] = []  # the failed ranks, in the order found (rank order within a poll)
-        name_at: Optional[float] = None
-        kill_at: Optional[float] = None
-        try:
-            while True:
-                while self._pending:
-                    self._act_on(self._pending.popleft())
-                codes = [p.poll() for p in self.procs]
-                if failed is None:
-                    # a rank that died of a stop signal passed on to it stopped, it did not fail
-                    seen = {rank for rank, _ in bad}
-                    bad += [
-                        (rank, c)
-                        for rank, c in enumerate(codes)
-                        if c is not None
-                        and c not in (0, PREEMPTED_EXIT_CODE)
-                        and not self._stopped(c)
-                        and rank not in seen
-                    ]
-                    if bad and name_at is None:
-                        name_at = time.monotonic() + NAME_WINDOW_S
-                        self.cancelled_first = self.cancelled is not None
-                    # which failed first is not known (a peer of a failed rank fails too, in its next
-                    # collective, and may exit first): every rank that failed within the window is named
-                    if name_at is not None and (time.monotonic() >= name_at or all(c is not None for c in codes)):
-                        failed = bad[0]
-                        logs = Path(self.plan.run_dir) / LOGS_DIR
-                        self.say(
-                            "; ".join(f"rank {rank} exited with status {c}" for rank, c in bad)
-                            + f"; stopping the other ranks (see {logs / rank_log_name(bad[0][0])}"
-                            + "".join(f", {logs / rank_log_name(rank)}" for rank, _ in bad[1:])
-                            + ")"
-                        )
-                        self.send(signal.SIGTERM)
-                        kill_at = time.monotonic() + KILL_GRACE_S
-                if kill_at is None and any(c is not None and c != 0 and self._stopped(c) for c in codes):
-                    kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
-                if all(c is not None for c in codes):
-                    break
-                if kill_at is not None and time.monotonic() > kill_at:
-                    self.send(signal.SIGKILL)
-                    kill_at = None
-                time.sleep(0.1)
-        finally:
-            self._restore()
-            for name in self._containers:  # ended with their ranks; a rank runc left behind is killed here
-                subprocess.run([self._tool, "delete", "--force", name], capture_output=True, check=False)
+    def wait(self, timeout: float) -> Optional[int]:
+        """Watch the ranks ``timeout`` s at most, acting on the signals received; the job's status once all
+        ended, else None."""
+        if self._status is not None:
+            return self._status
+        deadline = time.monotonic() + timeout
+        while True:
+            while self.starter.pending:
+                self.act_on(self.starter.pending.popleft())
+            codes = [p.poll() for p in self.procs]
+            if self.failed is None:
+                self._find_failed(codes)
+            if all(c is not None for c in codes):
+                break
+            if self._kill_at is not None and time.monotonic() > self._kill_at:
+                self.send(signal.SIGKILL)
+                self._kill_at = None
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+        self.close()
+        # every rank has exited: every returncode is set
+        exit_codes = [c if c >= 0 else 128 - c for c in (p.returncode for p in self.procs) if c is not None]
+        failed = self.failed
+        self.outcome = RanksOutcome(
+            failed=failed, cancelled=self.cancelled if (failed is None or self.cancelled_first) else None
+        )
+        if failed is not None:
+            self._status = failed[1] if failed[1] > 0 else 128 - failed[1]
+        elif any(c == PREEMPTED_EXIT_CODE for c in exit_codes):
+            self._status = PREEMPTED_EXIT_CODE
+        else:
+            self._status = max(exit_codes) if exit_codes else 0
+        return self._status
+
+    def _find_failed(self, codes: List[Optional[int]]) -> None:
+        # a rank that died of a stop signal passed on to it stopped, it did not fail
+        seen = {rank for rank, _ in self._bad}
+        self._bad += [
+            (rank, c)
+            for rank, c in enumerate(codes)
+            if c is not None and c not in (0, PREEMPTED_EXIT_CODE) and not self._stopped(c) and rank not in seen
+        ]
+        if self._bad and self._name_at is None:
+            self._name_at = time.monotonic() + NAME_WINDOW_S
+            self.cancelled_first = self.cancelled is not None
+        # which failed first is not known (a peer of a failed rank fails too, in its next
+        # collective, and may exit first): every rank that failed within the window is named
+        if self._name_at is not None and (time.monotonic() >= self._name_at or all(c is not None for c in codes)):
+            bad = self._bad
+            self.failed = bad[0]
+            logs = Path(self.starter.plan.run_dir) / LOGS_DIR
+            self.starter.say(
+                "; ".join(f"rank {rank} exited with status {c}" for rank, c in bad)
+                + f"; stopping the other ranks (see {logs / rank_log_name(bad[0][0])}"
+                + "".join(f", {logs / rank_log_name(rank)}" for rank, _ in bad[1:])
+                + ")"
+            )
+            self.send(signal.SIGTERM)
+            self._kill_at = time.monotonic() + KILL_GRACE_S
+        if self._kill_at is None and any(c is not None and c != 0 and self._stopped(c) for c in codes):
+            self._kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
+
+    def close(self) -> None:
+        """Once the ranks ended (or the launcher gives up on them): delete the OCI containers (a rank runc
+        left behind is killed so) and let the log pumps finish. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for name in self.containers:
+            subprocess.run([self.tool, "delete", "--force", name], capture_output=True, check=False)
         for t in self.threads:
             t.join(timeout=5)
-        # the loop above ends only when every rank has exited: every returncode is set
-        exit_codes = [c if c >= 0 else 128 - c for c in (p.returncode for p in self.procs) if c is not None]
-        self.failed = failed
-        if failed is not None:
-            return failed[1] if failed[1] > 0 else 128 - failed[1]
-        if any(c == PREEMPTED_EXIT_CODE for c in exit_codes):
-            return PREEMPTED_EXIT_CODE
-        return max(exit_codes) if exit_codes else 0
 
 
 def schedule(
@@ -480,93 +527,35 @@ def schedule(
 ) -> int:
     """Run the job's ranks here and wait; returns the job's exit status.
 
-    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines (see ``LocalJob``); ``told``
-    receives the stop signals passed on to the ranks (``LocalJob.told``: a local sweep starts no
-    further element after one, whatever the exit status).
+    One start of the job by the supervisor the batch host runs (``slurm_ddp.supervise.Supervisor``, ``by:
+    "local"``), with the ranks of :class:`LocalRanksStarter` as its step: the finished check, the requeue
+    rule (it cannot requeue here), a hang, a ``train.command`` run's ``FINISHED`` and the end record are its.
+    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines; ``told`` receives the stop signals
+    passed on to the ranks (a local sweep starts no further element after one, whatever the exit status).
+    Raises ``UserError`` when another launcher holds the run directory.
     """
-    job = LocalJob(plan, echo=echo, python=python, say=say)
-    if told is not None:
-        job.told = told
-    command_mode = bool(plan.cfg.train.command)
-    if command_mode and is_finished(plan.run_dir):
-        job.say(f"the run in {plan.run_dir} already finished ({FINISHED_NAME} exists); nothing to do")
-        return 0
-    if plan.cfg.slurm.launcher == "torchrun":
-        job.say("slurm.launcher=torchrun: the local backend starts every rank itself, as the srun launcher does")
+    starter = LocalRanksStarter(plan, echo=echo, python=python, say=say, told=told)
+    starter.lock()
     try:
-        status = job.start().wait()
-    finally:
-        job.release()
-    hang = find_hang(plan.run_dir, job.job_id, job.restart)
-    if hang is not None:  # the ranks' watchdogs ended them (slurm_ddp.watchdog)
-        job.say(f"{hang.line()} (logs in {Path(plan.run_dir) / LOGS_DIR})")
-    here = {"SLURM_JOB_ID": job.job_id, "SLURM_RESTART_COUNT": str(job.restart)}
-    got_term = signal.SIGTERM in job.told
-    got_signal = job._requeue_signal() in job.told
-    if command_mode:  # status 0 of every rank, not told to stop, is the script's "done"
-        mark_command_finished(plan.run_dir, exit_code=status, environ=here, told_to_stop=got_term or got_signal)
-    decision = None
-    if job.failed is None and hang is None:
-        # the requeue rule, as the batch script applies it (it cannot requeue here): preempted,
-        # stopped, or finished before a late stop
-        decision = decide_requeue_here(
+        starter.install()
+        sup = Supervisor(
             plan.run_dir,
-            exit_code=status,
-            max_requeues=0,
-            got_term=got_term,
-            can_requeue=False,
-            environ=here,
-            got_signal=got_signal,
-            command=command_mode,
+            starter.job_plan(),
+            environ={"SLURM_JOB_ID": starter.job_id, "SLURM_RESTART_COUNT": str(starter.restart)},
+            starter=starter,
+            edges=Edges(rendezvous=starter.rendezvous),  # no cluster to ask, no scontrol
+            clock=SystemClock(),
+            out=_debug,
+            host="localhost",
+            by="local",
+            say=starter.say,
         )
-    _record_end(job, status, decision, hang, command_mode)
-    return status if decision is None else decision.exit_code
+        starter.notify = sup.on_signal
+        return sup.run()
+    finally:
+        starter.release()
 
 
-def _next_start_words(run_dir: str) -> Optional[str]:
-    """What the run's next start trains from (``ops.runs.Run.next_start``), None when it cannot be read."""
-    from ..ops.runs import read_run
-
-    try:
-        return read_run(Path(run_dir)).next_start().words
-    except (OSError, ValueError):
-        return None
-
-
-def _record_end(
-    job: LocalJob, status: int, decision: Optional[RequeueDecision], hang: Optional[Hang], command: bool
-) -> None:
-    """Write how this start ended (``rundir.ENDS_NAME``, for ``slurm-ddp status``) and say it,
-    unless the launcher said it already (a failed rank, a hang) or the run simply finished."""
-    run_dir = job.plan.run_dir
-    marker = read_preempted(run_dir)
-    requeue_signal = signal.Signals(job._requeue_signal()).name
-    stopped_by = requeue_signal if job._requeue_signal() in job.told else None
-    if stopped_by is None and signal.SIGTERM in job.told:
-        stopped_by = "SIGTERM"
-    failed_log = None
-    if job.failed is not None:
-        failed_log = str(Path(run_dir) / LOGS_DIR / rank_log_name(job.failed[0]))
-    end = local_end(
-        job_id=job.job_id,
-        restart=job.restart,
-        status=status,
-        decision=decision,
-        requeue_signal=requeue_signal,
-        command=command,
-        finished=is_finished(run_dir),
-        marker=None if marker_is_not_this(marker, job.job_id, job.restart) else marker,
-        failed=job.failed,
-        failed_log=failed_log,
-        hang=hang,
-        cancelled=job.cancelled if (job.failed is None or job.cancelled_first) else None,
-        stopped_by=stopped_by,
-        next_start=_next_start_words(run_dir) if command else None,
-    )
-    try:
-        write_local_end(run_dir, end, status)  # one record of this start's end (report, status)
-    except OSError as e:
-        job.say(f"warning: could not record how the job ended in {run_dir}: {e}")
-    said = end.state == "FAILED" and (job.failed is not None or hang is not None)
-    if not said and not (end.state == "COMPLETED" and status == 0):
-        job.say(f"{end.state}: {end.reason}")
+def _debug(text: str) -> None:
+    """The supervisor's log lines of a local start: Python's logging, at DEBUG (the terminal gets ``say``'s)."""
+    _LOG.debug("%s", text.rstrip("\n"))

@@ -1,5 +1,6 @@
-"""The local launcher's signal handling: the handler only records the signal; ``wait()`` forwards
-it to the ranks and reports through ``say`` (no print of its own)."""
+"""The local launcher's signal handling: the handler only records the signal; the step's ``wait()``
+(``LocalRanks``, the supervisor's step on the local backend) forwards it to the ranks and reports through
+``say`` (no print of its own)."""
 
 from __future__ import annotations
 
@@ -12,25 +13,35 @@ import sys
 import pytest
 
 from slurm_ddp.backends import plan_submit
-from slurm_ddp.backends.local import LocalJob
+from slurm_ddp.backends.local import LocalRanks, LocalRanksStarter
 from slurm_ddp.rundir import provenance
 from slurm_ddp.signals import forwarded_signals
 
 
 @pytest.fixture
 def job(tmp_path, make_config):
+    """The step of a local start (its ranks appended by each test), with its starter's ``said`` lines."""
     plan = plan_submit(make_config({}), "local", str(tmp_path / "run"))
     said, sent = [], []
-    j = LocalJob(plan, say=said.append)
+    starter = LocalRanksStarter(plan, say=said.append)
+    j = starter.step = LocalRanks(starter)
     j.said, j.sent = said, sent
     return j
 
 
+def wait(step: LocalRanks) -> int:
+    """``step.wait`` polled as the supervisor polls it, until every rank ended."""
+    while True:
+        rc = step.wait(1.0)
+        if rc is not None:
+            return rc
+
+
 def test_the_handler_only_records_the_signal(job, monkeypatch, capsys):
     monkeypatch.setattr(job, "send", job.sent.append)
-    job._on_signal(signal.SIGINT, None)
-    job._on_signal(signal.SIGUSR2, None)
-    assert list(job._pending) == [signal.SIGINT, signal.SIGUSR2]
+    job.starter._on_signal(signal.SIGINT, None)
+    job.starter._on_signal(signal.SIGUSR2, None)
+    assert list(job.starter.pending) == [signal.SIGINT, signal.SIGUSR2]
     assert job.sent == [] and job.said == []
     assert capsys.readouterr() == ("", "")
 
@@ -38,8 +49,9 @@ def test_the_handler_only_records_the_signal(job, monkeypatch, capsys):
 def test_acting_on_signals_forwards_them_and_ctrl_c_twice_kills(job, monkeypatch, capsys):
     monkeypatch.setattr(job, "send", job.sent.append)
     for sig in (signal.SIGUSR2, signal.SIGINT, signal.SIGINT):
-        job._act_on(sig)
+        job.act_on(sig)
     assert job.sent == [signal.SIGUSR2, signal.SIGTERM, signal.SIGKILL]
+    assert job.starter.told == {signal.SIGUSR2, signal.SIGTERM} and job.cancelled == "SIGINT"
     assert job.said == [
         "interrupted: SIGTERM to the ranks: its ranks checkpoint at the next step boundary and stop "
         "(Ctrl-C again to kill them)"
@@ -54,9 +66,9 @@ def test_ctrl_c_says_a_plain_script_is_killed(tmp_path, make_config, monkeypatch
     (tmp_path / "run").mkdir()
     provenance.record_start(str(tmp_path / "run"), {}, job_id="77", restart=0, world_size=1)  # the ranks started
     said: list = []
-    j = LocalJob(plan, say=said.append)
+    j = LocalRanks(LocalRanksStarter(plan, say=said.append))
     monkeypatch.setattr(j, "send", lambda sig: None)
-    j._act_on(signal.SIGINT)
+    j.act_on(signal.SIGINT)
     assert len(said) == 1 and "checkpoint" not in said[0].split(":", 2)[2].split(";")[0], said
     assert "no slurm_ddp handler for SIGTERM" in said[0] and "Ctrl-C again to kill them" in said[0], said
 
@@ -65,22 +77,24 @@ def test_wait_acts_on_a_recorded_signal_and_a_rank_it_stops_has_not_failed(job, 
     rank = subprocess.Popen(["sleep", "600"])
     job.procs.append(rank)
     try:
-        job._on_signal(signal.SIGTERM, None)  # as if it arrived; wait() forwards it to the rank
-        assert job.wait() == 128 + signal.SIGTERM
+        job.starter._on_signal(signal.SIGTERM, None)  # as if it arrived; wait() forwards it to the rank
+        assert wait(job) == 128 + signal.SIGTERM
     finally:
         rank.kill()
         rank.wait()
     assert rank.returncode == -signal.SIGTERM
     assert job.failed is None and job.said == []  # it died of the stop signal it was sent: stopped, not failed
+    assert job.outcome is not None and job.outcome.failed is None and job.outcome.cancelled == "SIGTERM"
     assert capsys.readouterr() == ("", "")
 
 
 def test_wait_says_which_rank_failed(job, capsys):
     rank = subprocess.Popen(["sh", "-c", "exit 3"])
     job.procs.append(rank)
-    assert job.wait() == 3
-    expected = f"rank 0 exited with status 3; stopping the other ranks (see {job.plan.run_dir}/logs/rank-0.log)"
+    assert wait(job) == 3
+    expected = f"rank 0 exited with status 3; stopping the other ranks (see {job.starter.plan.run_dir}/logs/rank-0.log)"
     assert job.failed == (0, 3) and job.said == [expected]
+    assert job.outcome is not None and (job.outcome.failed, job.outcome.cancelled) == ((0, 3), None)
     assert capsys.readouterr() == ("", "")
 
 
@@ -91,8 +105,8 @@ def test_wait_names_every_rank_found_failed_at_one_poll(job, capsys):
     for r in ranks:
         r.wait()  # both ended before wait() polls them
     job.procs.extend(ranks)
-    assert job.wait() == 1
-    logs = f"{job.plan.run_dir}/logs"
+    assert wait(job) == 1
+    logs = f"{job.starter.plan.run_dir}/logs"
     expected = (
         "rank 0 exited with status 1; rank 1 exited with status 3; stopping the other ranks "
         f"(see {logs}/rank-0.log, {logs}/rank-1.log)"
@@ -127,8 +141,8 @@ def test_wait_names_a_rank_that_failed_shortly_after_the_first_one_found(job, ca
     later = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"], stdin=subprocess.PIPE)
     # the second rank ends only once wait() has seen the first one's exit
     job.procs.extend([_OnExitSeen(first, later.stdin.close), later])
-    assert job.wait() == 1
-    logs = f"{job.plan.run_dir}/logs"
+    assert wait(job) == 1
+    logs = f"{job.starter.plan.run_dir}/logs"
     expected = (
         "rank 0 exited with status 1; rank 1 exited with status 3; stopping the other ranks "
         f"(see {logs}/rank-0.log, {logs}/rank-1.log)"

@@ -1153,7 +1153,7 @@ def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, c
     monkeypatch.chdir(tmp_path)
     job = write_job(tmp_path)
     from slurm_ddp.backends import plan_submit
-    from slurm_ddp.backends.local import LocalJob
+    from slurm_ddp.backends.local import LocalRanksStarter
     from slurm_ddp.config import dump_config, load_config
 
     run_dir = tmp_path / "runs" / "t"
@@ -1166,7 +1166,7 @@ def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, c
     try:
         assert ops.run_status(ops.read_run(run_dir)).state == "RUNNING"
         with pytest.raises(UserError, match="in use by another local launcher"):
-            LocalJob(plan).start()
+            LocalRanksStarter(plan).lock()
         rc, out, err = cli(["submit", str(job), "--no-check-task", "--backend", "local"], capsys)
         one_error(rc, err, "already has job 999999999 in state RUNNING")
     finally:

@@ -1,7 +1,7 @@
 """The job supervisor (``slurm_ddp.supervise``): every decision with a fake step and a fake clock — a signal
 before the step starts and during it, the peer-lost marker and its grace, a generation change of in-process
-recovery, a failing spare, a crash after a recovery, the time limit, a cancel, the requeue cap — and the
-plan's words as srun's argv."""
+recovery, a failing spare, a crash after a recovery, the time limit, a cancel, the requeue cap — the plan's
+words as srun's argv, and a local backend's start (``by: local``: its end record, what it says)."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ from slurm_ddp.rundir import (
     write_preempted,
 )
 from slurm_ddp.rundir.recovery import Evidence
-from slurm_ddp.supervise import Edges, JobPlan, RecoveryPlan, Supervisor, expand_word
+from slurm_ddp.supervise import Edges, JobPlan, RanksOutcome, RecoveryPlan, Supervisor, expand_word
 
 
 class FakeClock:
@@ -609,3 +609,108 @@ def test_render_plans_the_step_the_template_ran(tmp_path: Path) -> None:
     script = render(cfg, str(tmp_path)).script
     assert "slurm_ddp.rundir" not in script and script.count("\n") < 100
     assert 'exec "$PYTHON" -m slurm_ddp.supervise --signal USR2' in script
+
+
+# --------------------------------------------------------------------------- the local backend's start
+def make_local(
+    tmp_path: Path, steps: Callable[[Supervisor, FakeClock, int], FakeStep], *, command_mode: bool = False
+) -> Tuple[Supervisor, FakeStarter, List[str], List[str]]:
+    """A supervisor as ``backends.local.schedule`` runs it: ``by: local``, no cluster, the port its edge
+    reserves, the user's lines said (``said``), the log kept apart (``lines``)."""
+    (tmp_path / "logs").mkdir(exist_ok=True)
+    lines: List[str] = []
+    said: List[str] = []
+    clock = FakeClock()
+    box: List[Supervisor] = []
+    starter = FakeStarter(lambda i: steps(box[0], clock, i))
+    edges = Edges(
+        job_nodes=lambda job_id: [],
+        give_back=lambda job_id, keep: (False, "none"),
+        gather=lambda *a, **k: None,
+        requeue=lambda target, exclude, log: pytest.fail("a local start requeued"),
+        can_requeue=lambda: False,
+        rendezvous=lambda env: ("127.0.0.1", 29555),
+    )
+    the_plan = plan(max_requeues=0, srun_words=(), command_mode=command_mode)
+    sup = Supervisor(
+        str(tmp_path),
+        the_plan,
+        environ={"SLURM_JOB_ID": "4321", "SLURM_RESTART_COUNT": "0"},
+        starter=starter,
+        edges=edges,
+        clock=clock,
+        out=lines.append,
+        host="localhost",
+        by="local",
+        say=said.append,
+    )
+    box.append(sup)
+    return sup, starter, lines, said
+
+
+def local_record(tmp_path: Path) -> Dict[str, Any]:
+    (rec,) = read_ends(tmp_path)
+    assert rec["by"] == "local", rec
+    local: Dict[str, Any] = rec["local"]
+    return local
+
+
+def test_a_local_rank_that_failed_is_failed_and_the_requeue_rule_is_not_asked(tmp_path: Path) -> None:
+    """The ranks started one by one know which failed on its own: a crash, even with this start's
+    preemption marker (srun's status could not tell a rank --kill-on-bad-exit ended after the commit)."""
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        step = FakeStep(sup, clock, rc=3, ticks=1, at={0: lambda: preempt(sup, tmp_path)})
+        step.outcome = RanksOutcome(failed=(1, 3))  # type: ignore[attr-defined]
+        return step
+
+    sup, starter, lines, said = make_local(tmp_path, steps)
+    write_preempted(tmp_path, Preempted(job_id="4321", restart=0, step=5, signal="SIGUSR2"))
+    assert sup.run() == 3
+    argv, env = starter.started[0]
+    assert argv == [] and (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "29555")
+    end = local_record(tmp_path)
+    assert (end["state"], end["rank"], end["rank_status"], end["exit_code"]) == ("FAILED", 1, 3, 3), end
+    assert end["log"] == str(tmp_path / "logs" / "rank-1.log")
+    assert said == []  # the step named the failed rank itself
+    assert "scontrol" not in text(lines) and "rank 1 failed first" in text(lines)
+
+
+def test_a_local_script_stopped_by_the_requeue_signal_is_preempted_and_said(tmp_path: Path) -> None:
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        step = FakeStep(sup, clock, rc=0, ticks=10, at={1: lambda: sup.on_signal(signal.SIGUSR2)})
+        step.on_signal[signal.SIGUSR2] = 0  # a script that exits 0 at the signal: stopped, not finished
+        return step
+
+    sup, starter, lines, said = make_local(tmp_path, steps, command_mode=True)
+    assert sup.run() == 75
+    assert starter.steps[0].sent == [signal.SIGUSR2] and not (tmp_path / "FINISHED").exists()
+    end = local_record(tmp_path)
+    assert (end["state"], end["signal"], end["exit_code"]) == ("PREEMPTED", "SIGUSR2", 75), end
+    (rec,) = read_ends(tmp_path)
+    assert rec["exit_code"] == 0  # the ranks' status, before the rule (as the batch record has srun's)
+    assert len(said) == 1 and said[0].startswith("PREEMPTED: stopped by SIGUSR2 (the requeue signal)"), said
+    assert "submit again with the same --run-dir" in said[0]
+
+
+def test_a_local_cancel_before_any_failure_is_cancelled(tmp_path: Path) -> None:
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        step = FakeStep(sup, clock, rc=0, ticks=10, at={1: lambda: sup.on_signal(signal.SIGTERM)})
+        step.on_signal[signal.SIGTERM] = 143
+        step.outcome = RanksOutcome(cancelled="SIGINT")  # type: ignore[attr-defined]
+        return step
+
+    sup, _, _, said = make_local(tmp_path, steps)
+    assert sup.run() == 143
+    end = local_record(tmp_path)
+    assert (end["state"], end["signal"]) == ("CANCELLED", "SIGINT"), end
+    assert len(said) == 1 and said[0].startswith("CANCELLED: cancelled by SIGINT (Ctrl-C) to the launcher"), said
+
+
+def test_a_local_script_that_ends_with_0_unstopped_finishes_quietly(tmp_path: Path) -> None:
+    sup, _, _, said = make_local(tmp_path, lambda s, c, i: FakeStep(s, c, rc=0, ticks=1, at={}), command_mode=True)
+    assert sup.run() == 0 and (tmp_path / "FINISHED").exists()
+    assert local_record(tmp_path)["state"] == "COMPLETED" and said == []
+    sup, starter, _, said = make_local(tmp_path, lambda s, c, i: FakeStep(s, c, rc=0, ticks=1, at={}))
+    assert sup.run() == 0 and not starter.started  # the next start: nothing to do, said on the terminal
+    assert said == [f"the run in {tmp_path} already finished; nothing to do"]
