@@ -253,16 +253,10 @@ def schedule_sbatch(plan: SweepPlan, run: Callable[..., subprocess.CompletedProc
     """
     if run is subprocess.run and shutil.which(plan.command[0]) is None:
         raise ClusterError("sbatch is not on PATH: submit from a login node of the cluster, or use --backend local")
-    from .sbatch import adopt_lost_job, identity_for, script_job_name, submit_once
+    from .sbatch import identity_for, refuse_beside_lost_array, script_job_name, submit_once
 
     known = [str(j.get("job_id", "")) for j in read_sweep_jobs(plan.sweep_dir)]
-    adopted = adopt_lost_job(plan.sweep_dir, known, run)
-    if adopted is not None:
-        raise UserError(
-            f"an earlier submit of sweep {plan.sweep_dir} lost sbatch's answer and made job array {adopted[1]}, "
-            f"which Slurm still has; not submitting a second one. Wait for it to end or cancel it "
-            f"(scancel {adopted[1]}), then submit again"
-        )
+    refuse_beside_lost_array(plan.sweep_dir, known, run)
     prepare_sweep_dir(plan)
     # the intent first, and a lost answer's job looked for, never submitted twice (backends.sbatch)
     ident = identity_for(plan.sweep_dir, script_job_name(plan.rendered.script))

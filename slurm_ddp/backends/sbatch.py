@@ -164,6 +164,27 @@ def refuse_beside_lost_job(
     )
 
 
+def refuse_beside_lost_array(
+    sweep_dir: str,
+    known: Sequence[str],
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+    adopt: Callable[[JobIdentity], object] = lambda ident: None,
+) -> None:
+    """Before a sweep's submission (sbatch and submitit job arrays): ``UserError`` when an earlier submit of
+    ``sweep_dir`` lost sbatch's answer and made a job array Slurm still has (:func:`adopt_lost_job`; ``known``:
+    the arrays ``sweep-jobs.jsonl`` records); ``adopt(identity)`` first finishes what that submit left undone
+    (submitit: the tasks' pickles). ``ClusterError`` when Slurm cannot be asked."""
+    adopted = adopt_lost_job(sweep_dir, known, run)
+    if adopted is None:
+        return
+    adopt(_with_id(adopted[0], adopted[1], adopted[0].cluster))
+    raise UserError(
+        f"an earlier submit of sweep {sweep_dir} lost sbatch's answer and made job array {adopted[1]}, "
+        f"which Slurm still has; not submitting a second one. Wait for it to end or cancel it "
+        f"(scancel {adopted[1]}), then submit again"
+    )
+
+
 def lost_answer_error(lost: str, what: str, why: str) -> ClusterError:
     """The error of a submission whose answer was lost (``lost``: how) and whose job was not found
     (``why``: why Slurm could not be asked, "" when squeue answered without it)."""

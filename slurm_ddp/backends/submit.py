@@ -538,7 +538,7 @@ def submit_sweep(sweep: Sweep, request: SubmitRequest, *, report: Reporter, back
     if backend == "submitit":
         from .submitit_sweep import array_flag, schedule_submitit, task_arrays
 
-        job_id = schedule_submitit(plan)
+        job_id = schedule_submitit(plan, warn=report.warn)
         arrays = len(task_arrays(plan))
         report.out(f"slurm-ddp: {plan.memory}\n")
         report.out(

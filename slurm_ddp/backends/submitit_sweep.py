@@ -29,14 +29,32 @@ import shlex
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from ..errors import ClusterError, UserError
-from ..rundir import SUBMITIT_DIR, element_dir_name, private_dir, record_job, record_sweep_job
+from ..rundir import (
+    SUBMITIT_DIR,
+    JobIdentity,
+    clear_submit_intent,
+    element_dir_name,
+    private_dir,
+    read_sweep_jobs,
+    record_job,
+    record_submit_intent,
+    record_sweep_job,
+)
 from ..secrets import redact_text, secret_values
 from ..snapshot import remap_config
 from ..sweep import ArrayChunk, chained
-from .submitit_backend import check_config, config_parameters, make_callable, new_executor, submitting, task_launcher
+from .submitit_backend import (
+    AnswerLost,
+    check_config,
+    config_parameters,
+    make_callable,
+    new_executor,
+    submitting,
+    task_launcher,
+)
 from .sweep_plan import SweepPlan, prepare_sweep_dir
 
 #: the batch script's shell variable holding the task's element run directory
@@ -214,21 +232,40 @@ def describe(plan: SweepPlan) -> str:
     return "\n".join(head) + "\n" + body + ("\n" if body and not body.endswith("\n") else "")
 
 
-def schedule_submitit(plan: SweepPlan) -> str:
+def schedule_submitit(
+    plan: SweepPlan,
+    warn: Callable[[str], None] = lambda line: None,
+    run: Callable[..., subprocess.CompletedProcess] = subprocess.run,
+) -> str:
     """Write the sweep directory and submit the unfinished elements as one submitit job array (one per
     slice of :func:`task_arrays` past ``MaxArraySize``, the later ones cancelled again if sbatch refuses
-    one); returns the (first) array job id. Raises ``UserError`` (no submitit, a config submitit cannot run)
-    and ``ClusterError`` (no sbatch or srun here, sbatch refused: ``submitting``)."""
+    one); returns the (first) array job id. Raises ``UserError`` (no submitit, a config submitit cannot run,
+    an earlier submit's lost answer left an array here) and ``ClusterError`` (no sbatch or srun here, sbatch
+    refused: ``submitting``; its answer was lost and the array cannot be found).
+
+    A lost answer never makes a second array, as with the sbatch backend (``array.schedule_sbatch``): the
+    intent is written first; when sbatch fails with a transient controller error the array is looked for
+    (``sbatch.find_lost_job``; ``run``: the squeue runner) and, found, its tasks get the pickles submitit
+    did not get to move into their folders (:func:`adopt_array_files`); ``warn`` gets the line that says so."""
+    from .sbatch import identity_for, refuse_beside_lost_array
+
     make_executor(plan, elements=task_arrays(plan)[0])  # what submitit cannot run is refused before anything is written
+    known = [str(j.get("job_id", "")) for j in read_sweep_jobs(plan.sweep_dir)]
+    base = Path(plan.sweep_dir) / SUBMITIT_DIR
+    refuse_beside_lost_array(
+        plan.sweep_dir,
+        known,
+        run,
+        adopt=lambda ident: adopt_array_files(base, ident.job_id, _tasks_by_run_dir(plan, plan.todo), ident.time),
+    )
     prepare_sweep_dir(plan)
     # its batch script exports environment.env (rundir.PRIVATE_DIRS)
-    private_dir(Path(plan.sweep_dir) / SUBMITIT_DIR, plan.sweep.base_cfg.environment.run_dir_mode)
+    private_dir(base, plan.sweep.base_cfg.environment.run_dir_mode)
     # each element runs from the sweep's one code snapshot (its snapshot.json, written above)
     callables = [
         make_callable(e.cfg, remap_config(e.cfg, plan.snapshot), plan.element_dir(e.index))
         for e in (plan.sweep.elements[i] for i in plan.todo)
     ]
-    from .sbatch import identity_for
 
     array_ids: List[str] = []
     chain = _chained(plan)
@@ -238,8 +275,7 @@ def schedule_submitit(plan: SweepPlan) -> str:
         # Slurm's paths of its tasks (StdOut, Command) lie in the sweep directory's submitit folder
         ident = identity_for(plan.sweep_dir, str(executor.parameters.get("job_name", "")))
         try:
-            with submitting("the job array", keep=plan.pass_env), executor.batch():
-                jobs = [executor.submit(by_element[i]) for i in elements]
+            task_ids, note = _submit_array(plan, executor, elements, by_element, ident, [*known, *array_ids], run)
         except ClusterError as e:
             if not array_ids:
                 raise
@@ -249,16 +285,86 @@ def schedule_submitit(plan: SweepPlan) -> str:
                 f"{e} (array {j + 1} of {len(task_arrays(plan))}); the {len(array_ids)} array(s) of this submit "
                 f"already accepted ({', '.join(array_ids)}) were {gone}"
             ) from None
-        array_job_id = str(jobs[0].job_id).split("_", 1)[0]
+        array_job_id = task_ids[0].split("_", 1)[0]
         array_ids.append(array_job_id)
+        extra = {"found_after_lost_answer": True} if note else {}
         record_sweep_job(
             plan.sweep_dir,
             backend="submitit",
             identity=dataclasses.replace(ident, job_id=array_job_id),
             array=",".join(str(i) for i in elements),
             tasks=len(elements),
+            **extra,
         )
-        for i, job in zip(elements, jobs):
-            task = dataclasses.replace(ident, job_id=str(job.job_id))
-            record_job(plan.element_dir(i), backend="submitit", identity=task, array_job_id=array_job_id)
+        for i, task_id in zip(elements, task_ids):
+            task = dataclasses.replace(ident, job_id=task_id)
+            record_job(plan.element_dir(i), backend="submitit", identity=task, array_job_id=array_job_id, **extra)
+        clear_submit_intent(plan.sweep_dir)
+        if note:
+            warn(note)
     return array_ids[0]
+
+
+def _submit_array(
+    plan: SweepPlan,
+    executor: Any,
+    elements: Sequence[int],
+    by_element: Dict[int, Any],
+    ident: JobIdentity,
+    known: Sequence[str],
+    run: Callable[..., subprocess.CompletedProcess],
+) -> Tuple[List[str], str]:
+    """One array of the sweep through ``executor.batch()``, the intent written first: its tasks' job ids
+    (``ARRAYJOBID_TASKID``, task k = ``elements[k]``) and "" — or, after a lost answer, those of the array
+    found and the note that says so. Raises ``ClusterError`` as :func:`submitting`, or when the answer was
+    lost and the array cannot be found (the intent stays: the next submit looks again)."""
+    from .sbatch import find_lost_job, found_note, lost_answer_error
+
+    record_submit_intent(plan.sweep_dir, ident)
+    try:
+        with submitting("the job array", keep=plan.pass_env), executor.batch():
+            jobs = [executor.submit(by_element[i]) for i in elements]
+    except AnswerLost as e:
+        found, why = find_lost_job(ident, known, run)
+        if found is None:
+            raise lost_answer_error(str(e), "the job array", why) from None
+        base = Path(plan.sweep_dir) / SUBMITIT_DIR
+        adopt_array_files(base, found, _tasks_by_run_dir(plan, elements), ident.time)
+        return [f"{found}_{k}" for k in range(len(elements))], found_note(str(e), found)
+    except BaseException:
+        clear_submit_intent(plan.sweep_dir)
+        raise
+    return [str(job.job_id) for job in jobs], ""
+
+
+def _tasks_by_run_dir(plan: SweepPlan, elements: Sequence[int]) -> Dict[str, int]:
+    """Each element's run directory → its task number in an array of ``elements``."""
+    return {plan.element_dir(i): k for k, i in enumerate(elements)}
+
+
+def adopt_array_files(base: Path, array_job_id: str, tasks: Mapping[str, int], since: float) -> Dict[int, str]:
+    """After sbatch's answer was lost but the job array found: move each task's pickle where submitit would
+    have once sbatch answered (``submitit.core.utils.JobPaths``: ``BASE/ARRAYJOBID_K/ARRAYJOBID_K_submitted.pkl``;
+    each task waits 60 s for it, ``submitit.core.submission.process_job``). submitit names the pickles it
+    wrote into ``base`` at random; the one of task k holds the callable of the element whose run directory
+    ``tasks`` maps to k (read back with submitit's own ``DelayedSubmission.load``). Only pickles written since
+    ``since`` (epoch s, less ``sbatch.CLOCK_SLACK_S``) are looked at. Returns task → the pickle's new path."""
+    from submitit.core.utils import DelayedSubmission, JobPaths
+
+    from .sbatch import CLOCK_SLACK_S
+
+    moved: Dict[int, str] = {}
+    for p in sorted(base.glob("*.pkl"), key=lambda q: q.stat().st_mtime):
+        if not p.is_file() or p.stat().st_mtime < since - CLOCK_SLACK_S:
+            continue
+        try:
+            run_dir = getattr(DelayedSubmission.load(p).function, "run_dir", None)
+        except Exception:  # not one of ours (a half-written or foreign file): left where it is
+            continue
+        k = tasks.get(str(run_dir)) if run_dir is not None else None
+        if k is None:
+            continue
+        paths = JobPaths(base / "%j", job_id=f"{array_job_id}_{k}")
+        paths.move_temporary_file(p, "submitted_pickle")
+        moved[k] = str(paths.submitted_pickle)
+    return moved

@@ -399,3 +399,24 @@ def test_submitit_s_lost_answer_job_gets_its_callable_and_the_next_submit_refuse
     assert rundir.read_submit_intent(d) is None
     # no intent: nothing asked, the ids recorded returned
     assert sbatch_backend.refuse_beside_lost_job(str(d), "submitit", Runner()) == ["60"]
+
+
+def test_a_found_submitit_array_s_tasks_each_get_their_element_s_pickle(tmp_path):
+    """submitit names an array's pickles at random: ``adopt_array_files`` reads each back (submitit's own
+    loader) and moves it to the task whose element's run directory its callable names."""
+    from submitit.core.utils import DelayedSubmission
+
+    from slurm_ddp.backends.submitit_backend import SubmititWorker
+    from slurm_ddp.backends.submitit_sweep import adopt_array_files
+
+    base = tmp_path / "sweep" / "submitit"
+    base.mkdir(parents=True)
+    dirs = [str(tmp_path / "sweep" / f"00{i}") for i in range(3)]
+    for d, name in zip(dirs, ("f" * 32, "0" * 32, "7" * 32)):  # not in element order
+        DelayedSubmission(SubmititWorker(d, 3)).dump(base / f"{name}.pkl")
+    (base / ("9" * 32 + ".pkl")).write_bytes(b"not a pickle")  # left where it is
+    moved = adopt_array_files(base, "70", {dirs[2]: 0, dirs[0]: 1}, since=0.0)  # this array: elements 2 and 0
+    assert moved == {0: str(base / "70_0" / "70_0_submitted.pkl"), 1: str(base / "70_1" / "70_1_submitted.pkl")}
+    assert DelayedSubmission.load(base / "70_0" / "70_0_submitted.pkl").function.run_dir == dirs[2]
+    assert DelayedSubmission.load(base / "70_1" / "70_1_submitted.pkl").function.run_dir == dirs[0]
+    assert sorted(p.name for p in base.glob("*.pkl")) == ["0" * 32 + ".pkl", "9" * 32 + ".pkl"]
