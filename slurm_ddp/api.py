@@ -34,7 +34,7 @@ from .errors import DependencyNeverSatisfied, SlurmDDPError, SlurmDDPWarning, Us
 from .ops.poll import POLL, PollPolicy, wait_runs, wait_sweep
 from .ops.runs import read_run, resolve_run
 from .ops.slurm import NEVER_SATISFIED_REASON, REQUEUED_STATES
-from .ops.status import RunStatus, never_starts_note, run_status
+from .ops.status import LOCAL_WAIT_SOURCE, RunStatus, never_starts_note, run_status
 from .ops.sweeps import SweepStatus, best_value, default_metric, read_sweep, sweep_status
 from .rundir import (
     CONFIG_NAME,
@@ -134,8 +134,7 @@ class Run:
         if self._detached is not None and self._detached.poll() is None and not _has_live_job(run):
             if st.state == "PENDING":
                 return st  # waiting, and it says for what
-            # "local launcher": the source word ops.status gives a local run's wait
-            return RunStatus(run, "PENDING", False, "local launcher", notes=["waiting for the runs it comes after"])
+            return RunStatus(run, "PENDING", False, LOCAL_WAIT_SOURCE, notes=["waiting for the runs it comes after"])
         return st
 
     def wait(
@@ -240,9 +239,9 @@ class Run:
 def _has_live_job(run: Any) -> bool:
     """A job recorded after the detached submit process of this session started (the last record is local
     and its supervisor is alive)."""
-    from .ops.status import local_launcher_alive
+    from .ops.status import local_supervisor_alive
 
-    return bool(run.jobs) and run.is_local and local_launcher_alive(run.jobs[-1], run.path)
+    return bool(run.jobs) and run.is_local and local_supervisor_alive(run.jobs[-1], run.path)
 
 
 def _tail(path: Path) -> str:

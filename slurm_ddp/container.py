@@ -507,7 +507,7 @@ def oci_rank_config(
 def local_rank_argv(
     p: ContainerPlan, run_dir: str, rank: int, argv: Sequence[str], env: Mapping[str, str], runtime: str, name: str
 ) -> List[str]:
-    """What the local launcher runs to start ``argv`` (a rank's, its interpreter ``p.python``) inside
+    """What the local supervisor runs to start ``argv`` (a rank's, its interpreter ``p.python``) inside
     ``p``'s container, ``runtime`` being ``check_local``'s program: for ``apptainer`` the batch
     script's words (``exec_argv``) then ``argv``; for ``oci`` ``runtime run --bundle DIR name``
     after writing DIR = ``RUN_DIR/container/ranks/<rank>`` (``oci_rank_config``; owner-only, since

@@ -85,6 +85,6 @@ class DependencyNeverSatisfied(SlurmDDPError):
     """A run that ``--after`` / ``after=`` names ended in a way its condition excludes (``afterok`` of a
     failed run, ``afternotok`` of a finished one): the dependent job never starts. Slurm's word for it
     (a pending job's Reason). Its own exit code, so that the Python API tells it apart in the status
-    of the background local launcher it started."""
+    of the detached submit process it started."""
 
     exit_code = 6

@@ -5,7 +5,7 @@ synthetic allocation (``slurm_ddp.env.synthetic_slurm_env``), assumes each node 
 exactly the job's CPUs (``tasks_per_node × cpus_per_task``, numbered from 0, split evenly
 into ``numa_nodes`` NUMA nodes) and prints rank, local rank, node, the rendezvous rule, the
 CPU set, NUMA node, OMP/KMP variables, LD_PRELOAD and the signal plan, each from the same
-planner the launch wrapper runs (``slurm_ddp.binding.plan_for_task``). ``explain_task()``
+planner the rank wrapper runs (``slurm_ddp.binding.plan_for_task``). ``explain_task()``
 does the same for the SLURM task this process is. Pure apart from looking up libraries and
 numactl on this machine (for the paths it shows); imports no torch.
 """
@@ -57,7 +57,7 @@ WORKER = ("PYTHON", "-u", "-m", "slurm_ddp.worker", "--run-dir", "RUN_DIR")
 
 
 def rank_program(cfg: JobConfig) -> List[str]:
-    """What every rank execs after the launch wrapper: the shared worker, or ``train.command``
+    """What every rank execs after the rank wrapper: the shared worker, or ``train.command``
     (``python``/``*.py`` run by the ranks' interpreter, shown as ``PYTHON``)."""
     return command_argv(cfg.train.command, "PYTHON") if cfg.train.command else list(WORKER)
 
@@ -189,7 +189,7 @@ def path_line(cfg: JobConfig) -> str:
         here = os.path.dirname(sys.executable) or "?"
         who = f"that of the interpreter that submits (environment.python unset; here {here})"
     return (
-        f"PATH: the ranks' interpreter's directory first, {who}, put there by the launch wrapper at each rank's "
+        f"PATH: the ranks' interpreter's directory first, {who}, put there by the rank wrapper at each rank's "
         "start, after environment.setup and environment.env: python in a wrapper script or a subprocess is "
         "the ranks' interpreter; the rest of PATH keeps its order"
     )
@@ -479,7 +479,7 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
         out.append(nccl_line(environ))
     if environ.get(APPLIED_VAR):
         out.append(
-            f"note: this process runs under the launch wrapper, which applied: {environ[APPLIED_VAR]} "
+            f"note: this process runs under the rank wrapper, which applied: {environ[APPLIED_VAR]} "
             "(its variables now count as set by the user)"
         )
     out += rank_lines(denv, plan, rank_program(cfg))
@@ -488,7 +488,7 @@ def explain_task(cfg: JobConfig, environ: Mapping[str, str], plan: BindingPlan) 
 
 def explain_here(cfg: JobConfig, environ: Mapping[str, str], job: str) -> str:
     """``slurm-ddp env JOB`` inside a SLURM task: :func:`explain_task` for this task, with the binding
-    plan the launch wrapper would apply here (``slurm_ddp.launch.plan_here``).
+    plan the rank wrapper would apply here (``slurm_ddp.launch.plan_here``).
 
     Raises ``UserError`` outside a SLURM task (``SLURM_PROCID`` unset), naming ``--explain``.
     """

@@ -29,7 +29,7 @@ the same on every rank of a start (:func:`resume_command`, ``rundir.script_check
 names it and every newer one skipped as incomplete. And the wrapper
 does not replace itself: it forks the command (binding, rank log and hang watchdog as above) and
 stays as its parent, so that it sees the signals its rank is sent — Slurm signals every process
-of a task (``proctrack``), torchrun the worker's pid, the local launcher the rank's process
+of a task (``proctrack``), torchrun the worker's pid, the local supervisor the rank's process
 group; the wrapper passes nothing on, the command gets them as before. A stop signal (SIGTERM,
 SIGINT, SIGHUP, ``requeue.signal``) is recorded in the run directory
 (``rundir.record_rank_stop``), where the finished and requeue rules read it: a script that exits
@@ -303,7 +303,7 @@ def _rank_environ(cfg: JobConfig, run_dir: str) -> Tuple[Dict[str, str], DistEnv
     environ = dict(os.environ)
     if os.getpid() == 1 and environ.get("SLURM_DDP_BACKEND") == "local":
         # PID 1 of the local backend's OCI container (container.local_rank_argv): like every local rank it must
-        # not outlive the launcher, whose death SIGKILLs `runc run`; runc does not take its container with it
+        # not outlive the local supervisor, whose death SIGKILLs `runc run`; runc does not take its container with it
         from .signals import die_with_parent
 
         die_with_parent()
@@ -327,8 +327,8 @@ def _command_environ(cfg: JobConfig, denv: DistEnv, env: Mapping[str, str], run_
     """What the command's environment ``env`` (the binding plan's) gets on top: NCCL's defaults where the user
     set none (GPU jobs, ``devices.NCCL_DEFAULTS``), the torchrun environment contract (``RANK``,
     ``LOCAL_RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``, ``GROUP_RANK``/``NODE_RANK``, ``MASTER_ADDR``/``PORT``)
-    whichever launcher started it, the run directory and ``requeue.signal``, the checkpoint interval rule's
-    figures (``checkpoint.every_s: auto``), the trackers' run ids."""
+    whatever started it (srun, torchrun, the local supervisor, submitit), the run directory and
+    ``requeue.signal``, the checkpoint interval rule's figures (``checkpoint.every_s: auto``), the trackers' run ids."""
     out: Dict[str, str] = {}
     if cfg.slurm.gpu_job:  # NCCL's settings where the user set none (slurm_ddp.devices.NCCL_DEFAULTS)
         from .devices import nccl_environment
@@ -433,9 +433,9 @@ def _exec_worker(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[
         env.update(start_for_rank(cfg, denv, env[RUN_DIR_VAR], sys.executable))
     # The shared worker handles the requeue signal and SIGTERM only once its PreemptionFlag is
     # installed; until then the default action would kill the rank (a preemption notice in the first
-    # seconds of a start, one Slurm re-delivers to a requeued job, or the local launcher's Ctrl-C
+    # seconds of a start, one Slurm re-delivers to a requeued job, or the local supervisor's Ctrl-C
     # while the rank starts, end it without a checkpoint). Blocked here, they stay pending across
-    # exec and reach the flag when install() unblocks them. The local launcher starts this wrapper
+    # exec and reach the flag when install() unblocks them. The local supervisor starts this wrapper
     # with every signal it passes on blocked (signals.forwarded_signals): the others get their
     # default action back. A train.command script keeps the default actions (torchrun's
     # behaviour; see _supervise, which resets the mask of the command it forks).
@@ -595,7 +595,7 @@ def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[st
             signal.pthread_sigmask(signal.SIG_UNBLOCK, {died})
         except (OSError, ValueError):
             pass
-        os.kill(os.getpid(), died)  # end as the rank did, so srun/torchrun/the local launcher see the same
+        os.kill(os.getpid(), died)  # end as the rank did, so srun/torchrun/the local supervisor see the same
         return 128 + died
     return os.waitstatus_to_exitcode(status)
 

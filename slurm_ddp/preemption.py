@@ -61,7 +61,7 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, NoReturn, Optional
 
 from .constants import EMERGENCY_WAIT_S, PREEMPTED_EXIT_CODE
 from .errors import PeerFailure
-from .rundir import SIGNAL_VAR  # the variable the launch wrapper sets to the job's requeue.signal (USR2)
+from .rundir import SIGNAL_VAR  # the variable the rank wrapper sets to the job's requeue.signal (USR2)
 from .signals import PreemptionFlag, SignalSpec, ignore_in_loader_workers, worker_signals
 
 if TYPE_CHECKING:
@@ -155,7 +155,7 @@ def checkpoint_interval(
 
     With ``cost_s`` (the seconds one of the script's saves blocks training; ``write_s``: one background write,
     ``step_s``: one step) the interval rule (``slurm_ddp.rundir.interval``: Daly's optimum, bounded) computes it
-    from the expected time between interruptions the launch wrapper measured at this start
+    from the expected time between interruptions the rank wrapper measured at this start
     (``$SLURM_DDP_CHECKPOINT_MTBF_S``, the run's history and ``checkpoint.mtbf_s``). Without ``cost_s``: the
     interval offered at the start (``$SLURM_DDP_CHECKPOINT_EVERY_S``, set when the run's records hold a
     measured save cost). None when neither is known (the config does not ask for ``auto``, or no cost yet).
@@ -198,7 +198,7 @@ def exit_preempted(step: Optional[int] = None) -> NoReturn:
     would kill it). Rank 0 writes the run directory's ``PREEMPTED`` marker (job, restart,
     ``step`` or 0, and the signal the ranks agree on here, once more: SIGTERM when any rank
     got it by now, which the requeue rule does not requeue, else the requeue signal) when ``SLURM_DDP_RUN_DIR`` and ``SLURM_JOB_ID`` are set, so the batch
-    script knows the stop even if a launcher reports another status. The process group is
+    script knows the stop even if srun or torchrun reports another status. The process group is
     destroyed and the process exits with ``os._exit`` after flushing stdio and logging: no
     interpreter teardown, where a group still held by a DDP model can abort the process.
     """

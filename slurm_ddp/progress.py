@@ -1,6 +1,6 @@
 """Progress points of a rank, read by its hang watchdog (``slurm_ddp.watchdog``): the public API.
 
-Side effects: maps a small shared-memory record (a ``memfd`` the launch wrapper made and passed
+Side effects: maps a small shared-memory record (a ``memfd`` the rank wrapper made and passed
 down as ``$SLURM_DDP_PROGRESS_FD``) and, at the first call, registers ``faulthandler`` for
 :data:`DUMP_SIGNAL` (every thread's Python stack to stderr, i.e. the rank log, without needing the
 GIL). Imports no torch. Without the variable (a script not started by ``slurm-ddp submit``, or
@@ -58,7 +58,7 @@ PHASE_WORDS = {
     "eval": "evaluation",
     "checkpoint": "a checkpoint write",
 }
-#: The launch wrapper passes the record's file descriptor to the rank in this variable.
+#: The rank wrapper passes the record's file descriptor to the rank in this variable.
 FD_VAR = "SLURM_DDP_PROGRESS_FD"
 #: The watchdog sends this signal to make a rank write every thread's stack (faulthandler).
 DUMP_SIGNAL = int(signal.SIGRTMIN) + 3
@@ -80,7 +80,7 @@ SIZE = 64
 
 
 class Progress:
-    """A rank's progress record in shared memory (``fd``: the memfd from the launch wrapper)."""
+    """A rank's progress record in shared memory (``fd``: the memfd from the rank wrapper)."""
 
     def __init__(self, fd: int):
         _check_record(fd)

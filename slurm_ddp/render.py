@@ -347,7 +347,7 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
     a torch whose torchrun has them; ``submit`` checks that. ``--rdzv-conf=join_timeout`` is the hang
     watchdog's ``watchdog.startup_s`` (torchrun's own default, 600 s, is that default too): the
     rendezvous waits for a late node as long as a rank may take to start. Hangs after start-up are
-    the watchdog's (``slurm_ddp.watchdog``, one per rank, started by the launch wrapper under
+    the watchdog's (``slurm_ddp.watchdog``, one per rank, started by the rank wrapper under
     torchrun too); with ``--max-restarts=0`` torchrun ends the node's other ranks when it ends one.
     """
     s, r = cfg.slurm, cfg.requeue
@@ -365,7 +365,7 @@ def torchrun_flags(cfg: JobConfig) -> List[str]:
 
 
 def rank_command(cfg: JobConfig, python: str, python_var: str = '"$PYTHON"') -> List[str]:
-    """What every rank runs after the launch wrapper, as shell words (``"$PYTHON"`` and
+    """What every rank runs after the rank wrapper, as shell words (``"$PYTHON"`` and
     ``"$RUN_DIR"`` are the batch script's variables; everything else is quoted): the shared worker,
     or ``train.command`` (``config.command_argv``: ``python``/``*.py`` run by the ranks' interpreter).
     ``python_var``: the word for the ranks' interpreter (``"$CONTAINER_PYTHON"`` in a container)."""
@@ -389,7 +389,7 @@ def _container_env(box: Optional[_container.ContainerPlan]) -> str:
 
 def step_words(cfg: JobConfig, box: Optional[_container.ContainerPlan], python: str) -> List[str]:
     """The training step's ``srun`` command as shell words (``srun_flags``, the rank log, the container's
-    options, the launch wrapper, ``rank_command``), naming only ``supervise.STEP_VARIABLES``: the job's
+    options, the rank wrapper, ``rank_command``), naming only ``supervise.STEP_VARIABLES``: the job's
     supervisor expands them for each step (``supervise.expand_word``)."""
     q = shlex.quote
     python_word = '"$CONTAINER_PYTHON"' if box is not None else '"$PYTHON"'
@@ -510,7 +510,7 @@ def render(
     if array is not None:
         flags = sorted([*flags, f"--array={array.spec}"], key=lambda f: f.split("=", 1)[0])
     output_in_script = any(f.startswith("--output=") for f in flags)
-    env = env_as_written(cfg.environment.env)  # values with $NAME: set by the launch wrapper at rank start
+    env = env_as_written(cfg.environment.env)  # values with $NAME: set by the rank wrapper at rank start
     py = python or cfg.environment.python or sys.executable
     # the header's command line never holds a credential value (--set environment.env.X=...): it is a comment
     made_by = redact_argv(command if command is not None else ["slurm-ddp", *sys.argv[1:]], env)

@@ -8,8 +8,8 @@ Imports no torch.
 
 Several launches on one machine (the local backend: concurrent sweep elements, two ``submit
 --backend local``) reserve their port instead (:func:`reserve_port`): "free now" is no promise
-for the seconds until rank 0's TCPStore binds it, so each launcher holds an ``flock`` on
-``PORTS_DIR/PORT`` while its ranks run, and a port another launcher holds is never chosen.
+for the seconds until rank 0's TCPStore binds it, so each local supervisor holds an ``flock`` on
+``PORTS_DIR/PORT`` while its ranks run, and a port another one holds is never chosen.
 Side effect of that one: the lock file.
 """
 
@@ -53,7 +53,7 @@ def choose_port(job_id: str) -> int:
         return ephemeral
 
 
-#: Where local launchers hold their ports' locks (one file per port; shared by every user, sticky).
+#: Where local supervisors hold their ports' locks (one file per port; shared by every user, sticky).
 PORTS_DIR = Path(tempfile.gettempdir()) / "slurm_ddp-ports"
 #: How many ports :func:`reserve_port` tries before it gives up on reserving one.
 RESERVE_TRIES = 64
@@ -84,13 +84,13 @@ def _candidates(job_id: str) -> Iterator[int]:
 
 
 def _lock_port(port: int) -> Optional[int]:
-    """The fd of ``PORTS_DIR/PORT`` locked (flock, exclusive, not waiting); None when another launcher
+    """The fd of ``PORTS_DIR/PORT`` locked (flock, exclusive, not waiting); None when another local supervisor
     holds it. Raises ``OSError`` when the directory or file cannot be used."""
     import fcntl
 
     if not PORTS_DIR.is_dir():
         PORTS_DIR.mkdir(mode=0o1777, exist_ok=True)
-        os.chmod(PORTS_DIR, 0o1777)  # every user's launchers share it (the umask took bits off)
+        os.chmod(PORTS_DIR, 0o1777)  # every user's local supervisors share it (the umask took bits off)
     flags = os.O_RDONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW
     fd = os.open(PORTS_DIR / str(port), flags, 0o644)
     try:
@@ -105,7 +105,7 @@ def _lock_port(port: int) -> Optional[int]:
 
 
 def reserve_port(job_id: str) -> PortReservation:
-    """A port for a launch on this machine that no other slurm_ddp launcher here holds: the first of
+    """A port for a launch on this machine that no other local supervisor here holds: the first of
     ``fallback_port(job_id)`` and kernel-chosen ephemeral ports whose lock (``PORTS_DIR/PORT``) this
     process takes and which is free to bind; held until ``release()`` or this process ends. Where
     the lock directory cannot be used (read-only /tmp), :func:`choose_port`'s unreserved choice."""
@@ -115,10 +115,10 @@ def reserve_port(job_id: str) -> PortReservation:
         except OSError:
             return PortReservation(choose_port(job_id), None)
         if fd is None:
-            continue  # another launcher's, though perhaps not bound yet
+            continue  # another local supervisor's, though perhaps not bound yet
         if port_is_free(port):
             return PortReservation(port, fd)
-        os.close(fd)  # bound by a process that is no slurm_ddp launcher
+        os.close(fd)  # bound by a process that is no local supervisor
     return PortReservation(choose_port(job_id), None)
 
 

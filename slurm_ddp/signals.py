@@ -166,7 +166,7 @@ def signal_code(sig: SignalSpec) -> int:
 
 def worker_signals(requeue_signal: SignalSpec) -> tuple[signal.Signals, ...]:
     """The signals a rank's preemption flag handles: the job's ``requeue.signal`` and SIGTERM (the shared
-    worker's flag, and ``slurm_ddp.preemption.install()``'s default). The launch wrapper execs the worker
+    worker's flag, and ``slurm_ddp.preemption.install()``'s default). The rank wrapper execs the worker
     with these blocked; ``PreemptionFlag.install`` unblocks them, so one sent earlier is not lost."""
     return tuple(dict.fromkeys((to_signal(requeue_signal), signal.SIGTERM)))
 
@@ -176,7 +176,7 @@ def ignore_in_loader_workers(signals: Iterable[SignalSpec]) -> Callable[[int], N
     ignore ``signals`` — the rank's stop signals (:func:`worker_signals`).
 
     Why: Slurm sends a stop signal to every process of the step (``scancel``, preemption, ``KillWait``;
-    scancel(1), slurm.conf(5) ``PreemptMode``), and the local launcher to each rank's process group, so the
+    scancel(1), slurm.conf(5) ``PreemptMode``), and the local supervisor to each rank's process group, so the
     loader workers get it too. torch's worker handler (``torch.utils.data._utils.signal_handling``) lets a
     SIGTERM that its rank did not send kill the worker, and the rank's next batch then raises "DataLoader
     worker … is killed by signal: Terminated": the rank fails instead of saving at the step boundary.
@@ -281,7 +281,7 @@ def loader_context(signals: Iterable[SignalSpec], preload: Iterable[str] = ()) -
 
 
 def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:
-    """The signals the local launcher and a local sweep catch and pass on to their ranks or elements
+    """The signals the local supervisor and a local sweep catch and pass on to their ranks or elements
     (as srun passes them on): SIGUSR1, SIGUSR2, SIGTERM, SIGINT, SIGHUP and the job's ``requeue.signal``.
     They are blocked from before a rank or element is started until its handlers are in place."""
     sigs = {signal.SIGUSR1, signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP}
@@ -290,8 +290,8 @@ def forwarded_signals(requeue_signal: SignalSpec) -> frozenset[signal.Signals]:
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
     """Have Linux send ``sig`` to this process when its parent dies (prctl(2) PR_SET_PDEATHSIG);
-    a no-op where prctl is missing. Used by the local launcher's ranks and sweep elements and by
-    the launch wrapper's command child: none may outlive the process that supervises it."""
+    a no-op where prctl is missing. Used by the local supervisor's ranks and sweep elements and by
+    the rank wrapper's command child: none may outlive the process that supervises it."""
     try:
         import ctypes
 

@@ -39,7 +39,7 @@ it). ``snapshot.json`` records the digest and the roots' source paths; the ranks
 remapped through it: ``train.pythonpath`` entries (by the worker, on every start), the script of
 ``train.command``, and the module of ``python -m MODULE`` (run by ``slurm_ddp.runmodule`` with the
 snapshot of ``train.workdir`` first on ``sys.path``), in the rendered batch script, the local
-launcher and the submitit backend. A path outside every root (an installed package, a dataset) is
+supervisor and the submitit backend. A path outside every root (an installed package, a dataset) is
 left as it is. The ranks' working directory is ``train.workdir`` itself, the user's directory, not
 its copy: data read and outputs written by relative path are the user's.
 
@@ -47,8 +47,8 @@ Credential files (``slurm_ddp.secrets.CREDENTIAL_FILES``: ``.env``, ``.env.*``, 
 ``id_rsa*``, ``.netrc``, ``.git-credentials``, ``.pypirc``) are never copied, tracked or not
 (``SnapshotPlan.skipped``; ``submit`` names them), and ``code/`` is owner-only (``rundir.PRIVATE_DIRS``).
 
-slurm_ddp itself is never copied: it runs from the installed package (the launcher, the batch
-script's helpers and the worker import it before any snapshot path is on ``sys.path``), so its
+slurm_ddp itself is never copied: it runs from the installed package (the job's supervisor, the
+rank wrapper and the worker import it before any snapshot path is on ``sys.path``), so its
 source directory is left out even when it lies in the snapshotted repository. Installed packages
 are the environment's, recorded by digest in ``provenance.json``, not copied.
 

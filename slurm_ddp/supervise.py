@@ -374,7 +374,7 @@ class RanksOutcome:
 
     #: ``(rank, Popen.returncode)`` of the first rank that failed on its own (not of a stop signal passed on)
     failed: Optional[Tuple[int, int]] = None
-    #: the signal that told the launcher to stop (``SIGINT``, or ``SIGTERM`` when it is not the requeue
+    #: the signal that told the local supervisor to stop (``SIGINT``, or ``SIGTERM`` when it is not the requeue
     #: signal), when it came before any rank failed
     cancelled: Optional[str] = None
 
@@ -413,7 +413,7 @@ class Supervisor:
         say: Optional[Callable[[str], None]] = None,
     ):
         """``out``: the log (the batch log's lines, newline-ended); ``say``: the lines for the user (the local
-        launcher's terminal, one line each without a newline; None: the log); ``by``: who runs it, the end
+        supervisor's terminal, one line each without a newline; None: the log); ``by``: who runs it, the end
         record's ``by`` (``batch``: a :func:`~slurm_ddp.rundir.record_end` record, ``scontrol`` wanted;
         ``local``: a :class:`~slurm_ddp.rundir.LocalEnd`, said on the terminal)."""
         self.run_dir = run_dir
@@ -934,8 +934,8 @@ class Supervisor:
     def record_local_end(self, end: JobEnd, decision: Any, next_words: Optional[str]) -> int:
         """A local start's end: the hang said, the record (``rundir.ENDS_NAME``, ``by: "local"``, a
         :class:`~slurm_ddp.rundir.LocalEnd` in Slurm's state names, ``rundir.local_end``'s rule) written, and
-        said unless the launcher said it already (a failed rank, a hang) or the run simply finished. Returns
-        the launcher's exit status: the requeue rule's, but a failed rank's or a hang's own."""
+        said unless the supervisor said it already (a failed rank, a hang) or the run simply finished. Returns
+        the local supervisor's exit status: the requeue rule's, but a failed rank's or a hang's own."""
         from .rundir import (
             LOGS_DIR,
             find_hang,

@@ -1,7 +1,7 @@
 """The hang watchdog: a small process beside each rank that ends the rank when it stops progressing.
 
 ``python -m slurm_ddp.watchdog --pid PID --fd FD --run-dir DIR --rank N ...`` is started by the
-launch wrapper (``slurm_ddp.launch``) just before it execs the rank's command, so it works alike
+rank wrapper (``slurm_ddp.launch``) just before it execs the rank's command, so it works alike
 under the local, sbatch (srun or torchrun launcher) and submitit backends. It is a separate process,
 not a thread of the rank, because a hung rank may hold the GIL or be stuck in C code. It imports no
 torch, reads the rank's progress record (``slurm_ddp.progress``: shared memory, inherited as FD)
@@ -34,8 +34,8 @@ line to the rank's log, makes the rank write every thread's stack there (``fault
 a rank's shell script started; a rank stuck in C dumps too), waits a moment so that its peers notice
 and dump theirs, under in-job recovery (``--save-wait-s``) lets a rank that is not stopped commit the
 last completed step alone first (the worker's emergency checkpoint; ``rundir.hangs``), and kills the
-rank with every process it started (SIGKILL). The launcher then ends the job (srun's
-``--kill-on-bad-exit``, the local launcher, torchrun), and the requeue rule reads the reports.
+rank with every process it started (SIGKILL). What started the ranks then ends the job (srun's
+``--kill-on-bad-exit``, torchrun, the local supervisor), and the requeue rule reads the reports.
 """
 
 from __future__ import annotations
@@ -516,7 +516,7 @@ def spawn(argv: Sequence[str], extra_ignored: Sequence[str] = (), death_signal: 
 
 
 def start_for_rank(cfg: JobConfig, denv: DistEnv, run_dir: str, python: str) -> Dict[str, str]:
-    """In the launch wrapper, just before it execs the rank: make the rank's progress record and
+    """In the rank wrapper, just before it execs the rank: make the rank's progress record and
     start its watchdog. Returns the variables to add to the rank's environment (none when
     ``watchdog.enabled`` is false)."""
     w = cfg.watchdog

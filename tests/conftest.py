@@ -56,7 +56,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def pytest_configure(config: pytest.Config) -> None:
     """Write the checkout's bytecode once (the controller, before xdist starts its workers).
 
-    The suite starts ~2,000 Python processes (ranks, launchers, the batch script's helpers, CLI calls),
+    The suite starts ~2,000 Python processes (ranks, local supervisors, the batch script's helpers, CLI calls),
     and with ``PYTHONDONTWRITEBYTECODE=1`` (set on this project's machine image) each compiled every
     ``slurm_ddp`` module it imported from source again: ~0.5 CPU-s per rank, ~0.1 s per CLI call
     (measured: 2.2 vs 2.7 CPU-s for ``import slurm_ddp.worker.train, slurm_ddp.cli``). Python still

@@ -1,6 +1,6 @@
 """A Hugging Face Accelerate script (``Accelerator``, ``save_state``/``load_state``) run by slurm_ddp as ``train.command``.
 
-No ``accelerate launch``: every rank is started by slurm_ddp's launch wrapper, and ``Accelerator()`` reads
+No ``accelerate launch``: every rank is started by slurm_ddp's rank wrapper, and ``Accelerator()`` reads
 the layout from the torchrun variables slurm_ddp sets (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``,
 ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``) and starts DDP: NCCL on GPUs; on CPU only when
 told (``cpu=True`` here, or ``ACCELERATE_USE_CPU=true``), else each CPU rank would train alone.

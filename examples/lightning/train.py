@@ -1,6 +1,6 @@
 """A PyTorch Lightning script (digits MLP) run by slurm_ddp as ``train.command``, with SlurmDDPCallback.
 
-Lightning starts no processes of its own here: every rank is started by slurm_ddp's launch wrapper
+Lightning starts no processes of its own here: every rank is started by slurm_ddp's rank wrapper
 with ``LOCAL_RANK`` set (Lightning then treats the processes as created externally), and Lightning
 reads the rank layout from the cluster environment it detects: ``SLURMEnvironment`` under srun and on
 the local backend (``SLURM_PROCID``/``SLURM_LOCALID``/``SLURM_NODEID``/``SLURM_NTASKS``, which slurm_ddp

@@ -1,6 +1,6 @@
 """A Hugging Face ``Trainer`` script (a 2-layer GPT-2 on synthetic tokens) run by slurm_ddp as ``train.command``.
 
-The ``Trainer`` starts no processes of its own here: every rank is started by slurm_ddp's launch wrapper,
+The ``Trainer`` starts no processes of its own here: every rank is started by slurm_ddp's rank wrapper,
 and Accelerate (under the ``Trainer``) reads the layout from the torchrun variables slurm_ddp sets
 (``RANK``, ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``): DDP over gloo on CPU,
 NCCL on GPUs. No ``torchrun``/``accelerate launch``.

@@ -230,7 +230,7 @@ def plan_submit(
     elif backend == "local":
         argv = (
             "slurm-ddp",
-            "local launcher",
+            "local supervisor",
             f"{cfg.slurm.world_size} ranks",
             *ranks_run,
         )

@@ -5,7 +5,7 @@ those jobs ended with exit code 0, ``afternotok`` once they failed, ``afterany``
 :func:`resolve_after` turns each target into a job id (a run directory: its latest job, which a
 requeue keeps, so the dependency survives requeues) and drops what is already satisfied (a run
 that finished, for ``afterok``/``afterany``: the controller may have forgotten its job, and sbatch
-refuses a dependency on a job it does not know). The local backend has no scheduler: its launcher
+refuses a dependency on a job it does not know). The local backend has no scheduler: its local supervisor
 waits for the named runs itself (:func:`wait_for_runs`) before it starts the ranks.
 
 A run's recorded id is checked to name the run's own job first (``ops.ownjob``, one query per run
@@ -54,7 +54,7 @@ class Dependencies:
     """What :func:`resolve_after` made of the ``--after`` targets."""
 
     slurm: str = ""  #: sbatch's ``--dependency`` value, e.g. ``afterok:12:13,afterany:14``; "" for none
-    local: Tuple[After, ...] = ()  #: runs the local launcher waits for
+    local: Tuple[After, ...] = ()  #: runs the local supervisor waits for
     notes: Tuple[str, ...] = field(default_factory=tuple)  #: targets dropped as already satisfied
 
 
@@ -159,7 +159,7 @@ def wait_for_runs(
     run_cmd: Callable[..., subprocess.CompletedProcess[str]] = subprocess.run,
     run_dir: Optional[str] = None,
 ) -> None:
-    """The local launcher's dependency: wait until every run in ``afters`` has ended (its state is
+    """The local supervisor's dependency: wait until every run in ``afters`` has ended (its state is
     final; watched on ``ops.poll``'s schedule, ``poll_s`` after a change), then check its condition. ``run_dir``: the waiting run's directory, where the wait is
     recorded (``rundir.WAITING_NAME``: ``status`` shows PENDING, Reason=Dependency) and, if it
     fails, why. Raises ``DependencyNeverSatisfied`` when a condition is not met."""

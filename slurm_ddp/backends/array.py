@@ -184,7 +184,7 @@ def plan_sweep(
         os.path.join(sweep_dir, ARRAY_SCRIPT_NAME),
     )
     if backend == "local":
-        argv = ("slurm-ddp", "local launcher", f"{len(todo)} elements one after another")
+        argv = ("slurm-ddp", "local supervisor", f"{len(todo)} elements one after another")
     elif backend == "submitit":  # one submitit job array (backends.submitit_sweep); task k runs todo[k]
         argv = ("submitit.SlurmExecutor.batch", f"{len(todo)} array tasks")
     linked: Tuple[str, ...] = ()
@@ -306,7 +306,7 @@ def schedule_local(
     element run, in the order they ended.
 
     One element at a time runs in this process. Several run each in a forked process of its own
-    session, with its own launcher (``backends.local``: its own ``MASTER_PORT``, reserved while its
+    session, with its own local supervisor (``backends.local``: its own ``MASTER_PORT``, reserved while its
     ranks run: ``rendezvous.reserve_port``, so no two elements share one) and its lines prefixed ``[NNN]``; a signal to this process (Ctrl-C, SIGTERM, the requeue
     signal) is passed to every running element, whose ranks stop as ``rundir.at_stop`` says (the worker's
     checkpoint at the step boundary; a ``train.command`` script's only with a slurm_ddp handler), and an element
@@ -427,7 +427,7 @@ def _run_local_concurrently(
                     try:
                         for sig, handler in originals.items():
                             signal.signal(sig, handler)
-                        # still blocked: one passed on before the element's launcher catches them
+                        # still blocked: one passed on before the element's local supervisor catches them
                         # (backends.local.LocalRanksStarter.install, which unblocks them) waits for it, pending,
                         # and is not taken by the default action
                         os.setsid()

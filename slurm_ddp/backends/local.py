@@ -3,7 +3,7 @@
 Each rank gets the task variables srun sets (``SLURM_PROCID``, ``SLURM_LOCALID``,
 ``SLURM_NODEID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``, …; see
 ``slurm_ddp.env.synthetic_slurm_env``), so the worker runs the same code path as on a
-cluster. Like srun, the launcher forwards SIGUSR2/SIGTERM (and the configured signal) to
+cluster. Like srun, the local supervisor forwards SIGUSR2/SIGTERM (and the configured signal) to
 every rank, and like ``--kill-on-bad-exit=1`` it stops all ranks when one fails.
 SIGINT (Ctrl-C) is turned into a graceful SIGTERM (checkpoint, then exit); a second
 Ctrl-C kills the ranks. ``environment.setup`` lines are not run (they are batch-shell code).
@@ -16,7 +16,7 @@ finished check, the requeue rule (it cannot requeue here), a hang, a ``train.com
 and the record of how the start ended (``rundir.ENDS_NAME``, ``rundir.local_end``'s rule) are the
 supervisor's: ``COMPLETED``, ``PREEMPTED`` (the requeue signal stopped the ranks), ``CANCELLED`` (Ctrl-C,
 or SIGTERM that is not the requeue signal, before any rank failed) or ``FAILED`` (the first failing rank,
-its status and log; a hang), for ``slurm-ddp status``; a launcher killed with ``kill -9`` records nothing.
+its status and log; a hang), for ``slurm-ddp status``; a local supervisor killed with ``kill -9`` records nothing.
 
 It writes nothing to the terminal itself: rank 0's lines go to the ``echo`` stream and its
 own status lines ("rank 1 exited with status 1; …") to the ``say`` callable, both given by
@@ -53,7 +53,7 @@ from . import SubmitPlan, prepare_run_dir
 
 _LOG = logging.getLogger(__name__)
 KILL_GRACE_S = 10.0
-#: Seconds the launcher waits, after it first finds a failed rank, for others to end before it names them
+#: Seconds the local supervisor waits, after it first finds a failed rank, for others to end before it names them
 #: and stops the rest. The rank that failed first is often not the first to exit: a peer whose collective
 #: then fails (its connection closed) can exit while the failed rank's interpreter still shuts down.
 NAME_WINDOW_S = 2.0
@@ -65,11 +65,11 @@ def rank_environ(
     """The environment of ``rank``: ``base`` (default os.environ) without any Slurm job's or step's
     variables (``submitenv.submit_environ`` with ``inside=True``, whether this shell is in a job or not:
     ``SLURM_*`` but ``SLURM_CONF`` and the like, a rank's ``MASTER_ADDR``…; ``environment.pass_env``
-    kept), plus the config's ``environment.env`` (values with ``$NAME`` are set by the launch wrapper)
+    kept), plus the config's ``environment.env`` (values with ``$NAME`` are set by the rank wrapper)
     and the task variables srun would give the rank's synthetic job."""
     s = plan.cfg.slurm
     env = submit_environ(os.environ if base is None else base, keep=plan.cfg.environment.pass_env, inside=True)
-    env.update(env_as_written(plan.cfg.environment.env))  # values with $NAME: the launch wrapper's, expanded
+    env.update(env_as_written(plan.cfg.environment.env))  # values with $NAME: the rank wrapper's, expanded
     env.update(
         synthetic_slurm_env(
             rank=rank,
@@ -94,9 +94,9 @@ def rank_environ(
 
 
 def _die_with_parent() -> None:
-    """In the child before exec: SIGKILL it when the launcher dies.
+    """In the child before exec: SIGKILL it when the local supervisor dies.
 
-    Like srun's tasks, the ranks must not outlive the launcher (kill -9 of it, a crashed
+    Like srun's tasks, the ranks must not outlive the local supervisor (kill -9 of it, a crashed
     login shell), or they would train on as orphans holding the run directory.
     """
     die_with_parent(signal.SIGKILL)
@@ -180,12 +180,12 @@ def _pump(src: IO[bytes], log_path: Path, echo: Optional[IO[str]]) -> None:
 
 class LocalRanksStarter:
     """The local backend's :class:`~slurm_ddp.supervise.StepStarter`: the ranks on this machine, one process
-    each through the launch wrapper, as srun starts them (:class:`LocalRanks` is the step).
+    each through the rank wrapper, as srun starts them (:class:`LocalRanks` is the step).
 
-    It holds what one local start owns: the run directory's launcher lock (:meth:`lock`, which also counts
+    It holds what one local start owns: the run directory's lock (``launcher.lock``, :meth:`lock`, which also counts
     the start's ``restart``), the signals it passes on (:meth:`install`: the handler only records them; the
     step acts on them while it is waited for), ``MASTER_PORT`` (:meth:`rendezvous`, reserved while the ranks
-    run). ``echo`` receives rank 0's output lines, ``say`` the launcher's status lines (one line each, without
+    run). ``echo`` receives rank 0's output lines, ``say`` the supervisor's status lines (one line each, without
     a program prefix); either may be ``None`` to drop them. ``told`` receives the stop signals (SIGTERM,
     ``requeue.signal``) passed on to the ranks.
     """
@@ -204,7 +204,7 @@ class LocalRanksStarter:
         self.python = python or plan.cfg.environment.python or sys.executable
         self.job_id = str(os.getpid())
         self.restart = 0  #: how many local launches of this run directory came before this one (``lock``)
-        #: the stop signals (SIGTERM, ``requeue.signal``) this launcher passed on to the ranks
+        #: the stop signals (SIGTERM, ``requeue.signal``) this supervisor passed on to the ranks
         self.told: Set[int] = set() if told is None else told
         #: signals received and not yet acted on (appended by the handler, drained by the step's ``wait``)
         self.pending: Deque[int] = collections.deque()
@@ -212,7 +212,7 @@ class LocalRanksStarter:
         self.notify: Optional[Callable[[int], None]] = None
         self._lock_fd: Optional[int] = None
         self._port: Optional[PortReservation] = None
-        #: the handlers this launcher replaced (``install``), put back by ``release``
+        #: the handlers this supervisor replaced (``install``), put back by ``release``
         self._originals: Dict[int, object] = {}
         #: ``environment.container``: each rank runs inside it (``slurm_ddp.container``), None without one
         self.box = container.plan(plan.ranks_cfg, plan.run_dir)
@@ -257,10 +257,10 @@ class LocalRanksStarter:
         self.pending.append(signum)
 
     def lock(self) -> None:
-        """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one launcher per run
+        """Hold ``RUN_DIR/launcher.lock`` (flock) while the ranks run: one local supervisor per run
         directory, and ``slurm-ddp status`` can tell that this one is alive. The kernel drops
         the lock when this process dies; the ranks do not inherit it (close_fds). Then count the
-        local starts before this one (``restart``). Raises ``UserError`` when another launcher holds it."""
+        local starts before this one (``restart``). Raises ``UserError`` when another local supervisor holds it."""
         import fcntl
 
         Path(self.plan.run_dir).mkdir(parents=True, exist_ok=True)
@@ -270,7 +270,7 @@ class LocalRanksStarter:
         except BlockingIOError:
             os.close(fd)
             raise UserError(
-                f"run directory {self.plan.run_dir!r} is in use by another local launcher; wait for "
+                f"run directory {self.plan.run_dir!r} is in use by another local supervisor; wait for "
                 "it to stop (or Ctrl-C it), or submit with another --run-dir"
             ) from None
         os.ftruncate(fd, 0)
@@ -280,7 +280,7 @@ class LocalRanksStarter:
 
     def release(self) -> None:
         """End what is left of the step (``LocalRanks.close``), put back the signal handlers, drop the port's
-        reservation and the run directory's launcher lock (all also dropped when this process exits)."""
+        reservation and the run directory's ``launcher.lock`` (all also dropped when this process exits)."""
         if self.step is not None:
             self.step.close()
         for s, h in self._originals.items():
@@ -294,10 +294,10 @@ class LocalRanksStarter:
             self._lock_fd = None
 
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> LocalRanks:
-        """Write the run directory, record the start and start every rank (through the launch wrapper) on
+        """Write the run directory, record the start and start every rank (through the rank wrapper) on
         ``env``'s ``MASTER_PORT``; returns at once. ``argv`` is empty (a local plan has no srun words).
         Each rank starts with the signals passed on blocked (the mask is inherited across exec): the
-        launch wrapper unblocks all but its preemption flag's, which the rank unblocks once its handlers
+        rank wrapper unblocks all but its preemption flag's, which the rank unblocks once its handlers
         are in (``signals.PreemptionFlag.install``), or the ``train.command`` supervisor once its are."""
         if self.plan.cfg.slurm.launcher == "torchrun":
             self.say("slurm.launcher=torchrun: the local backend starts every rank itself, as the srun launcher does")
@@ -319,10 +319,10 @@ class LocalRanksStarter:
                 name = f"slurm-ddp-{self.job_id}-{restart}-{rank}"
                 cmd = container.local_rank_argv(self.box, str(rd), rank, cmd, renv, tool, name)
                 if self.box.runtime == "oci":
-                    # a name left by a launcher killed with kill -9 (its container died with runc: launch.py)
+                    # a name left by a local supervisor killed with kill -9 (its container died with runc: launch.py)
                     subprocess.run([tool, "delete", "--force", name], capture_output=True, check=False)
                     step.containers.append(name)
-            # A new session: a terminal's Ctrl-C reaches only this launcher, which decides.
+            # A new session: a terminal's Ctrl-C reaches only this supervisor, which decides.
             old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, self._signals())
             try:
                 p = subprocess.Popen(
@@ -345,11 +345,11 @@ class LocalRanksStarter:
         return step
 
     def rank_python(self) -> str:
-        """The ranks' interpreter: ``environment.container.python`` inside a container, else this launcher's."""
+        """The ranks' interpreter: ``environment.container.python`` inside a container, else this supervisor's."""
         return self.box.python if self.box is not None else self.python
 
     def rank_command(self, run_dir: str) -> List[str]:
-        """What each rank execs after the launch wrapper: the shared worker, or ``train.command``
+        """What each rank execs after the rank wrapper: the shared worker, or ``train.command``
         (``config.command_argv``, run in ``train.workdir``), paths in the code snapshot."""
         tc = self.plan.ranks_cfg.train
         py = self.rank_python()
@@ -389,7 +389,7 @@ class LocalRanks:
         self._interrupts = 0
         #: (rank, status) of the first rank that failed, when one did
         self.failed: Optional[Tuple[int, int]] = None
-        #: the signal that told this launcher to stop (SIGINT, or SIGTERM when it is not the requeue signal)
+        #: the signal that told this supervisor to stop (SIGINT, or SIGTERM when it is not the requeue signal)
         self.cancelled: Optional[str] = None
         #: whether that came before the first failure (then the job was cancelled, not failed)
         self.cancelled_first = False
@@ -416,7 +416,7 @@ class LocalRanks:
 
     def _stopped(self, code: int) -> bool:
         """Whether a rank's exit status ``code`` (``Popen.returncode``) is its death by a stop signal this
-        launcher passed on: ``-SIG``, or ``128 + SIG`` from a container runtime (``runc run`` exits so
+        supervisor passed on: ``-SIG``, or ``128 + SIG`` from a container runtime (``runc run`` exits so
         when the container's process was killed by a signal)."""
         told = self.starter.told
         if code < 0:
@@ -507,7 +507,7 @@ class LocalRanks:
             self._kill_at = time.monotonic() + KILL_GRACE_S  # the others may wait for it in a collective
 
     def close(self) -> None:
-        """Once the ranks ended (or the launcher gives up on them): delete the OCI containers (a rank runc
+        """Once the ranks ended (or the supervisor gives up on them): delete the OCI containers (a rank runc
         left behind is killed so) and let the log pumps finish. Idempotent."""
         if self._closed:
             return
@@ -530,9 +530,9 @@ def schedule(
     One start of the job by the supervisor the batch host runs (``slurm_ddp.supervise.Supervisor``, ``by:
     "local"``), with the ranks of :class:`LocalRanksStarter` as its step: the finished check, the requeue
     rule (it cannot requeue here), a hang, a ``train.command`` run's ``FINISHED`` and the end record are its.
-    ``echo`` gets rank 0's lines, ``say`` the launcher's status lines; ``told`` receives the stop signals
+    ``echo`` gets rank 0's lines, ``say`` the supervisor's status lines; ``told`` receives the stop signals
     passed on to the ranks (a local sweep starts no further element after one, whatever the exit status).
-    Raises ``UserError`` when another launcher holds the run directory.
+    Raises ``UserError`` when another local supervisor holds the run directory.
     """
     starter = LocalRanksStarter(plan, echo=echo, python=python, say=say, told=told)
     starter.lock()

@@ -107,7 +107,7 @@ class SubmititWorker:
 class SubmititCommand(SubmititWorker):
     """The callable submitit runs in every task for ``train.command``: one rank of the user's script.
 
-    It starts the rank's command through the launch wrapper (``python -m slurm_ddp.launch``, as the
+    It starts the rank's command through the rank wrapper (``python -m slurm_ddp.launch``, as the
     sbatch backend's srun line does) in ``train.workdir`` and waits for it. Its own handlers only
     record a signal (they replace submitit's, whose checkpoint hook is not used); the wait loop
     passes each one on to the script, as the batch shell does. Then, as ``SubmititWorker``, rank 0
@@ -209,9 +209,9 @@ def config_parameters(cfg: JobConfig) -> Dict[str, Any]:
     return params
 
 
-def task_launcher(cfg: JobConfig, run_dir_word: str) -> str:
+def task_python(cfg: JobConfig, run_dir_word: str) -> str:
     """submitit's ``python`` for the tasks of ``cfg``'s run (``run_dir_word``: its run directory as a
-    shell word): the launch wrapper, then submitit's interpreter. For ``train.command`` that Python
+    shell word): the rank wrapper, then submitit's interpreter. For ``train.command`` that Python
     (``SubmititCommand``) is not the rank: it starts the rank's command through the wrapper again,
     which starts the rank's one hang watchdog, so this start makes none (``--no-watchdog``)."""
     py = cfg.environment.python or sys.executable
@@ -246,7 +246,7 @@ def make_callable(cfg: JobConfig, ranks_cfg: JobConfig, run_dir: str) -> Submiti
     tc = ranks_cfg.train
     if not tc.command:
         return SubmititWorker(run_dir, cfg.requeue.max_requeues)
-    # the rank's command, through the launch wrapper (binding, torchrun variables)
+    # the rank's command, through the rank wrapper (binding, torchrun variables)
     argv = [py, "-m", "slurm_ddp.launch", "--run-dir", run_dir, "--", *command_argv(tc.command, py)]
     return SubmititCommand(run_dir, cfg.requeue.max_requeues, argv, tc.workdir, cfg.requeue.signal_name)
 
@@ -348,7 +348,7 @@ def _executor(plan: SubmitPlan, *, dry_run: bool = False) -> Any:
         dry_run=dry_run,
         folder=str(rd / SUBMITIT_DIR / "%j"),
         max_num_timeout=plan.cfg.requeue.max_requeues,
-        python=task_launcher(plan.cfg, _q(str(rd))),
+        python=task_python(plan.cfg, _q(str(rd))),
     )
     executor.update_parameters(**executor_parameters(plan))
     return executor

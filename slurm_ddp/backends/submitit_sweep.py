@@ -10,13 +10,13 @@ backend's: ``sweep.chained``), so ``array_parallelism`` holds across them. Task 
 slice runs the slice's ``k``-th element; below, ``todo`` is the slice's. submitit's task ``k`` runs element
 ``todo[k]``: each task unpickles its own callable (``SubmititWorker``/``SubmititCommand`` of
 that element's run directory), and the batch script's setup finds the same element's run
-directory for the launch wrapper from ``SLURM_ARRAY_TASK_ID`` (``element_dirs_setup``). A
+directory for the rank wrapper from ``SLURM_ARRAY_TASK_ID`` (``element_dirs_setup``). A
 re-submit of the sweep therefore runs a subset correctly: task numbers restart at 0, element
 numbers do not.
 
 Everything else is the single-run submitit path's: ``executor_parameters`` (the sbatch option
 mapping ``render.sbatch_options``, of the base config: a sweep varies no key of the script),
-the launch wrapper, the sweep's one code snapshot, and per element the requeue rule
+the rank wrapper, the sweep's one code snapshot, and per element the requeue rule
 (``rundir.decide_requeue``) with ``scontrol requeue ARRAYJOBID_TASKID`` (``rundir.requeue_target``).
 submitit keeps its pickles and logs in ``SWEEP_DIR/submitit/ARRAYJOBID_TASKID``; each element's
 ``jobs.jsonl`` records its ``ARRAYJOBID_TASKID`` and ``sweep-jobs.jsonl`` the array.
@@ -53,7 +53,7 @@ from .submitit_backend import (
     make_callable,
     new_executor,
     submitting,
-    task_launcher,
+    task_python,
 )
 from .sweep_plan import SweepPlan, prepare_sweep_dir
 
@@ -120,10 +120,10 @@ def sweep_parameters(plan: SweepPlan, elements: Optional[Sequence[int]] = None, 
     return params
 
 
-def launcher(plan: SweepPlan) -> str:
-    """submitit's ``python``: the launch wrapper of this task's element (expanded by the batch shell);
-    ``train.command``, which a sweep does not vary, decides its watchdog option (``task_launcher``)."""
-    return task_launcher(plan.sweep.base_cfg, f'"${RUN_DIR_SHELL_VAR}"')
+def element_python(plan: SweepPlan) -> str:
+    """submitit's ``python``: the rank wrapper of this task's element (expanded by the batch shell);
+    ``train.command``, which a sweep does not vary, decides its watchdog option (``task_python``)."""
+    return task_python(plan.sweep.base_cfg, f'"${RUN_DIR_SHELL_VAR}"')
 
 
 def make_executor(
@@ -146,7 +146,7 @@ def make_executor(
         dry_run=dry_run,
         folder=str(Path(plan.sweep_dir) / SUBMITIT_DIR / "%j"),
         max_num_timeout=plan.sweep.base_cfg.requeue.max_requeues,
-        python=launcher(plan),
+        python=element_python(plan),
     )
     executor.update_parameters(**sweep_parameters(plan, elements, dependency))
     if len(elements) == 1:

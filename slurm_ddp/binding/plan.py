@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 #: ``environment.override_env`` is true.
 PLAN_VARS = ("OMP_NUM_THREADS", "OMP_PROC_BIND", "OMP_PLACES", "OMP_SCHEDULE", "KMP_AFFINITY", "KMP_BLOCKTIME")
 
-#: Where the launch wrapper records what it applied (one line, for the logs and ``slurm-ddp env``).
+#: Where the rank wrapper records what it applied (one line, for the logs and ``slurm-ddp env``).
 APPLIED_VAR = "SLURM_DDP_BINDING"
 
 

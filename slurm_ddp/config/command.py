@@ -1,6 +1,6 @@
 """``train.command``: where its script is (``command_script_index``; ``command_is_wrapper``), the argv a rank runs
 (``command_argv``), the one rule of ``$NAME`` in ``train.command``'s words and ``environment.env``'s values
-at rank start (``COMMAND_VAR``, ``expand_variables``, ``command_word_problem``), the shell syntax the launcher
+at rank start (``COMMAND_VAR``, ``expand_variables``, ``command_word_problem``), the shell syntax the rank wrapper
 does not run (``command_shell_syntax``) and how ``train.args`` reach the script (``command_arg_flags``).
 Pure; imports no torch. Part of ``slurm_ddp.config`` (import names from there).
 
@@ -24,7 +24,7 @@ from ..errors import UserError
 _PYTHON_NAME = re.compile(r"^python(\d+(\.\d+)?)?\Z")
 
 #: A ``$`` in a ``train.command`` word: ``$$`` (group 1, a literal ``$``), ``${args.NAME}`` (2: ``train.args``'
-#: entry), ``${NAME}`` (3), ``$NAME`` (4), or anything else (5: an error). The launcher expands the first four at
+#: entry), ``${NAME}`` (3), ``$NAME`` (4), or anything else (5: an error). The rank wrapper expands the first four at
 #: rank start (``launch.expand_command``); nothing else of the shell's syntax.
 COMMAND_VAR = re.compile(
     r"\$(?:(\$)|\{args\.([A-Za-z_][A-Za-z0-9_-]*)\}|\{([A-Za-z_][A-Za-z0-9_]*)\}|([A-Za-z_][A-Za-z0-9_]*)|(.?))", re.S
@@ -34,7 +34,7 @@ _LONE_DOLLAR = "a '$' must start $NAME or ${NAME}; write $$ for a literal $"
 
 #: What to do instead of shell syntax in ``train.command``.
 WRAPPER_HINT = (
-    "the launcher starts the program itself, without a shell; put the line in a wrapper script that ends in "
+    "the rank wrapper starts the program itself, without a shell; put the line in a wrapper script that ends in "
     'exec (run.sh: exec python "$(dirname "$0")/train.py" ... > log.txt 2>&1, which runs the snapshot\'s '
     "train.py) and set train.command: bash run.sh"
 )
@@ -324,9 +324,9 @@ def expand_variables(
 
 
 def env_as_written(env: Mapping[str, str]) -> Dict[str, str]:
-    """``environment.env``'s values without a ``$``: what the batch script (the local launcher, submitit's
+    """``environment.env``'s values without a ``$``: what the batch script (the local supervisor, submitit's
     script) exports as written before the ranks start, ``environment.setup`` included. A value with a ``$``
-    is set by the launch wrapper at rank start only, expanded (``expand_env``)."""
+    is set by the rank wrapper at rank start only, expanded (``expand_env``)."""
     return {k: v for k, v in env.items() if "$" not in v}
 
 

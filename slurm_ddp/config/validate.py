@@ -294,7 +294,7 @@ _SWITCHED: Tuple[Tuple[Tuple[str, ...], Tuple[str, ...], Callable[[JobConfig], b
 
 
 #: ``checkpoint.*`` keys that reach a ``train.command`` script under ``auto``: the interval's figures, through
-#: the launch wrapper's environment (``rundir.interval.script_environment``, ``slurm_ddp.preemption``)
+#: the rank wrapper's environment (``rundir.interval.script_environment``, ``slurm_ddp.preemption``)
 _COMMAND_CHECKPOINT_KEYS = ("every_s", "every_steps", "max_interval_s", "mtbf_s")
 
 

@@ -9,7 +9,7 @@ One module per job:
   runs commands through an injectable ``Runner``;
 - :mod:`.ownjob`: whether the job Slurm has under a run's recorded id is the run's own (user, job
   name, directory, cluster), the one check every verb below asks before it acts on or reports a job;
-- :mod:`.status`: the two joined into a run's state (:class:`RunStatus`), the local launcher's
+- :mod:`.status`: the two joined into a run's state (:class:`RunStatus`), the local supervisor's
   liveness, and the refusal of a second job in a busy run directory;
 - :mod:`.actions`: :func:`cancel` and :func:`requeue` (``scancel`` / ``scontrol requeue``);
 - :mod:`.logs`: a run's log files, shown once or followed, written through an injected ``write``;
@@ -46,7 +46,7 @@ from .slurm import (
 from .status import (
     RunStatus,
     launcher_lock_held,
-    local_launcher_alive,
+    local_supervisor_alive,
     refuse_active_run,
     run_status,
     runs_status,
@@ -68,7 +68,7 @@ __all__ = [
     "is_final",
     "is_run_dir",
     "launcher_lock_held",
-    "local_launcher_alive",
+    "local_supervisor_alive",
     "log_sources",
     "query_jobs",
     "read_config_facts",

@@ -22,7 +22,7 @@ from ..rundir import CONFIG_NAME, FINISHED_NAME, JOBS_NAME, record_waiting
 from .ownjob import identity_of, own_job, query_cluster, refusal
 from .runs import Run
 from .slurm import REQUEUED_STATES, Runner, SlurmAnswer, SlurmJob, call, clusters_args, last_line, query_jobs
-from .status import local_launcher_alive, waiting_status
+from .status import local_supervisor_alive, waiting_status
 
 
 def _slurm_job_of(run: Run, verb: str) -> str:
@@ -33,7 +33,7 @@ def _slurm_job_of(run: Run, verb: str) -> str:
     if run.is_local:
         raise UserError(
             f"run {str(run.path)!r} ran on the local backend: there is no Slurm job to {verb} "
-            f"(its launcher is process {run.latest_job_id} on the machine that submitted it)"
+            f"(its local supervisor is process {run.latest_job_id} on the machine that submitted it)"
         )
     return run.latest_job_id
 
@@ -64,9 +64,9 @@ def cancel(run: Run, run_cmd: Runner = subprocess.run) -> str:
     the run's own (``Run.at_stop``: the worker and a script with a slurm_ddp handler checkpoint at the
     next step boundary, a plain script is killed).
 
-    A local run's launcher (its job id is the launcher's pid) gets SIGTERM, which it passes to the
-    ranks as srun would; a local launcher still waiting on ``--after`` (``rundir.WAITING_NAME``) gets
-    SIGTERM too and the run is recorded CANCELLED, as ``scancel`` of a pending job is. Raises ``UserError`` (no job id, job or local launcher already ended) or
+    A local run's supervisor (its job id is the local supervisor's pid) gets SIGTERM, which it passes to the
+    ranks as srun would; a local supervisor still waiting on ``--after`` (``rundir.WAITING_NAME``) gets
+    SIGTERM too and the run is recorded CANCELLED, as ``scancel`` of a pending job is. Raises ``UserError`` (no job id, job or local supervisor already ended) or
     ``ClusterError``.
     """
     waiting = waiting_status(run)
@@ -99,27 +99,27 @@ def _cancel_waiting(run: Run) -> str:
         os.kill(w.pid, signal.SIGTERM)  # it waits with the default action: it ends there, no rank started
     except ProcessLookupError:
         raise UserError(
-            f"the local launcher of run {run.name!r} (process {w.pid}) already ended; nothing to cancel"
+            f"the local supervisor of run {run.name!r} (process {w.pid}) already ended; nothing to cancel"
         ) from None
     record_waiting(run.path, replace(w, cancelled_time=time.time()))
     return (
-        f"cancelled run {run.name!r} while its local launcher (process {w.pid}) waited for {w.dependency}; "
+        f"cancelled run {run.name!r} while its local supervisor (process {w.pid}) waited for {w.dependency}; "
         f"it never started. Submit it again to run it"
     )
 
 
 def _cancel_local(run: Run) -> str:
     pid = run.latest_job_id or ""
-    if not pid.isdigit() or not local_launcher_alive(run.jobs[-1], run.path):
-        raise UserError(f"the local launcher of run {run.name!r} (process {pid}) already ended; nothing to cancel")
+    if not pid.isdigit() or not local_supervisor_alive(run.jobs[-1], run.path):
+        raise UserError(f"the local supervisor of run {run.name!r} (process {pid}) already ended; nothing to cancel")
     try:
         os.kill(int(pid), signal.SIGTERM)
     except ProcessLookupError:
         raise UserError(
-            f"the local launcher of run {run.name!r} (process {pid}) already ended; nothing to cancel"
+            f"the local supervisor of run {run.name!r} (process {pid}) already ended; nothing to cancel"
         ) from None
     return (
-        f"sent SIGTERM to the local launcher of run {run.name!r} (process {pid}), which passes it to the ranks: "
+        f"sent SIGTERM to the local supervisor of run {run.name!r} (process {pid}), which passes it to the ranks: "
         f"{run.at_stop().sentence()}. Continue later with: slurm-ddp submit {run.path / CONFIG_NAME} "
         f"--backend local --run-dir {run.path}"
     )

@@ -20,7 +20,7 @@ made as small as it can be:
   :attr:`PollPolicy.max_s` (60 s): a job that runs for hours costs about one question a minute;
 - **file-side events cost no question**: between two questions the run directories are looked at
   (``os.stat`` of a few files, every :attr:`PollPolicy.file_check_s`): a new job record, the
-  ``FINISHED`` or ``PREEMPTED`` marker, a local launcher's end record make the next question due at once
+  ``FINISHED`` or ``PREEMPTED`` marker, a local supervisor's end record make the next question due at once
   (but never sooner than ``first_s`` after the one before) and reset the interval (the scheduler's state
   is about to change); a rank log growing does not. So a watch never asks more than once per ``first_s``;
 - a question that fails on the controller's transient errors is asked again by ``ops.slurm.call``'s
@@ -127,7 +127,7 @@ class Poller:
 
 
 #: The run directory's files whose change means the scheduler's state of its job is about to change (or
-#: did): a new job record, the finished / preempted markers, a local launcher's end record; a sweep
+#: did): a new job record, the finished / preempted markers, a local supervisor's end record; a sweep
 #: directory's array records.
 EVENT_FILES = (JOBS_NAME, FINISHED_NAME, PREEMPTED_NAME, ENDS_NAME, SWEEP_JOBS_NAME)
 

@@ -73,11 +73,11 @@ class Run:
     preempted: Optional[Preempted] = None
     last_checkpoint: Optional[int] = None  #: step of the newest committed checkpoint
     starts: int = 0  #: the starts of the run's ranks (``provenance.json``, one per job start, any backend and mode)
-    #: how the latest local start ended (``rundir.read_local_end``), when its launcher recorded it
+    #: how the latest local start ended (``rundir.read_local_end``), when its local supervisor recorded it
     local_end: Optional[LocalEnd] = None
     #: restarts inside the job after a lost node (``rundir.read_in_job_restarts``), oldest first
     in_job_restarts: List[InJobRestart] = field(default_factory=list)
-    #: a local launcher's wait for the runs it comes after (``rundir.read_waiting``), the latest one
+    #: a local supervisor's wait for the runs it comes after (``rundir.read_waiting``), the latest one
     waiting: Optional[LocalWait] = None
     #: the job a ``submit`` was about to make (``rundir.read_submit_intent``): a submit under way, or one
     #: whose sbatch answer was lost
@@ -228,7 +228,7 @@ class Run:
     @property
     def restarts(self) -> int:
         """Starts after the first: the worker's ``resume`` events, or for a script of one's own
-        (``train.command``, which writes none) the starts its launch wrapper recorded."""
+        (``train.command``, which writes none) the starts its rank wrapper recorded."""
         return max(len(self.resumes), self.starts - 1, 0)
 
     @property
@@ -257,7 +257,7 @@ class Run:
 
 
 def is_run_dir(path: Path) -> bool:
-    """True when ``path`` is a directory that ``slurm-ddp submit`` prepared, or where a local launcher
+    """True when ``path`` is a directory that ``slurm-ddp submit`` prepared, or where a local supervisor
     waits for the runs it comes after (``WAITING_NAME``) before it prepares it."""
     return path.is_dir() and any((path / n).is_file() for n in (CONFIG_NAME, JOBS_NAME, WAITING_NAME))
 

@@ -3,7 +3,7 @@
 second job in a run directory whose job still runs (:func:`refuse_active_run`).
 
 Side effects: reads run directories (:mod:`.runs`); asks Slurm through the injectable
-``run_cmd`` (:mod:`.slurm`); for a run of the ``local`` backend, probes the launcher's
+``run_cmd`` (:mod:`.slurm`); for a run of the ``local`` backend, probes the local supervisor's
 ``flock`` on its lock file (``rundir.LAUNCHER_LOCK_NAME``) and its pid in ``/proc`` on this
 machine. Never prints. Imports no torch.
 
@@ -12,9 +12,9 @@ the restart count), then ``squeue``, then ``sacct`` (which fails on clusters wit
 accounting, like the sandbox); a job that none of them knows any more has ended. The run
 directory says how far training got (last step, last committed checkpoint, the finished
 marker, the ``resume`` events = restarts). A run of the ``local`` backend is read from its
-run directory alone: its launcher's lock, then how its latest start ended, in Slurm's state names
-(``rundir.ENDS_NAME``, ``by: local``; ``STOPPED`` when the launcher left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
-starts such a job again. A local launcher that waits for the runs it comes after (``--after``;
+run directory alone: its local supervisor's lock, then how its latest start ended, in Slurm's state names
+(``rundir.ENDS_NAME``, ``by: local``; ``STOPPED`` when the local supervisor left no record, e.g. after ``kill -9``). The Slurm states ``PREEMPTED`` and ``REQUEUED`` are not final: Slurm
+starts such a job again. A local supervisor that waits for the runs it comes after (``--after``;
 ``rundir.WAITING_NAME``) has no scheduler to ask: its wait is shown in Slurm's words, ``PENDING`` with
 ``Reason=Dependency`` and the dependency, and, once a run it waits for ended the wrong way, ``CANCELLED``
 with ``Reason=DependencyNeverSatisfied`` (what Slurm does under ``SchedulerParameters=kill_invalid_depend``).
@@ -38,6 +38,10 @@ from .ownjob import gone_words, group_by_cluster, identity_of, not_the_run, own_
 from .runs import Run, is_run_dir, read_run
 from .slurm import NEVER_SATISFIED_REASON, Runner, SlurmAnswer, SlurmJob, query_jobs
 
+#: ``SlurmJob.source`` of a local run's wait for its ``--after`` runs (``status --json``: ``slurm.source``).
+#: The word predates the term "local supervisor" and stays for the readers of ``status --json``.
+LOCAL_WAIT_SOURCE = "local launcher"
+
 
 def _proc_start_time(pid: int) -> Optional[float]:
     """Start time (epoch seconds) of process ``pid`` from /proc, None where unknown."""
@@ -53,8 +57,8 @@ def _proc_start_time(pid: int) -> Optional[float]:
 
 
 def launcher_lock_held(run_dir: Path) -> Optional[bool]:
-    """Whether a local launcher holds the run directory's ``LAUNCHER_LOCK_NAME`` (flock(2)); None
-    without the file or where the filesystem has no flock."""
+    """Whether a local supervisor holds the run directory's ``LAUNCHER_LOCK_NAME`` (flock(2)); None
+    without the file or where the filesystem has no flock. (Named after the file, ``launcher.lock``.)"""
     import fcntl
 
     try:
@@ -72,10 +76,10 @@ def launcher_lock_held(run_dir: Path) -> Optional[bool]:
     return False
 
 
-def local_launcher_alive(job: Dict[str, Any], run_dir: Optional[Path] = None) -> bool:
+def local_supervisor_alive(job: Dict[str, Any], run_dir: Optional[Path] = None) -> bool:
     """True when the ``slurm-ddp submit --backend local`` process of ``job`` still runs on this
-    machine: it holds ``run_dir``'s launcher lock, or (runs without a lock file) the pid that is
-    its job id runs and did not start after the submission (else it is a reused pid)."""
+    machine: it holds ``run_dir``'s ``launcher.lock``, or (runs without a lock file) the pid that is
+    its job id runs and did not start after the submission (else it is a reused pid): its local supervisor."""
     if run_dir is not None:
         held = launcher_lock_held(run_dir)
         if held is not None:
@@ -107,11 +111,11 @@ class RunStatus:
     state: str  #: Slurm's JobState, or for local runs / forgotten jobs the run directory's word
     final: bool  #: nothing more happens without a new submit or requeue
     source: str  #: where ``state`` comes from
-    #: Slurm's word on the latest job; for a local launcher that waits for its ``--after`` runs, its wait in
-    #: the same shape (``source`` ``local launcher``, ``job_id`` its pid, ``reason``, ``dependency``)
+    #: Slurm's word on the latest job; for a local supervisor that waits for its ``--after`` runs, its wait in
+    #: the same shape (``source`` ``LOCAL_WAIT_SOURCE``, ``job_id`` its pid, ``reason``, ``dependency``)
     slurm: Optional[SlurmJob] = None
     notes: List[str] = field(default_factory=list)
-    #: a local run: how its latest start ended (``rundir.LocalEnd``), when the launcher recorded it
+    #: a local run: how its latest start ended (``rundir.LocalEnd``), when the local supervisor recorded it
     local_end: Optional[LocalEnd] = None
     #: another job that Slurm has under the run's recorded id (``ops.ownjob``): never reported as the run's
     other_job: Optional[SlurmJob] = None
@@ -167,15 +171,17 @@ class RunStatus:
 
 
 def _local_status(run: Run) -> RunStatus:
-    """A local run's state from its run directory: the finished marker, the launcher's lock, then how
+    """A local run's state from its run directory: the finished marker, the local supervisor's lock, then how
     the latest start ended (``rundir.ENDS_NAME``, ``by: local``: ``PREEMPTED``, ``CANCELLED``, ``FAILED``, in
-    Slurm's names); ``STOPPED`` when the launcher is gone without a record (``kill -9``)."""
+    Slurm's names); ``STOPPED`` when the local supervisor is gone without a record (``kill -9``)."""
     src = "run directory (local backend)"
     end = run.local_end if run.local_end is not None and run.local_end.describes(run.jobs[-1]) else None
     if run.finished is not None:
         return RunStatus(run, "COMPLETED", True, src, local_end=end)
-    if local_launcher_alive(run.jobs[-1], run.path):
-        return RunStatus(run, "RUNNING", False, src, notes=[f"launcher pid {run.latest_job_id} runs on this machine"])
+    if local_supervisor_alive(run.jobs[-1], run.path):
+        return RunStatus(
+            run, "RUNNING", False, src, notes=[f"local supervisor pid {run.latest_job_id} runs on this machine"]
+        )
     if end is not None:
         notes = [end.reason]
         if end.state == "COMPLETED":  # a finished run whose marker is gone: say so
@@ -197,39 +203,39 @@ def _local_status(run: Run) -> RunStatus:
         "STOPPED",
         True,
         src,
-        notes=["the local launcher is gone without recording how the job ended (killed?); see its logs"],
+        notes=["the local supervisor is gone without recording how the job ended (killed?); see its logs"],
     )
 
 
 def waiting_status(run: Run) -> Optional[RunStatus]:
-    """The state of a local launcher's wait for the runs it comes after (``Run.waiting``) when no job
-    was recorded since it began: ``PENDING`` (Reason=Dependency) while the launcher lives, ``CANCELLED``
+    """The state of a local supervisor's wait for the runs it comes after (``Run.waiting``) when no job
+    was recorded since it began: ``PENDING`` (Reason=Dependency) while the supervisor lives, ``CANCELLED``
     (Reason=DependencyNeverSatisfied) once it gave up; None otherwise (no wait, a wait that is over, or
-    a launcher gone without a word: killed while it waited)."""
+    a supervisor gone without a word: killed while it waited)."""
     w = run.waiting
     if w is None or any(float(j.get("time") or 0) >= w.time for j in run.jobs[-1:]):
         return None
     src = "run directory (local backend)"
     if w.cancelled_time:
-        job = SlurmJob(str(w.pid), "CANCELLED", "None", dependency=w.dependency, source="local launcher")
+        job = SlurmJob(str(w.pid), "CANCELLED", "None", dependency=w.dependency, source=LOCAL_WAIT_SOURCE)
         note = "cancelled while it waited for the runs it comes after (slurm-ddp cancel); it never started"
         return RunStatus(run, "CANCELLED", True, src, slurm=job, notes=[note])
     if w.never_satisfied:
         job = SlurmJob(
-            str(w.pid), "CANCELLED", NEVER_SATISFIED_REASON, dependency=w.dependency, source="local launcher"
+            str(w.pid), "CANCELLED", NEVER_SATISFIED_REASON, dependency=w.dependency, source=LOCAL_WAIT_SOURCE
         )
         return RunStatus(run, "CANCELLED", True, src, slurm=job, notes=[w.never_satisfied])
-    if not local_launcher_alive({"job_id": w.pid, "time": w.time}):
+    if not local_supervisor_alive({"job_id": w.pid, "time": w.time}):
         return None
-    job = SlurmJob(str(w.pid), "PENDING", "Dependency", dependency=w.dependency, source="local launcher")
-    note = f"the local launcher (pid {w.pid}) waits for those runs to end before it starts the ranks"
+    job = SlurmJob(str(w.pid), "PENDING", "Dependency", dependency=w.dependency, source=LOCAL_WAIT_SOURCE)
+    note = f"the local supervisor (pid {w.pid}) waits for those runs to end before it starts the ranks"
     return RunStatus(run, "PENDING", False, src, slurm=job, notes=[note])
 
 
 def _not_submitted(run: Run) -> RunStatus:
     notes = [f"no job recorded in {JOBS_NAME}"]
     if run.waiting is not None:
-        notes.append(f"its local launcher (pid {run.waiting.pid}) stopped while it waited ({run.waiting.dependency})")
+        notes.append(f"its local supervisor (pid {run.waiting.pid}) stopped while it waited ({run.waiting.dependency})")
     return RunStatus(run, "NOT SUBMITTED", True, "run directory", notes=notes)
 
 

@@ -13,10 +13,10 @@ A run directory holds:
   ``Command``/``StdOut``/``WorkDir``); ``submitting.json`` (``SUBMITTING_NAME``): the job a ``submit`` is
   about to make, present only while sbatch runs or after its answer was lost;
 - ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
-  survivor saw (``ENDS_NAME``: the batch shell after srun, the local launcher; :func:`record_end`),
-  read by ``slurm-ddp report`` where Slurm accounting is not there; the local launcher's records carry
+  survivor saw (``ENDS_NAME``: the batch shell after srun, the local supervisor; :func:`record_end`),
+  read by ``slurm-ddp report`` where Slurm accounting is not there; the local supervisor's records carry
   how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
-  ``FAILED``, the first failing rank, its status and log); a launcher killed with ``kill -9`` writes
+  ``FAILED``, the first failing rank, its status and log); a local supervisor killed with ``kill -9`` writes
   none, so a record of an earlier start does not describe the latest one; a batch start whose step was
   killed for memory carries ``oom`` (:class:`OomKill`'s record: tasks, hosts, events, memory per node);
 - ``metrics.jsonl``: rank 0's events ``train``/``eval``/``checkpoint``/``preempted``/``resume``/
@@ -30,9 +30,9 @@ A run directory holds:
 - the markers ``FINISHED`` (JSON: step, world size, final eval) and ``PREEMPTED``
   (one line ``"JOB_ID RESTART_COUNT STEP SIGNAL"``: the last stop for preemption);
 - ``final_model.pt``: rank 0's final weights (``FINAL_MODEL_NAME``);
-- ``launcher.lock``: held (``flock``) by a running local launcher, holding its pid; ``launcher.out``: the
-  output of a local launcher the Python API started in the background; ``waiting.json``: a local
-  launcher's wait for the runs it comes after (``--after``; :class:`LocalWait`), before it starts the ranks;
+- ``launcher.lock``: held (``flock``) by a running local supervisor, holding its pid; ``launcher.out``: the
+  output of the detached submit process the Python API started for a local run; ``waiting.json``: a local
+  supervisor's wait for the runs it comes after (``--after``; :class:`LocalWait`), before it starts the ranks;
 - ``container/``: ``environment.container``'s copy of slurm_ddp and OCI bundle (``CONTAINER_DIR``).
 - ``code/<digest>/``: the code snapshot the ranks run from (``SNAPSHOTS_DIR``), described by
   ``snapshot.json`` (``SNAPSHOT_NAME``); ``provenance.json`` (``PROVENANCE_NAME``): submits and
@@ -44,12 +44,12 @@ A run directory holds:
   user's umask, but for ``container/ranks/`` (a local rank's OCI bundle holds its whole environment,
   ``environment.pass_env``'s values included), owner-only always;
 - ``hangs/JOBID.RESTART/rank-N.json``: what rank N's hang watchdog saw when it ended the rank
-  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local launcher;
+  (``HangReport``; ``slurm_ddp.watchdog``), read by the requeue rule and the local supervisor;
 - ``handlers/JOBID.RESTART/rank-N.json``: that rank N of a ``train.command`` run installed a slurm_ddp
   stop handler at that start (``slurm_ddp.preemption.install``, directly or through a callback; which
   signals), the evidence for what a stop does to the run (:func:`at_stop`, ``rundir.handlers``);
 - ``stops/JOBID.RESTART/rank-N``: the stop signals rank N of a ``train.command`` run was sent
-  (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its launch wrapper,
+  (one ``"SIGNAL KIND"`` line each, KIND ``requeue`` or ``stop``; written by its rank wrapper,
   ``slurm_ddp.launch``), read by the finished and requeue rules (:func:`read_rank_stops`);
 - ``resumes/JOBID.RESTART[.ATTEMPT].json``: for a ``train.command`` run, what each start passed its
   script from the script's own checkpoints (``train.resume``): the checkpoint, its step and time, the

@@ -22,7 +22,7 @@ JOBS_NAME = "jobs.jsonl"
 #: the job a ``submit`` is about to make, written before ``sbatch`` runs and removed once its id is in
 #: ``JOBS_NAME`` (:func:`record_submit_intent`): left behind, it names a job whose sbatch answer was lost
 SUBMITTING_NAME = "submitting.json"
-#: one record per start whose end the batch shell or the local launcher saw (:func:`record_end`)
+#: one record per start whose end the batch shell or the local supervisor saw (:func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
 #: rank 0's step samples of a ``train.command`` script that reports through ``slurm_ddp.progress``,
@@ -43,28 +43,30 @@ STEP_NODES_VAR = "SLURM_DDP_STEP_NODES"
 #: (:func:`write_step_end`): srun, which waits for a lost node's tasks until Slurm marks the node DOWN, is
 #: then ended by the batch script
 STEP_END_VAR = "SLURM_DDP_STEP_END"
-#: set for a rank's command by the launch wrapper (and exported by the batch script): the run directory
+#: set for a rank's command by the rank wrapper (and exported by the batch script): the run directory
 #: (absolute), where a script of one's own may keep its snapshots and ``metrics.jsonl``
 RUN_DIR_VAR = "SLURM_DDP_RUN_DIR"
-#: set for a rank's command by the launch wrapper: the job's ``requeue.signal`` (``USR2``), which
+#: set for a rank's command by the rank wrapper: the job's ``requeue.signal`` (``USR2``), which
 #: ``slurm_ddp.preemption`` handles
 SIGNAL_VAR = "SLURM_DDP_REQUEUE_SIGNAL"
 #: set to 1 by the job's supervisor (torchrun launcher) when OMP_NUM_THREADS was not set before torchrun
 #: started: torchrun then sets it to 1 for its workers (torch/distributed/run.py), which is not the user's
-#: choice, so the launch wrapper plans the rank's own value instead of keeping that one
+#: choice, so the rank wrapper plans the rank's own value instead of keeping that one
 TORCHRUN_OMP_VAR = "SLURM_DDP_OMP_FROM_TORCHRUN"
 #: set for a rank's command once ``environment.env``'s ``$NAME`` values are expanded (``config.expand_env``),
-#: to the rank (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through the launch wrapper a second
+#: to the rank (``RUN_DIR:JOB_ID:RESTART:RANK``): the same rank starting through the rank wrapper a second
 #: time (submitit's ``train.command``) does not expand ``PATH: $HOME/bin:$PATH`` twice
 ENV_EXPANDED_VAR = "SLURM_DDP_ENV_EXPANDED"
 FINISHED_NAME = "FINISHED"
 PREEMPTED_NAME = "PREEMPTED"
 FINAL_MODEL_NAME = "final_model.pt"
-#: held (flock) by a running ``submit --backend local`` launcher; holds its pid
+#: held (flock) by a running local supervisor (``submit --backend local``); holds its pid.
+#: The file name predates the term ("launcher" is ``slurm.launcher`` only) and stays for runs on disk.
 LAUNCHER_LOCK_NAME = "launcher.lock"
-#: Output of a local launcher started in the background (the Python API): in the run or sweep directory
+#: Output of the detached submit process that the Python API starts for a local run (``backends.detached``):
+#: in the run or sweep directory. The file name predates the term and stays for runs on disk.
 LAUNCHER_OUT_NAME = "launcher.out"
-#: a local launcher's wait for the runs it comes after (``--after``), before it starts the ranks: one
+#: a local supervisor's wait for the runs it comes after (``--after``), before it starts the ranks: one
 #: JSON object (:class:`LocalWait`), rewritten by each wait; a later ``JOBS_NAME`` record ends it
 WAITING_NAME = "waiting.json"
 LOGS_DIR = "logs"
@@ -117,7 +119,7 @@ HANDLERS_DIR = "handlers"
 SWEEP_NAME = "sweep.json"
 #: a ``train.command`` sweep element's working directory, ``RUN_DIR/work``: the element's relative
 #: outputs (``checkpoint.pt``, HF's ``output_dir``) are its own; the project's files are linked in
-#: (``backends.sweep_plan.project_links``). Made at submit; the launch wrapper enters it.
+#: (``backends.sweep_plan.project_links``). Made at submit; the rank wrapper enters it.
 ELEMENT_WORKDIR = "work"
 ARRAY_SCRIPT_NAME = "array.sbatch"
 SWEEP_JOBS_NAME = "sweep-jobs.jsonl"
@@ -295,7 +297,7 @@ def is_job_dir(path: PathLike) -> bool:
 
 
 def was_accepted(run_dir: PathLike) -> bool:
-    """True when a job of ``run_dir`` was ever accepted (sbatch, submitit or the local launcher):
+    """True when a job of ``run_dir`` was ever accepted (sbatch, submitit or the local supervisor):
     ``JOBS_NAME`` has a record, or it holds metrics, a checkpoint or the ``FINISHED`` marker. A run
     or sweep directory of which none holds (a submit refused by sbatch, or interrupted before it
     submitted) binds nothing: the next submit writes it anew with its own config."""
@@ -483,10 +485,10 @@ def clear_submit_intent(path: PathLike) -> None:
 
 @dataclass(frozen=True)
 class LocalWait:
-    """A local launcher's wait for the runs it comes after (``WAITING_NAME``), Slurm's
+    """A local supervisor's wait for the runs it comes after (``WAITING_NAME``), Slurm's
     ``PENDING``/``Reason=Dependency`` without a scheduler."""
 
-    pid: int  #: the waiting launcher's process id
+    pid: int  #: the waiting local supervisor's process id
     time: float  #: when the wait began (epoch seconds); a ``JOBS_NAME`` record after it means it is over
     dependency: str  #: what it waits for, sbatch's syntax with run directories: ``afterok:/abs/runs/train``
     #: why it gave up (a run it waits for ended the wrong way: Slurm's ``DependencyNeverSatisfied``); "" while waiting
@@ -529,9 +531,9 @@ def read_waiting(run_dir: PathLike) -> Optional[LocalWait]:
 
 def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:
     """Append the end of one start (job ``job_id`` at ``restart``, its status ``exit_code``: srun's
-    or the local launcher's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
+    or the local supervisor's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
     now. Written by the process that outlives the ranks (the batch shell's requeue decision, the
-    local launcher), never by a rank: a start killed with its launcher has no record (the report then
+    local supervisor), never by a rank: a start killed with its supervisor has no record (the report then
     takes its last record's time). Raises ``OSError`` when unwritable."""
     record: Dict[str, Any] = {"job_id": str(job_id), "restart": int(restart), "exit_code": int(exit_code)}
     record.update(extra)

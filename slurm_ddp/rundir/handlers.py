@@ -13,7 +13,7 @@ installed ``slurm_ddp.preemption``'s handler, itself or through a callback (``sl
 default action and dies of it wherever it is (SIGTERM: status 143), after its own last save.
 ``preemption.install`` leaves this record when it runs inside a slurm-ddp run (``SLURM_DDP_RUN_DIR``
 and ``SLURM_JOB_ID`` set), so the login-node verbs (``cancel``, ``requeue``, ``status``) and the
-launchers can tell which of the two a run is. A script that handles SIGTERM on its own, without
+job's supervisor can tell which of the two a run is. A script that handles SIGTERM on its own, without
 slurm_ddp, leaves no record: the words then say what slurm_ddp knows ("no slurm_ddp handler").
 
 Whether the next start resumes: the shared worker resumes from its newest committed checkpoint; a
@@ -41,7 +41,7 @@ from .script_checkpoints import ScriptCheckpoint
 class HandlerRecord:
     """One rank's statement, at one start, that a slurm_ddp stop handler is installed in it."""
 
-    job_id: str  #: ``SLURM_JOB_ID`` of the start (the local launcher's pid on the local backend)
+    job_id: str  #: ``SLURM_JOB_ID`` of the start (the local supervisor's pid on the local backend)
     restart: int  #: ``SLURM_RESTART_COUNT`` of the start
     rank: int  #: ``RANK`` (global rank)
     via: str  #: what installed it: ``slurm_ddp.preemption``, or the callback that called it
@@ -131,7 +131,7 @@ class SavedCheckpoint:
 @dataclass(frozen=True)
 class RunFacts:
     """What :func:`at_stop` and :func:`next_start` decide from; gathered by the caller (``ops.runs.Run``,
-    the launchers) from the config and the run directory."""
+    the job's supervisor) from the config and the run directory."""
 
     command: bool  #: a ``train.command`` script (else the shared worker, ``train.task``)
     resume: Optional[str] = None  #: ``train.resume`` (a preset name, or ``custom``); None when unset

@@ -1,6 +1,6 @@
 """Hang reports of a run directory: ``hangs/JOBID.RESTART/rank-N.json``, written by a rank's hang
 watchdog (``slurm_ddp.watchdog``) when it ends the rank, and their summary (:class:`Hang`) that the
-requeue rule and the local launcher read. An in-job restart sets the step's reports aside
+requeue rule and the local supervisor read. An in-job restart sets the step's reports aside
 (``hangs/JOBID.RESTART.step-K``, :func:`set_aside_hang_reports`). Part of :mod:`slurm_ddp.rundir`.
 
 Side effects: reads and writes files of a run directory; imports no torch.

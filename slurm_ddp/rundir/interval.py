@@ -295,7 +295,7 @@ def script_environment(
     signal_delay_s: Optional[float],
     now: Optional[float] = None,
 ) -> Dict[str, str]:
-    """What a ``train.command`` rank is offered at its start under ``auto`` (the launch wrapper sets these):
+    """What a ``train.command`` rank is offered at its start under ``auto`` (the rank wrapper sets these):
     :data:`MTBF_VAR` (M from the stated default and the run's history), :data:`MAX_INTERVAL_VAR`, and
     :data:`EVERY_S_VAR` — the interval itself, only when the run's records hold a measured save cost
     (``checkpoint`` events in ``metrics.jsonl``); without one the script passes its own to

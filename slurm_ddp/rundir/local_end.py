@@ -1,7 +1,7 @@
 """How a local start ended (:class:`LocalEnd`), in Slurm's state names, and the pure rule that names
 it (:func:`local_end`). Part of :mod:`slurm_ddp.rundir`.
 
-The record is the local launcher's entry of the run directory's one log of start ends
+The record is the local supervisor's entry of the run directory's one log of start ends
 (``ENDS_NAME``, :func:`~slurm_ddp.rundir.record_end`, ``by: "local"``), the ``LocalEnd`` under its
 ``local`` key: the report and ``status`` read the same line. Side effects: :func:`write_local_end`/
 :func:`read_local_end` append and read it. Imports no torch.
@@ -28,19 +28,19 @@ LOCAL_END_STATES = ("COMPLETED", PREEMPTED_STATE, "CANCELLED", "FAILED")
 
 @dataclass(frozen=True)
 class LocalEnd:
-    """How one start of the local launcher ended (its ``ENDS_NAME`` record), in Slurm's state names.
+    """How one start of the local supervisor ended (its ``ENDS_NAME`` record), in Slurm's state names.
 
     ``COMPLETED``: the run finished. ``PREEMPTED``: the ranks stopped at the requeue signal (status 75
     with a checkpoint, or a script of one's own that the signal stopped); a new submit resumes.
-    ``CANCELLED``: the launcher was told to stop (Ctrl-C = SIGINT, or SIGTERM when it is not the
+    ``CANCELLED``: the local supervisor was told to stop (Ctrl-C = SIGINT, or SIGTERM when it is not the
     requeue signal) before any rank failed. ``FAILED``: a rank exited with another status first
     (``rank``, ``rank_status``, ``log``), or the hang watchdog ended the ranks.
     """
 
-    job_id: str  #: the launcher's job id (its pid), as in ``JOBS_NAME``
+    job_id: str  #: the local supervisor's job id (its pid), as in ``JOBS_NAME``
     restart: int  #: the start's ``SLURM_RESTART_COUNT`` (local starts of the run directory before it)
     state: str  #: one of ``LOCAL_END_STATES``
-    exit_code: int  #: the launcher's exit status
+    exit_code: int  #: the local supervisor's exit status
     reason: str  #: one line saying what happened and what to do next
     rank: Optional[int] = None  #: FAILED: the first rank that failed
     rank_status: Optional[int] = None  #: its status (``-N``: killed by signal N, as ``Popen.returncode``)
@@ -112,15 +112,15 @@ def local_end(
 ) -> LocalEnd:
     """How a local start ended, in Slurm's state names, with its one-line reason. Pure.
 
-    ``status``: the launcher's status before the requeue rule; ``decision``: the rule's
+    ``status``: the ranks' status before the requeue rule; ``decision``: the rule's
     (:func:`decide_requeue`, as the batch script applies it; None after a failure or hang);
     ``requeue_signal``: e.g. ``SIGUSR2``; ``command``: a ``train.command`` run; ``finished``: the run
     wrote ``FINISHED``; ``marker``: the ``PREEMPTED`` marker when it belongs to this start;
     ``failed``: ``(rank, Popen.returncode)`` of the first rank that failed (not of a stop signal the
-    launcher passed on) and ``failed_log`` its log; ``hang``: the watchdogs' report of this start;
-    ``cancelled``: the signal that told the launcher to stop (SIGINT, or SIGTERM that is not the
+    local supervisor passed on) and ``failed_log`` its log; ``hang``: the watchdogs' report of this start;
+    ``cancelled``: the signal that told the local supervisor to stop (SIGINT, or SIGTERM that is not the
     requeue signal) when it came before any rank failed; ``stopped_by``: the requeue signal or
-    SIGTERM the launcher passed on to the ranks, if any; ``next_start``: for a ``train.command`` run,
+    SIGTERM the local supervisor passed on to the ranks, if any; ``next_start``: for a ``train.command`` run,
     what its next start trains from (``rundir.next_start``'s words), said after "submit again".
     """
     exit_code = decision.exit_code if decision is not None else status
@@ -160,7 +160,7 @@ def local_end(
         saved = f"the ranks stopped ({status_words(status)}); {resume} from the last committed checkpoint, if any"
     if cancelled is not None:
         how = "SIGINT (Ctrl-C)" if cancelled == "SIGINT" else cancelled
-        reason = f"cancelled by {how} to the launcher: the ranks were told to stop (SIGTERM)"
+        reason = f"cancelled by {how} to the local supervisor: the ranks were told to stop (SIGTERM)"
         if command and status == 0 and marker is None:
             reason += f" and exited with status 0: stopped, not finished; {again}"
         else:

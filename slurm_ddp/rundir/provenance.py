@@ -15,7 +15,7 @@ The record is one JSON object ``{"submits": [...], "starts": [...]}``, rewritten
   ``packages`` (their count), ``script_sha256`` (the rendered batch script), ``snapshot`` (the code
   snapshot's digest or None) and ``git``: per repository of the snapshot, ``commit``, ``dirty`` and,
   when dirty, ``diff`` (``diffs/<sha>.patch``: ``git diff HEAD``, saved in the run directory);
-- a start (rank 0's launch wrapper, before it execs the rank, on every start of every backend):
+- a start (rank 0's rank wrapper, before it execs the rank, on every start of every backend):
   ``time``, ``job_id``, ``restart``, ``nodes`` (``SLURM_JOB_NODELIST``), ``host``, ``world_size``,
   ``gpus`` (``CUDA_VISIBLE_DEVICES``, else ``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``; None when
   none), ``versions``, ``snapshot`` (the digest in ``snapshot.json``).

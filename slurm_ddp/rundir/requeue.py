@@ -1,5 +1,5 @@
 """The requeue rule (:func:`decide_requeue`), one for the batch script, the submitit backend and
-the local launcher; :func:`requeue_job`, which carries out a decision taken in Python; the finished
+the local supervisor; :func:`requeue_job`, which carries out a decision taken in Python; the finished
 rule of ``train.command`` runs (:func:`mark_command_finished`); and the OOM check of a start
 (:func:`oom_of_start`). The job's supervisor (:mod:`slurm_ddp.supervise`) applies them. Part of
 :mod:`slurm_ddp.rundir`.
@@ -71,7 +71,7 @@ def decide_requeue(
     stops: Optional[RankStops] = None,
     lost_nodes: Sequence[str] = (),
 ) -> RequeueDecision:
-    """THE requeue rule, for the batch script, the submitit backend and the local launcher alike. Pure.
+    """THE requeue rule, for the batch script, the submitit backend and the local supervisor alike. Pure.
 
     ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
@@ -100,7 +100,7 @@ def decide_requeue(
     from its last checkpoint. ``previous_hang`` (the job's previous restart) at the same step on
     another node makes it the training code's fault: no requeue.
 
-    ``stops``: the signals the ranks' launch wrappers recorded (:func:`read_rank_stops`, a
+    ``stops``: the signals the ranks' rank wrappers recorded (:func:`read_rank_stops`, a
     ``train.command`` run): the requeue signal counts as ``got_signal`` and a stop signal as
     ``got_term``, wherever it came from (``scancel --signal=USR2 JOBID`` reaches the ranks only).
     A ``train.command`` run is finished only when its ranks exit 0 *without* having been told to
@@ -405,7 +405,7 @@ def mark_command_finished(
     having been told to stop; True if written.
 
     A script of one's own knows nothing of the run directory, so its exit status is its only
-    statement: 0 is "done" (the batch script, the local launcher and submitit's rank 0 call this
+    statement: 0 is "done" (the batch script, the local supervisor and submitit's rank 0 call this
     after the ranks exit, before the requeue decision, so a finished run is never requeued and a
     requeued or resubmitted job of it exits at once) — unless the ranks were told to stop: status
     0 after a stop signal is a stop (a script that saves and exits 0 on SIGTERM, PyTorch

@@ -5,7 +5,7 @@ The one owner of both: where the checkpoints of a script are (``checkpoint_direc
 modification time and whether each is complete (``list_checkpoints``), the newest complete one
 (``choose``), the decision of one start (``decide_resume``: the checkpoint passed, or why none), the
 per-start record of that decision in the run directory (``RESUMES_DIR``/``JOB.RESTART[.ATTEMPT].json``,
-``ScriptResume``: ``publish_resume``, ``read_script_resumes``) and the launch wrapper's one call
+``ScriptResume``: ``publish_resume``, ``read_script_resumes``) and the rank wrapper's one call
 (``resume_at_start``). ``status``, ``report``, ``runs`` and the resubmit line ask this module
 (``find_script_checkpoints``, ``read_script_resumes``); the spec itself is ``slurm_ddp.config.resume``'s.
 
@@ -100,7 +100,7 @@ class ScriptCheckpoint:
 class ScriptResume:
     """What one start of a ``train.command`` run passed its script (the record in ``RESUMES_DIR``).
 
-    ``job_id``, ``restart`` (``SLURM_RESTART_COUNT``; the local launcher's launch count) and ``attempt``
+    ``job_id``, ``restart`` (``SLURM_RESTART_COUNT``; the local supervisor's start count) and ``attempt``
     (the in-job restart, None without in-job recovery) name the start; ``time`` (epoch seconds) is when it
     was decided, by ``rank``; ``world_size`` the start's ranks. ``resume``: the ``train.resume`` spec's
     name (``hf``, ``lightning``, ``accelerate``, ``custom``), or the preset whose layout showed checkpoints
@@ -391,8 +391,8 @@ def is_first_start(
 ) -> bool:
     """Whether the start ``job_id``/``restart``/``attempt`` is the run directory's first: the first job of
     ``jobs.jsonl`` (or none recorded; an array task recorded as ``ARRAYJOBID_TASKID``, from ``environ``'s
-    ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``), not restarted (``restart`` 0; for the local launcher
-    its launch count), no in-job restart before it, and no earlier start recorded in ``RESUMES_DIR``."""
+    ``SLURM_ARRAY_JOB_ID``/``SLURM_ARRAY_TASK_ID``), not restarted (``restart`` 0; for the local supervisor
+    its start count), no in-job restart before it, and no earlier start recorded in ``RESUMES_DIR``."""
     if restart or attempt:
         return False
     names = {str(job_id)}
@@ -649,7 +649,7 @@ def resume_at_start(
     world_size: int,
     publish: bool = True,
 ) -> Tuple[List[str], Optional[ScriptResume]]:
-    """The launch wrapper's one call for a ``train.command`` rank: ``(argv to run, the start's record)``.
+    """The rank wrapper's one call for a ``train.command`` rank: ``(argv to run, the start's record)``.
 
     The first rank of the start decides (``decide_resume``) and publishes (``publish_resume``); the others
     read its record, so every rank of a start passes the same checkpoint. ``argv`` gets the record's

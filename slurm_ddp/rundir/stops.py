@@ -1,5 +1,5 @@
 """The stop signals the ranks of a ``train.command`` run were sent: ``stops/JOBID.RESTART/rank-N``,
-written by the launch wrapper (``slurm_ddp.launch``) and read by the finished and requeue rules.
+written by the rank wrapper (``slurm_ddp.launch``) and read by the finished and requeue rules.
 Part of :mod:`slurm_ddp.rundir`.
 
 Side effects: reads and writes files of a run directory; imports no torch.
@@ -16,7 +16,7 @@ from .files import STOPS_DIR, PathLike
 
 # --------------------------------------------------------------------------- stop signals of train.command ranks
 #: Signals that tell a rank to stop, besides the job's ``requeue.signal``: SIGTERM (``scancel``,
-#: ``scontrol requeue``, a preemption, the local launcher's Ctrl-C), SIGINT and SIGHUP.
+#: ``scontrol requeue``, a preemption, the local supervisor's Ctrl-C), SIGINT and SIGHUP.
 STOP_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP")
 
 
@@ -55,7 +55,7 @@ def stop_dir(run_dir: PathLike, job_id: str, restart: int) -> Path:
 
 def record_rank_stop(run_dir: PathLike, *, job_id: str, restart: int, rank: int, signal: str, requeue: bool) -> None:
     """Append ``"SIGNAL requeue|stop"`` to rank ``rank``'s record of job ``job_id`` at ``restart``
-    (the launch wrapper of a ``train.command`` rank, when the rank is sent ``signal``, e.g.
+    (the rank wrapper of a ``train.command`` rank, when the rank is sent ``signal``, e.g.
     ``SIGTERM``; ``requeue``: it is the job's ``requeue.signal``). Raises ``OSError`` when unwritable."""
     d = stop_dir(run_dir, job_id, restart)
     d.mkdir(parents=True, exist_ok=True)

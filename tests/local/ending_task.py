@@ -1,4 +1,4 @@
-"""A ``train.command`` script that ends as told, for the local launcher's end states (issue 31).
+"""A ``train.command`` script that ends as told, for the local supervisor's end states (issue 31).
 
 ``python ending_task.py MODE``: every rank prints ``[rank R] ready``, then MODE ``ok`` exits 0,
 ``crash`` raises FileNotFoundError on every rank (status 1), ``crash-rank1`` exits 3 on rank 1 while

@@ -1,7 +1,7 @@
 """The Hugging Face Accelerate example (``examples/accelerate``) on the local backend: 2 gloo ranks on CPU, the
 real ``Accelerator`` started without ``accelerate launch`` (slurm_ddp's torchrun variables only).
 
-Covers: the two ranks train as one DDP job (one loss per step, the ranks' mean); SIGUSR2 to the local launcher
+Covers: the two ranks train as one DDP job (one loss per step, the ranks' mean); SIGUSR2 to the local supervisor
 (forwarded to the ranks, as srun does) stops both ranks at the step they agree on (``slurm_ddp.preemption``),
 with ``accelerator.save_state`` of that step, exit 75 and no ``FINISHED``; the next ``submit`` ``load_state``s
 it, skips the epoch's trained batches and finishes. Every step is trained once, with the loss of an
@@ -63,7 +63,7 @@ def test_accelerate_script_stopped_by_usr2_saves_state_and_resumes_at_that_step(
     proc = subprocess.Popen(submit(job, run_dir), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         wait_process(proc, lambda: max(losses(run_dir), default=0) > 60, 300, "step 61")
-        proc.send_signal(signal.SIGUSR2)  # the local launcher forwards it to every rank, as srun does
+        proc.send_signal(signal.SIGUSR2)  # the local supervisor forwards it to every rank, as srun does
         out, _ = proc.communicate(timeout=300)
     finally:
         if proc.poll() is None:

@@ -54,7 +54,7 @@ def test_cancel_a_running_local_run(tmp_path: Path) -> None:
     wait_for(lambda: any(m.get("event") == "checkpoint" for m in run.metrics()), 120, "the first checkpoint")
     assert run.status().state == "RUNNING"
     said = run.cancel()
-    assert "sent SIGTERM to the local launcher" in said
+    assert "sent SIGTERM to the local supervisor" in said
     assert "its ranks checkpoint at the next step boundary and stop" in said, said  # the worker's handler
     st = run.wait(timeout_s=120, poll_s=0.5)
     assert st.final and st.state != "COMPLETED" and st.run.finished is None, st
@@ -68,12 +68,12 @@ def test_cancel_a_running_local_run(tmp_path: Path) -> None:
 def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -> None:
     first = slurm_ddp.submit(JOB, overrides=SLOW, run_dir=tmp_path / "first", backend="local", check_task=False)
     assert isinstance(first, slurm_ddp.Run)
-    wait_for(lambda: read_jobs(tmp_path / "first"), 60, "the first run's launcher")
+    wait_for(lambda: read_jobs(tmp_path / "first"), 60, "the first run's local supervisor")
     second = slurm_ddp.submit(
         JOB, overrides=FAST_1, run_dir=tmp_path / "second", backend="local", after=[f"{first.path}:afterany"]
     )
     assert isinstance(second, slurm_ddp.Run)
-    wait_for(lambda: "waiting for" in _out(tmp_path / "second"), 60, "the second launcher to wait")
+    wait_for(lambda: "waiting for" in _out(tmp_path / "second"), 60, "the second local supervisor to wait")
     assert second.status().state == "PENDING" and read_jobs(tmp_path / "second") == []
     # seen from anywhere (a fresh Run, another process): Slurm's words, PENDING on its dependency
     st = slurm_ddp.Run(tmp_path / "second").status()
@@ -81,14 +81,16 @@ def test_after_starts_the_second_run_only_when_the_first_ended(tmp_path: Path) -
     assert (st.slurm.reason, st.slurm.dependency) == ("Dependency", f"afterany:{first.path}"), st.slurm
     shown = _status_cli(tmp_path / "second")
     assert "state:      PENDING (reason Dependency)" in shown and f"dependency: afterany:{first.path}\n" in shown, shown
-    # cancel of a run still waiting: its launcher ends before starting a rank, the run is CANCELLED (scancel of a
-    # pending job), and wait() returns it
+    # cancel of a run still waiting: its local supervisor ends before starting a rank, the run is CANCELLED
+    # (scancel of a pending job), and wait() returns it
     waiter = slurm_ddp.submit(JOB, overrides=FAST_1, run_dir=tmp_path / "waiter", backend="local", after=[first])
     assert isinstance(waiter, slurm_ddp.Run)
-    wait_for(lambda: "waiting for" in _out(tmp_path / "waiter"), 60, "the waiting launcher")
+    wait_for(lambda: "waiting for" in _out(tmp_path / "waiter"), 60, "the waiting local supervisor")
     pid = slurm_ddp.Run(tmp_path / "waiter").status().slurm.job_id  # type: ignore[union-attr]
     assert "never started" in waiter.cancel()
-    wait_for(lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 60, "the waiting launcher to end")
+    wait_for(
+        lambda: not Path(f"/proc/{pid}").exists() or "Z" in _proc_state(pid), 60, "the waiting local supervisor to end"
+    )
     assert waiter.wait(timeout_s=60, poll_s=0.5).state == "CANCELLED" and read_jobs(tmp_path / "waiter") == []
     assert "state:      CANCELLED" in _status_cli(tmp_path / "waiter")
     first.cancel()

@@ -69,14 +69,14 @@ def train_losses(run_dir: Path) -> Dict[int, List[float]]:
     return out
 
 
-def rank_pid(launcher: int, rank: int) -> int:
-    """The pid of ``rank`` among the local launcher's children (its ``RANK`` variable)."""
-    pids = subprocess.run(["pgrep", "-P", str(launcher)], capture_output=True, text=True).stdout.split()
+def rank_pid(supervisor: int, rank: int) -> int:
+    """The pid of ``rank`` among the local supervisor's children (its ``RANK`` variable)."""
+    pids = subprocess.run(["pgrep", "-P", str(supervisor)], capture_output=True, text=True).stdout.split()
     for pid in pids:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
         if f"RANK={rank}".encode() in env:
             return int(pid)
-    raise AssertionError(f"no rank {rank} among the children {pids} of {launcher}")
+    raise AssertionError(f"no rank {rank} among the children {pids} of {supervisor}")
 
 
 @pytest.fixture(scope="module")

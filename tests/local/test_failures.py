@@ -1,6 +1,6 @@
 """Failures inside a job on the local backend: a dead rank, a hung rank, a task that does not import.
 
-A rank that dies (kill -9) takes the whole job down quickly and the launcher names it; a rank
+A rank that dies (kill -9) takes the whole job down quickly and the local supervisor names it; a rank
 that hangs (SIGSTOP) makes its peers fail at ``train.pg_timeout_s`` with a message that says a
 peer stopped responding; the last good checkpoint survives both.
 """
@@ -34,8 +34,8 @@ def cmd(run_dir: Path, *sets: str) -> List[str]:
     return out
 
 
-def rank_pids(launcher_pid: int) -> List[int]:
-    out = subprocess.run(["pgrep", "-P", str(launcher_pid)], capture_output=True, text=True).stdout.split()
+def rank_pids(supervisor_pid: int) -> List[int]:
+    out = subprocess.run(["pgrep", "-P", str(supervisor_pid)], capture_output=True, text=True).stdout.split()
     return [int(p) for p in out]
 
 

@@ -4,7 +4,7 @@ Covers: Ctrl-C stops both ranks (they exit 0 from their handlers) and the run is
 ``submit`` exits 75 and the next ``submit`` resumes every rank from its save and finishes, and
 ``status`` counts that restart; ``$SLURM_DDP_RUN_DIR`` in ``train.command`` reaches the script
 expanded; a stop signal that reaches the ranks after the script stated the run finished
-(``preemption.mark_finished``) ends the launcher with 0, not 143.
+(``preemption.mark_finished``) ends the local supervisor with 0, not 143.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def start_and_wait_for(job: Path, run_dir: Path, line: str) -> subprocess.Popen:
 def test_ctrl_c_with_a_graceful_exit_is_a_stop_and_the_next_submit_resumes(tmp_path: Path) -> None:
     job, run_dir = write_job(tmp_path, "--epochs 4 --wait-at 2"), tmp_path / "run"
     proc = start_and_wait_for(job, run_dir, "waiting at epoch 2")
-    proc.send_signal(signal.SIGINT)  # Ctrl-C: the launcher asks the ranks to stop (SIGTERM)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C: the local supervisor asks the ranks to stop (SIGTERM)
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == PREEMPTED_EXIT_CODE, out + err
     assert "the ranks were told to stop (SIGTERM) and exited with status 0" in err, err

@@ -79,7 +79,7 @@ def test_a_hung_python_program_under_a_shell_script_is_dumped_and_ended(tmp_path
 
 
 def test_ctrl_c_reaches_the_python_program_under_a_shell_script(tmp_path: Path) -> None:
-    """The local launcher passes a signal to every process of a rank (its process group), as Slurm does
+    """The local supervisor passes a signal to every process of a rank (its process group), as Slurm does
     for a task: Ctrl-C's SIGTERM ends the Python program under ``bash run.sh`` too, which was left
     running when only bash got it."""
     code = tmp_path / "code"

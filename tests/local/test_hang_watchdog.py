@@ -39,7 +39,7 @@ def submit_cmd(run_dir: Path, *sets: str) -> List[str]:
 
 
 def processes_of(run_dir: Path) -> List[str]:
-    """Command lines of live processes that mention ``run_dir`` (ranks, watchdogs, launcher)."""
+    """Command lines of live processes that mention ``run_dir`` (ranks, watchdogs, local supervisor)."""
     found = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit():

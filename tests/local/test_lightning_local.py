@@ -1,11 +1,11 @@
 """The PyTorch Lightning example (``examples/lightning``, ``slurm_ddp.lightning.SlurmDDPCallback``) on the
 local backend: 2 gloo ranks on CPU.
 
-Covers: the requeue signal (SIGUSR2 to the local launcher, which forwards it to the ranks as srun does)
+Covers: the requeue signal (SIGUSR2 to the local supervisor, which forwards it to the ranks as srun does)
 stops both ranks after the same optimizer step with ``last.ckpt`` written by Lightning, ``submit`` exits
 75 and the run is not finished; the next ``submit`` resumes from that step and trains every epoch;
 ``status`` shows the step, the eval accuracy and ``restarts: 1``; ``slurm-ddp plot`` draws the run.
-Ctrl-C (SIGINT to the launcher: SIGTERM to the ranks) is a stop too, never ``FINISHED``, and resumes.
+Ctrl-C (SIGINT to the local supervisor: SIGTERM to the ranks) is a stop too, never ``FINISHED``, and resumes.
 Both stops are made to one run, an epoch apart (each start of a Lightning rank costs ~7 CPU-s of imports).
 """
 
@@ -50,8 +50,8 @@ def train_steps(run_dir: Path) -> List[int]:
 
 
 def stop_mid_run(job: Path, run_dir: Path, sig: int, epoch: int = 2) -> str:
-    """Start (or resume) the example, send ``sig`` to the launcher once it logged a step of epoch ``epoch``
-    (1-based), and return the launcher's stderr; it must exit 75 (preempted) with the run unfinished."""
+    """Start (or resume) the example, send ``sig`` to the local supervisor once it logged a step of epoch ``epoch``
+    (1-based), and return the local supervisor's stderr; it must exit 75 (preempted) with the run unfinished."""
     proc = subprocess.Popen(submit(job, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_process(
@@ -95,7 +95,7 @@ def test_requeue_signal_then_ctrl_c_stop_at_a_step_and_the_next_submit_resumes_f
     assert marker.step == stop_step and STEPS_PER_EPOCH < stop_step < EPOCHS * STEPS_PER_EPOCH, events
     assert {"event": "checkpoint", "step": stop_step, "reason": "preemption"}.items() <= events[-2].items()
 
-    # the next submit resumes; Ctrl-C in epoch 3 (the launcher sends SIGTERM to the ranks) is a stop too
+    # the next submit resumes; Ctrl-C in epoch 3 (the local supervisor sends SIGTERM to the ranks) is a stop too
     stop_mid_run(job, run_dir, signal.SIGINT, epoch=3)
     marker = read_preempted(run_dir)
     assert marker is not None and marker.signal == "SIGTERM", marker

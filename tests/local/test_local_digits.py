@@ -184,7 +184,7 @@ def test_failing_rank_stops_the_job(tmp_path: Path) -> None:
 
 
 #: ``slurm-ddp submit`` that gets SIGUSR2 (the requeue signal) itself right after it started rank 0,
-#: before rank 1 exists and while rank 0 is still in its launch wrapper: every handler is still to come.
+#: before rank 1 exists and while rank 0 is still in its rank wrapper: every handler is still to come.
 _SIGNAL_AT_SPAWN_SUBMIT = """
 import os, signal, subprocess, sys
 real_popen, spawned = subprocess.Popen, []
@@ -201,7 +201,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 
 def test_a_signal_while_the_ranks_start_is_passed_on_and_handled(tmp_path: Path) -> None:
-    """The launcher catches the signal from before it starts the ranks (not its default action, which
+    """The local supervisor catches the signal from before it starts the ranks (not its default action, which
     would end it and SIGKILL the ranks), and the ranks, started with it blocked, take it when their
     preemption flag is in: both stop with a checkpoint, exit 75, PREEMPTED names SIGUSR2."""
     run_dir = tmp_path / "run"

@@ -1,10 +1,10 @@
 """How a local start ended, as ``status``, ``status --json``, ``runs`` and ``status SWEEP`` show it (issue 31).
 
-The local launcher records each start's end (``rundir.ENDS_NAME``, ``by: local``) in Slurm's state names:
+The local supervisor records each start's end (``rundir.ENDS_NAME``, ``by: local``) in Slurm's state names:
 a ``train.command`` script stopped by SIGUSR2 (the requeue signal) is ``PREEMPTED``, exits 75 with
 words that say what is true of a script of one's own, and the next submit resumes it; a crashing
 rank is ``FAILED`` with the first failing rank, its status and its log; Ctrl-C (SIGINT) or SIGTERM
-to the launcher is ``CANCELLED``; a normal end is ``COMPLETED``; a launcher killed with ``kill -9``
+to the local supervisor is ``CANCELLED``; a normal end is ``COMPLETED``; a local supervisor killed with ``kill -9``
 records nothing: ``STOPPED``. Real processes: the local backend, 2 ranks.
 """
 
@@ -82,7 +82,7 @@ def test_usr2_to_an_own_script_is_a_preemption_in_status_and_the_next_submit_res
     proc = start_until(
         cmd, lambda: "snapshot of epoch 0 saved" in rank_log(run_dir, 0), "the snapshot of epoch 0", tmp_path / "err"
     )
-    proc.send_signal(signal.SIGUSR2)  # the requeue signal: the launcher passes it on to the ranks
+    proc.send_signal(signal.SIGUSR2)  # the requeue signal: the local supervisor passes it on to the ranks
     assert proc.wait(timeout=120) == PREEMPTED_EXIT_CODE
     err = (tmp_path / "err").read_text()
     assert "PREEMPTED: stopped by SIGUSR2 (the requeue signal)" in err, err
@@ -137,7 +137,7 @@ def test_a_crashing_script_is_failed_with_the_rank_its_status_and_its_log(tmp_pa
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_ctrl_c_or_sigterm_to_the_launcher_is_cancelled(tmp_path: Path, sig: signal.Signals) -> None:
+def test_ctrl_c_or_sigterm_to_the_local_supervisor_is_cancelled(tmp_path: Path, sig: signal.Signals) -> None:
     run_dir = tmp_path / "run"
     proc = start_until(
         submit(write_job(tmp_path, "wait"), run_dir),
@@ -145,7 +145,7 @@ def test_ctrl_c_or_sigterm_to_the_launcher_is_cancelled(tmp_path: Path, sig: sig
         "both ranks to start",
         tmp_path / "err",
     )
-    if sig == signal.SIGTERM:  # slurm-ddp cancel: SIGTERM to the launcher, and what it does to this run
+    if sig == signal.SIGTERM:  # slurm-ddp cancel: SIGTERM to the local supervisor, and what it does to this run
         said = subprocess.run(
             [sys.executable, "-m", "slurm_ddp", "cancel", str(run_dir)], capture_output=True, text=True, timeout=60
         )
@@ -161,13 +161,13 @@ def test_ctrl_c_or_sigterm_to_the_launcher_is_cancelled(tmp_path: Path, sig: sig
     assert "its ranks have no slurm_ddp handler for SIGTERM (none recorded)" in told, told
     assert "checkpoint at the next step boundary" not in told, told
     how = "SIGINT (Ctrl-C)" if sig == signal.SIGINT else "SIGTERM"
-    assert f"CANCELLED: cancelled by {how} to the launcher" in err and "job failed" not in err, err
+    assert f"CANCELLED: cancelled by {how} to the local supervisor" in err and "job failed" not in err, err
     rec = status_json(run_dir)
     assert (rec["state"], rec["local_end"]["signal"]) == ("CANCELLED", sig.name), rec
     assert re.search(r"state:\s+CANCELLED", status(run_dir))
 
 
-def test_a_normal_end_is_completed_and_kill_9_of_the_launcher_is_stopped(tmp_path: Path) -> None:
+def test_a_normal_end_is_completed_and_kill_9_of_the_local_supervisor_is_stopped(tmp_path: Path) -> None:
     done = tmp_path / "done"
     done.mkdir()
     r = subprocess.run(submit(write_job(done, "ok"), done / "run"), capture_output=True, text=True, timeout=120)
@@ -183,7 +183,7 @@ def test_a_normal_end_is_completed_and_kill_9_of_the_launcher_is_stopped(tmp_pat
         "both ranks to start",
         tmp_path / "err",
     )
-    proc.kill()  # kill -9: the launcher records nothing (its ranks die with it)
+    proc.kill()  # kill -9: the local supervisor records nothing (its ranks die with it)
     proc.wait()
     rec = status_json(run_dir)
     assert (rec["state"], rec["local_end"]) == ("STOPPED", None), rec

@@ -40,7 +40,7 @@ def test_own_project_reads_its_ignored_data_writes_into_the_project_and_resumes_
             lambda: proc.stdout.read(),
         )
         edit_checkout(project)
-        proc.send_signal(signal.SIGUSR2)  # the requeue signal: the local launcher passes it on to the ranks
+        proc.send_signal(signal.SIGUSR2)  # the requeue signal: the local supervisor passes it on to the ranks
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -1,6 +1,6 @@
 """``train.command`` on the local backend: examples/own_script with 2 gloo ranks, as the README runs it.
 
-Covers: the plain script finishes every epoch on both ranks (FINISHED written by the launcher,
+Covers: the plain script finishes every epoch on both ranks (FINISHED written by the local supervisor,
 ``runs``/``status`` report it); the preemption-API variant, given SIGUSR2 at the ``submit``
 process, stops every rank after the same step with status 75 and a second ``submit`` resumes
 mid-epoch and finishes; a crashing script ends with its status and no FINISHED; a command line and
@@ -83,13 +83,13 @@ def test_api_variant_stops_every_rank_with_status_75_then_resumes(tmp_path: Path
     )
     try:
         wait_process(proc, lambda: "epoch 0 loss" in rank_log(run_dir, 0), 240, "epoch 0", lambda: proc.stdout.read())
-        proc.send_signal(signal.SIGUSR2)  # the local launcher forwards it to every rank, as srun does
+        proc.send_signal(signal.SIGUSR2)  # the local supervisor forwards it to every rank, as srun does
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    # The launcher returns 75 only when no rank failed (any status but 0/75 is a failure).
+    # The local supervisor returns 75 only when no rank failed (any status but 0/75 is a failure).
     assert proc.returncode == PREEMPTED_EXIT_CODE, out
     stops = [re.findall(r"stopping for preemption after epoch (\d+) batch (\d+)", rank_log(run_dir, r)) for r in (0, 1)]
     assert len(stops[0]) == 1 and stops[0] == stops[1], stops

@@ -82,7 +82,7 @@ def test_progress_only_script_stopped_and_resubmitted_gets_step_level_figures(tm
             "a sample of step 25",
             lambda: proc.stdout.read(),
         )
-        proc.send_signal(signal.SIGUSR2)  # the local launcher forwards it to the rank, as srun does
+        proc.send_signal(signal.SIGUSR2)  # the local supervisor forwards it to the rank, as srun does
         out, _ = proc.communicate(timeout=120)
     finally:
         if proc.poll() is None:

@@ -89,7 +89,7 @@ def stopped(pid: int) -> bool:
 
 def kill_every_rank_after_a_checkpoint(run_dir: Path, after: int) -> int:
     """Start a launch and, once a periodic checkpoint newer than step ``after`` is committed and at
-    least 3 steps after it are logged, ``kill -9`` every rank (the launcher survives and records the
+    least 3 steps after it are logged, ``kill -9`` every rank (the local supervisor survives and records the
     end). The ranks are frozen (SIGSTOP) while the run directory is read, so no newer checkpoint is
     committed between the check and the kill. Returns that checkpoint's step."""
     proc = submit(run_dir)
@@ -113,7 +113,7 @@ def kill_every_rank_after_a_checkpoint(run_dir: Path, after: int) -> int:
             step = logged + 1
     finally:
         status = finish(proc)
-    assert status == 128 + 9, status  # a rank killed: the launcher's status is 137
+    assert status == 128 + 9, status  # a rank killed: the local supervisor's status is 137
     return committed
 
 
@@ -140,7 +140,7 @@ def three_starts(tmp_path_factory: pytest.TempPathFactory) -> ThreeStarts:
     proc = submit(run_dir)
     try:
         wait_step(proc, run_dir, 8)
-        os.kill(proc.pid, signal.SIGUSR2)  # the launcher passes it on to the ranks, as srun does
+        os.kill(proc.pid, signal.SIGUSR2)  # the local supervisor passes it on to the ranks, as srun does
     finally:
         assert finish(proc) == PREEMPTED_EXIT_CODE, proc.stderr.read()[-3000:]
     first_stop = int((run_dir / "PREEMPTED").read_text().split()[2])

@@ -2,7 +2,7 @@
 elements 2 at a time (its slurm.array_parallelism; kept short here: 2 elements x 600 steps), each in
 its own run directory; a signal stops both with a checkpoint and the next submit resumes both;
 submitting again runs nothing; ``status``, ``runs`` and ``plot`` take the sweep. The signal-at-fork
-test's elements run one rank each (it is about the element's launcher, not its ranks; a rank start costs
+test's elements run one rank each (it is about the element's local supervisor, not its ranks; a rank start costs
 ~3 CPU-s)."""
 
 from __future__ import annotations
@@ -158,7 +158,7 @@ def test_concurrent_elements_deriving_one_port_get_distinct_ports_and_both_train
 
 
 #: ``slurm-ddp submit`` whose first forked sweep element gets SIGUSR2 (the requeue signal) the moment
-#: ``os.fork`` returns in the parent: before the element's launcher could install any handler.
+#: ``os.fork`` returns in the parent: before the element's local supervisor could install any handler.
 _SIGNAL_AT_FORK_SUBMIT = """
 import os, signal, sys
 real_fork, forks = os.fork, []
@@ -176,7 +176,7 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def test_a_signal_to_an_element_before_its_handlers_is_a_preemption_not_its_death(tmp_path: Path) -> None:
     """The requeue signal reaches element 0 right after it forked: it stays pending until the element's
-    launcher catches it, which passes it on to the ranks, which checkpoint and stop (75, PREEMPTED
+    supervisor catches it, which passes it on to the ranks, which checkpoint and stop (75, PREEMPTED
     marker naming SIGUSR2) — not the default action's death (status 140, nothing saved)."""
     sweep_dir = tmp_path / "sweep"
     cmd = [sys.executable, "-c", _SIGNAL_AT_FORK_SUBMIT, "submit", str(SWEEP), "--backend", "local"]

@@ -3,7 +3,7 @@ on the local backend: 2 gloo ranks on CPU, the real ``Trainer`` (a 2-layer GPT-2
 
 Covers, with the callback (added by the runner, ``python -m slurm_ddp.transformers train.py … --plain``: the
 script builds its ``Trainer`` without it; the script passing it itself runs on the Slurm tier,
-tests/slurm/test_transformers_slurm.py): the requeue signal (SIGUSR2 to the local launcher, which forwards it to the
+tests/slurm/test_transformers_slurm.py): the requeue signal (SIGUSR2 to the local supervisor, which forwards it to the
 ranks as srun does) stops both ranks after the same optimizer step with the Trainer's ``checkpoint-<step>``,
 ``submit`` exits 75 and the run is not finished, ``status`` shows that step; the next ``submit`` is stopped
 by Ctrl-C (SIGTERM to the ranks: a stop too, never ``FINISHED``) and the last one finishes. Each start
@@ -87,7 +87,7 @@ def train_steps(run_dir: Path) -> List[int]:
 
 
 def stop_when(job: Path, run_dir: Path, ready: Callable[[], bool], what: str, sig: int) -> subprocess.CompletedProcess:
-    """Start (or resume) the example, send ``sig`` to the launcher once ``ready()``, wait for its end."""
+    """Start (or resume) the example, send ``sig`` to the local supervisor once ``ready()``, wait for its end."""
     proc = subprocess.Popen(submit(job, run_dir), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         wait_process(proc, ready, 300, what)
@@ -234,7 +234,7 @@ def test_with_the_callback_usr2_and_ctrl_c_stop_at_a_step_and_each_start_resumes
     assert re.search(rf"step:\s+{stop1}\b", status.stdout), status.stdout
     assert re.search(rf"checkpoint:\s+step {stop1}\b", status.stdout), status.stdout
 
-    # the next submit resumes; Ctrl-C (the launcher sends SIGTERM to the ranks) is a stop too
+    # the next submit resumes; Ctrl-C (the local supervisor sends SIGTERM to the ranks) is a stop too
     second = stop_when(
         job, run_dir, lambda: any(s > stop1 + 3 for s in train_steps(run_dir)), f"step {stop1 + 4}", signal.SIGINT
     )

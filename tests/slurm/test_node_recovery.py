@@ -15,7 +15,7 @@ every rank logs the ids of its samples, one file per srun step) through: a lost 
 (``min_nodes: 1``: the survivor finishes alone, every sample of every epoch once); a SIGSTOPped rank on the
 non-batch node (its watchdog ends it, the hang names its node, the spare takes over); two lost nodes one
 after the other (``max_restarts: 2``: the spare, then the batch host alone). Then two own scripts
-(``train.command``), both restarted at once: the plain ``train.py``, whose launch wrapper leaves the
+(``train.command``), both restarted at once: the plain ``train.py``, whose rank wrapper leaves the
 peer-lost marker when the survivor's script exits 1 (it resumes from its own last snapshot); and
 ``train_preemptible.py``, whose ``preemption.exit_if_peer_lost`` saves on the survivor and leaves the
 marker itself.
@@ -431,7 +431,7 @@ def submit_own_script(sb: SlurmSandbox, run_dir: Path, job_yaml: str, command: s
 def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandbox, tmp_path: Path) -> None:
     """``train.command``: the tutorial-style ``examples/own_script/train.py`` (knows nothing of slurm_ddp)
     on 2 nodes with a spare loses its non-batch node after its first snapshot. Rank 0's gloo all-reduce
-    fails and the script exits 1 with a traceback; its launch wrapper (``slurm_ddp.launch``, the rank's
+    fails and the script exits 1 with a traceback; its rank wrapper (``slurm_ddp.launch``, the rank's
     parent) leaves the step's peer-lost marker, so the batch script ends srun at once instead of waiting
     for Slurm to mark the node DOWN (``SlurmdTimeout``); the next step runs on the batch host and the spare
     in the same job, resumes from the script's own last snapshot (no survivor save: the epoch in progress
@@ -474,7 +474,7 @@ def test_an_own_script_restarts_in_the_job_from_its_snapshot(cluster: SlurmSandb
         # teardown ("terminate called without an active exception"): SIGABRT, seen on this sandbox
         failure = re.fullmatch(r"the command (exited with status 1|died of SIGABRT)", first["error"])
         assert failure, first
-        record_timing("node lost (own script) → the launch wrapper's peer-lost marker", first["time"] - t_loss)
+        record_timing("node lost (own script) → the rank wrapper's peer-lost marker", first["time"] - t_loss)
         log0 = job.rank_log(0)
         assert f"rank 0: {failure.group(0)}; left the peer-lost marker" in log0, log0[-3000:]
         assert "a rank left the peer-lost marker" in job.batch_log(), job.batch_log()

@@ -45,7 +45,7 @@ SETS = (
 
 def ranks_of(run_dir: Path) -> List[int]:
     """The pids of the task worker's ranks of ``run_dir`` (the sandbox's nodes are this machine's
-    processes): an interpreter running ``-m slurm_ddp.worker`` (not srun's or the launch wrapper's
+    processes): an interpreter running ``-m slurm_ddp.worker`` (not srun's or the rank wrapper's
     command line, which name it too) with ``SLURM_DDP_RUN_DIR`` naming the run."""
     want = b"SLURM_DDP_RUN_DIR=" + os.fsencode(run_dir)
     out = []

@@ -1,5 +1,5 @@
 """Binding plans (pure): tables of allocations, OpenMP/KMP variables, user-set values,
-LD_PRELOAD, numactl, library lookup errors, the /sys readers on fake trees, the launch
+LD_PRELOAD, numactl, library lookup errors, the /sys readers on fake trees, the rank
 wrapper's argument handling, and ``slurm-ddp env`` (``--explain`` and inside a task)."""
 
 from __future__ import annotations
@@ -444,7 +444,7 @@ def test_readers_on_this_machine():
     assert set(p.cpus) == allowed
 
 
-# --------------------------------------------------------------------------- the launch wrapper (no exec)
+# --------------------------------------------------------------------------- the rank wrapper (no exec)
 
 
 def test_launch_parse_args():

@@ -1,4 +1,4 @@
-"""``checkpoint.every_s: auto`` for a script of one's own: the launch wrapper's figures and slurm_ddp.preemption."""
+"""``checkpoint.every_s: auto`` for a script of one's own: the rank wrapper's figures and slurm_ddp.preemption."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The pieces of ``train.command`` and ``slurm.launcher: torchrun`` that need no cluster.
 
-DistEnv from torchrun's variables and the binding slot it gives; the launch wrapper's torchrun
+DistEnv from torchrun's variables and the binding slot it gives; the rank wrapper's torchrun
 environment contract, rank log and OMP default; ``env --explain`` and ``render`` of a command-mode
 torchrun job where torch cannot be imported; the requeue rule's ``got_signal``; the FINISHED of a
 command; the preemption API in a real process (flag, agreement without a group, exit 75 + marker).

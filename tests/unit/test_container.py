@@ -1,4 +1,4 @@
-"""``environment.container`` (slurm_ddp.container): its keys' checks, the OCI task variables the launch
+"""``environment.container`` (slurm_ddp.container): its keys' checks, the OCI task variables the rank
 wrapper fills in, the run's OCI bundle, the checks at submit, ``submit --dry-run`` and ``env --explain``.
 The golden scripts of every runtime are in test_render.py (``tests/golden/containers``)."""
 
@@ -397,7 +397,7 @@ def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_
             "both ranks to start",
             lambda: proc.stdout.read().decode() if proc.stdout else "",
         )
-        proc.send_signal(signal.SIGUSR2)  # as the batch shell gets it; the launcher passes it on, as srun does
+        proc.send_signal(signal.SIGUSR2)  # as the batch shell gets it; the local supervisor passes it on, as srun does
         wait_process(proc, lambda: all((out / f"rank-{r}.usr2").exists() for r in (0, 1)), 60, "SIGUSR2 at both")
         output = proc.communicate(timeout=60)[0].decode()
     finally:
@@ -409,7 +409,7 @@ def test_local_backend_wraps_each_rank_in_apptainer_exec_and_the_requeue_signal_
     ranks = [a for a in (p.read_text().splitlines() for p in log.glob("argv-*")) if "slurm_ddp.launch" in a]
     assert len(ranks) == 2, ranks
     binds = f"{run_dir}:{run_dir},{work}:{work},{jobs}:{jobs}"  # the run, train.workdir, train.pythonpath
-    for argv in ranks:  # the batch script's words (ContainerPlan.exec_argv), then the rank's launch wrapper
+    for argv in ranks:  # the batch script's words (ContainerPlan.exec_argv), then the rank wrapper
         assert argv[:7] == ["exec", "--bind", binds, "--pwd", str(work), str(tmp_path / "img.sif"), sys.executable], (
             argv
         )

@@ -222,7 +222,7 @@ def test_explain_task_names_the_cuda_device_of_this_task() -> None:
 
 @pytest.mark.parametrize("gpu_job", [True, False], ids=["gpu-job", "cpu-job"])
 def test_the_launch_wrapper_gives_a_gpu_rank_nccls_settings_where_unset(tmp_path, make_config, gpu_job):
-    """The one place NCCL's defaults are applied: the launch wrapper, for GPU jobs, never over the user's."""
+    """The one place NCCL's defaults are applied: the rank wrapper, for GPU jobs, never over the user's."""
     from slurm_ddp.config import dump_config
     from slurm_ddp.env import synthetic_slurm_env
 

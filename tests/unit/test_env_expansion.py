@@ -1,6 +1,6 @@
-"""``environment.env`` values with ``$NAME``: expanded at rank start in the rank's environment, by the launch
+"""``environment.env`` values with ``$NAME``: expanded at rank start in the rank's environment, by the rank
 wrapper, with ``train.command``'s one rule (``config.expand_variables``): ``$$`` a literal ``$``, an unset name
-one line and exit 2. Real processes: ``python -m slurm_ddp.launch`` as srun, torchrun, the local launcher and
+one line and exit 2. Real processes: ``python -m slurm_ddp.launch`` as srun, torchrun, the local supervisor and
 submitit start every rank."""
 
 from __future__ import annotations

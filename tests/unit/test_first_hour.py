@@ -1,5 +1,5 @@
 """The traps of a user's first hour (issue 43): what ``submit`` does where Slurm is not on PATH, what a
-dry run checks, and the shell syntax the launcher would not run. Real processes where the finding is
+dry run checks, and the shell syntax the rank wrapper would not run. Real processes where the finding is
 about one (``slurm-ddp`` started with a PATH that has no Slurm commands)."""
 
 from __future__ import annotations
@@ -132,7 +132,7 @@ def test_dry_run_of_a_good_command_passes(tmp_path):
     [
         "python train.py --out '>' x.txt",  # a quoted '>' is an argument
         'python train.py --sep "a|b;c"',
-        "python train.py --ckpt $SLURM_DDP_RUN_DIR/ckpt --tag rank${RANK} --cost $$5",  # the launcher's $NAME
+        "python train.py --ckpt $SLURM_DDP_RUN_DIR/ckpt --tag rank${RANK} --cost $$5",  # the rank wrapper's $NAME
         ["python", "train.py", ">", "x"],  # a list is argv as given
     ],
 )

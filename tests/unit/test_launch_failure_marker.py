@@ -1,4 +1,4 @@
-"""The launch wrapper of a ``train.command`` rank leaves the step's peer-lost marker when the command fails.
+"""The rank wrapper of a ``train.command`` rank leaves the step's peer-lost marker when the command fails.
 
 Real processes: ``python -m slurm_ddp.launch`` forks the command and stays its parent (``launch._supervise``).
 Under in-job recovery (``PEER_LOST_VAR`` set, as the batch script does per training step) a failure — a

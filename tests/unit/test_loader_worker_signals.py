@@ -1,6 +1,6 @@
 """``signals.ignore_in_loader_workers``: a DataLoader's worker processes ignore the rank's stop signals, so the
-SIGTERM that Slurm sends to every process of a step (or the local launcher to a rank's process group) is the
-rank's to act on. End to end: the preemption soak (SIGTERM to the launcher, ``num_workers=2``) and the Slurm
+SIGTERM that Slurm sends to every process of a step (or the local supervisor to a rank's process group) is the
+rank's to act on. End to end: the preemption soak (SIGTERM to the local supervisor, ``num_workers=2``) and the Slurm
 partition-preemption test (``train.num_workers=2``).
 
 Each test runs its loaders under every start method of ``multiprocessing`` (``start_method``): ``fork`` (Linux's
@@ -96,9 +96,9 @@ def test_without_it_the_workers_keep_torchs_sigterm_handling() -> None:
 def test_preemption_loader_worker_init_ignores_the_jobs_requeue_signal_and_sigterm(
     monkeypatch: pytest.MonkeyPatch, start_method: Any
 ) -> None:
-    """The own-script API's ``worker_init_fn``: the job's ``requeue.signal`` comes from the launch wrapper's
+    """The own-script API's ``worker_init_fn``: the job's ``requeue.signal`` comes from the rank wrapper's
     ``SLURM_DDP_REQUEUE_SIGNAL``, read in the worker (its environment is the rank's, for ``forkserver`` the
-    rank's when the server started: at its first loader, after the launch wrapper set it)."""
+    rank's when the server started: at its first loader, after the rank wrapper set it)."""
     from slurm_ddp import preemption
 
     monkeypatch.setenv(preemption.SIGNAL_VAR, "USR1")

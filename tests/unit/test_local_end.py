@@ -39,7 +39,7 @@ def test_the_state_of_each_ending() -> None:
     # Ctrl-C before any rank failed: cancelled, whatever the ranks did on their way out
     cancelled = end(status=143, decision=NOT_PREEMPTED, cancelled="SIGINT", stopped_by="SIGTERM")
     assert (cancelled.state, cancelled.signal) == ("CANCELLED", "SIGINT")
-    assert cancelled.reason.startswith("cancelled by SIGINT (Ctrl-C) to the launcher")
+    assert cancelled.reason.startswith("cancelled by SIGINT (Ctrl-C) to the local supervisor")
     assert end(status=1, failed=(1, 1), cancelled="SIGTERM").state == "CANCELLED"
     # the requeue signal, then neither a preemption nor a failed rank: the status says it
     odd = end(status=140, decision=RequeueDecision(False, False, "", 140), command=False, stopped_by="SIGUSR2")
@@ -69,7 +69,7 @@ def test_status_reads_the_record_of_the_latest_start_only(tmp_path: Path) -> Non
     st = ops.run_status(ops.read_run(rd))
     assert (st.state, st.final) == ("FAILED", True) and st.describe_state() == "FAILED (rank 1 status 3, exit 3)"
     assert st.to_dict()["local_end"]["rank"] == 1 and "its log: L" in st.notes[0]
-    # a later start whose launcher was killed (kill -9) recorded nothing: the old record is not its end
+    # a later start whose local supervisor was killed (kill -9) recorded nothing: the old record is not its end
     jobs.append({"backend": "local", "job_id": "999999992", "restart": 1, "time": 2.0})
     (rd / "jobs.jsonl").write_text("".join(json.dumps(j) + "\n" for j in jobs))
     st = ops.run_status(ops.read_run(rd))

@@ -1,4 +1,4 @@
-"""The local launcher's signal handling: the handler only records the signal; the step's ``wait()``
+"""The local supervisor's signal handling: the handler only records the signal; the step's ``wait()``
 (``LocalRanks``, the supervisor's step on the local backend) forwards it to the ranks and reports through
 ``say`` (no print of its own)."""
 
@@ -99,7 +99,7 @@ def test_wait_says_which_rank_failed(job, capsys):
 
 
 def test_wait_names_every_rank_found_failed_at_one_poll(job, capsys):
-    """Two ranks that both failed before the launcher looked (a rank whose peer died fails in its next
+    """Two ranks that both failed before the local supervisor looked (a rank whose peer died fails in its next
     collective, within the same tenth of a second): which was first is unknown, so both are named."""
     ranks = [subprocess.Popen(["sh", "-c", f"exit {c}"]) for c in (1, 3)]
     for r in ranks:
@@ -175,7 +175,7 @@ def _blocked(pid_status: str) -> set:
 
 @pytest.mark.parametrize("command", [False, True], ids=["worker", "train.command"])
 def test_a_rank_started_with_the_forwarded_signals_blocked_keeps_only_its_flags_blocked(tmp_path, make_config, command):
-    """The local launcher starts the wrapper with every signal it passes on blocked: the rank it execs
+    """The local supervisor starts the wrapper with every signal it passes on blocked: the rank it execs
     keeps the preemption flag's (requeue signal, SIGTERM; the flag unblocks them once installed), the
     others get their default action back; a train.command script gets none blocked."""
     from slurm_ddp.config import dump_config

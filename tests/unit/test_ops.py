@@ -920,7 +920,7 @@ def test_cancel_and_requeue_mistakes(tmp_path, slurm, capsys):
     one_error(rc, err, "local backend", "no Slurm job to requeue", "process 4321")
     (local / rundir.LAUNCHER_LOCK_NAME).write_text("4321\n")  # its lock, held by no one: the launcher is gone
     rc, out, err = cli(["cancel", str(local)], capsys)  # nothing to signal
-    one_error(rc, err, "local launcher of run 'local' (process 4321) already ended", "nothing to cancel")
+    one_error(rc, err, "local supervisor of run 'local' (process 4321) already ended", "nothing to cancel")
     for verb in ("cancel", "requeue"):
         rc, out, err = cli([verb, str(never)], capsys)
         one_error(rc, err, "no job id recorded", f"nothing to {verb}")
@@ -1118,7 +1118,7 @@ def test_submit_refuses_a_run_directory_whose_job_still_runs(tmp_path, slurm, ca
     assert ops.read_run(run_dir).job_ids == ["4242", "4243"]
 
 
-def test_submit_refuses_a_run_directory_of_a_live_local_launcher(tmp_path, slurm, capsys, monkeypatch):
+def test_submit_refuses_a_run_directory_of_a_live_local_supervisor(tmp_path, slurm, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     job = write_job(tmp_path)
     run_dir = tmp_path / "runs" / "t"
@@ -1158,14 +1158,14 @@ def test_a_local_run_is_alive_while_its_launcher_lock_is_held(tmp_path, slurm, c
 
     run_dir = tmp_path / "runs" / "t"
     plan = plan_submit(load_config(job), "local", str(run_dir))
-    # a launcher of this run recorded a pid long gone; the lock decides
+    # a local supervisor of this run recorded a pid long gone; the lock decides
     make_run(tmp_path / "runs", "t", jobs=[("local", "999999999")])
     (run_dir / "config.yaml").write_text(dump_config(plan.cfg))
     fd = os.open(run_dir / rundir.LAUNCHER_LOCK_NAME, os.O_RDWR | os.O_CREAT)
     fcntl.flock(fd, fcntl.LOCK_EX)
     try:
         assert ops.run_status(ops.read_run(run_dir)).state == "RUNNING"
-        with pytest.raises(UserError, match="in use by another local launcher"):
+        with pytest.raises(UserError, match="in use by another local supervisor"):
             LocalRanksStarter(plan).lock()
         rc, out, err = cli(["submit", str(job), "--no-check-task", "--backend", "local"], capsys)
         one_error(rc, err, "already has job 999999999 in state RUNNING")

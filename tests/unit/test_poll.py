@@ -230,7 +230,7 @@ def test_wait_all_takes_runs_and_directories_and_returns_their_statuses_in_order
     dirs = []
     for name, finished in (("b", True), ("a", False)):
         d = write_run(tmp_path / name, "1", finished=finished)
-        # a local run whose launcher is gone (no such pid): read from its directory, no scheduler
+        # a local run whose local supervisor is gone (no such pid): read from its directory, no scheduler
         (d / "jobs.jsonl").write_text(json.dumps({"backend": "local", "job_id": "999999999", "time": 1.0}) + "\n")
         dirs.append(d)
     statuses = api.wait_all([api.Run(dirs[0]), dirs[1]], timeout_s=30)

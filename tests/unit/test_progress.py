@@ -1,4 +1,4 @@
-"""The local launcher's echo of rank 0: a live bar on a terminal, plain lines elsewhere."""
+"""The local supervisor's echo of rank 0: a live bar on a terminal, plain lines elsewhere."""
 
 import io
 

@@ -447,7 +447,7 @@ def no_marker(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("hostile", list(HOSTILE.values()), ids=list(HOSTILE))
 def test_hostile_values_stay_inert_when_the_script_runs(make_config, tmp_path, hostile):
-    # environment.env: a value with a '$' is the launch wrapper's, set at rank start (test_env_expansion.py);
+    # environment.env: a value with a '$' is the rank wrapper's, set at rank start (test_env_expansion.py);
     # the batch shell exports the others, here the hostile text without its '$'s
     exported = hostile.replace("$", "")
     cfg = make_config(

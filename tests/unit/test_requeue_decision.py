@@ -49,7 +49,7 @@ class Row:
     command: bool = False  #: a train.command run (status 0 writes FINISHED)
     hang: Optional[Tuple[str, int]] = None  #: the watchdogs' reports of this job: (culprit's node, step)
     prev_hang: Optional[Tuple[str, int]] = None  #: ... of its previous restart
-    #: what a train.command rank's launch wrapper recorded in this job: (signal, kind), e.g. the
+    #: what the rank wrapper of a train.command rank recorded in this job: (signal, kind), e.g. the
     #: requeue signal sent to the ranks only (``scancel --signal=USR2 JOBID``)
     rank_stop: Optional[Tuple[str, str]] = None
     finishes: bool = False  #: the ranks write FINISHED before they stop (the shared worker at its last step)

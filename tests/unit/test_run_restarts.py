@@ -1,5 +1,5 @@
 """``status``/``runs`` count restarts for every backend and mode (issue 33): the worker's ``resume``
-events, or the starts its launch wrapper recorded (``provenance.json``) for a script of one's own, whose
+events, or the starts its rank wrapper recorded (``provenance.json``) for a script of one's own, whose
 checkpoint step comes from its ``metrics.jsonl`` ``checkpoint`` events."""
 
 from __future__ import annotations

@@ -448,7 +448,7 @@ def test_init_writes_train_resume_and_the_file_loads(tmp_path: Path) -> None:
     assert "  # resume: hf " in (tmp_path / "plain.yaml").read_text()
 
 
-# --------------------------------------------------------------------------- the launch wrapper
+# --------------------------------------------------------------------------- the rank wrapper
 def test_the_launch_wrapper_appends_the_checkpoint_logs_it_and_dry_run_records_nothing(tmp_path: Path) -> None:
     import json
     import subprocess

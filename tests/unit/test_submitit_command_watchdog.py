@@ -1,6 +1,6 @@
 """One hang watchdog per rank under submitit with ``train.command`` (issue 28, bug 3), real processes.
 
-submitit's task starts through the launch wrapper (its ``python`` command) and runs
+submitit's task starts through the rank wrapper (its ``python`` command) and runs
 ``SubmititCommand``, which starts the rank's command through the wrapper again. Only the inner start
 is the rank: with a watchdog at both, the idle outer one overwrote the real hang report ("peer, step
 0, start-up") and requeued the job, as did the inner one and ``SubmititCommand`` after it.

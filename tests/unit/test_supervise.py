@@ -704,7 +704,9 @@ def test_a_local_cancel_before_any_failure_is_cancelled(tmp_path: Path) -> None:
     assert sup.run() == 143
     end = local_record(tmp_path)
     assert (end["state"], end["signal"]) == ("CANCELLED", "SIGINT"), end
-    assert len(said) == 1 and said[0].startswith("CANCELLED: cancelled by SIGINT (Ctrl-C) to the launcher"), said
+    assert len(said) == 1 and said[0].startswith("CANCELLED: cancelled by SIGINT (Ctrl-C) to the local supervisor"), (
+        said
+    )
 
 
 def test_a_local_script_that_ends_with_0_unstopped_finishes_quietly(tmp_path: Path) -> None:

@@ -483,7 +483,7 @@ def test_a_key_an_own_script_cannot_see_is_refused_naming_train_args(tmp_path, c
 
 
 def test_an_own_script_sweep_gives_each_element_its_args_and_working_directory(tmp_path):
-    """train.args.lr over python train.py: each element's config holds its own lr (the launch wrapper
+    """train.args.lr over python train.py: each element's config holds its own lr (the rank wrapper
     appends --lr=VALUE from it), and each element has its own RUN_DIR/work linking the project's files,
     but not an earlier run's checkpoints."""
     proj = tmp_path / "proj"

@@ -90,7 +90,7 @@ def same(a: Any, b: Any) -> bool:
 
 def _round_trip(cfg: Any, tmp_path: Path) -> Any:
     """``cfg`` written as the run directory's ``config.yaml`` (``prepare_run_dir``: ``dump_config``) and
-    read back as a rank's launcher reads it (``load_config``)."""
+    read back as a rank's rank wrapper reads it (``load_config``)."""
     path = tmp_path / "config.yaml"
     path.write_text(dump_config(cfg), encoding="utf-8")
     return load_config(path)
