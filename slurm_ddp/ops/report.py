@@ -186,7 +186,7 @@ class StartReport:
     start: float  #: epoch seconds
     end: float  #: epoch seconds (now, for a start still running)
     start_source: str  #: ``sacct``, ``launcher`` or ``provenance``
-    end_source: str  #: ``sacct``, ``batch``, ``local``, ``last record`` or ``now``
+    end_source: str  #: ``sacct``, ``batch``, ``local``, ``last record``, ``next step`` (an in-job restart) or ``now``
     ended: str  #: one of :data:`ENDINGS`
     reason: str  #: why, in words
     queue_wait_s: Optional[float]
