@@ -19,9 +19,9 @@ it alike), the time lost per cause (re-start-ups, redone steps, checkpoint stall
 ``C`` (mean seconds a periodic save blocked), ``tau`` (mean compute seconds between saves), ``R`` (mean seconds
 from a kill to the next start's first step) and ``M`` (the schedule's MTBF) — and the analytic limit
 ``1 - C/tau - (tau/2 + R)/M`` for them (``slurm_ddp.rundir.interval.expected_efficiency``). Prints per setting:
-ETTR, limit, ETTR ÷ limit, and auto's ETTR ÷ the best fixed interval's. Only process deaths here: the recovery
-modes (in-process with a warm spare, in-job restart, requeue) need the Slurm sandbox; ``recovery.py`` measures
-their restart cost R, which enters the same formula.
+ETTR, limit, ETTR ÷ limit, and auto's ETTR ÷ the best fixed interval's. Only process deaths here, on the local
+backend: ``goodput_modes.py`` trains the same task on the Slurm sandbox under node losses once per recovery mode
+(in-process with a warm spare, in-job restart, requeue), through the same :func:`figures`.
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -117,17 +117,24 @@ def run_one(work: Path, job: Path, setting: str, gaps: List[float], say: Any) ->
             raise RuntimeError(f"{run}: the run ended without finishing (exit {proc.returncode}): {tail}")
         say(f"  {setting}: kill {len(kills)} after {gap:.1f} s of training")
     rep = report_json(run)
-    return figures(run, rep, setting, time.time() - t0)
+    return figures(run, rep, setting, time.time() - t0, ARGS.mtbf_s)
 
 
-def report_json(run: Path) -> Dict[str, Any]:
-    r = subprocess.run(
-        [sys.executable, "-m", "slurm_ddp", "report", str(run), "--json"], capture_output=True, text=True
-    )
+def report_json(run: Path, runner: Callable[..., Any] = subprocess.run) -> Dict[str, Any]:
+    """``slurm-ddp report RUN --json``; ``runner``: ``subprocess.run`` or a sandbox's ``run`` (its Slurm)."""
+    r = runner([sys.executable, "-m", "slurm_ddp", "report", str(run), "--json"], capture_output=True, text=True)
     return json.loads(r.stdout)
 
 
-def figures(run: Path, rep: Dict[str, Any], setting: str, wall: float) -> Dict[str, Any]:
+def figures(run: Path, rep: Dict[str, Any], setting: str, wall: float, mtbf_s: float) -> Dict[str, Any]:
+    """The figures of one run (``slurm-ddp report --json``'s ``rep`` and ``metrics.jsonl``): ETTR, the time
+    lost per cause, the measured C, tau, R, the deaths met and the analytic limit for them; ``mtbf_s``: the
+    schedule's stated M. THE arithmetic of ``goodput_interval.py`` and ``goodput_modes.py``.
+
+    The wall time counted is the first start's first step → the last start's end (the first start-up is no
+    cost of failures); the time lost is the report's phases of each start plus the time between starts
+    (a killed start's end → the next start: detection, a requeue's hold-off, a resubmission, the next
+    launch), so that kept + lost = that wall time."""
     ev = read_metrics(run)
     saves = [m for m in ev if m.get("event") == "checkpoint" and m.get("reason") == "periodic"]
     cost = statistics.mean(float(m["blocked_s"]) for m in saves) if saves else 0.0
@@ -149,20 +156,36 @@ def figures(run: Path, rep: Dict[str, Any], setting: str, wall: float) -> Dict[s
     kills = len(restarts)
     restart_s = statistics.mean(restarts) if restarts else 0.0
     starts = rep["starts"]
-    wall_after_first = sum(s["wall_s"] for s in starts) - (starts[0]["phases_s"]["startup"] if starts else 0.0)
+    first_step_at = starts[0]["start"] + starts[0]["phases_s"]["startup"]
+    wall_after_first = max(s["end"] for s in starts) - first_step_at
+    in_starts = sum(s["wall_s"] for s in starts) - starts[0]["phases_s"]["startup"]
     kept = sum(s["phases_s"]["train_kept"] for s in starts)
     lost = {
         "re-start-ups": sum(s["phases_s"]["startup"] for s in starts[1:]),
+        # a lost start's tail: its last record → its end (the failure noticed: a collective's error, the probes,
+        # Slurm's SlurmdTimeout), the report's "other" of every start that did not finish
+        "lost starts' tails": sum(s["phases_s"]["other"] for s in starts if s["ended"] != "finished"),
+        "between starts": max(wall_after_first - in_starts, 0.0),
+        "in-process recovery": sum(s["phases_s"].get("recovery", 0.0) for s in starts),
         "redone": sum(s["phases_s"]["train_redone"] for s in starts),
         "checkpoint": sum(s["phases_s"]["checkpoint"] for s in starts),
-        "other": sum(s["phases_s"]["other"] + s["phases_s"]["stop"] + s["phases_s"]["unknown"] for s in starts),
+        "other": sum(
+            s["phases_s"]["stop"]
+            + s["phases_s"]["unknown"]
+            + s["phases_s"]["eval"]
+            + (s["phases_s"]["other"] if s["ended"] == "finished" else 0.0)
+            for s in starts
+        ),
     }
     ettr = kept / wall_after_first if wall_after_first > 0 else float("nan")
     # M as this run met it (its deaths over its wall time after the first start-up; the schedule's mean is
-    # ARGS.mtbf_s, but a run of a few minutes meets few of its draws)
+    # mtbf_s, but a run of a few minutes meets few of its draws)
     m_met = wall_after_first / kills if kills else float("inf")
     limit = expected_efficiency(tau, cost, restart_s, m_met)
-    limit_stated = expected_efficiency(tau, cost, restart_s, ARGS.mtbf_s)
+    # the same without the tau/2 a death redoes: for a recovery that rolls nothing back (in-process, an in-job
+    # restart from the emergency checkpoint), whose redone time is ~0
+    limit_no_rollback = expected_efficiency(tau, cost, restart_s, m_met, redo_fraction=0.0)
+    limit_stated = expected_efficiency(tau, cost, restart_s, mtbf_s)
     chosen = [m for m in ev if m.get("event") == "checkpoint_interval"]
     return {
         "setting": setting,
@@ -174,11 +197,13 @@ def figures(run: Path, rep: Dict[str, Any], setting: str, wall: float) -> Dict[s
         "limit_at_stated_M": limit_stated,
         "M_met_s": m_met,
         "ratio_to_limit": ettr / limit if limit > 0 else float("nan"),
+        "limit_no_rollback": limit_no_rollback,
+        "ratio_to_limit_no_rollback": ettr / limit_no_rollback if limit_no_rollback > 0 else float("nan"),
         "C_s": cost,
         "tau_s": tau,
         "tau_steps": tau / step_s if step_s == step_s and step_s > 0 else None,
         "R_s": restart_s,
-        "M_s": ARGS.mtbf_s,
+        "M_s": mtbf_s,
         "step_s": step_s,
         "lost_s": lost,
         "wall_s": wall,
@@ -204,7 +229,7 @@ def main() -> int:
     ARGS = ap.parse_args()
     if ARGS.refigure:
         runs = [d for d in sorted(Path(ARGS.refigure).iterdir()) if d.is_dir() and (d / "FINISHED").exists()]
-        out = [figures(d, report_json(d), d.name.split("-")[0], float("nan")) for d in runs]
+        out = [figures(d, report_json(d), d.name.split("-")[0], float("nan"), ARGS.mtbf_s) for d in runs]
         names = sorted({x["setting"] for x in out}, key=lambda s: (s == "auto", int(s) if s.isdigit() else 0))
         summarize(out, names, print)
         return 0

@@ -195,6 +195,7 @@ PHASE_COLOURS = {
     "startup": "tab:orange",
     "train_kept": "tab:green",
     "train_redone": "tab:red",
+    "recovery": "tab:pink",
     "eval": "tab:blue",
     "checkpoint": "tab:purple",
     "stop": "tab:brown",

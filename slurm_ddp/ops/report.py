@@ -16,6 +16,10 @@ runs from its job's start to its end:
 - start: accounting's ``Start`` of the job id at that restart when accounting answers; else, for
   the local backend, the launcher's record in ``jobs.jsonl``; else the provenance record (rank 0's
   launch wrapper, a moment after the job started);
+- an in-job restart (``recovery``) runs several training steps in one job start (the same job id and
+  restart count; each step is a start here): a step followed by another of its job start ends where that
+  one begins (``end_source`` ``next step``: the allocation was held throughout, the detection, probes and
+  launch in between are the ending step's ``other``; ``ended`` ``node_lost``, naming the node), and a later step begins at its own provenance record, not at accounting's ``Start`` of the job;
 - end: accounting's ``End``; else the record the batch shell or the local launcher wrote when the
   ranks exited (``rundir.record_end``); else the start's last record (``metrics.jsonl``) — a start
   killed together with its launcher leaves nothing later. sacct keeps whole seconds (the second the
@@ -34,6 +38,10 @@ time by construction (``other`` is the rest):
   is at or after them, or this start finished the run);
 - ``train_redone``: steps computed after the last committed checkpoint before a stop that lost
   them: the next start resumed from an earlier step and computed them again (``redone_steps``);
+- ``recovery``: in-process recoveries inside the start (``recovery.in_process``: its ``in_process``
+  records in ``recoveries.jsonl``): from the last step completed before the loss to the survivors'
+  ``resume`` in the new generation (the step in flight, the heartbeat timeout, the new group, the state's
+  broadcast); no new start, so no start-up;
 - ``eval``: evaluation (``eval`` events' ``duration_s``);
 - ``checkpoint``: checkpoint time that blocked training (``checkpoint`` events' ``blocked_s``; the
   save after a stop signal is ``stop``);
@@ -98,12 +106,13 @@ from .accounting import Accounting, AccountingRow, Runner
 FROM_STEP_0 = (FIRST_START, NO_CHECKPOINT, NO_COMPLETE)
 
 #: the phases of a start, in timeline order (the JSON keys of ``phases_s`` / ``phases_node_s``)
-PHASES = ("startup", "train_kept", "train_redone", "eval", "checkpoint", "stop", "unknown", "other")
+PHASES = ("startup", "train_kept", "train_redone", "recovery", "eval", "checkpoint", "stop", "unknown", "other")
 #: how a phase reads in a sentence
 PHASE_WORDS = {
     "startup": "start-up",
     "train_kept": "training (kept)",
     "train_redone": "training redone",
+    "recovery": "in-process recovery",
     "eval": "evaluation",
     "checkpoint": "checkpoint stalls",
     "stop": "stopping",
@@ -177,7 +186,7 @@ class StartReport:
     start: float  #: epoch seconds
     end: float  #: epoch seconds (now, for a start still running)
     start_source: str  #: ``sacct``, ``launcher`` or ``provenance``
-    end_source: str  #: ``sacct``, ``batch``, ``local``, ``last record`` or ``now``
+    end_source: str  #: ``sacct``, ``batch``, ``local``, ``last record``, ``next step`` (an in-job restart) or ``now``
     ended: str  #: one of :data:`ENDINGS`
     reason: str  #: why, in words
     queue_wait_s: Optional[float]
@@ -418,6 +427,10 @@ def run_report(
         job_id, restart = str(p.get("job_id", "")), _int(p.get("restart")) or 0
         t_prov = float(p["time"])
         t_next = float(prov[i + 1]["time"]) if i + 1 < len(prov) else float("inf")
+        # in-job restarts (``recovery``): several training steps, each a start, in one job start (the same job id
+        # and restart count), whose accounting row and end record are the job start's, i.e. its last step's
+        same_before = i > 0 and _same_job_start(prov[i - 1], job_id, restart)
+        same_after = i + 1 < len(prov) and _same_job_start(prov[i + 1], job_id, restart)
         window = [m for m in timed if t_prov <= float(m["time"]) < t_next]
         from_samples = False
         if not any(_is_step(m) for m in window):  # a script of one's own: its progress samples, if any
@@ -429,7 +442,9 @@ def run_report(
         # -- start
         row = rows.get((job_id, restart)) or by_restart.get(restart)
         t0, start_source = t_prov, "provenance"
-        if row is not None and sacct_epoch(row.start) is not None:
+        if same_before:  # a later step of the job start: it began with its own rank 0 (accounting has the job's)
+            pass
+        elif row is not None and sacct_epoch(row.start) is not None:
             t0, start_source = min(float(sacct_epoch(row.start) or t_prov), t_prov), "sacct"
         else:
             launched = [
@@ -449,7 +464,9 @@ def run_report(
         )
         end: Optional[float] = None
         end_source = ""
-        if row is not None and sacct_epoch(row.end) is not None:
+        if same_after:  # the allocation went on into the next step: this start ends where it begins
+            end, end_source, end_rec, row = t_next, "next step", None, None
+        elif row is not None and sacct_epoch(row.end) is not None:
             end, end_source = sacct_epoch(row.end), "sacct"
             end = _within_second(end, end_rec)
         elif end_rec is not None and _num(end_rec.get("time")) is not None:
@@ -462,7 +479,21 @@ def run_report(
         # -- how it ended
         ev = {m.get("event") for m in window}
         preempted = next((m for m in window if m.get("event") == "preempted"), None)
+        restarted = [
+            x.to_dict() for x in in_job if x.job_id == job_id and x.restart == restart and t_prov <= x.lost_at < t_next
+        ]
         ended, reason = _ending(path, job_id, restart, window, row, end_rec, preempted, end_source, finished)
+        lost_here = [x for x in restarted if not x["in_process"]]
+        if same_after and ended not in ("finished", "preempted"):
+            ended, reason = (
+                "node_lost",
+                (
+                    f"node {','.join(lost_here[-1]['lost']) or '?'} lost or hung: in-job restart "
+                    f"{lost_here[-1]['attempt']} in the same job"
+                    if lost_here
+                    else "the job's next training step started (an in-job restart; no recovery record found)"
+                ),
+            )
         # -- steps and phases
         nodes = str(p.get("nodes") or (row.nodes if row is not None else "") or "")
         fs = next((m for m in window if m.get("event") == "first_step"), None)
@@ -483,7 +514,8 @@ def run_report(
             queue_wait_s=None,
             phases_s=dict.fromkeys(PHASES, 0.0),
         )
-        resume = next((m for m in window if m.get("event") == "resume"), None)
+        # the start's own resume (an in-process recovery's, later in the start, resumes the survivors' state)
+        resume = next((m for m in window if m.get("event") == "resume" and not m.get("in_process")), None)
         st.resumed_from_step = _int(resume.get("step")) if resume is not None else None
         passed = next((r for r in script_resumes if (r.job_id, r.restart) == (job_id, restart)), None)
         if passed is not None:  # a train.command start: what it passed its script decides where it began
@@ -514,9 +546,7 @@ def run_report(
                 "steps: from the watchdog's samples of slurm_ddp.progress (at most one a second); the step it "
                 "resumed from is its first step − 1 in the script's own count (its checkpoints are its own)"
             )
-        st.in_job_restarts = [
-            x.to_dict() for x in in_job if x.job_id == job_id and x.restart == restart and t_prov <= x.lost_at < t_next
-        ]
+        st.in_job_restarts = restarted
         trained.append((steps, _split(st, window, steps, preempted)))
         starts.append(st)
 
@@ -598,6 +628,11 @@ def samples_as_events(samples: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]
             key = "duration_s" if phase == "eval" else "blocked_s"
             out.append({"event": phase, "step": step, key: d, "time": t + d, "reason": "script", "source": "progress"})
     return out
+
+
+def _same_job_start(prov: Dict[str, Any], job_id: str, restart: int) -> bool:
+    """Whether the provenance start ``prov`` is of job ``job_id`` at ``restart`` (an in-job restart's step)."""
+    return str(prov.get("job_id", "")) == job_id and (_int(prov.get("restart")) or 0) == restart
 
 
 def _stop_recorded(path: Path, job_id: str, restart: int) -> Optional[float]:
@@ -699,8 +734,31 @@ def _split(
         elif m.get("event") == "checkpoint" and not str(m.get("reason", "")).startswith("preemption"):
             ph["checkpoint"] += _num(m.get("blocked_s")) or 0.0
     blocked = _blocking_within(window, t_first, t_train_end)
-    ph["train_kept"] = max(t_train_end - t_first - blocked, 0.0)
+    ph["recovery"] = _in_process_recovery_s(st, window, steps, t_first, t_train_end)
+    ph["train_kept"] = max(t_train_end - t_first - blocked - ph["recovery"], 0.0)
     return t_train_end
+
+
+def _in_process_recovery_s(
+    st: StartReport, window: Sequence[Dict[str, Any]], steps: Sequence[Tuple[float, int]], lo: float, hi: float
+) -> float:
+    """Seconds of ``st``'s in-process recoveries within its training (``lo`` → ``hi``): each from its lost step's
+    time (``lost_step``, interpolated between the step records; else the loss's time) to its ``resume``, less
+    any save or evaluation that blocked within it (counted in their own phases). A recovery not resumed yet
+    counts nothing."""
+    total = 0.0
+    points = sorted(steps, key=lambda pt: pt[0])
+    for x in st.in_job_restarts:
+        resumed = _num(x.get("resumed_at"))
+        if not x.get("in_process") or resumed is None:
+            continue
+        step = _int(x.get("lost_step"))
+        t_lost = _time_of_step(points, step) if step is not None else None
+        t_from = max(t_lost if t_lost is not None else _num(x.get("lost_at")) or resumed, lo)
+        t_to = min(resumed, hi)
+        if t_to > t_from:
+            total += t_to - t_from - _blocking_within(window, t_from, t_to)
+    return max(total, 0.0)
 
 
 def _redo(
@@ -728,7 +786,8 @@ def _redo(
     if t_from is None:
         t_from = steps[0][0] if steps else st.start
     t_from = max(t_from, steps[0][0] if steps else st.start)
-    moved = max(min(t_end - t_from - _blocking_within(window, t_from, t_end), st.phases_s["train_kept"]), 0.0)
+    lost = _blocking_within(window, t_from, t_end) + _in_process_recovery_s(st, window, steps, t_from, t_end)
+    moved = max(min(t_end - t_from - lost, st.phases_s["train_kept"]), 0.0)
     st.phases_s["train_kept"] -= moved
     st.phases_s["train_redone"] += moved
 
@@ -770,6 +829,11 @@ def _loss_words(rep: RunReport, phase: str, frac: float) -> str:
         lost = [s for s in rep.starts if s.redone_steps]
         how = ", ".join(f"{s.redone_steps} after start {s.index} ({s.ended})" for s in lost)
         return f"{head}: {rep.redone_steps} steps computed again ({how}); checkpoint more often to lose fewer"
+    if phase == "recovery":
+        n = sum(1 for s in rep.starts for x in s.in_job_restarts if x.get("in_process"))
+        return (
+            f"{head}: {sum(per):.1f} s from a lost node's last step to training again, over {n} in-process recoveries"
+        )
     if phase == "eval":
         return f"{head}: {sum(per):.1f} s of evaluation"
     if phase == "checkpoint":

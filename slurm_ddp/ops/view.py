@@ -352,6 +352,7 @@ def format_report(rep: RunReport) -> str:
         "STARTUP",
         "KEPT",
         "REDONE",
+        "RECOVERY",
         "EVAL",
         "CKPT",
         "STOP",

@@ -90,13 +90,22 @@ def young_interval_s(cost_s: float, mtbf_s: float) -> float:
     return math.sqrt(2 * max(0.0, cost_s) * mtbf_s)
 
 
-def expected_efficiency(interval_s: float, cost_s: float, restart_s: float, mtbf_s: float) -> float:
+def expected_efficiency(
+    interval_s: float, cost_s: float, restart_s: float, mtbf_s: float, redo_fraction: float = 0.5
+) -> float:
     """The first-order share of the allocation that trains, ``1 - C/tau - (tau/2 + R)/M``, for a
     save every ``interval_s`` of compute costing ``cost_s``, a restart costing ``restart_s`` and
-    interruptions every ``mtbf_s`` (all seconds). The benchmark's analytic limit; not clipped."""
+    interruptions every ``mtbf_s`` (all seconds). The benchmark's analytic limit; not clipped.
+
+    ``redo_fraction``: the share of an interval an interruption computes again, 1/2 for one at a
+    uniformly random moment since the last save (Young 1974); 0 where nothing is rolled back (an
+    in-process recovery keeps the survivors' state; an in-job restart resumes from the emergency
+    checkpoint of the last step): then ``1 - C/tau - R/M``. Raises ``ValueError`` outside 0..1."""
+    if not 0.0 <= redo_fraction <= 1.0:
+        raise ValueError(f"redo_fraction must be 0..1, got {redo_fraction}")
     if interval_s <= 0:
         return -math.inf if cost_s > 0 else 1.0 - restart_s / mtbf_s
-    return 1.0 - cost_s / interval_s - (interval_s / 2 + restart_s) / mtbf_s
+    return 1.0 - cost_s / interval_s - (redo_fraction * interval_s + restart_s) / mtbf_s
 
 
 @dataclass(frozen=True)
@@ -118,18 +127,23 @@ def interruption_history(metrics: Iterable[Mapping[str, Any]], now: Optional[flo
     node, a kill: the next start redid steps). An in-process recovery (``resume`` with
     ``in_process``) is an interruption inside a start. ``observed_s``: each start's first step to
     its last record (the running start to ``now``, when given). Records without a ``time`` are skipped.
+    The ``first_step`` the survivors write after an in-process recovery (the worker writes one per training
+    loop) continues the start: the recovery is counted once, at its ``resume``.
     """
     observed = 0.0
     interruptions = planned = 0
     begin: Optional[float] = None
     last: Optional[float] = None
     ended_planned = False
+    in_process = False  # an in-process recovery since the start's first step: the worker's next first_step is its
     for m in metrics:
         t = m.get("time")
         if not isinstance(t, (int, float)):
             continue
         ev = m.get("event")
-        if ev == "first_step":
+        if ev == "first_step" and in_process and begin is not None:
+            in_process = False  # the survivors' first step after their recovery (counted at its resume): same start
+        elif ev == "first_step":
             if begin is not None and last is not None:
                 observed += max(0.0, last - begin)
                 if not ended_planned:
@@ -142,6 +156,9 @@ def interruption_history(metrics: Iterable[Mapping[str, Any]], now: Optional[flo
             planned += ev == "preempted"
         elif ev == "resume" and m.get("in_process"):
             interruptions += 1
+            in_process = True
+        elif ev == "resume":  # a new start's resume from a checkpoint: its first_step begins it
+            in_process = False
         last = float(t)
     if begin is not None and last is not None:
         end = max(last, now) if now is not None and not ended_planned else last

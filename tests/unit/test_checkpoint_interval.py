@@ -29,6 +29,11 @@ def test_interval_is_the_optimum_of_the_first_order_loss():
     best = iv.expected_efficiency(tau, c, r, m)
     for other in (tau * 0.8, tau * 1.25):
         assert iv.expected_efficiency(other, c, r, m) < best
+    # nothing rolled back (in-process recovery, an emergency checkpoint): the tau/2 term goes, R stays
+    assert iv.expected_efficiency(tau, c, r, m, redo_fraction=0.0) == pytest.approx(1 - c / tau - r / m)
+    assert iv.expected_efficiency(tau, c, r, m, redo_fraction=0.0) - best == pytest.approx(tau / 2 / m)
+    with pytest.raises(ValueError):
+        iv.expected_efficiency(tau, c, r, m, redo_fraction=1.5)
 
 
 def test_inputs_to_interval_in_steps_with_figures():
@@ -80,6 +85,12 @@ def test_history_counts_only_interruptions_that_lose_work():
     # an in-process recovery is an interruption inside a start
     more = metrics + [{"event": "resume", "time": 240.0, "in_process": True}]
     assert iv.interruption_history(more).interruptions == 2
+    # ... counted once: the first_step the survivors write after it continues the start (no second interruption)
+    after = more + [{"event": "first_step", "time": 241.0}, {"event": "train", "time": 250.0}]
+    h = iv.interruption_history(after)
+    assert h.interruptions == 2 and h.observed_s == pytest.approx(30.0 + 31.0 + 50.0)
+    killed_after = after + _start(300.0, restart=3)  # then that start killed: one more
+    assert iv.interruption_history(killed_after).interruptions == 3
     assert iv.interruption_history([]) == iv.History()
 
 

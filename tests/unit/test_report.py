@@ -78,6 +78,7 @@ def test_accounting_times_and_states_win(tmp_path: Path) -> None:
         "startup": 10.0,  # T → first step
         "train_kept": 48 - 6.0,  # first step → signal, less the eval and the periodic save
         "train_redone": 0.0,
+        "recovery": 0.0,
         "eval": 5.0,
         "checkpoint": 1.0,  # the preemption save is part of the stop
         "stop": 6.0,  # signal (T+58) → end (T+64)
@@ -166,6 +167,101 @@ def test_a_kill_between_checkpoints_moves_the_lost_steps_to_redone(tmp_path: Pat
     assert a.phases_s["train_kept"] == pytest.approx(19 - 10)
     assert a.steps_kept == 10 and b.steps_kept == 10 and b.ended == "finished"
     assert rep.allocated_source == "run directory" and a.start_source == "launcher" and a.end_source == "local"
+
+
+def test_in_job_restart_steps_of_one_job_start_each_end_where_the_next_begins(tmp_path: Path) -> None:
+    # job 5 at restart 0 runs two training steps (recovery: node n2 lost after step 20, restarted in the same
+    # job on n1,n3): both steps share the job start's accounting row and its one end record, which are the
+    # last step's; the first step ends where the second begins (its detection and relaunch are its tail)
+    p = write_run(
+        tmp_path / "run",
+        [
+            {"time": T + 2, "job_id": "5", "restart": 0, "nodes": "n[1-3]"},
+            {"time": T + 50, "job_id": "5", "restart": 0, "nodes": "n[1-3]"},
+        ],
+        [
+            {"event": "first_step", "step": 1, "nodes": 2, "time": T + 10},
+            {"event": "train", "step": 20, "time": T + 30},
+            {"event": "emergency_checkpoint", "step": 20, "time": T + 31},
+            {"event": "resume", "step": 20, "emergency": True, "time": T + 55},
+            {"event": "first_step", "step": 21, "nodes": 2, "time": T + 58},
+            {"event": "train", "step": 40, "time": T + 78},
+            {"event": "finished", "step": 40, "time": T + 79},
+        ],
+    )
+    append_jsonl(
+        p / "recoveries.jsonl",
+        {
+            "job_id": "5",
+            "restart": 0,
+            "attempt": 0,
+            "time": T + 45,
+            "action": "restart",
+            "nodes": ["n1", "n3"],
+            "bad": ["n2"],
+            "lost_at": T + 30.5,
+            "lost_step": 20,
+        },
+    )
+    record_job(p, backend="sbatch", job_id="5", time=T - 5)
+    record_end(p, job_id="5", restart=0, exit_code=0, by="batch", time=T + 80)
+    text = f"5|COMPLETED|{sacct_time(T)}|{sacct_time(T + 80)}|80|0:0|n[1-3]|3|3|cpu=3,node=3\n"
+    for acct in (None, Accounting(parse_sacct(text))):
+        rep = run_report(p, accounting=acct)
+        a, b = rep.starts
+        assert (a.end, a.end_source, a.ended) == (T + 50, "next step", "node_lost")
+        assert "n2" in a.reason and "in-job restart 1" in a.reason
+        assert b.start == T + 50 and b.start_source == "provenance" and b.ended == "finished" and b.end == T + 80
+        assert a.phases_s["other"] == pytest.approx(50 - 30) and b.phases_s["startup"] == pytest.approx(8)
+        assert a.queue_wait_s is not None and b.queue_wait_s == 0.0
+        assert rep.redone_steps == 0 and sum(s.wall_s for s in rep.starts) == pytest.approx(80 - (a.start - T))
+        assert [len(s.in_job_restarts) for s in rep.starts] == [1, 0]
+
+
+def test_an_in_process_recovery_is_its_own_phase_not_kept_training(tmp_path: Path) -> None:
+    # one start; node n2 lost after step 20 (done at T+30), the survivors resumed at T+37 in the next
+    # generation (a second first_step follows, as the worker writes one per train() call): the 7 s from the last
+    # step done to the resume is the recovery phase (the step in flight, the heartbeat timeout, the regroup),
+    # not training kept; a save blocked within it stays the checkpoint phase's
+    p = write_run(
+        tmp_path / "run",
+        [{"time": T, "job_id": "3", "restart": 0, "nodes": "n[1-4]"}],
+        [
+            {"event": "first_step", "step": 1, "nodes": 2, "time": T + 10},
+            {"event": "train", "step": 20, "time": T + 30},
+            {"event": "checkpoint", "step": 20, "reason": "periodic", "blocked_s": 1.0, "time": T + 31},
+            {"event": "resume", "step": 20, "in_process": True, "generation": 1, "time": T + 37},
+            {"event": "first_step", "step": 21, "nodes": 2, "time": T + 38},
+            {"event": "train", "step": 40, "time": T + 57},
+            {"event": "finished", "step": 40, "time": T + 58},
+        ],
+    )
+    append_jsonl(
+        p / "recoveries.jsonl",
+        {
+            "job_id": "3",
+            "restart": 0,
+            "attempt": 0,
+            "time": T + 31.5,
+            "action": "in_process",
+            "nodes": ["n1", "n3"],
+            "bad": ["n2"],
+            "lost_at": T + 31.5,
+            "lost_step": 20,
+        },
+    )
+    record_job(p, backend="sbatch", job_id="3", time=T)
+    record_end(p, job_id="3", restart=0, exit_code=0, by="batch", time=T + 60)
+    rep = run_report(p)
+    (st,) = rep.starts
+    assert st.phases_s["recovery"] == pytest.approx(37 - 30 - 1.0)  # last step → resume, less the save
+    assert st.phases_s["checkpoint"] == 1.0 and st.redone_steps is None and st.steps_kept == 40
+    assert st.phases_s["train_kept"] == pytest.approx(57 - 10 - 1.0 - 6.0)
+    assert sum(st.phases_s.values()) == pytest.approx(st.wall_s)
+    assert [x["in_process"] for x in st.in_job_restarts] == [True]
+    assert rep.ettr == pytest.approx(40.0 / 60)
+    assert any(x["phase"] == "recovery" and "1 in-process recoveries" in x["words"] for x in rep.losses)
+    assert "RECOVERY" in format_report(rep)
 
 
 def test_own_script_without_timed_steps_gets_per_start_figures_and_says_what_is_unknown(tmp_path: Path) -> None:
