@@ -14,15 +14,15 @@ agree to the second; the definitions below are the documentation of the ``--json
 runs from its job's start to its end:
 
 - start: accounting's ``Start`` of the job id at that restart when accounting answers; else, for
-  the local backend, the launcher's record in ``jobs.jsonl``; else the provenance record (rank 0's
+  the local backend, the local supervisor's record in ``jobs.jsonl``; else the provenance record (rank 0's
   launch wrapper, a moment after the job started);
 - an in-job restart (``recovery``) runs several training steps in one job start (the same job id and
   restart count; each step is a start here): a step followed by another of its job start ends where that
   one begins (``end_source`` ``next step``: the allocation was held throughout, the detection, probes and
   launch in between are the ending step's ``other``; ``ended`` ``node_lost``, naming the node), and a later step begins at its own provenance record, not at accounting's ``Start`` of the job;
-- end: accounting's ``End``; else the record the batch shell or the local launcher wrote when the
+- end: accounting's ``End``; else the record the job's supervisor (batch host or local) wrote when the
   ranks exited (``rundir.record_end``); else the start's last record (``metrics.jsonl``) — a start
-  killed together with its launcher leaves nothing later. sacct keeps whole seconds (the second the
+  killed together with its supervisor leaves nothing later. sacct keeps whole seconds (the second the
   job ended): an end record that falls within that second is the same end to the sub-second and is
   taken instead (``end_source`` stays ``sacct``), so a stop shorter than a second is not clipped to 0;
 - ``queue_wait_s`` before it: from the submission (``jobs.jsonl``), or for a requeue from the end of
@@ -185,7 +185,7 @@ class StartReport:
     node_count: int
     start: float  #: epoch seconds
     end: float  #: epoch seconds (now, for a start still running)
-    start_source: str  #: ``sacct``, ``launcher`` or ``provenance``
+    start_source: str  #: ``sacct``, ``launcher`` (the job's record in ``jobs.jsonl``: a word kept for --json readers) or ``provenance``
     end_source: str  #: ``sacct``, ``batch``, ``local``, ``last record``, ``next step`` (an in-job restart) or ``now``
     ended: str  #: one of :data:`ENDINGS`
     reason: str  #: why, in words
@@ -697,7 +697,7 @@ def _ending(
         return "failed", f"exited with status {code}"
     if end_source == "now":
         return "running", "no end recorded yet: still running"
-    return "killed", "no record of its end: killed together with its launcher, or its node was lost"
+    return "killed", "no record of its end: killed together with its supervisor, or its node was lost"
 
 
 def _split(
@@ -890,7 +890,7 @@ class SweepReport:
 def report(path: Path, run_cmd: Optional[Runner] = None) -> Union[RunReport, SweepReport]:
     """The report of a run or sweep directory (``slurm-ddp report``): accounting asked through
     ``run_cmd`` (default ``subprocess.run``) for a run of a Slurm backend; a local run is read from
-    its run directory alone (its launcher's lock says whether it still runs)."""
+    its run directory alone (its local supervisor's lock says whether it still runs)."""
     import subprocess
 
     from ..rundir import is_sweep_dir
