@@ -49,6 +49,10 @@ names no node, and the requeue rule decides as without the marker.
 ``--dry-run`` prints the plan as JSON and the command instead of running it. A binding
 that cannot be applied (numactl or a library missing) prints one line
 ``slurm_ddp launch: error: …`` naming the package to install, and exits 2.
+
+Why over 600 lines: it is everything a rank does between srun (or torchrun) and its own interpreter, in
+one process: the environment it derives, the binding it applies and the exec, each a named step; split, the
+steps would pass the half-built environment between modules.
 """
 
 from __future__ import annotations

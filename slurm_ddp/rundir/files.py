@@ -3,6 +3,9 @@ records (``jobs.jsonl``, ``metrics.jsonl``), the ``FINISHED``/``PREEMPTED`` mark
 committed checkpoint. Part of :mod:`slurm_ddp.rundir` (its docstring describes the directory).
 
 Side effects: reads and writes files of a run directory; imports no torch.
+
+Why over 600 lines: it is the one owner of the run directory's names and record formats (every backend, the
+supervisor, the ranks and the login-node verbs ask it), so that a name or a format is written once.
 """
 
 from __future__ import annotations

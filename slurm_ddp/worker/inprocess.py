@@ -38,6 +38,9 @@ task's exit ends it either: ``render.srun_flags``).
 Sources: ``torch.distributed.TCPStore``/``PrefixStore`` and ``init_process_group(store=...)`` (PyTorch docs,
 "Distributed communication package", Initialization); ``srun --no-kill`` keeps a step's tasks on the other
 nodes running after one node fails (srun(1) ``-k``; seen with Slurm 22.05, docs/development.md).
+
+Why over 600 lines: it is the whole membership protocol (heartbeats, the coordinator, the plan, the
+generation's join) that every rank and spare runs against one store; its parts share the store's key layout.
 """
 
 from __future__ import annotations
