@@ -51,10 +51,7 @@ import json
 import os
 import random
 import re
-import shutil
-import signal
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -65,10 +62,22 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 from goodput_interval import figures, job_yaml, report_json  # noqa: E402  (THE ETTR/limit arithmetic)
-from recovery import ENDED, diagnostics, metrics, show_job, step_nodes, wait  # noqa: E402  (the sandbox's reads)
-
-MODES = ("in-process", "in-job", "requeue")
-WAIT_S = 900.0  # generous per wait: start-ups import torch on busy cores
+from recovery import (  # noqa: E402  (the sandbox's reads and the harness of the recovery-mode benchmarks)
+    ENDED,
+    MODES,
+    add_sandbox_args,
+    check_sandbox_args,
+    diagnostics,
+    finish,
+    load_words,
+    metrics,
+    mode_sandbox,
+    prepare_work,
+    show_job,
+    start_line,
+    step_nodes,
+    wait,
+)
 
 
 def mode_sets(mode: str, args: argparse.Namespace) -> List[str]:
@@ -202,9 +211,7 @@ def main() -> int:
     )
     ap.add_argument("--width", type=int, default=2048, help="the MLP's width (realistic_task.py; default 2048)")
     ap.add_argument("--seed", type=int, default=53)
-    ap.add_argument("--slurmd-timeout-s", type=int, default=60, help="the sandbox's SlurmdTimeout (default 60)")
-    ap.add_argument("--message-timeout-s", type=int, default=10, help="the sandbox's MessageTimeout (default 10)")
-    ap.add_argument("--only", choices=MODES, help="run one mode only")
+    add_sandbox_args(ap)
     ap.add_argument("--work", type=Path, help="directory for the sandbox and the runs (kept); default a temporary one")
     ap.add_argument("--json", type=Path, metavar="FILE", help="write every mode's figures here")
     ap.add_argument("--refigure", type=Path, metavar="WORK", help="only the table again, from the runs kept in WORK")
@@ -213,8 +220,6 @@ def main() -> int:
         args.max_steps = min(args.max_steps, 300)
     args.mtbf_s = args.mtbf_s or (20.0 if args.quick else 60.0)
     args.losses = args.losses if args.losses is not None else (2 if args.quick else 3)
-    if not 1 <= args.losses <= 8:
-        ap.error(f"--losses must be 1..8, got {args.losses}")
     say = lambda s: print(s, flush=True)  # noqa: E731
     import subprocess
 
@@ -227,42 +232,22 @@ def main() -> int:
         for s in table(results):
             say(s)
         return 0
-    from slurm_ddp.sandbox import SlurmSandbox
-    from slurm_ddp.sandbox.layout import check_timeouts
-
-    try:
-        check_timeouts(args.slurmd_timeout_s, args.message_timeout_s)
-    except ValueError as e:
-        ap.error(str(e))
-
-    def on_term(signum: int, frame: Any) -> None:
-        raise SystemExit(128 + signum)  # unwinds through the sandbox's down()
-
-    signal.signal(signal.SIGTERM, on_term)
-    os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    own_work = args.work is None
-    work = args.work or Path(tempfile.mkdtemp(prefix="goodput-modes-", dir="/tmp"))
-    work.mkdir(parents=True, exist_ok=True)
+    check_sandbox_args(ap, args)
+    work, own_work = prepare_work(args.work, "goodput-modes-")
     job = job_yaml(work, args)
     rng = random.Random(args.seed)
     gaps = [rng.expovariate(1.0 / args.mtbf_s) for _ in range(args.losses)]
     modes = [args.only] if args.only else list(MODES)
     t0 = time.time()
     say(
-        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} CPUs; load average "
-        + " ".join(f"{v:.1f}" for v in os.getloadavg())
-        + f"; sandbox of {2 + args.losses} nodes, SlurmdTimeout={args.slurmd_timeout_s} s; {args.max_steps} steps; "
-        f"M = {args.mtbf_s:.0f} s, seed {args.seed}: gaps {[round(g, 1) for g in gaps]} s; work {work}"
+        start_line(
+            args,
+            work,
+            f"; {args.max_steps} steps; M = {args.mtbf_s:.0f} s, seed {args.seed}: gaps {[round(g, 1) for g in gaps]} s",
+        )
     )
     results: List[Dict[str, Any]] = []
-    with SlurmSandbox(
-        work / "sb",
-        nodes=2 + args.losses,
-        cpus_per_node=2,
-        slurmd_timeout_s=args.slurmd_timeout_s,
-        message_timeout_s=args.message_timeout_s,
-        kill_wait_s=2,
-    ) as sb:
+    with mode_sandbox(work, args) as sb:
         for mode in modes:
             t_mode = time.time()
             run = run_mode(sb, work, job, mode, gaps, args, say)
@@ -274,20 +259,13 @@ def main() -> int:
                 f"  {mode}: ETTR {res['ettr']:.3f}  limit {res['limit']:.3f}  ratio {res['ratio_to_limit']:.3f}  "
                 f"C {res['C_s']:.3f} s  tau {res['tau_s']:.1f} s  R {res['R_s']:.1f} s  deaths {res['kills']}  "
                 f"lost {', '.join(f'{k} {v:.1f} s' for k, v in res['lost_s'].items())}  ({res['wall_s']:.0f} s; "
-                f"load {' '.join(f'{v:.1f}' for v in os.getloadavg())})"
+                f"{load_words()})"
             )
     for s in table(results):
         say(s)
     if args.json:
         args.json.write_text(json.dumps(results, indent=1, default=str) + "\n")
-    if own_work:
-        shutil.rmtree(work, ignore_errors=True)
-    say(
-        f"total {time.time() - t0:.0f} s; load average "
-        + " ".join(f"{v:.1f}" for v in os.getloadavg())
-        + f"; work directory {work}"
-        + (" (removed)" if own_work else "")
-    )
+    finish(work, own_work, t0, say)
     return 0
 
 

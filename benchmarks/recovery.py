@@ -54,7 +54,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Callable, Dict, List
+from typing import Any, Callable, Dict, List, Tuple
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -275,22 +275,20 @@ def summary(results: Dict[str, List[Loss]]) -> List[str]:
     return out
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument(
-        "--losses", type=int, default=2, help="node losses per mode (default 2; the sandbox has 2 + N nodes)"
-    )
+def add_sandbox_args(ap: argparse.ArgumentParser) -> None:
+    """The options every sandbox benchmark of the recovery modes takes (this one, ``goodput_modes.py``)."""
     ap.add_argument("--slurmd-timeout-s", type=int, default=60, help="the sandbox's SlurmdTimeout (default 60)")
     ap.add_argument("--message-timeout-s", type=int, default=10, help="the sandbox's MessageTimeout (default 10)")
     ap.add_argument("--only", choices=MODES, help="run one mode only")
-    ap.add_argument("--work", type=Path, help="directory for the sandbox and the runs (default: a temporary one)")
-    ap.add_argument("--json", type=Path, metavar="FILE", help="write every loss's record here")
-    args = ap.parse_args()
-    if not 1 <= args.losses <= 8:
-        ap.error(f"--losses must be 1..8, got {args.losses}")
-    from slurm_ddp.sandbox import SlurmSandbox
+
+
+def check_sandbox_args(ap: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """``--losses`` 1..8 and the timeouts the sandbox accepts (``sandbox.layout.check_timeouts``), else argparse's
+    one-line error naming the option."""
     from slurm_ddp.sandbox.layout import check_timeouts
 
+    if not 1 <= args.losses <= 8:
+        ap.error(f"--losses must be 1..8, got {args.losses}")
     try:
         check_timeouts(args.slurmd_timeout_s, args.message_timeout_s)
     except ValueError as e:
@@ -298,32 +296,74 @@ def main() -> int:
             str(e).replace("slurmd_timeout_s", "--slurmd-timeout-s").replace("message_timeout_s", "--message-timeout-s")
         )
 
+
+def prepare_work(work_arg: Any, prefix: str) -> Tuple[Path, bool]:
+    """SIGTERM unwinds (through the sandbox's ``down()``), the ranks import this checkout, and the work
+    directory: ``work_arg`` or a new temporary one (then removed after a run without error). Returns
+    (the directory, whether it is this run's own)."""
+
     def on_term(signum: int, frame: Any) -> None:
         raise SystemExit(128 + signum)  # unwinds through the sandbox's down()
 
     signal.signal(signal.SIGTERM, on_term)
     os.environ["PYTHONPATH"] = os.pathsep.join([str(REPO), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    own_work = args.work is None
-    work = args.work or Path(tempfile.mkdtemp(prefix="recovery-bench-", dir="/tmp"))
+    work = Path(work_arg) if work_arg is not None else Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
     work.mkdir(parents=True, exist_ok=True)
-    modes = [args.only] if args.only else list(MODES)
-    say = lambda s: print(s, flush=True)  # noqa: E731
-    t0 = time.time()
-    say(
-        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} CPUs; load average "
-        + " ".join(f"{v:.1f}" for v in os.getloadavg())
-        + f"; sandbox of {2 + args.losses} nodes, SlurmdTimeout={args.slurmd_timeout_s} s, "
-        f"MessageTimeout={args.message_timeout_s} s; work {work}"
+    return work, work_arg is None
+
+
+def load_words() -> str:
+    """``load average 1.0 2.0 3.0`` now."""
+    return "load average " + " ".join(f"{v:.1f}" for v in os.getloadavg())
+
+
+def start_line(args: argparse.Namespace, work: Path, more: str = "") -> str:
+    """The first line a sandbox benchmark prints: the time, the machine, the sandbox, ``more``."""
+    return (
+        f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime())}; {os.cpu_count()} CPUs; {load_words()}"
+        f"; sandbox of {2 + args.losses} nodes, SlurmdTimeout={args.slurmd_timeout_s} s, "
+        f"MessageTimeout={args.message_timeout_s} s{more}; work {work}"
     )
-    results: Dict[str, List[Loss]] = {}
-    with SlurmSandbox(
+
+
+def mode_sandbox(work: Path, args: argparse.Namespace) -> Any:
+    """The benchmark's sandbox: 2 training nodes + one per loss (spares, or nodes for the requeue), 2 CPUs each."""
+    from slurm_ddp.sandbox import SlurmSandbox
+
+    return SlurmSandbox(
         work / "sb",
         nodes=2 + args.losses,
         cpus_per_node=2,
         slurmd_timeout_s=args.slurmd_timeout_s,
         message_timeout_s=args.message_timeout_s,
         kill_wait_s=2,
-    ) as sb:
+    )
+
+
+def finish(work: Path, own_work: bool, t0: float, say: Callable[[str], None]) -> None:
+    """Remove this run's own work directory (finished without an error: the logs are not needed) and say the total."""
+    if own_work:
+        shutil.rmtree(work, ignore_errors=True)
+    say(f"total {time.time() - t0:.0f} s; {load_words()}; work directory {work}" + (" (removed)" if own_work else ""))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument(
+        "--losses", type=int, default=2, help="node losses per mode (default 2; the sandbox has 2 + N nodes)"
+    )
+    add_sandbox_args(ap)
+    ap.add_argument("--work", type=Path, help="directory for the sandbox and the runs (default: a temporary one)")
+    ap.add_argument("--json", type=Path, metavar="FILE", help="write every loss's record here")
+    args = ap.parse_args()
+    check_sandbox_args(ap, args)
+    work, own_work = prepare_work(args.work, "recovery-bench-")
+    modes = [args.only] if args.only else list(MODES)
+    say = lambda s: print(s, flush=True)  # noqa: E731
+    t0 = time.time()
+    say(start_line(args, work))
+    results: Dict[str, List[Loss]] = {}
+    with mode_sandbox(work, args) as sb:
         say(HEADER)
         for mode in modes:
             results[mode] = run_mode(sb, work, mode, args.losses, say)
@@ -335,14 +375,7 @@ def main() -> int:
         say(s)
     if args.json:
         args.json.write_text(json.dumps({m: [asdict(x) for x in xs] for m, xs in results.items()}, indent=1) + "\n")
-    if own_work:  # finished without an error: the logs are not needed
-        shutil.rmtree(work, ignore_errors=True)
-    say(
-        f"total {time.time() - t0:.0f} s; load average "
-        + " ".join(f"{v:.1f}" for v in os.getloadavg())
-        + f"; work directory {work}"
-        + (" (removed)" if own_work else "")
-    )
+    finish(work, own_work, t0, say)
     return 0
 
 
