@@ -421,7 +421,12 @@ def schedule(
         if found is None:
             raise lost_answer_error(str(e), "the job", why) from None  # the intent stays: the next submit looks
         job_id, note = found, found_note(str(e), found)
-        adopt_submission_files(executor.folder, job_id, since=ident.time)
+        moved = adopt_submission_files(executor.folder, job_id, since=ident.time)
+        if not any(m.endswith("_submitted.pkl") for m in moved):  # said only when the callable is in place
+            note += (
+                f"; but submitit's pickle of the callable was not found in {Path(plan.run_dir) / SUBMITIT_DIR}: "
+                f"the job will fail; cancel it (slurm-ddp cancel {plan.run_dir}) and submit again"
+            )
     except BaseException:
         clear_submit_intent(plan.run_dir)
         raise

@@ -329,8 +329,15 @@ def _submit_array(
         if found is None:
             raise lost_answer_error(str(e), "the job array", why) from None
         base = Path(plan.sweep_dir) / SUBMITIT_DIR
-        adopt_array_files(base, found, _tasks_by_run_dir(plan, elements), ident.time)
-        return [f"{found}_{k}" for k in range(len(elements))], found_note(str(e), found)
+        moved = adopt_array_files(base, found, _tasks_by_run_dir(plan, elements), ident.time)
+        note = found_note(str(e), found)
+        missing = [f"{found}_{k}" for k in range(len(elements)) if k not in moved]
+        if missing:  # said only for the tasks whose callable is in place
+            note += (
+                f"; but submitit's pickle was not found in {base} for task(s) {', '.join(missing)}: they will fail; "
+                "cancel them and submit the sweep again"
+            )
+        return [f"{found}_{k}" for k in range(len(elements))], note
     except BaseException:
         clear_submit_intent(plan.sweep_dir)
         raise
