@@ -489,6 +489,14 @@ class Membership:
                 self.seen, self._seen_generation = {}, plan.generation
 
     def _cut(self, store: Any, plan: Plan, nodes: Sequence[str]) -> None:
+        """Shut this process's connections to the ranks of ``nodes`` (the alarm's silent ones), so that its
+        blocked collective fails. When the alarm names this process's own node (it was only slow, e.g.
+        stopped past ``heartbeat_timeout_s``, and the step gave up on it), the connections to every other node
+        of ``plan`` instead: nothing else ends its collective before ``train.pg_timeout_s`` (its peers have
+        gone on to the next generation), and it must get out to wait as a spare."""
+        own = slot_node(self.slot)
+        if own in nodes:
+            nodes = [n for n in dict.fromkeys(slot_node(s) for s in plan.ranks) if n != own]
         peers: List[str] = []
         for n in nodes:
             for s in plan.ranks:

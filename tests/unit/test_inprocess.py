@@ -424,6 +424,28 @@ def test_a_node_silent_while_training_raises_the_alarm_and_its_connections_are_s
         m1.close()
 
 
+def test_a_member_named_silent_by_the_alarm_cuts_its_connections_to_the_others(monkeypatch):
+    """Issue 52 item 1: n2 was only stopped past the heartbeat timeout and wakes to an alarm naming its own node:
+    it shuts its connections to the other nodes' ranks (its own are kept), so its blocked collective fails and it
+    can wait as a spare; before, it cut nothing and stayed in the collective until train.pg_timeout_s."""
+    from slurm_ddp.worker import inprocess
+
+    port = free_port()
+    m1, m2 = member(port, "n1/0", serve=True), member(port, "n2/0")
+    cut: list = []
+    monkeypatch.setattr(inprocess, "cut_connections", lambda peers, keep_local_port=0: cut.append(peers) or 1)
+    try:
+        plan = first_plan(["n1", "n2"], 1)
+        m1.store.set("addr/n1/0", "10.9.0.1")
+        m1.store.set("addr/n2/0", "10.9.0.2")
+        m2._cut(m1.store, plan, ["n2"])  # the alarm names n2 itself
+        m1._cut(m1.store, plan, ["n2"])  # rank 0: the silent node's connections, as before
+        assert cut == [["10.9.0.1"], ["10.9.0.2"]]
+    finally:
+        m2.close()
+        m1.close()
+
+
 def test_the_hang_saver_of_a_spare_watches_its_slurm_task_s_report(monkeypatch):
     """Issue 52 item 10: the watchdog's report is named by Slurm's task number; a warm spare's training rank
     is -1 (it watched ``rank--1.json``, which never appears)."""
