@@ -315,12 +315,13 @@ def local_addresses(master_addr: str, master_port: int) -> List[str]:
     return [a for a in dict.fromkeys(out) if not a.startswith("127.")]
 
 
-def cut_connections(peers: Sequence[str], keep_local_port: int = 0) -> int:
+def cut_connections(peers: Sequence[str], keep_local_port: int = 0, keep_remote_port: int = 0) -> int:
     """Shut down (``shutdown(SHUT_RDWR)``) every TCP socket of this process whose peer address is one of
     ``peers``: a collective blocked on a silent node (no FIN, no RST: a power cut, a switch) then fails at once
     with gloo's "Connection closed", as when the node's processes die. Sockets whose local port is
     ``keep_local_port`` (the step's store, served by this process) are kept: a node that was only slow keeps
-    its link to the store and can wait as a spare. Returns the sockets shut. Linux (``/proc/self/fd``); never
+    its link to the store and can wait as a spare; so are those to ``keep_remote_port`` (the step's store,
+    served by a peer) for a member that cuts its links to the store's host. Returns the sockets shut. Linux (``/proc/self/fd``); never
     raises."""
     import os
     import socket
@@ -341,7 +342,13 @@ def cut_connections(peers: Sequence[str], keep_local_port: int = 0) -> int:
             continue
         try:
             inet = s.type == socket.SOCK_STREAM and s.family in (socket.AF_INET, socket.AF_INET6)
-            if inet and s.getpeername()[0] in want and s.getsockname()[1] != keep_local_port:
+            peer = s.getpeername()
+            if (
+                inet
+                and peer[0] in want
+                and s.getsockname()[1] != keep_local_port
+                and not (keep_remote_port and peer[1] == keep_remote_port)
+            ):
                 s.shutdown(socket.SHUT_RDWR)
                 n += 1
         except OSError:
@@ -494,7 +501,7 @@ class Membership:
         stopped past ``heartbeat_timeout_s``, and the step gave up on it), the connections to every other node
         of ``plan`` instead: nothing else ends its collective before ``train.pg_timeout_s`` (its peers have
         gone on to the next generation), and it must get out to wait as a spare."""
-        own = slot_node(self.slot)
+        own, named = slot_node(self.slot), list(nodes)
         if own in nodes:
             nodes = [n for n in dict.fromkeys(slot_node(s) for s in plan.ranks) if n != own]
         peers: List[str] = []
@@ -503,16 +510,14 @@ class Membership:
                 if slot_node(s) == n:
                     with contextlib.suppress(Exception):
                         peers += [a for a in store.get(f"addr/{s}").decode().split(",") if a]
-        keep = set(self.own_addresses) | {self.addr}  # never this host, never the store's
-        with contextlib.suppress(OSError):
-            import socket
-
-            keep |= set(socket.gethostbyname_ex(self.addr)[2])
+        keep = set(self.own_addresses)  # never this host; the store's link is kept by its port
         peers = [a for a in dict.fromkeys(peers) if a not in keep]
-        shut = cut_connections(peers, keep_local_port=self.port if self.serve else 0)
+        shut = cut_connections(
+            peers, keep_local_port=self.port if self.serve else 0, keep_remote_port=0 if self.serve else self.port
+        )
         log.warning(
             "node(s) %s silent for %.1f s (no heartbeat): %d connection(s) to %s shut, so the step's collective fails",
-            ",".join(nodes),
+            ",".join(named),
             self.dead_after_s,
             shut,
             ",".join(peers) or "no known address",

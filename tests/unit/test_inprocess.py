@@ -433,17 +433,38 @@ def test_a_member_named_silent_by_the_alarm_cuts_its_connections_to_the_others(m
     port = free_port()
     m1, m2 = member(port, "n1/0", serve=True), member(port, "n2/0")
     cut: list = []
-    monkeypatch.setattr(inprocess, "cut_connections", lambda peers, keep_local_port=0: cut.append(peers) or 1)
+    monkeypatch.setattr(inprocess, "cut_connections", lambda peers, **keep: cut.append((peers, keep)) or 1)
     try:
         plan = first_plan(["n1", "n2"], 1)
         m1.store.set("addr/n1/0", "10.9.0.1")
         m1.store.set("addr/n2/0", "10.9.0.2")
         m2._cut(m1.store, plan, ["n2"])  # the alarm names n2 itself
         m1._cut(m1.store, plan, ["n2"])  # rank 0: the silent node's connections, as before
-        assert cut == [["10.9.0.1"], ["10.9.0.2"]]
+        # n2 keeps only its link to the store (on n1, at its port); rank 0 serves the store: its own port kept
+        assert cut == [
+            (["10.9.0.1"], {"keep_local_port": 0, "keep_remote_port": port}),
+            (["10.9.0.2"], {"keep_local_port": port, "keep_remote_port": 0}),
+        ]
     finally:
         m2.close()
         m1.close()
+    # with real sockets: the link to the store's port stays, the one to a collective's port is shut
+    store, gloo = socket.socket(), socket.socket()
+    for srv in (store, gloo):
+        srv.bind(("127.0.0.4", 0))
+        srv.listen()
+    to_store, to_gloo = socket.create_connection(store.getsockname()), socket.create_connection(gloo.getsockname())
+    try:
+        monkeypatch.undo()
+        assert inprocess.cut_connections(["127.0.0.4"], keep_remote_port=store.getsockname()[1]) == 1
+        to_gloo.settimeout(10)
+        assert to_gloo.recv(1) == b""
+        to_store.setblocking(False)
+        with pytest.raises(BlockingIOError):  # still open: nothing to read, no EOF
+            to_store.recv(1)
+    finally:
+        for x in (to_store, to_gloo, store, gloo):
+            x.close()
 
 
 def test_the_hang_saver_of_a_spare_watches_its_slurm_task_s_report(monkeypatch):
