@@ -4,7 +4,7 @@ Enable it in the root ``conftest.py`` of your tests::
 
     pytest_plugins = ["slurm_ddp.testing"]
 
-and ask for the session-scoped ``slurm_sandbox`` fixture::
+and ask for the ``slurm_sandbox`` fixture (one cluster for the session, handed to each test idle)::
 
     import pytest
 
@@ -16,8 +16,9 @@ and ask for the session-scoped ``slurm_sandbox`` fixture::
 
 The fixture starts a 2-node :class:`slurm_ddp.sandbox.SlurmSandbox` (nodes ``n1``,
 ``n2``, 2 CPUs and 2 emulated GPUs each, partitions ``debug`` (default) and ``high`` (preempts ``debug``
-by requeue)) under a pytest temporary directory, yields it, and stops it at the end of
-the session. Clients reach it through ``slurm_sandbox.env`` (``SLURM_CONF``), which
+by requeue)) under a pytest temporary directory, stops it at the end of
+the session, and hands it to each test with an empty queue and idle nodes (what a test leaves queued is
+cancelled after it). Clients reach it through ``slurm_sandbox.env`` (``SLURM_CONF``), which
 ``slurm_sandbox.run`` merges in for you; jobs inherit sbatch's environment.
 
 If this machine cannot run the sandbox (not root, Slurm/munge/iproute2 missing, no
@@ -33,14 +34,22 @@ import contextlib
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterator, NoReturn, TypeVar
+from typing import Any, Callable, Iterator, List, NoReturn, TypeVar
 
 import pytest
 
 from slurm_ddp.errors import SandboxUnavailable
 from slurm_ddp.sandbox import SlurmSandbox, check_prerequisites
 
-__all__ = ["missing_prerequisite", "running_sandbox", "sandbox_unavailable", "slurm_sandbox", "wait_for"]
+__all__ = [
+    "missing_prerequisite",
+    "running_sandbox",
+    "sandbox_unavailable",
+    "settle",
+    "slurm_sandbox",
+    "slurm_sandbox_session",
+    "wait_for",
+]
 
 T = TypeVar("T")
 
@@ -98,8 +107,9 @@ def running_sandbox(root: Path, timeout_s: float = 60, **options: Any) -> Iterat
 
 
 @pytest.fixture(scope="session")
-def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
-    """A running 2-node Slurm sandbox for the whole test session (see module docstring)."""
+def slurm_sandbox_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSandbox]:
+    """The session's 2-node Slurm sandbox itself, started once (see module docstring); tests ask for
+    :func:`slurm_sandbox`, which hands each of them this cluster with an empty queue and idle nodes."""
     with running_sandbox(
         tmp_path_factory.mktemp("slurm-sandbox"),
         nodes=SANDBOX_NODES,
@@ -107,6 +117,53 @@ def slurm_sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmSan
         gpus_per_node=SANDBOX_GPUS_PER_NODE,
     ) as sandbox:
         yield sandbox
+
+
+#: How long a test's start waits for the previous test's jobs to leave the nodes (Slurm's ``KillWait``, 30 s
+#: by default (slurm.conf(5)), plus the epilog on a loaded machine).
+SETTLE_TIMEOUT_S = 120
+
+
+def _queue(sandbox: SlurmSandbox) -> List[str]:
+    """The sandbox's queue, one ``JOBID STATE`` line per job (squeue(1) ``%i %T``)."""
+    out = sandbox.run(["squeue", "-h", "-o", "%i %T"], capture_output=True, text=True, timeout=30)
+    if out.returncode != 0:
+        raise RuntimeError(f"squeue failed: {out.stderr.strip()}")
+    return [line for line in out.stdout.splitlines() if line.strip()]
+
+
+def settle(sandbox: SlurmSandbox, timeout_s: float = SETTLE_TIMEOUT_S) -> None:
+    """Wait until ``sandbox`` has no job in its queue and every node is ``idle``.
+
+    Raises ``AssertionError`` after ``timeout_s`` seconds naming the queue and the node states (a node left
+    drained or down by an earlier test is named there, not discovered as a later ``srun`` that never starts).
+    """
+
+    def settled() -> bool:
+        return not _queue(sandbox) and all(n["state"] == "idle" for n in sandbox.status()["nodes"])
+
+    wait_for(
+        settled,
+        timeout_s,
+        "an empty queue and every node idle (an earlier test's jobs leaving the sandbox)",
+        lambda: f"queue: {_queue(sandbox)}; nodes: {[(n['name'], n['state']) for n in sandbox.status()['nodes']]}",
+    )
+
+
+@pytest.fixture
+def slurm_sandbox(slurm_sandbox_session: SlurmSandbox) -> Iterator[SlurmSandbox]:
+    """The session's 2-node Slurm sandbox, as each test needs it: no job of an earlier test queued or on
+    a node (so ``srun -N2`` starts at once), and whatever the test leaves in the queue cancelled after it.
+
+    Raises ``AssertionError`` at the test's start if the queue does not empty within ``SETTLE_TIMEOUT_S``.
+    """
+    settle(slurm_sandbox_session)
+    try:
+        yield slurm_sandbox_session
+    finally:
+        left = [line.split()[0] for line in _queue(slurm_sandbox_session)]
+        if left:
+            slurm_sandbox_session.run(["scancel", *left], capture_output=True, text=True, timeout=30)
 
 
 def wait_for(
