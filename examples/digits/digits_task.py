@@ -15,6 +15,8 @@ pixel in each direction (zero-filled), drawn from torch's global RNG — which t
 seeds for each batch from (seed, rank, epoch, batch), so a resumed run draws the same shifts.
 Dropout before the head (``args.dropout``, default 0) draws in the training step, whose random
 streams the worker seeds from (seed, rank, step): the same masks after any resume.
+``args.step_sleep_s`` (default 0): seconds each training step sleeps after its loss, a stand-in for a
+slower model — a run that only waits for an event (the time-limit signal) then leaves the CPU to others.
 
 Nothing here is distributed: the worker does that.
 """
@@ -22,6 +24,7 @@ Nothing here is distributed: the worker does that.
 from __future__ import annotations
 
 import os
+import time
 from importlib import metadata
 from pathlib import Path
 from typing import Optional
@@ -122,7 +125,8 @@ class DigitsNet(nn.Module):
 
 
 class DigitsTask(Task):
-    """``train.args``: ``width`` (default 16), ``augment`` (default true), ``dropout`` (default 0)."""
+    """``train.args``: ``width`` (default 16), ``augment`` (default true), ``dropout`` (default 0),
+    ``step_sleep_s`` (default 0: seconds each training step sleeps)."""
 
     def build_model(self) -> nn.Module:
         return DigitsNet(width=int(self.args.get("width", 16)), dropout=float(self.args.get("dropout", 0.0)))
@@ -131,6 +135,12 @@ class DigitsTask(Task):
         x_tr, y_tr, x_ev, y_ev = load_split()
         train = ShiftAugmented(x_tr, y_tr) if self.args.get("augment", True) else TensorDataset(x_tr, y_tr)
         return train, TensorDataset(x_ev, y_ev)
+
+    def loss(self, outputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        sleep_s = float(self.args.get("step_sleep_s", 0.0))
+        if sleep_s > 0:
+            time.sleep(sleep_s)
+        return super().loss(outputs, targets)
 
     def build_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         return torch.optim.AdamW(model.parameters(), lr=self.train.lr, weight_decay=1e-4)

@@ -211,6 +211,7 @@ def test_time_limit_signal_requeues(slurm_sandbox, tmp_path: Path) -> None:
         "requeue.max_requeues=1",
         "train.max_steps=1000000",
         "checkpoint.every_steps=0",
+        "train.args.step_sleep_s=0.05",  # 60-90 s of waiting for the signal: at ~15 steps/s, not all the CPUs
     )
     wait_for(
         lambda: job.restarts() >= 1,
