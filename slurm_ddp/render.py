@@ -421,6 +421,8 @@ def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
             max_restarts=cfg.recovery.max_restarts,
             in_process=cfg.recovery.in_process,
             max_no_progress=cfg.recovery.max_no_progress,
+            max_node_losses=cfg.recovery.max_node_losses,
+            max_hangs=cfg.recovery.max_hangs,
             grace_s=PEER_LOST_GRACE_S,
         )
     clear = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")
