@@ -145,7 +145,7 @@ def cause_cap_stop(
     done = cause_recoveries(recoveries, job_id, cause)
     if done < cap:
         return None
-    what = "lost nodes" if cause == NODE_LOST else "hangs" if cause == HANG else cause
+    what = {NODE_LOST: "lost node", HANG: "hang"}.get(cause, cause) + ("s" if done != 1 else "")
     return (
         f"{CAP_KEYS.get(cause, cause)}={cap}: this job already recovered from {done} {what} (over its starts); "
         "ending the job instead of recovering again"

@@ -480,7 +480,7 @@ def test_the_no_restart_reason_is_a_rank_s_record_else_the_step_s_status() -> No
 def test_the_end_note_names_a_do_not_restart_and_a_cause_cap() -> None:
     ends = [
         {"job_id": "7", "no_restart": "rank 1 on n2 ended with the do-not-restart status 93"},
-        {"job_id": "8", rec.CAUSE_CAP_KEY: "recovery.max_hangs=1: this job already recovered from 1 hangs"},
+        {"job_id": "8", rec.CAUSE_CAP_KEY: "recovery.max_hangs=1: this job already recovered from 1 hang"},
     ]
     assert (
         rec.stop_note(ends, "7")
@@ -488,5 +488,5 @@ def test_the_end_note_names_a_do_not_restart_and_a_cause_cap() -> None:
     )
     assert (
         rec.stop_note(ends, "8")
-        == "ended without recovering again: recovery.max_hangs=1: this job already recovered from 1 hangs"
+        == "ended without recovering again: recovery.max_hangs=1: this job already recovered from 1 hang"
     )

@@ -838,7 +838,7 @@ def test_a_hang_cap_overrules_the_hang_rule_s_requeue_and_leaves_lost_nodes_alon
     assert sup.run() == 1
     log = text(lines)
     assert cluster.requeued == [] and len(starter.started) == 1, log
-    assert "recovery.max_hangs=1: this job already recovered from 1 hangs" in log
+    assert "recovery.max_hangs=1: this job already recovered from 1 hang" in log
     assert "overruled: not requeueing (recovery.max_hangs=1)" in log, log
     assert read_recoveries(tmp_path)[-1]["cause"] == "hang"
 
