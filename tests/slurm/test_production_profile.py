@@ -22,6 +22,7 @@ do not share; ``SlurmdTimeout=10`` for the lost node):
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -38,7 +39,7 @@ from lib.slurm_jobs import REPO, DigitsJob, cli, committed_steps, logs, record_t
 from slurm_ddp.rundir import read_preempted
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
-from slurm_ddp.sandbox.users import SandboxUser, ensure_user, reachable_prefix
+from slurm_ddp.sandbox.users import SandboxUser, ensure_user, reachable_path, reachable_prefix
 from slurm_ddp.testing import missing_prerequisite, running_sandbox
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
@@ -51,11 +52,13 @@ MESSAGE_TIMEOUT_S = 2
 
 @dataclass(frozen=True)
 class JobUser:
-    """The unprivileged account the module's jobs are submitted as, and the interpreter it runs."""
+    """The unprivileged account the module's jobs are submitted as, the interpreter it runs and where its jobs
+    see the checkout (``REPO`` itself, or a read-only bind of it: ``users.reachable_path``)."""
 
     user: SandboxUser
     python: str
     sandbox: SlurmSandbox
+    checkout: Path
 
     def submit_kw(self) -> Dict[str, Any]:
         """``submit_digits``/``cli`` keywords: this interpreter, run as the user in its home, with its login
@@ -63,8 +66,17 @@ class JobUser:
         return {"python": self.python, **self.run_kw()}
 
     def run_kw(self) -> Dict[str, Any]:
-        """``SlurmSandbox.run`` keywords that run a command as the user."""
-        return {**self.user.popen_kwargs(), "env": self.user.env(self.sandbox.client_env())}
+        """``SlurmSandbox.run`` keywords that run a command as the user, with ``PYTHONPATH``'s entries in the
+        checkout moved to :attr:`checkout` (sbatch exports it to the job, whose /tmp is its own)."""
+        env = self.user.env(self.sandbox.client_env())
+        if env.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.pathsep.join(
+                str(self.checkout / Path(e).resolve().relative_to(REPO))
+                if Path(e).resolve().is_relative_to(REPO)
+                else e
+                for e in env["PYTHONPATH"].split(os.pathsep)
+            )
+        return {**self.user.popen_kwargs(), "env": env}
 
     def run_dir(self, request: pytest.FixtureRequest) -> Path:
         """A run directory for the test, below the user's home (``slurm-ddp submit`` makes it, as them)."""
@@ -84,32 +96,24 @@ def production() -> Iterator[Production]:
     """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
     /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there.
     Its job user: ``users.JOB_USER`` (useradd'ed once per machine) with a home beside the sandbox, and this
-    interpreter's environment where they can run it (mounted read-only there, before the nodes start, when it
-    lies below a directory they cannot search, as /root)."""
+    interpreter's environment and the checkout where their jobs can reach them (each mounted read-only there,
+    before the nodes start, when it lies below a directory they cannot search, as /root, or below /tmp, as a
+    clone in /tmp does: ``users.reachable_path``)."""
     problems = cgroup_v1_problems()
     if problems:
         missing_prerequisite("; ".join(problems))
-    for what, where in (("the checkout", REPO), ("the Python environment", Path(sys.prefix))):
-        if Path("/tmp") in where.resolve().parents:  # the jobs' /tmp is their own (job_container/tmpfs)
-            missing_prerequisite(
-                f"{what} {where} is under /tmp, which job_container/tmpfs replaces with a private, empty /tmp "
-                "in every job of the production profile: put it elsewhere (e.g. /var/tmp) to run this module"
-            )
     root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
     root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
     try:
         user = ensure_user(root / "home")
-        blocked = user.unreachable(REPO)
-        if blocked is not None:
-            missing_prerequisite(
-                f"the job user {user.name!r} cannot reach the checkout {REPO} ({blocked}): chmod o+x it"
-            )
-        with reachable_prefix(user, root / "python") as prefix, running_sandbox(
+        with reachable_prefix(user, root / "python") as prefix, reachable_path(
+            user, REPO, root / "checkout"
+        ) as checkout, running_sandbox(
             root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True,
             slurmd_timeout_s=SLURMD_TIMEOUT_S, message_timeout_s=MESSAGE_TIMEOUT_S,
         ) as sb:  # fmt: skip
             subtrees = [Path(d) for d in sb._state["cgroups"].values()]
-            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb))
+            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb, checkout))
         # down() killed what was left in the nodes' cgroups and removed the subtrees
         assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
     finally:
