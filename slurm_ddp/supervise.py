@@ -299,7 +299,7 @@ class SrunStarter:
     """Runs the step's ``srun`` as a child process (stdin ``/dev/null``, output to the batch log).
 
     ``Popen`` returns once the child has exec'd srun (it waits on its exec pipe), so a signal passed on after
-    ``start`` reaches srun, never a forked copy of this process (the batch shell's ``wait_exec``)."""
+    ``start`` reaches srun, never a forked copy of this process."""
 
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Step:
         return _PopenStep(subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL))

@@ -93,8 +93,8 @@ class SubmititWorker:
         return 0
 
     def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
-        """The requeue decision for this task's environment; submitit's tasks get no batch-shell
-        SIGTERM, so a stop by SIGTERM is known from the marker's signal alone."""
+        """The requeue decision for this task's environment; submitit's tasks have no job supervisor
+        to record a SIGTERM (``got_term``), so a stop by SIGTERM is known from the marker's signal alone."""
         return decide_requeue_here(
             self.run_dir, exit_code=status, max_requeues=self.max_requeues, got_term=False, can_requeue=can_requeue
         )
@@ -110,7 +110,7 @@ class SubmititCommand(SubmititWorker):
     It starts the rank's command through the rank wrapper (``python -m slurm_ddp.launch``, as the
     sbatch backend's srun line does) in ``train.workdir`` and waits for it. Its own handlers only
     record a signal (they replace submitit's, whose checkpoint hook is not used); the wait loop
-    passes each one on to the script, as the batch shell does. Then, as ``SubmititWorker``, rank 0
+    passes each one on to the script, as the sbatch job's supervisor does. Then, as ``SubmititWorker``, rank 0
     takes the requeue decision, with ``got_signal`` when the requeue signal arrived and ``got_term``
     for SIGTERM; a status of 0 on rank 0 first writes ``FINISHED`` (``rundir.mark_command_finished``).
     (``submitit.helpers.CommandFunction`` runs a command too, but neither passes signals on nor

@@ -13,7 +13,7 @@ A run directory holds:
   ``Command``/``StdOut``/``WorkDir``); ``submitting.json`` (``SUBMITTING_NAME``): the job a ``submit`` is
   about to make, present only while sbatch runs or after its answer was lost;
 - ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
-  survivor saw (``ENDS_NAME``: the batch shell after srun, the local supervisor; :func:`record_end`),
+  survivor saw (``ENDS_NAME``: the job's supervisor after its step, sbatch or local; :func:`record_end`),
   read by ``slurm-ddp report`` where Slurm accounting is not there; the local supervisor's records carry
   how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
   ``FAILED``, the first failing rank, its status and log); a local supervisor killed with ``kill -9`` writes

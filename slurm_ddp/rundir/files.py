@@ -25,7 +25,7 @@ JOBS_NAME = "jobs.jsonl"
 #: the job a ``submit`` is about to make, written before ``sbatch`` runs and removed once its id is in
 #: ``JOBS_NAME`` (:func:`record_submit_intent`): left behind, it names a job whose sbatch answer was lost
 SUBMITTING_NAME = "submitting.json"
-#: one record per start whose end the batch shell or the local supervisor saw (:func:`record_end`)
+#: one record per start whose end its job's supervisor saw (sbatch and local backends; :func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
 #: rank 0's step samples of a ``train.command`` script that reports through ``slurm_ddp.progress``,
@@ -535,9 +535,10 @@ def read_waiting(run_dir: PathLike) -> Optional[LocalWait]:
 def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:
     """Append the end of one start (job ``job_id`` at ``restart``, its status ``exit_code``: srun's
     or the local supervisor's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
-    now. Written by the process that outlives the ranks (the batch shell's requeue decision, the
-    local supervisor), never by a rank: a start killed with its supervisor has no record (the report then
-    takes its last record's time). Raises ``OSError`` when unwritable."""
+    now. Written by the process that outlives the ranks (the job's supervisor, ``slurm_ddp.supervise``, at
+    its requeue decision: on the batch host or the local one), never by a rank: a start killed with its
+    supervisor has no record (the report then takes its last record's time). Raises ``OSError`` when
+    unwritable."""
     record: Dict[str, Any] = {"job_id": str(job_id), "restart": int(restart), "exit_code": int(exit_code)}
     record.update(extra)
     record.setdefault("time", time.time())

@@ -123,7 +123,7 @@ class RecoveryDecision:
     reason: str  #: one log line saying why
 
     def line(self) -> str:
-        """``ACTION NODES BAD`` for the batch shell: comma lists, ``-`` for none (checked, never eval'ed)."""
+        """``ACTION NODES BAD`` for the supervisor's log: comma lists, ``-`` for none."""
         return f"{self.action} {','.join(self.nodes) or '-'} {','.join(self.bad) or '-'}"
 
 

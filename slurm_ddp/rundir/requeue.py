@@ -33,7 +33,7 @@ from .oom import OomKill, find_oom, this_start
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
 # --------------------------------------------------------------------------- the requeue decision
-#: What follows a SIGTERM to the batch shell, which cannot tell its sender: ``scancel`` ends the job;
+#: What follows a SIGTERM to the job's supervisor, which cannot tell its sender: ``scancel`` ends the job;
 #: ``scontrol requeue`` and a preemption under ``PreemptMode=REQUEUE`` (scontrol(1) "requeue",
 #: slurm.conf(5) PreemptMode) make Slurm itself start the job again, with ``SLURM_RESTART_COUNT`` + 1.
 SIGTERM_WORDS = (
@@ -75,7 +75,7 @@ def decide_requeue(
 
     ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
-    ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
+    ``SLURM_RESTART_COUNT``; ``got_term``: the job's supervisor received SIGTERM; ``can_requeue``:
     ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``; ``got_signal``: the ranks
     were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job;
     ``command``: the run is a ``train.command`` script (``got_signal`` counts only for those: the
@@ -410,7 +410,7 @@ def mark_command_finished(
     requeued or resubmitted job of it exits at once) — unless the ranks were told to stop: status
     0 after a stop signal is a stop (a script that saves and exits 0 on SIGTERM, PyTorch
     Lightning), and the next start decides. ``told_to_stop``: the caller sent or forwarded a stop
-    signal (the batch shell's SIGTERM or ``requeue.signal``); the ranks' own records
+    signal (the supervisor's SIGTERM or ``requeue.signal``); the ranks' own records
     (:func:`read_rank_stops` of the job in ``environ``) count too. Any other status writes nothing.
     """
     if exit_code != 0 or is_finished(run_dir) or told_to_stop:
