@@ -34,7 +34,17 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from lib import wait_for
-from lib.slurm_jobs import REPO, DigitsJob, cli, committed_steps, logs, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import (
+    DIGITS_JOB,
+    REPO,
+    DigitsJob,
+    cli,
+    committed_steps,
+    logs,
+    record_timing,
+    submit_digits,
+    train_steps,
+)
 
 from slurm_ddp.rundir import read_preempted
 from slurm_ddp.sandbox import SlurmSandbox
@@ -60,22 +70,23 @@ class JobUser:
     sandbox: SlurmSandbox
     checkout: Path
 
+    def seen(self, path: str | Path) -> Path:
+        """``path`` as the user's jobs see it: below :attr:`checkout` when it lies in the checkout."""
+        p = Path(path).resolve()
+        return self.checkout / p.relative_to(REPO) if p.is_relative_to(REPO) else Path(path)
+
     def submit_kw(self) -> Dict[str, Any]:
-        """``submit_digits``/``cli`` keywords: this interpreter, run as the user in its home, with its login
-        variables and the sandbox's Slurm client settings."""
-        return {"python": self.python, **self.run_kw()}
+        """``submit_digits`` keywords: this interpreter and the digits example where the jobs see it, run as
+        the user (:meth:`run_kw`)."""
+        return {"python": self.python, "job": self.seen(DIGITS_JOB), **self.run_kw()}
 
     def run_kw(self) -> Dict[str, Any]:
-        """``SlurmSandbox.run`` keywords that run a command as the user, with ``PYTHONPATH``'s entries in the
-        checkout moved to :attr:`checkout` (sbatch exports it to the job, whose /tmp is its own)."""
+        """``SlurmSandbox.run``/``cli`` keywords that run a command as the user in its home, with its login
+        variables, the sandbox's Slurm client settings and ``PYTHONPATH``'s entries in the checkout where the
+        jobs see them (:meth:`seen`; sbatch exports it to the job, whose /tmp is its own)."""
         env = self.user.env(self.sandbox.client_env())
         if env.get("PYTHONPATH"):
-            env["PYTHONPATH"] = os.pathsep.join(
-                str(self.checkout / Path(e).resolve().relative_to(REPO))
-                if Path(e).resolve().is_relative_to(REPO)
-                else e
-                for e in env["PYTHONPATH"].split(os.pathsep)
-            )
+            env["PYTHONPATH"] = os.pathsep.join(str(self.seen(e)) for e in env["PYTHONPATH"].split(os.pathsep))
         return {**self.user.popen_kwargs(), "env": env}
 
     def run_dir(self, request: pytest.FixtureRequest) -> Path:
@@ -193,7 +204,8 @@ def test_the_profile_is_in_effect(production_sandbox: SlurmSandbox) -> None:
 
 def submit_own_script(sandbox: SlurmSandbox, run_dir: Path, *sets: str, as_user: JobUser | None = None) -> DigitsJob:
     python = as_user.python if as_user else sys.executable
-    cmd = [python, "-m", "slurm_ddp", "submit", str(OWN_SCRIPT_JOB), "--run-dir", str(run_dir)]
+    job = as_user.seen(OWN_SCRIPT_JOB) if as_user else OWN_SCRIPT_JOB
+    cmd = [python, "-m", "slurm_ddp", "submit", str(job), "--run-dir", str(run_dir)]
     for s in ("slurm.time=00:05:00", *sets):
         cmd += ["--set", s]
     r = sandbox.run(cmd, capture_output=True, text=True, timeout=120, **(as_user.run_kw() if as_user else {}))
