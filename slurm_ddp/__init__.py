@@ -14,11 +14,22 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from .api import Final, Run, Sweep, submit, wait_all
-    from .errors import SlurmDDPWarning
+    from .errors import NoRestart, SlurmDDPWarning
 
-from .constants import PREEMPTED_EXIT_CODE, __version__
+from .constants import NO_RESTART_EXIT_CODE, PREEMPTED_EXIT_CODE, __version__
 
-__all__ = ["PREEMPTED_EXIT_CODE", "Final", "Run", "SlurmDDPWarning", "Sweep", "__version__", "submit", "wait_all"]
+__all__ = [
+    "NO_RESTART_EXIT_CODE",
+    "PREEMPTED_EXIT_CODE",
+    "Final",
+    "NoRestart",
+    "Run",
+    "SlurmDDPWarning",
+    "Sweep",
+    "__version__",
+    "submit",
+    "wait_all",
+]
 
 _API = ("submit", "Run", "Sweep", "Final", "wait_all")
 
@@ -28,8 +39,8 @@ def __getattr__(name: str) -> Any:  # PEP 562: the API on first use
         from . import api
 
         return getattr(api, name)
-    if name == "SlurmDDPWarning":  # the category of the API's warnings (slurm_ddp.errors)
-        from .errors import SlurmDDPWarning
+    if name in ("SlurmDDPWarning", "NoRestart"):  # the API's warnings; a task's "do not restart" (slurm_ddp.errors)
+        from . import errors
 
-        return SlurmDDPWarning
+        return getattr(errors, name)
     raise AttributeError(f"module 'slurm_ddp' has no attribute {name!r}")

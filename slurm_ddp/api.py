@@ -370,7 +370,7 @@ def submit(
     run_dir: Optional[PathLike] = None,
     backend: str = "auto",
     sweep: Sequence[str] = (),
-    after: Sequence[Union[str, Run]] = (),
+    after: Union[str, Run, Sequence[Union[str, Run]]] = (),
     check_task: bool = True,
     accept_new_code: bool = False,
     say: Optional[Callable[[str], None]] = None,
@@ -378,8 +378,9 @@ def submit(
     """Submit a job, as ``slurm-ddp submit`` does, and return its :class:`Run` (a sweep: its :class:`Sweep`).
 
     ``job``: a YAML path, or the mapping such a file holds (relative paths from the current
-    directory). ``overrides``: ``SECTION.KEY=VALUE`` strings (``--set``). ``run_dir``: default
-    ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH; else local, unless the job asks for a cluster:
+    directory). ``overrides``: ``SECTION.KEY=VALUE`` strings (``--set``); here and in ``sweep`` and
+    ``after`` a single string (``after``: or a single ``Run``) is one item, as one flag is, not a list of its
+    characters. ``run_dir``: default ``./runs/<name>``. ``backend``: ``auto`` (sbatch when on PATH; else local, unless the job asks for a cluster:
     ``UserError``), ``sbatch``,
     ``submitit`` or ``local`` — a local run starts in the background, in a detached submit process (its
     output in the run directory's ``launcher.out``), and this returns at once. ``sweep``: ``KEY=V1,V2`` strings
@@ -417,6 +418,7 @@ def submit(
         )
 
     report = Reporter(out=out, warn=warn, say=lines)
+    depends = [after] if isinstance(after, (str, Run)) else after  # one spec or Run, as one --after
     request = SubmitRequest(
         job,
         overrides=overrides,
@@ -426,7 +428,7 @@ def submit(
         command=None,
         check_task=check_task,
         accept_new_code=accept_new_code,
-        after=[f"{a.path}" if isinstance(a, Run) else str(a) for a in after],
+        after=[f"{a.path}" if isinstance(a, Run) else str(a) for a in depends],
         detach=True,  # a local run goes on in the background; the returned Run follows it
     )
     done = submit_job(request, report=report)

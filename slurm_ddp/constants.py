@@ -1,5 +1,5 @@
-"""The numbers every part of slurm_ddp agrees on: the package version and the exit status of a
-stopped-for-preemption rank. A leaf module (imports nothing), so that any module may use them
+"""The numbers every part of slurm_ddp agrees on: the package version, the exit status of a
+stopped-for-preemption rank and that of a rank that asks not to be restarted. A leaf module (imports nothing), so that any module may use them
 without importing the package's top level (which reaches the Python API, ``slurm_ddp.api``).
 """
 
@@ -9,6 +9,14 @@ __version__ = "0.1.0"
 #: signal after its checkpoint was committed. 75 is EX_TEMPFAIL from sysexits.h:
 #: "a temporary failure ... the user is invited to retry".
 PREEMPTED_EXIT_CODE = 75
+
+#: Exit status of a rank that failed deterministically and asks that the job be neither restarted in the job
+#: nor requeued (``errors.NoRestart`` in the shared worker; ``sys.exit(93)`` in a ``train.command`` script):
+#: the job ends, the cause named in the batch log, ``ends.jsonl`` (``no_restart``) and ``slurm-ddp status``.
+#: 93 is the default of NVIDIA Resiliency Extension's ``--ft-no-restart-exit-code`` (its launchers' "do not
+#: requeue" status), chosen there outside the codes that already mean something: 0-2, sysexits.h's 64-78,
+#: the shell's 126-165 (128+N: a signal) and 255.
+NO_RESTART_EXIT_CODE = 93
 
 #: How long a rank that lost a peer waits for the survivor that claimed the emergency checkpoint of the
 #: last completed step to commit it (seconds; a few saves of a large model to a parallel file system),

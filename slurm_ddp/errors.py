@@ -1,10 +1,12 @@
-"""Errors of slurm_ddp. A leaf module: imports nothing from the package.
+"""Errors of slurm_ddp. Nearly a leaf module: imports only ``slurm_ddp.constants`` (a leaf).
 
 Each class carries the process exit code the CLI uses for it; only ``slurm_ddp.cli`` and,
 for the processes of a job (launch, worker, rendezvous), ``slurm_ddp.entrypoint.run_main``
 turn an error into an exit code and a one-line message. A user's mistake is a
 ``UserError`` (exit 2, no traceback); anything else that escapes is a bug.
 """
+
+from .constants import NO_RESTART_EXIT_CODE
 
 
 class SlurmDDPWarning(UserWarning):
@@ -73,6 +75,15 @@ class TrainingDiverged(SlurmDDPError):
     """The loss became NaN/inf (``train.nan_check``; the worker's exit 1)."""
 
     exit_code = 1
+
+
+class NoRestart(SlurmDDPError):
+    """A deterministic failure that no restart can mend (a missing data shard, a config the task refuses):
+    raised by the task on any rank, it ends the rank with ``constants.NO_RESTART_EXIT_CODE`` (93, NVIDIA
+    Resiliency Extension's do-not-restart status) and the job with it: no in-job restart, no in-process
+    recovery, no requeue, the message named in the batch log, ``ends.jsonl`` and ``slurm-ddp status``."""
+
+    exit_code = NO_RESTART_EXIT_CODE
 
 
 class WaitTimeout(SlurmDDPError):

@@ -524,6 +524,34 @@ def report_failure(env: Mapping[str, str], denv: DistEnv, failure: str) -> bool:
     return True
 
 
+def report_no_restart(run_dir: str, denv: DistEnv, status: int) -> bool:
+    """When the ``os.waitpid`` status ``status`` of this rank's ``train.command`` is the do-not-restart status
+    (``constants.NO_RESTART_EXIT_CODE``), record it for the batch side's rules (``rundir.record_no_restart``,
+    ``by: "launch"``): srun's status is its tasks' highest, so the rank's own may not reach them. True when
+    written."""
+    from .constants import NO_RESTART_EXIT_CODE
+    from .rundir import record_no_restart
+
+    if not os.WIFEXITED(status) or os.WEXITSTATUS(status) != NO_RESTART_EXIT_CODE:
+        return False
+    try:
+        record_no_restart(
+            run_dir,
+            job_id=str(denv.job_id),
+            restart=denv.restart_count,
+            rank=denv.rank,
+            host=denv.hostname or socket.gethostname(),
+            reason=f"the command exited with status {NO_RESTART_EXIT_CODE}",
+            by="launch",
+        )
+    except OSError as err:
+        print(
+            f"slurm_ddp launch: note: could not record the do-not-restart of rank {denv.rank}: {err}", file=sys.stderr
+        )
+        return False
+    return True
+
+
 def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[str], watchdog: bool = True) -> int:
     """Fork ``full`` (a ``train.command`` rank) and stay its parent: record the stop signals this
     rank is sent (``rundir.record_rank_stop``), pass nothing on, leave the step's peer-lost marker
@@ -590,6 +618,7 @@ def _supervise(cfg: JobConfig, denv: DistEnv, env: Dict[str, str], full: List[st
         record(signal.Signals(died).name if died in signal.valid_signals() else "")
     failure = command_failure(status, stopped=bool(recorded))
     if failure is not None:
+        report_no_restart(run_dir, denv, status)
         report_failure(env, denv, failure)
     if died:
         sys.stdout.flush()

@@ -287,8 +287,8 @@ def sbatch_flags(cfg: JobConfig, run_dir: Optional[str] = None) -> List[str]:
 
 def job_nodes(cfg: JobConfig) -> str:
     """The node count of the job's steps: ``slurm.nodes``, or with a range (``2-4``) the count the job
-    got, ``"$SLURM_JOB_NUM_NODES"`` (expanded by the batch shell); with in-job recovery the batch
-    script's ``"$STEP_NNODES"`` (each step's nodes are chosen by ``rundir.recovery``)."""
+    got, ``"$SLURM_JOB_NUM_NODES"``; with in-job recovery ``"$STEP_NNODES"`` (each step's nodes are chosen by
+    ``rundir.recovery``): the supervisor expands both in the planned srun words (``supervise.STEP_VARIABLES``)."""
     s = cfg.slurm
     if cfg.in_job_recovery:
         return '"$STEP_NNODES"'
@@ -421,6 +421,8 @@ def job_plan(cfg: JobConfig, run_dir: str, python: str) -> JobPlan:
             max_restarts=cfg.recovery.max_restarts,
             in_process=cfg.recovery.in_process,
             max_no_progress=cfg.recovery.max_no_progress,
+            max_node_losses=cfg.recovery.max_node_losses,
+            max_hangs=cfg.recovery.max_hangs,
             grace_s=PEER_LOST_GRACE_S,
         )
     clear = ("SLURM_PROCID", "SLURM_LOCALID", "SLURM_NODEID", "SLURMD_NODENAME")

@@ -89,6 +89,16 @@ class RecoveryPlan:
     grace_s: float  #: seconds srun may take to end after the peer-lost marker (``render.PEER_LOST_GRACE_S``)
     #: ``recovery.max_no_progress`` (``rundir.recovery.no_progress_stop``); 0: off
     max_no_progress: int = 3
+    #: ``recovery.max_node_losses`` and ``recovery.max_hangs``: recoveries per cause over the job's starts
+    #: (``rundir.recovery.cause_cap_stop``); 0: no cap
+    max_node_losses: int = 0
+    max_hangs: int = 0
+
+    def caps(self) -> Dict[str, int]:
+        """The per-cause caps, cause → cap, as ``rundir.recovery.cause_cap_stop`` takes them."""
+        from .rundir.recovery import HANG, NODE_LOST
+
+        return {NODE_LOST: self.max_node_losses, HANG: self.max_hangs}
 
 
 @dataclass(frozen=True)
@@ -167,6 +177,8 @@ class JobPlan:
             )
         r = self.recovery
         if r is not None:
+            from .constants import NO_RESTART_EXIT_CODE
+
             nodes = str(r.nodes) if r.nodes else "the job's node count"
             out.append(
                 f"in-job recovery: a failed step is judged (probes, hang reports, the peer-lost marker); at most "
@@ -179,6 +191,16 @@ class JobPlan:
                     if r.max_no_progress
                     else ""
                 )
+                + "".join(
+                    f"; after {n} recoveries of this job from {what} the next ends it ({key})"
+                    for n, what, key in (
+                        (r.max_node_losses, "lost nodes", "recovery.max_node_losses"),
+                        (r.max_hangs, "hangs", "recovery.max_hangs"),
+                    )
+                    if n
+                )
+                + f"; a rank that ends with status {NO_RESTART_EXIT_CODE} (slurm_ddp.NoRestart) ends the job, neither "
+                "restarted nor requeued"
             )
             if r.in_process:
                 out.append(
@@ -299,7 +321,7 @@ class SrunStarter:
     """Runs the step's ``srun`` as a child process (stdin ``/dev/null``, output to the batch log).
 
     ``Popen`` returns once the child has exec'd srun (it waits on its exec pipe), so a signal passed on after
-    ``start`` reaches srun, never a forked copy of this process (the batch shell's ``wait_exec``)."""
+    ``start`` reaches srun, never a forked copy of this process."""
 
     def start(self, argv: Sequence[str], env: Mapping[str, str]) -> Step:
         return _PopenStep(subprocess.Popen(list(argv), env=dict(env), stdin=subprocess.DEVNULL))
@@ -431,8 +453,10 @@ class Supervisor:
         self.restart = int(restart_text) if restart_text.isdigit() else 0
         self.step: Optional[Step] = None
         self.ended = False  #: no step follows (the end's decision runs)
-        #: why the job ends instead of recovering again (``rundir.recovery.no_progress_stop``); "" when not
-        self.no_progress = ""
+        #: why the job ends instead of recovering again (``rundir.recovery.no_progress_stop``,
+        #: ``cause_cap_stop``); "" when not; ``stop_key``: the end record's key for it
+        self.stop_why = ""
+        self.stop_key = ""
         self.pending: List[int] = []
         self.got_term = False
         self.got_signal = False
@@ -587,7 +611,7 @@ class Supervisor:
     def run_recovery(self, can_requeue: bool) -> Tuple[int, Tuple[str, ...]]:
         from .env import expand_nodelist
         from .rundir import PEER_LOST_VAR, RECOVERY_DIR, STEP_END_VAR, STEP_NODES_VAR
-        from .rundir.recovery import RECOVERIES_LEFT_VAR, start_nodes, step_with_spares
+        from .rundir.recovery import RECOVERIES_LEFT_VAR, start_nodes, step_recoveries_left, step_with_spares
 
         r = self.plan.recovery
         assert r is not None
@@ -621,8 +645,9 @@ class Supervisor:
                     pass
                 extra.update({STEP_NODES_VAR: ",".join(step_nodes), STEP_END_VAR: step_end})
             # recovery.max_restarts is one budget per job start: what the in-job restarts and the earlier steps'
-            # in-process recoveries left is the step's (rundir.recovery.recoveries_left)
-            left = max(0, r.max_restarts - restarts_done - (self.in_process_done() if r.in_process else 0))
+            # in-process recoveries left is the step's (rundir.recovery.recoveries_left), within the lost-node cap
+            budget = max(0, r.max_restarts - restarts_done - (self.in_process_done() if r.in_process else 0))
+            left = step_recoveries_left(budget, self.recovery_records(), self.job_id, r.caps())
             extra[RECOVERIES_LEFT_VAR] = str(left)
             if not self.rendezvous(step_nodes[0], user):
                 return 1, ()
@@ -630,8 +655,12 @@ class Supervisor:
                 f"training step on {','.join(step_nodes)} ({len(step_nodes)} nodes, in-job restart {restarts_done}); "
                 f"MASTER_ADDR={self.env['MASTER_ADDR']} MASTER_PORT={self.env['MASTER_PORT']}"
             )
-            if restarts_done or left < r.max_restarts:
-                self.log(f"{left} of recovery.max_restarts={r.max_restarts} recoveries left in this job start")
+            if restarts_done or budget < r.max_restarts:
+                self.log(f"{budget} of recovery.max_restarts={r.max_restarts} recoveries left in this job start")
+            if left < budget:
+                self.log(
+                    f"recovery.max_node_losses={r.max_node_losses}: {left} recoveries from a lost node left to this job"
+                )
             if r.in_process:
                 self.log(
                     f"in-process recovery: the step runs on {','.join(job_nodes)}; the nodes beyond the training "
@@ -771,19 +800,24 @@ class Supervisor:
     def recovery_decision(self, facts: StepFacts, can_requeue: bool) -> Any:
         """Gather the evidence after a failed step, decide (``decide_recovery``), give lost nodes back when
         restarting, set the step's hang reports aside, record the decision in ``recoveries.jsonl``."""
-        from .rundir import is_finished, read_preempted
+        from .rundir import is_finished, read_no_restart, read_preempted
         from .rundir.hangs import set_aside_hang_reports
         from .rundir.recovery import (
+            CAUSE_CAP_KEY,
+            CAUSE_KEY,
             COMMITTED_STEP_KEY,
+            NO_PROGRESS_KEY,
             NONE,
             REQUEUE,
             RESTART,
             Evidence,
             RecoveryDecision,
+            cause_cap_stop,
             decide_recovery,
             no_progress_stop,
             record_recovery,
         )
+        from .rundir.requeue import no_restart_reason
 
         r = self.plan.recovery
         assert r is not None
@@ -792,8 +826,9 @@ class Supervisor:
             marker is not None and marker.job_id == self.job_id and marker.restart == self.restart
         )
         finished = is_finished(self.run_dir)
+        no_restart = no_restart_reason(facts.exit_code, read_no_restart(self.run_dir, self.job_id, self.restart))
         t0 = self.clock.monotonic()
-        if facts.exit_code == 0 or finished or stopped or not self.job_id:
+        if facts.exit_code == 0 or finished or stopped or no_restart or not self.job_id:
             evidence = Evidence()
             nodes_now = list(facts.step_nodes)
         else:
@@ -822,14 +857,21 @@ class Supervisor:
             restart_count=self.restart,
             max_requeues=self.plan.max_requeues,
             can_requeue=can_requeue,
+            no_restart=no_restart,
         )
         committed: Optional[int] = None
-        if decision.action in (RESTART, REQUEUE):  # a recovery loop's guard: did the last ones bring progress?
+        cause = evidence.cause
+        if decision.action in (RESTART, REQUEUE):  # the recovery loop's guards: progress, then this cause's cap
             committed = self.committed_step()
-            why = no_progress_stop(self.recovery_records(), committed, r.max_no_progress)
-            if why:
-                self.no_progress = why
-                decision = RecoveryDecision(NONE, (), decision.bad, f"in-job recovery: {why}")
+            records = self.recovery_records()
+            for key, why in (
+                (NO_PROGRESS_KEY, no_progress_stop(records, committed, r.max_no_progress)),
+                (CAUSE_CAP_KEY, cause_cap_stop(records, self.job_id, cause, r.caps())),
+            ):
+                if why:
+                    self.stop_why, self.stop_key = why, key
+                    decision = RecoveryDecision(NONE, (), decision.bad, f"in-job recovery: {why}")
+                    break
         if evidence.notes:
             self.log(f"in-job recovery evidence ({self.clock.monotonic() - t0:.1f} s): {'; '.join(evidence.notes)}")
         self.log(decision.reason)
@@ -867,6 +909,7 @@ class Supervisor:
                     hang=evidence.hang.line() if evidence.hang is not None else None,
                     gave_back=gave_back,
                     reason=decision.reason,
+                    **({CAUSE_KEY: cause} if cause else {}),
                     **({COMMITTED_STEP_KEY: committed} if decision.action in (RESTART, REQUEUE) else {}),
                 )
             except OSError as e:
@@ -878,19 +921,18 @@ class Supervisor:
         """The requeue rule over ``end``, its log lines and records, the requeue itself; the exit status."""
         from .rundir import ENDS_NAME, record_end, requeue_target
         from .rundir.oom import describe_oom, mem_per_node_mb
-        from .rundir.recovery import NO_PROGRESS_KEY
-        from .rundir.requeue import oom_of_start
+        from .rundir.requeue import NO_RESTART_KEY, oom_of_start
 
         self.ended = True
         decision = decide_end(self.run_dir, end, self.env)
-        if self.no_progress and decision.requeue:  # a hang's requeue too: the loop guard decided first
+        if self.stop_why and decision.requeue:  # a hang's requeue too: the loop guard decided first
             from dataclasses import replace
 
             decision = replace(
                 decision,
                 requeue=False,
                 exclude=None,
-                reason=f"{decision.reason}; overruled: not requeueing ({self.no_progress.split(':', 1)[0]})",
+                reason=f"{decision.reason}; overruled: not requeueing ({self.stop_why.split(':', 1)[0]})",
             )
         self.log(decision.reason)
         oom = None
@@ -920,7 +962,8 @@ class Supervisor:
                     requeue=decision.requeue,
                     by="batch",
                     **({"oom": oom.to_record(mem_per_node_mb(self.env), end.launcher)} if oom else {}),
-                    **({NO_PROGRESS_KEY: self.no_progress} if self.no_progress else {}),
+                    **({self.stop_key: self.stop_why} if self.stop_why else {}),
+                    **({NO_RESTART_KEY: decision.no_restart} if decision.no_restart else {}),
                 )
             except OSError as e:
                 self.log(f"could not record this start's end in {ENDS_NAME}: {e}")

@@ -355,7 +355,8 @@ def run(args: argparse.Namespace) -> int:
         )
         if outcome is not None and not stopped:
             _say(f"rank {args.rank} on {args.host}: emergency checkpoint before the end: {outcome}")
-    if args.decide_requeue >= 0:  # submitit: no batch script decides after the ranks; rank 0's watchdog does
+    # submitit: no job supervisor decides after the ranks (submitit owns the batch script); rank 0's watchdog does
+    if args.decide_requeue >= 0:
         _decide_requeue(args.run_dir, args.job_id, args.restart, args.decide_requeue)
     _end_rank(pid)
     return 0

@@ -115,11 +115,19 @@ def main() -> None:
                     print(f"[rank {rank}] step {epoch * len(loader) + i + 1} (epoch {epoch} batch {i + 1})", flush=True)
                 time.sleep(args.sleep / len(loader))
                 if preemption.should_stop():  # preemption: every rank gets the same answer after the same step
+                    # the position done, as the peer-lost one: after an epoch's last step, the next epoch's start
+                    # (a resume at batch len(loader) would skip every batch and divide by zero seen samples)
+                    at_epoch, at_batch = position
                     if rank == 0:
-                        save(snapshot, model, optimizer, epoch, i + 1)
-                        print(f"[rank 0] stopping for preemption: snapshot of epoch {epoch} batch {i + 1}", flush=True)
-                    print(f"[rank {rank}] stopping for preemption after epoch {epoch} batch {i + 1}", flush=True)
-                    preemption.exit_preempted(step=epoch * len(loader) + i + 1)  # every rank; exits with status 75
+                        save(snapshot, model, optimizer, at_epoch, at_batch)
+                        print(
+                            f"[rank 0] stopping for preemption: snapshot of epoch {at_epoch} batch {at_batch}",
+                            flush=True,
+                        )
+                    print(f"[rank {rank}] stopping for preemption after epoch {at_epoch} batch {at_batch}", flush=True)
+                    preemption.exit_preempted(
+                        step=at_epoch * len(loader) + at_batch
+                    )  # every rank; exits with status 75
             skip = 0
             print(f"[rank {rank}] epoch {epoch} loss {total / seen:.4f} accuracy {correct / seen:.4f}", flush=True)
             if rank == 0:

@@ -34,7 +34,8 @@ from ..submitenv import submit_environ
 from . import SubmitPlan, prepare_run_dir
 
 #: seconds sbatch may take to answer before its answer counts as lost (it retries a busy controller
-#: itself, "Slurm temporarily unable to accept job, sleeping and retrying", within MessageTimeout)
+#: itself, "Slurm temporarily unable to accept job, sleeping and retrying", within MessageTimeout); the
+#: submitit backend's sbatch too (``submitit_backend.submitting``)
 SBATCH_TIMEOUT_S = 120.0
 #: a job found after a lost answer was submitted at most this long before the intent (clock skew
 #: between this machine and the controller), seconds
@@ -195,6 +196,12 @@ def lost_answer_error(lost: str, what: str, why: str) -> ClusterError:
     )
 
 
+def no_answer_words() -> str:
+    """How an sbatch that did not answer within :data:`SBATCH_TIMEOUT_S` lost its answer (one wording, both
+    backends)."""
+    return f"sbatch did not answer within {SBATCH_TIMEOUT_S:g} s"
+
+
 def found_note(lost: str, job_id: str) -> str:
     """What the user is told when the job a lost answer made was found (one wording, both backends)."""
     return f"{lost}; found the job it made: {job_id} (not submitted twice)"
@@ -224,7 +231,7 @@ def submit_once(
         extra = {} if env is None else {"env": dict(env)}
         proc = run(list(argv), capture_output=True, text=True, cwd=ident.job_dir, timeout=SBATCH_TIMEOUT_S, **extra)
     except subprocess.TimeoutExpired:
-        lost = f"sbatch did not answer within {SBATCH_TIMEOUT_S:.0f} s"
+        lost = no_answer_words()
     except OSError as e:
         clear_submit_intent(ident.job_dir)
         raise ClusterError(f"sbatch could not run: {e}") from None

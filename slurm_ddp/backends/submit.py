@@ -214,8 +214,9 @@ def load_job(
 class SubmitRequest:
     """What one ``submit`` is asked to do: the flags of ``slurm-ddp submit`` (built once by the CLI) or the
     keyword arguments of ``slurm_ddp.api.submit`` (built there), passed down unchanged to
-    :func:`submit_run` and :func:`submit_sweep`. The sequences given are stored as tuples and a path-like
-    ``job`` as a string, so a request holds no caller's list and compares and prints by value.
+    :func:`submit_run` and :func:`submit_sweep`. The sequences given are stored as tuples (a single string
+    as a tuple of one: one ``--set``, ``--sweep`` or ``--after``) and a path-like ``job`` as a string, so a
+    request holds no caller's list and compares and prints by value.
 
     Raises ``UserError`` for ``cluster`` without ``dry_run`` (a submit goes to this machine's cluster).
     """
@@ -253,7 +254,8 @@ class SubmitRequest:
         if not isinstance(self.job, Mapping):
             object.__setattr__(self, "job", os.fspath(self.job))
         for name in ("overrides", "sweep", "after"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
+            given = getattr(self, name)  # a single string is one item (one --set), not its characters
+            object.__setattr__(self, name, (given,) if isinstance(given, str) else tuple(given))
         if self.command is not None:
             object.__setattr__(self, "command", tuple(self.command))
         if self.cluster is not None and not self.dry_run:

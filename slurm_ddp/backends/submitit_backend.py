@@ -93,8 +93,8 @@ class SubmititWorker:
         return 0
 
     def decide(self, status: int, can_requeue: bool) -> RequeueDecision:
-        """The requeue decision for this task's environment; submitit's tasks get no batch-shell
-        SIGTERM, so a stop by SIGTERM is known from the marker's signal alone."""
+        """The requeue decision for this task's environment; submitit's tasks have no job supervisor
+        to record a SIGTERM (``got_term``), so a stop by SIGTERM is known from the marker's signal alone."""
         return decide_requeue_here(
             self.run_dir, exit_code=status, max_requeues=self.max_requeues, got_term=False, can_requeue=can_requeue
         )
@@ -110,7 +110,7 @@ class SubmititCommand(SubmititWorker):
     It starts the rank's command through the rank wrapper (``python -m slurm_ddp.launch``, as the
     sbatch backend's srun line does) in ``train.workdir`` and waits for it. Its own handlers only
     record a signal (they replace submitit's, whose checkpoint hook is not used); the wait loop
-    passes each one on to the script, as the batch shell does. Then, as ``SubmititWorker``, rank 0
+    passes each one on to the script, as the sbatch job's supervisor does. Then, as ``SubmititWorker``, rank 0
     takes the requeue decision, with ``got_signal`` when the requeue signal arrived and ``got_term``
     for SIGTERM; a status of 0 on rank 0 first writes ``FINISHED`` (``rundir.mark_command_finished``).
     (``submitit.helpers.CommandFunction`` runs a command too, but neither passes signals on nor
@@ -287,30 +287,68 @@ def without_caller_job(keep: Sequence[str] = ()) -> Iterator[None]:
 
 
 class AnswerLost(ClusterError):
-    """sbatch, run by submitit, failed with one of the controller's transient errors
-    (``ops.slurm.TRANSIENT_ERRORS``): the controller may have made the job and lost only its reply.
-    ``str()``: how the answer was lost."""
+    """sbatch, run by submitit, did not answer within ``sbatch.SBATCH_TIMEOUT_S`` or failed with one of the
+    controller's transient errors (``ops.slurm.TRANSIENT_ERRORS``): the controller may have made the job and
+    lost only its reply. ``str()``: how the answer was lost."""
+
+
+@contextlib.contextmanager
+def bounded_sbatch() -> Iterator[None]:
+    """For the duration, submitit's runs of sbatch (``submitit.core.utils.CommandFunction``, which
+    ``Executor._submit_command`` calls for a job and for an array alike, and which waits without a limit) wait
+    at most ``sbatch.SBATCH_TIMEOUT_S``, as the sbatch backend's ``submit_once``: sbatch is then killed and
+    submitit gets ``FailedJobError`` caused by ``subprocess.TimeoutExpired`` (:func:`submitting` makes it
+    :class:`AnswerLost`). Otherwise as submitit's: its stdout returned, a non-zero status a ``FailedJobError``
+    of its stderr caused by ``CalledProcessError``. Then submitit's own class again."""
+    from submitit.core import utils
+
+    original = utils.CommandFunction
+
+    class Bounded(utils.CommandFunction):
+        def __call__(self, *args: Any, **kwargs: Any) -> str:
+            from . import sbatch
+
+            argv = [*self.command, *map(str, args), *(f"--{k}={v}" for k, v in kwargs.items())]
+            try:
+                done = subprocess.run(
+                    argv, capture_output=True, text=True, cwd=self.cwd, env=self.env, timeout=sbatch.SBATCH_TIMEOUT_S
+                )
+            except subprocess.TimeoutExpired as e:  # run() killed sbatch and waited for it
+                raise utils.FailedJobError(sbatch.no_answer_words()) from e
+            if done.returncode:
+                err = done.stderr.strip()
+                failed = subprocess.CalledProcessError(done.returncode, argv, output=done.stdout.strip(), stderr=err)
+                raise utils.FailedJobError(err) from failed
+            return done.stdout.strip()
+
+    setattr(utils, "CommandFunction", Bounded)  # noqa: B010  (a class attribute of a module: mypy refuses "=")
+    try:
+        yield
+    finally:
+        setattr(utils, "CommandFunction", original)  # noqa: B010
 
 
 @contextlib.contextmanager
 def submitting(what: str, keep: Sequence[str] = ()) -> Iterator[None]:
     """Around ``executor.submit``/``executor.batch()``: sbatch runs without the caller's job
-    variables (:func:`without_caller_job`, ``keep`` kept), and submitit's failures become one-line
-    ``ClusterError``s, as the sbatch backend's: sbatch refused (``FailedJobError``, e.g. "Invalid
-    partition": exit status and sbatch's last line), no job id in its answer
-    (``FailedSubmissionError``), sbatch not runnable (``OSError``). The copy of sbatch's stderr that
-    submitit prints on a refusal is held back (the message has it); on success what was printed is
-    passed on."""
+    variables (:func:`without_caller_job`, ``keep`` kept) and for at most ``sbatch.SBATCH_TIMEOUT_S``
+    (:func:`bounded_sbatch`), and submitit's failures become one-line ``ClusterError``s, as the sbatch
+    backend's: sbatch refused (``FailedJobError``, e.g. "Invalid partition": exit status and sbatch's last
+    line), no job id in its answer (``FailedSubmissionError``), sbatch not runnable (``OSError``); no answer
+    in time or a transient controller error is :class:`AnswerLost`. What submitit prints to stderr on a
+    refusal is held back (the message has it); on success what was printed is passed on."""
     from submitit.core.utils import FailedJobError, FailedSubmissionError
 
     from ..ops.slurm import transient
 
     held = io.StringIO()
     try:
-        with contextlib.redirect_stderr(held), without_caller_job(keep):
+        with contextlib.redirect_stderr(held), without_caller_job(keep), bounded_sbatch():
             yield
     except FailedJobError as e:
         cause = e.__cause__
+        if isinstance(cause, subprocess.TimeoutExpired):
+            raise AnswerLost(str(e)) from None
         if isinstance(cause, subprocess.CalledProcessError) and transient(
             subprocess.CompletedProcess(cause.cmd, cause.returncode, str(cause.output or ""), str(cause.stderr or ""))
         ):
@@ -390,7 +428,8 @@ def schedule(
     the job cannot be found).
 
     A lost answer never makes a second job, as with the sbatch backend (``sbatch.submit_once``): the
-    intent is written first; when sbatch fails with a transient controller error the job is looked for
+    intent is written first; when sbatch does not answer within ``sbatch.SBATCH_TIMEOUT_S`` or fails with a
+    transient controller error (:func:`submitting`) the job is looked for
     (``sbatch.find_lost_job``, ``run``: the squeue runner) and, found, recorded and given the callable
     submitit did not get to move into its folder (:func:`adopt_submission_files`); ``warn`` gets the line
     that says so."""

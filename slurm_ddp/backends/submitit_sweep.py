@@ -244,7 +244,8 @@ def schedule_submitit(
     refused: ``submitting``; its answer was lost and the array cannot be found).
 
     A lost answer never makes a second array, as with the sbatch backend (``array.schedule_sbatch``): the
-    intent is written first; when sbatch fails with a transient controller error the array is looked for
+    intent is written first; when sbatch does not answer within ``sbatch.SBATCH_TIMEOUT_S`` or fails with a
+    transient controller error (``submitting``) the array is looked for
     (``sbatch.find_lost_job``; ``run``: the squeue runner) and, found, its tasks get the pickles submitit
     did not get to move into their folders (:func:`adopt_array_files`); ``warn`` gets the line that says so."""
     from .sbatch import identity_for, refuse_beside_lost_array

@@ -787,6 +787,24 @@ class RecoveryConfig:
             min=0,
         ),
     )
+    max_node_losses: int = field(
+        default=0,
+        metadata=_meta(
+            "end the job, naming the cause, instead of its next recovery from a lost node once it made this many "
+            "(in-job restarts, in-process recoveries and requeues without the node, over all its starts: "
+            "slurm_ddp.rundir.recovery.cause_cap_stop); 0: no cap of its own (recovery.max_restarts per start and "
+            "requeue.max_requeues still apply)",
+            min=0,
+        ),
+    )
+    max_hangs: int = field(
+        default=0,
+        metadata=_meta(
+            "the same for recoveries from a hang (the watchdog's reports name the node): end the job instead of "
+            "the next once it made this many, over all its starts; 0: no cap of its own",
+            min=0,
+        ),
+    )
     heartbeat_interval_s: float = field(
         default=0.25,
         metadata=_meta(

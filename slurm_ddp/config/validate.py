@@ -284,7 +284,7 @@ _SWITCHED: Tuple[Tuple[Tuple[str, ...], Tuple[str, ...], Callable[[JobConfig], b
         "set environment.container.runtime (apptainer, pyxis or oci) and image",
     ),
     (
-        ("recovery.max_restarts", "recovery.max_no_progress"),
+        ("recovery.max_restarts", "recovery.max_no_progress", "recovery.max_node_losses", "recovery.max_hangs"),
         ("recovery.spare_nodes", "recovery.min_nodes"),
         lambda c: c.in_job_recovery,
         "no in-job restart after a lost node",

@@ -33,7 +33,7 @@ from ..constants import PREEMPTED_EXIT_CODE
 from ..errors import UserError
 from ..rundir import JOBS_NAME, LAUNCHER_LOCK_NAME, SUBMITTING_NAME, LocalEnd, oom_note, read_ends, status_words
 from ..rundir.local_end import PREEMPTED_STATE
-from ..rundir.recovery import no_progress_note
+from ..rundir.recovery import stop_note
 from .ownjob import gone_words, group_by_cluster, identity_of, not_the_run, own_job, query_cluster
 from .runs import Run, is_run_dir, read_run
 from .slurm import NEVER_SATISFIED_REASON, Runner, SlurmAnswer, SlurmJob, query_jobs
@@ -280,7 +280,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
             st.notes.append(never_starts_note(run.path, job))
         if job.final:  # an OOM kill named: rank, node, memory per node, slurm.mem_gb (rundir.oom)
             ends = read_ends(run.path)
-            st.notes += [n for n in [oom_note(ends, job.job_id, job.state), no_progress_note(ends, job.job_id)] if n]
+            st.notes += [n for n in [oom_note(ends, job.job_id, job.state), stop_note(ends, job.job_id)] if n]
         if job.final and job.exit_code.split(":")[0] == str(PREEMPTED_EXIT_CODE) and run.finished is None:
             st.notes.append(
                 f"exit {PREEMPTED_EXIT_CODE}: stopped for preemption ({stopped_words(run)}) and not requeued; "
@@ -290,7 +290,7 @@ def _status_from(run: Run, ans: SlurmAnswer) -> RunStatus:
     if ans.controller_answered:  # asked and answered: the controller forgot the job, so it ended long ago
         notes = [f"Slurm no longer knows job {jid}"] + notes
         ends = read_ends(run.path)  # rundir.oom and rundir.recovery, from the end record
-        notes += [n for n in [oom_note(ends, jid or ""), no_progress_note(ends, jid or "")] if n]
+        notes += [n for n in [oom_note(ends, jid or ""), stop_note(ends, jid or "")] if n]
         if run.finished is not None:
             return RunStatus(run, "COMPLETED", True, "run directory", notes=notes)
         return RunStatus(

@@ -13,7 +13,7 @@ A run directory holds:
   ``Command``/``StdOut``/``WorkDir``); ``submitting.json`` (``SUBMITTING_NAME``): the job a ``submit`` is
   about to make, present only while sbatch runs or after its answer was lost;
 - ``ends.jsonl``: one ``{"job_id", "restart", "time", "exit_code", ...}`` per start whose end a
-  survivor saw (``ENDS_NAME``: the batch shell after srun, the local supervisor; :func:`record_end`),
+  survivor saw (``ENDS_NAME``: the job's supervisor after its step, sbatch or local; :func:`record_end`),
   read by ``slurm-ddp report`` where Slurm accounting is not there; the local supervisor's records carry
   how the start ended (``local``: :class:`LocalEnd`, state ``COMPLETED``/``PREEMPTED``/``CANCELLED``/
   ``FAILED``, the first failing rank, its status and log); a local supervisor killed with ``kill -9`` writes
@@ -57,7 +57,9 @@ A run directory holds:
 - ``recoveries.jsonl``: one record per in-job recovery decision after a node was lost or hung
   (``recovery``); ``recovery/peer-lost.JOBID.RESTART.ATTEMPT``: the marker a rank leaves when a peer
   of its step vanished (``PEER_LOST_VAR``, :func:`write_peer_lost`), and ``….save.claim`` beside it:
-  which survivor runs a ``train.command`` script's own save then (:func:`survivor_claim_path`).
+  which survivor runs a ``train.command`` script's own save then (:func:`survivor_claim_path`);
+- ``no-restart.jsonl``: the ranks that ended with the do-not-restart status (``constants.NO_RESTART_EXIT_CODE``,
+  ``errors.NoRestart``), one line each (:func:`record_no_restart`), read by the requeue and recovery rules.
 
 A sweep directory (``slurm-ddp submit`` of a config with a ``sweep:`` section) holds
 ``sweep.json`` (``SWEEP_NAME``: the sweep's keys and every element's index, values and label),
@@ -112,6 +114,7 @@ from .files import (
     LOGS_DIR,
     METRICS_NAME,
     MLFLOW_DB_NAME,
+    NO_RESTART_NAME,
     PEER_LOST_VAR,
     PREEMPTED_NAME,
     PRIVATE_DIRS,
@@ -167,6 +170,7 @@ from .files import (
     read_jobs,
     read_jsonl,
     read_metrics,
+    read_no_restart,
     read_preempted,
     read_progress_samples,
     read_recoveries,
@@ -176,6 +180,7 @@ from .files import (
     read_waiting,
     record_end,
     record_job,
+    record_no_restart,
     record_progress_sample,
     record_submit_intent,
     record_sweep_job,
@@ -310,6 +315,7 @@ __all__ = [
     "TORCHRUN_OMP_VAR",
     "STEP_END_VAR",
     "STEP_NODES_VAR",
+    "NO_RESTART_NAME",
     "RECOVERIES_NAME",
     "RECOVERY_DIR",
     "RecoveryDecision",
@@ -317,6 +323,7 @@ __all__ = [
     "InJobRestart",
     "in_job_restarts",
     "read_in_job_restarts",
+    "read_no_restart",
     "read_recoveries",
     "peer_lost_record",
     "write_peer_lost",
@@ -326,6 +333,7 @@ __all__ = [
     "MLFLOW_DB_NAME",
     "TRACKING_NAME",
     "record_end",
+    "record_no_restart",
     "record_progress_sample",
     "read_progress_samples",
     "read_ends",

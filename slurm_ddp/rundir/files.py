@@ -25,7 +25,7 @@ JOBS_NAME = "jobs.jsonl"
 #: the job a ``submit`` is about to make, written before ``sbatch`` runs and removed once its id is in
 #: ``JOBS_NAME`` (:func:`record_submit_intent`): left behind, it names a job whose sbatch answer was lost
 SUBMITTING_NAME = "submitting.json"
-#: one record per start whose end the batch shell or the local supervisor saw (:func:`record_end`)
+#: one record per start whose end its job's supervisor saw (sbatch and local backends; :func:`record_end`)
 ENDS_NAME = "ends.jsonl"
 METRICS_NAME = "metrics.jsonl"
 #: rank 0's step samples of a ``train.command`` script that reports through ``slurm_ddp.progress``,
@@ -34,6 +34,10 @@ METRICS_NAME = "metrics.jsonl"
 PROGRESS_NAME = "progress.jsonl"
 #: one record per in-job recovery decision after a node was lost or hung (``rundir.recovery``)
 RECOVERIES_NAME = "recoveries.jsonl"
+#: a rank's "do not restart" (``constants.NO_RESTART_EXIT_CODE``): one JSON line per rank that ended with it
+#: (``job_id``, ``restart``, ``rank``, ``host``, ``reason``, ``time``, ``by``), read by the requeue and recovery
+#: rules of that start (:func:`read_no_restart`)
+NO_RESTART_NAME = "no-restart.jsonl"
 #: where the batch script asks a step's ranks to leave their peer-lost marker (``PEER_LOST_VAR``)
 RECOVERY_DIR = "recovery"
 #: the variable naming a step's peer-lost marker: a rank that saw a peer vanish creates that file, so the
@@ -535,9 +539,10 @@ def read_waiting(run_dir: PathLike) -> Optional[LocalWait]:
 def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, **extra: Any) -> None:
     """Append the end of one start (job ``job_id`` at ``restart``, its status ``exit_code``: srun's
     or the local supervisor's, 128+N for a rank killed by signal N) to ``RUN_DIR/ends.jsonl``, ``time``
-    now. Written by the process that outlives the ranks (the batch shell's requeue decision, the
-    local supervisor), never by a rank: a start killed with its supervisor has no record (the report then
-    takes its last record's time). Raises ``OSError`` when unwritable."""
+    now. Written by the process that outlives the ranks (the job's supervisor, ``slurm_ddp.supervise``, at
+    its requeue decision: on the batch host or the local one), never by a rank: a start killed with its
+    supervisor has no record (the report then takes its last record's time). Raises ``OSError`` when
+    unwritable."""
     record: Dict[str, Any] = {"job_id": str(job_id), "restart": int(restart), "exit_code": int(exit_code)}
     record.update(extra)
     record.setdefault("time", time.time())
@@ -547,6 +552,37 @@ def record_end(run_dir: PathLike, *, job_id: str, restart: int, exit_code: int, 
 def read_recoveries(run_dir: PathLike) -> List[Dict[str, Any]]:
     """The in-job recovery decisions recorded in ``RUN_DIR/recoveries.jsonl``, oldest first."""
     return read_jsonl(Path(run_dir) / RECOVERIES_NAME)
+
+
+def record_no_restart(
+    run_dir: PathLike, *, job_id: str, restart: int, rank: int, host: str, reason: str, by: str
+) -> None:
+    """Append a rank's "do not restart" to ``RUN_DIR/NO_RESTART_NAME``: job ``job_id`` at ``restart``, ``rank`` on
+    ``host``, ``reason`` (at most its first 300 characters), ``by`` (``worker``: ``errors.NoRestart``;
+    ``launch``: a ``train.command`` rank that exited with ``constants.NO_RESTART_EXIT_CODE``), ``time`` now.
+    Raises ``OSError`` when unwritable. Why a file as well as the status: srun reports the highest status of
+    the step's tasks, and under in-process recovery the step's status is rank 0's."""
+    append_jsonl(
+        Path(run_dir) / NO_RESTART_NAME,
+        {
+            "job_id": str(job_id),
+            "restart": int(restart),
+            "rank": int(rank),
+            "host": host,
+            "reason": reason[:300],
+            "by": by,
+            "time": time.time(),
+        },
+    )
+
+
+def read_no_restart(run_dir: PathLike, job_id: str, restart: int) -> Optional[Dict[str, Any]]:
+    """The first "do not restart" record (:func:`record_no_restart`) of job ``job_id`` at ``restart``; None when
+    none (an earlier start's is not this one's)."""
+    for r in read_jsonl(Path(run_dir) / NO_RESTART_NAME):
+        if str(r.get("job_id")) == str(job_id) and r.get("restart") == restart:
+            return r
+    return None
 
 
 def _write_marker(environ: Mapping[str, str], var: str, text: str, mode: str) -> bool:

@@ -179,7 +179,7 @@ def script_saved(checkpoint: Optional[ScriptCheckpoint]) -> Optional[SavedCheckp
 
 
 def command_facts_here(run_dir: PathLike, environ: Optional[Mapping[str, str]] = None) -> RunFacts:
-    """:class:`RunFacts` of a ``train.command`` run inside its job (the batch shell's requeue decision):
+    """:class:`RunFacts` of a ``train.command`` run inside its job (the supervisor's requeue decision):
     its config's ``train.resume``, the script's newest complete checkpoint (``find_script_checkpoints``),
     this start (``SLURM_JOB_ID``, ``SLURM_RESTART_COUNT`` of ``environ``) and the handler records. The
     login-node verbs build theirs from ``ops.runs.Run``, which reads the same records. Raises

@@ -1,7 +1,7 @@
 """An out-of-memory kill, recognised in what Slurm wrote and said: which rank and node, the memory
 the job had per node, and the key to raise.
 
-Pure parsing of text and records (the batch shell's requeue decision reads the logs and calls these;
+Pure parsing of text and records (the job supervisor's requeue decision reads the logs and calls these;
 ``slurm-ddp status`` reads the end record). Imports no torch. The evidence, in Slurm's own words
 (Slurm 22.05's source; seen on the sandbox's production profile, shared/SLURM-FACTS.md):
 
@@ -188,7 +188,7 @@ def oom_of_ends(ends: Sequence[Mapping[str, Any]], job_id: str) -> Optional[Mapp
 
 def oom_note(ends: Sequence[Mapping[str, Any]], job_id: str, slurm_state: str = "") -> Optional[str]:
     """``status``'s line for job ``job_id``: :func:`describe_oom` of its latest end record's ``oom``
-    (the batch shell's evidence) and of Slurm's state (``OUT_OF_MEMORY`` alone is evidence too); None
+    (the supervisor's evidence) and of Slurm's state (``OUT_OF_MEMORY`` alone is evidence too); None
     when neither says the job ran out of memory."""
     rec = oom_of_ends(ends, job_id)
     if rec is None and slurm_state != OOM_STATE:

@@ -29,6 +29,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 from .files import RECOVERIES_NAME as RECOVERIES_NAME
 from .files import PathLike, append_jsonl, read_jsonl, read_metrics, read_recoveries
 from .hangs import Hang, read_hang_reports, summarize_hang
+from .requeue import NO_RESTART_KEY
 
 #: The actions of a :class:`RecoveryDecision`.
 RESTART, REQUEUE, NONE = "restart", "requeue", "none"
@@ -93,12 +94,92 @@ def no_progress_stop(
     )
 
 
-def no_progress_note(ends: Sequence[Mapping[str, Any]], job_id: str) -> Optional[str]:
-    """``slurm-ddp status``'s line for job ``job_id`` when its latest end record (``ends.jsonl``) states a
-    no-progress stop (:data:`NO_PROGRESS_KEY`, the supervisor's :func:`no_progress_stop` reason); else None."""
+#: The key of a recovery record (``recoveries.jsonl``) that names what it recovered from: :data:`NODE_LOST` (a probe
+#: failed: the node cannot run tasks; in-process: all its ranks fell silent) or :data:`HANG` (the watchdog's hang
+#: reports name the node). A record without it: an ``in_process`` one counts as a node lost, others as neither.
+CAUSE_KEY = "cause"
+NODE_LOST, HANG = "node_lost", "hang"
+#: The key of an end record (``ends.jsonl``) that names a per-cause cap's stop (:func:`cause_cap_stop`'s reason).
+CAUSE_CAP_KEY = "cause_cap"
+#: The config key of each cause's cap (``recovery.max_node_losses``, ``recovery.max_hangs``), for the words.
+CAP_KEYS = {NODE_LOST: "recovery.max_node_losses", HANG: "recovery.max_hangs"}
+
+
+def record_cause(record: Mapping[str, Any]) -> str:
+    """The cause of a ``recoveries.jsonl`` record (:data:`CAUSE_KEY`; an ``in_process`` one without it: a node
+    lost); "" when it names none. Pure."""
+    cause = record.get(CAUSE_KEY)
+    if isinstance(cause, str) and cause:
+        return cause
+    return NODE_LOST if record.get("action") == IN_PROCESS else ""
+
+
+def cause_recoveries(recoveries: Sequence[Mapping[str, Any]], job_id: str, cause: str) -> int:
+    """How many recoveries of job ``job_id``, over all its starts (requeues), were made from ``cause``: its
+    in-job restarts, requeues for a bad node and in-process recoveries (``restart``, ``requeue``, ``in_process``
+    records of ``recoveries.jsonl``) whose :func:`record_cause` is ``cause``. Pure."""
+    return sum(
+        1
+        for r in recoveries
+        if r.get("action") in (RESTART, REQUEUE, IN_PROCESS)
+        and str(r.get("job_id")) == job_id
+        and record_cause(r) == cause
+    )
+
+
+def cause_cap_stop(
+    recoveries: Sequence[Mapping[str, Any]], job_id: str, cause: str, caps: Mapping[str, int]
+) -> Optional[str]:
+    """Why the recovery about to be made from ``cause`` (an in-job restart, or a requeue without the bad node)
+    must not be, or ``None``: job ``job_id`` already recovered ``caps[cause]`` times from that cause over its
+    starts (:func:`cause_recoveries`). ``caps``: cause → cap (``recovery.max_node_losses``,
+    ``recovery.max_hangs``); 0 or absent: no cap. Pure.
+
+    One budget per cause, apart from the others and from preemptions (which write no recovery record), as
+    SkyPilot managed jobs keep ``max_restarts_on_errors`` apart from their preemption recoveries: a node that
+    keeps being lost (a flaky rack, a failing switch) or a hang that keeps coming back ends the job, naming
+    the cause, instead of spending the allocation and the requeue cap (``requeue.max_requeues``) on it."""
+    cap = int(caps.get(cause) or 0)
+    if cap <= 0:
+        return None
+    done = cause_recoveries(recoveries, job_id, cause)
+    if done < cap:
+        return None
+    what = {NODE_LOST: "lost node", HANG: "hang"}.get(cause, cause) + ("s" if done != 1 else "")
+    return (
+        f"{CAP_KEYS.get(cause, cause)}={cap}: this job already recovered from {done} {what} (over its starts); "
+        "ending the job instead of recovering again"
+    )
+
+
+def stop_note(ends: Sequence[Mapping[str, Any]], job_id: str) -> Optional[str]:
+    """``slurm-ddp status``'s line for job ``job_id`` when its latest end record (``ends.jsonl``) states why it
+    ended without a restart or requeue: a rank's "do not restart" (``NO_RESTART_KEY``), a no-progress stop
+    (:data:`NO_PROGRESS_KEY`) or a per-cause cap (:data:`CAUSE_CAP_KEY`); else None."""
     mine = [e for e in ends if str(e.get("job_id")) == str(job_id)]
-    why = mine[-1].get(NO_PROGRESS_KEY) if mine else None
-    return f"ended without recovering again: {why}" if isinstance(why, str) and why else None
+    last = mine[-1] if mine else {}
+    why = last.get(NO_RESTART_KEY)
+    if isinstance(why, str) and why:
+        return f"ended without a restart or requeue: {why}"
+    for key in (NO_PROGRESS_KEY, CAUSE_CAP_KEY):
+        why = last.get(key)
+        if isinstance(why, str) and why:
+            return f"ended without recovering again: {why}"
+    return None
+
+
+def step_recoveries_left(
+    budget_left: int, recoveries: Sequence[Mapping[str, Any]], job_id: str, caps: Mapping[str, int]
+) -> int:
+    """What the supervisor passes a step in :data:`RECOVERIES_LEFT_VAR`: ``budget_left`` (what the in-job
+    restarts and the earlier steps' in-process recoveries left of ``recovery.max_restarts`` in this job start),
+    no more than the lost-node cap leaves (``caps[NODE_LOST]``, over the job's starts: every in-process
+    recovery is one from a lost node), never below 0. Pure."""
+    left = max(0, budget_left)
+    cap = int(caps.get(NODE_LOST) or 0)
+    if cap > 0:
+        left = min(left, max(0, cap - cause_recoveries(recoveries, job_id, NODE_LOST)))
+    return left
 
 
 def recoveries_left(environ: Mapping[str, str], max_restarts: int) -> int:
@@ -123,7 +204,7 @@ class RecoveryDecision:
     reason: str  #: one log line saying why
 
     def line(self) -> str:
-        """``ACTION NODES BAD`` for the batch shell: comma lists, ``-`` for none (checked, never eval'ed)."""
+        """``ACTION NODES BAD`` for the supervisor's log: comma lists, ``-`` for none."""
         return f"{self.action} {','.join(self.nodes) or '-'} {','.join(self.bad) or '-'}"
 
 
@@ -137,6 +218,14 @@ class Evidence:
     #: the marker's first record (``rank``, ``host``, ``step``: the last completed step, ``time``), when readable
     peer_lost_record: Optional[Dict[str, Any]] = None
     notes: Tuple[str, ...] = field(default=())  #: what was looked at, for the log line
+
+    @property
+    def cause(self) -> str:
+        """What the bad nodes are bad of (:data:`CAUSE_KEY`): :data:`NODE_LOST` when a probe failed, else
+        :data:`HANG` when a hang names its node; "" when no node is bad."""
+        if self.probe_failed:
+            return NODE_LOST
+        return HANG if self.hang is not None and self.hang.exclude else ""
 
     @property
     def bad(self) -> Tuple[str, ...]:
@@ -163,6 +252,7 @@ def decide_recovery(
     restart_count: int,
     max_requeues: int,
     can_requeue: bool,
+    no_restart: str = "",
 ) -> RecoveryDecision:
     """THE in-job recovery rule. Pure.
 
@@ -175,9 +265,11 @@ def decide_recovery(
     (``recovery.min_nodes``); ``restarts_done``/``max_restarts``: the recoveries so far in this job
     start (its in-job restarts and its steps' in-process recoveries: one budget per job start) and
     ``recovery.max_restarts``; ``restart_count``/``max_requeues``/``can_requeue`` as for the
-    requeue rule.
+    requeue rule; ``no_restart``: a rank asked that the job be neither restarted nor requeued
+    (``rundir.requeue.no_restart_reason``; "": none did).
 
     - a step that ended with status 0, a finished run or a stop → ``none``;
+    - a rank's "do not restart" → ``none`` (the requeue rule ends the job with it);
     - no node named bad → ``none``: a crash on healthy nodes, which the requeue rule does not requeue;
     - the batch host is bad (its ranks hung; the shell lives on) → ``requeue`` without it;
     - ``max_restarts`` reached → ``requeue`` without the bad nodes;
@@ -191,6 +283,8 @@ def decide_recovery(
     if exit_code == 0 or finished or stopped:
         why = "the run finished" if finished else ("the step was told to stop" if stopped else "status 0")
         return RecoveryDecision(NONE, (), (), f"in-job recovery: nothing to recover ({why})")
+    if no_restart:
+        return RecoveryDecision(NONE, (), (), f"in-job recovery: not restarting: {no_restart}")
     if not bad_t:
         return RecoveryDecision(
             NONE,

@@ -18,13 +18,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, List, Mapping, Optional, Sequence
 
-from ..constants import PREEMPTED_EXIT_CODE
+from ..constants import NO_RESTART_EXIT_CODE, PREEMPTED_EXIT_CODE
 from .files import (
     LOGS_DIR,
     PathLike,
     Preempted,
     batch_log_name,
     is_finished,
+    read_no_restart,
     read_preempted,
     write_finished,
 )
@@ -33,13 +34,36 @@ from .oom import OomKill, find_oom, this_start
 from .stops import STOP_SIGNALS, RankStops, read_rank_stops, read_rank_stops_here
 
 # --------------------------------------------------------------------------- the requeue decision
-#: What follows a SIGTERM to the batch shell, which cannot tell its sender: ``scancel`` ends the job;
+#: What follows a SIGTERM to the job's supervisor, which cannot tell its sender: ``scancel`` ends the job;
 #: ``scontrol requeue`` and a preemption under ``PreemptMode=REQUEUE`` (scontrol(1) "requeue",
 #: slurm.conf(5) PreemptMode) make Slurm itself start the job again, with ``SLURM_RESTART_COUNT`` + 1.
 SIGTERM_WORDS = (
     "this job does not requeue itself: after scancel it ends; after scontrol requeue (slurm-ddp requeue) or "
     "a preemption with PreemptMode=REQUEUE, Slurm starts it again itself"
 )
+
+
+#: The key of an end record (``ends.jsonl``) that names a rank's "do not restart" (:func:`no_restart_reason`).
+NO_RESTART_KEY = "no_restart"
+
+
+def no_restart_reason(exit_code: int, record: Optional[Mapping[str, Any]]) -> str:
+    """Why this start must be neither restarted nor requeued, in words, or "" when nothing says so: a rank's
+    record (``rundir.read_no_restart`` of this start: ``errors.NoRestart`` in the shared worker, a
+    ``train.command`` rank that exited with ``constants.NO_RESTART_EXIT_CODE``), else the step's status
+    ``exit_code`` being that code (srun reports its tasks' highest status; a rank that could not write the
+    record). Pure. The convention is NVIDIA Resiliency Extension's: its launchers exit with
+    ``--ft-no-restart-exit-code`` (93) when the job must not be requeued."""
+    code = NO_RESTART_EXIT_CODE
+    if record is not None:
+        why = str(record.get("reason") or "").strip()
+        return (
+            f"rank {record.get('rank', '?')} on {record.get('host') or '?'} ended with the do-not-restart status {code}"
+            + (f" ({why})" if why else "")
+        )
+    if exit_code == code:
+        return f"the step ended with the do-not-restart status {code} (constants.NO_RESTART_EXIT_CODE)"
+    return ""
 
 
 @dataclass(frozen=True)
@@ -52,6 +76,8 @@ class RequeueDecision:
     exit_code: int  #: the job's exit status: ``PREEMPTED_EXIT_CODE`` when preempted, else srun's
     #: node(s) to leave out of the requeued job: a hang's node, or the nodes in-job recovery found lost (a, b)
     exclude: Optional[str] = None
+    #: why the job ends without a restart or requeue: a rank's "do not restart" (:func:`no_restart_reason`); ""
+    no_restart: str = ""
 
 
 def decide_requeue(
@@ -70,12 +96,13 @@ def decide_requeue(
     previous_hang: Optional[Hang] = None,
     stops: Optional[RankStops] = None,
     lost_nodes: Sequence[str] = (),
+    no_restart: str = "",
 ) -> RequeueDecision:
     """THE requeue rule, for the batch script, the submitit backend and the local supervisor alike. Pure.
 
     ``exit_code`` is srun's status (sbatch backend) or rank 0's (submitit); ``marker`` the run's
     ``PREEMPTED`` marker, if any; ``job_id``/``restart_count`` are this job's ``SLURM_JOB_ID`` and
-    ``SLURM_RESTART_COUNT``; ``got_term``: the batch shell received SIGTERM; ``can_requeue``:
+    ``SLURM_RESTART_COUNT``; ``got_term``: the job's supervisor received SIGTERM; ``can_requeue``:
     ``scontrol`` is on PATH; ``finished``: the run wrote ``FINISHED``; ``got_signal``: the ranks
     were sent the time-limit signal (``requeue.signal``, sbatch ``--signal``) in this job;
     ``command``: the run is a ``train.command`` script (``got_signal`` counts only for those: the
@@ -112,7 +139,19 @@ def decide_requeue(
     ``lost_nodes``: the nodes in-job recovery found lost or hung and could not replace inside the job
     (:func:`slurm_ddp.rundir.recovery.decide_recovery` answered ``requeue``): a node's fault, so the job
     requeues under the same conditions as for a hang, without them (``exclude``, comma-separated).
+
+    ``no_restart``: a rank asked that the job be neither restarted nor requeued (:func:`no_restart_reason`):
+    unless the run finished, no requeue whatever else happened (a preemption, a hang, a lost node), and the
+    job's status is ``NO_RESTART_EXIT_CODE`` (the scheduler-facing "do not requeue"); ``no_restart`` names it.
     """
+    if no_restart and not finished:
+        return RequeueDecision(
+            preempted=False,
+            requeue=False,
+            reason=f"{no_restart}: a deterministic failure, not a node's; not requeueing",
+            exit_code=NO_RESTART_EXIT_CODE,
+            no_restart=no_restart,
+        )
     if lost_nodes and not finished and marker_is_not_this(marker, job_id, restart_count):
         return _decide_lost(
             exit_code=exit_code,
@@ -296,7 +335,7 @@ def decide_requeue_here(
     lost_nodes: Sequence[str] = (),
 ) -> RequeueDecision:
     """:func:`decide_requeue` for the job in ``environ`` (default ``os.environ``) and ``run_dir``'s
-    markers (``PREEMPTED``, ``FINISHED``, the hang reports, the ranks' stop records).
+    markers (``PREEMPTED``, ``FINISHED``, the hang reports, the ranks' stop records, their "do not restart").
 
     Raises ``ValueError`` when ``SLURM_RESTART_COUNT`` is not a non-negative integer.
     """
@@ -305,7 +344,9 @@ def decide_requeue_here(
     if not restart_text.isdigit():
         raise ValueError(f"SLURM_RESTART_COUNT={restart_text!r} is not a non-negative integer")
     job_id, restart = env.get("SLURM_JOB_ID", ""), int(restart_text)
+    said = read_no_restart(run_dir, job_id, restart) if job_id else None
     return decide_requeue(
+        no_restart=no_restart_reason(exit_code, said),
         hang=find_hang(run_dir, job_id, restart) if job_id else None,
         previous_hang=find_hang(run_dir, job_id, restart - 1) if job_id and restart else None,
         exit_code=exit_code,
@@ -410,7 +451,7 @@ def mark_command_finished(
     requeued or resubmitted job of it exits at once) — unless the ranks were told to stop: status
     0 after a stop signal is a stop (a script that saves and exits 0 on SIGTERM, PyTorch
     Lightning), and the next start decides. ``told_to_stop``: the caller sent or forwarded a stop
-    signal (the batch shell's SIGTERM or ``requeue.signal``); the ranks' own records
+    signal (the supervisor's SIGTERM or ``requeue.signal``); the ranks' own records
     (:func:`read_rank_stops` of the job in ``environ``) count too. Any other status writes nothing.
     """
     if exit_code != 0 or is_finished(run_dir) or told_to_stop:

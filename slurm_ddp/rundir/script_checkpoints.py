@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Any, Dict, Iterator, List, Mapping, Optional, 
 
 from .files import ELEMENT_WORKDIR, PEER_LOST_VAR, PathLike, array_task_id, read_jobs
 
-if TYPE_CHECKING:  # the config (and PyYAML) are imported where used: the batch shell's rundir calls need neither
+if TYPE_CHECKING:  # the config (and PyYAML) are imported where used: the supervisor's rundir calls need neither
     from ..config import JobConfig, ResumeSpec
 
 #: ``RUN_DIR/resumes/``: one ``ScriptResume`` per start of a ``train.command`` run (``resume_file_name``).

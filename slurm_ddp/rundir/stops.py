@@ -86,7 +86,7 @@ def read_rank_stops(run_dir: PathLike, job_id: str, restart: int) -> RankStops:
                 if told_requeue and parts[1] == "stop":
                     # a stop signal after this rank's requeue signal is the step's teardown (srun's
                     # --kill-on-bad-exit once a peer exited at the requeue signal, or KillWait), not a
-                    # stop of its own: a scancel or preemption reaches the batch shell too (got_term)
+                    # stop of its own: a scancel or preemption reaches the supervisor too (got_term)
                     continue
                 signals.add(parts[0])
                 ranks.add(rank)

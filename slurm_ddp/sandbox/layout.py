@@ -70,8 +70,9 @@ _CONTROLLER_HOST = "ctl"
 _SHORT_BASE = "/tmp"  # sockets: keep paths far below the 108-byte limit
 #: The production profile's jobs have a private /tmp (``job_container/tmpfs``): its sockets live here instead.
 _SHORT_BASE_PRIVATE_TMP = "/run"
-#: What ``job_container/tmpfs`` makes private to each job (Slurm 22.05: always both).
-_PRIVATE_DIRS = (Path("/tmp"), Path("/dev/shm"))
+#: What ``job_container/tmpfs`` makes private to each job (Slurm 22.05: always both): a job of the production
+#: profile sees nothing of the host's below them.
+PRIVATE_DIRS = (Path("/tmp"), Path("/dev/shm"))
 
 
 class SandboxLayout:
@@ -106,7 +107,7 @@ class SandboxLayout:
         self.kill_wait_s = int(kill_wait_s)
         self.root = Path(root).absolute()
         if profile == "production" and any(
-            self.root.resolve().is_relative_to(d) for d in _PRIVATE_DIRS
+            self.root.resolve().is_relative_to(d) for d in PRIVATE_DIRS
         ):  # its jobs would not see the sandbox's slurm.conf
             raise ValueError(
                 f"the production profile gives every job a private /tmp and /dev/shm (job_container/tmpfs): put the "

@@ -5,9 +5,11 @@ job of root's reaches every file, one of an ordinary user only what that user ma
 makes (once, with ``useradd(8)``) an ordinary account, :data:`JOB_USER`, with a home the caller chooses;
 :meth:`SandboxUser.popen_kwargs` and :meth:`SandboxUser.env` run a command as that user (``subprocess``'s
 ``user``/``group``/``extra_groups``, the login variables of environ(7)). A user who cannot traverse a
-directory (``/root`` is 0700) cannot run an interpreter below it: :meth:`SandboxUser.unreachable` says which
-directory stops them and :func:`reachable_prefix` shows them this interpreter's environment where they can
-reach it (a read-only bind mount: no copy, the files keep their owner and mode, nothing becomes writable).
+directory (``/root`` is 0700) cannot run an interpreter below it, and a job of the production profile sees
+nothing of the host's ``/tmp`` (``layout.PRIVATE_DIRS``): :meth:`SandboxUser.unreachable` says which
+directory stops them, :func:`reachable_path` shows them a directory where their jobs can reach it (a read-only
+bind mount: no copy, the files keep their owner and mode, nothing becomes writable) and
+:func:`reachable_prefix` does so for this interpreter's environment.
 
 Side effects: ``useradd`` (an entry in /etc/passwd and /etc/group that outlives the sandbox), mkdir/chown
 of the home, mount/umount.
@@ -27,6 +29,8 @@ from pathlib import Path
 from typing import Any, Dict, Iterator, Mapping, Optional
 
 from slurm_ddp.errors import SandboxUnavailable
+
+from .layout import PRIVATE_DIRS
 
 #: the account the production profile's tests submit as: an ordinary user (uid from useradd's UID_MIN up)
 #: with no login shell and no home of its own (the caller gives it one per sandbox)
@@ -109,32 +113,49 @@ def ensure_user(home: os.PathLike[str] | str, name: str = JOB_USER) -> SandboxUs
 
 @contextlib.contextmanager
 def reachable_prefix(user: SandboxUser, dest: os.PathLike[str] | str) -> Iterator[Path]:
-    """An interpreter environment ``user`` can run with this process's packages, for the ``with`` block:
-    ``sys.prefix`` itself when they can reach it, else ``sys.prefix`` bind-mounted read-only at ``dest``
-    (made, then unmounted and removed at the end; mount(8) ``--bind`` then ``-o remount,bind,ro``). Its
-    interpreter: ``PREFIX/bin/<name of sys.executable>`` (a venv's ``pyvenv.cfg`` is there, so its
-    site-packages are the mount's). The mount is this process's mount namespace's: make it before starting
-    a sandbox, whose nodes copy the mounts when they start (``network._isolated``). Read-only, so nothing
-    below it can be written or removed through it (an ``rmtree`` of a directory above it fails there).
+    """An interpreter environment ``user``'s jobs can run with this process's packages, for the ``with``
+    block: :func:`reachable_path` of ``sys.prefix``. Its interpreter: ``PREFIX/bin/<name of
+    sys.executable>`` (a venv's ``pyvenv.cfg`` is there, so its site-packages are the mount's).
 
-    Needs root. Raises ``SandboxUnavailable`` when the mount cannot be made, naming the directory that
-    stops the user (``chmod o+x`` it instead)."""
-    prefix = Path(sys.prefix)
-    blocked = user.unreachable(prefix)
-    if blocked is None:
+    Needs root when it mounts. Raises ``SandboxUnavailable`` as :func:`reachable_path` does."""
+    with reachable_path(user, sys.prefix, dest) as prefix:
         yield prefix
+
+
+@contextlib.contextmanager
+def reachable_path(user: SandboxUser, path: os.PathLike[str] | str, dest: os.PathLike[str] | str) -> Iterator[Path]:
+    """Where ``user``'s jobs can read the directory ``path``, for the ``with`` block: ``path`` itself when
+    they can reach it (:meth:`SandboxUser.unreachable`) and it lies below none of the directories a job gets
+    a private copy of (``layout.PRIVATE_DIRS``: ``/tmp``, ``/dev/shm``), else ``path`` bind-mounted
+    read-only at ``dest`` (made, then unmounted and removed at the end; mount(8) ``--bind`` then ``-o
+    remount,bind,ro``; ``dest`` must lie outside those directories too). The mount is this process's mount
+    namespace's: make it before starting a sandbox, whose nodes copy the mounts when they start
+    (``network._isolated``). Read-only, so nothing below it can be written or removed through it (an
+    ``rmtree`` of a directory above it fails there).
+
+    Needs root when it mounts. Raises ``SandboxUnavailable`` when the mount cannot be made, naming the
+    directory that stops the user (``chmod o+x`` it instead) or the private one (move ``path`` out of it)."""
+    source = Path(path)
+    blocked = user.unreachable(source)
+    private = next((d for d in PRIVATE_DIRS if source.resolve().is_relative_to(d)), None)
+    if blocked is None and private is None:
+        yield source
         return
+    if blocked is not None:
+        why = f"user {user.name!r} cannot reach {source} ({blocked} is mode {stat.S_IMODE(blocked.stat().st_mode):04o})"
+        fix = f"chmod o+x {blocked}"
+    else:
+        why = f"{source} is below {private}, which every job of the production profile has a private copy of"
+        fix = f"put it outside {private} (e.g. under /var/tmp)"
     target = Path(dest)
     target.mkdir()
     mounted = False
     try:
-        for argv in (["mount", "--bind", str(prefix), str(target)], ["mount", "-o", "remount,bind,ro", str(target)]):
+        for argv in (["mount", "--bind", str(source), str(target)], ["mount", "-o", "remount,bind,ro", str(target)]):
             r = subprocess.run(argv, capture_output=True, text=True, timeout=60, check=False)
             if r.returncode != 0:
                 raise SandboxUnavailable(
-                    f"user {user.name!r} cannot reach {prefix} ({blocked} is mode "
-                    f"{stat.S_IMODE(blocked.stat().st_mode):04o}) and {' '.join(argv)} failed: "
-                    f"{(r.stderr or r.stdout).strip()[-300:]}; chmod o+x {blocked}"
+                    f"{why} and {' '.join(argv)} failed: {(r.stderr or r.stdout).strip()[-300:]}; {fix}"
                 )
             mounted = True
         yield target

@@ -49,11 +49,12 @@ from ..rundir import (
     end_hang_save,
     hang_report_path,
     peer_lost_record,
+    record_no_restart,
     start_hang_save,
     write_peer_lost,
     write_step_end,
 )
-from ..rundir.recovery import IN_PROCESS, record_recovery, recoveries_left
+from ..rundir.recovery import CAUSE_KEY, IN_PROCESS, NODE_LOST, record_recovery, recoveries_left
 from ..signals import PreemptionFlag
 from .inprocess import Membership, Place, Plan, RecoveryAbandoned, first_plan
 from .runtime import StepAgreement, init_distributed, is_peer_failure, setup_logging
@@ -412,6 +413,7 @@ class FaultTolerance:
                     attempt=plan.generation - 1,
                     time=t_fail,
                     action=IN_PROCESS,
+                    **{CAUSE_KEY: NODE_LOST},
                     nodes=list(plan.nodes),
                     bad=list(plan.lost),
                     spares_used=list(plan.spares_used),
@@ -436,6 +438,23 @@ class FaultTolerance:
     def slot(self) -> str:
         """This process's slot in the step (``NODE/LOCAL``: ``inprocess.Place.slot``), else its rank."""
         return self.place.slot if self.place is not None else str(self.owner.denv.rank)
+
+    def report_no_restart(self, e: BaseException) -> None:
+        """Record this rank's "do not restart" (``errors.NoRestart``) for the batch side's rules
+        (``rundir.record_no_restart``; logged when it cannot be written: the status still says it)."""
+        o = self.owner
+        try:
+            record_no_restart(
+                o.run_dir,
+                job_id=str(o.denv.job_id),
+                restart=o.denv.restart_count,
+                rank=o.denv.rank,
+                host=o.denv.hostname or socket.gethostname(),
+                reason=str(e),
+                by="worker",
+            )
+        except OSError as err:
+            log.error("could not record the do-not-restart of this rank: %s", err)
 
     def report_crash(self, e: BaseException) -> None:
         """In-process recovery: tell the step's store this rank failed of its own (not a lost peer), so the

@@ -35,7 +35,7 @@ from ..checkpoint import AsyncCheckpointer, CheckpointInfo, CheckpointManager, a
 from ..config import JobConfig, load_config
 from ..constants import PREEMPTED_EXIT_CODE
 from ..env import DistEnv
-from ..errors import CheckpointError, TrainingDiverged, UserError
+from ..errors import CheckpointError, NoRestart, TrainingDiverged, UserError
 from ..progress import CHECKPOINT, DATA, DISABLED, EVAL, STARTUP, STEP
 from ..progress import recorder as progress_recorder
 from ..resize import accumulation_for, samples_in_epoch
@@ -799,6 +799,9 @@ class Trainer:
             fault.report_crash(e)
             raise
         except BaseException as e:
+            if isinstance(e, NoRestart) and not fault.waiting_spare:  # the batch side neither restarts nor requeues
+                fault.report_no_restart(e)
+                status = NoRestart.exit_code  # rank 0's step end says it too (in-process: the step's status)
             fault.report_crash(e)
             if fault.waiting_spare and not isinstance(e, (KeyboardInterrupt, SystemExit)):
                 # a warm spare's own failure (its data, its GPU, an import) is the spare's problem: named in
@@ -807,7 +810,9 @@ class Trainer:
                 return 0
             raise
         finally:
-            fault.close(status if ok else 1)  # the hang saver; the step's store under in-process recovery
+            fault.close(
+                status if ok or status == NoRestart.exit_code else 1
+            )  # the hang saver; the step's store under in-process recovery
             self.flag.restore()
             # close(), not just wait(): the writer thread must end here. Left idle, it still holds its
             # last job (the snapshot buffers); weakref.finalize's atexit hook wakes it at exit, and a

@@ -156,11 +156,18 @@ class DigitsJob:
 
 
 def submit_digits(
-    sandbox: Any, run_dir: Path, *sets: str, backend: str = "sbatch", python: str = sys.executable, **run_kw: Any
+    sandbox: Any,
+    run_dir: Path,
+    *sets: str,
+    backend: str = "sbatch",
+    python: str = sys.executable,
+    job: Path = DIGITS_JOB,
+    **run_kw: Any,
 ) -> DigitsJob:
     """``slurm-ddp submit`` the digits example on ``sandbox`` through ``backend`` with small defaults and
-    ``--set`` overrides; ``python`` and ``run_kw`` as for :func:`cli` (a submission as another user)."""
-    cmd = [python, "-m", "slurm_ddp", "submit", str(DIGITS_JOB), "--backend", backend]
+    ``--set`` overrides; ``python`` and ``run_kw`` as for :func:`cli` (a submission as another user), ``job``
+    the example's YAML where the jobs see it (its directory is ``train.workdir``)."""
+    cmd = [python, "-m", "slurm_ddp", "submit", str(job), "--backend", backend]
     cmd += ["--run-dir", str(run_dir)]
     for s in (
         "train.max_steps=200",

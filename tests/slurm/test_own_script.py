@@ -18,7 +18,7 @@ from __future__ import annotations
 import re
 import sys
 from pathlib import Path
-from typing import List
+from typing import List, Set
 
 import pytest
 from lib import require_module, wait_for
@@ -92,6 +92,11 @@ def submit(sandbox, job: str, run_dir: Path, *sets: str, backend: str = "sbatch"
     m = re.search(r"submitted job (\d+)", r.stdout)
     assert m, r.stdout
     return Job(sandbox, run_dir, m.group(1))
+
+
+def handler_ranks(job: Job, restart: int) -> Set[int]:
+    """The ranks of ``job``'s start ``restart`` that have installed their stop handler (their handler record)."""
+    return {r.rank for r in read_handlers(job.run_dir) if r.job_id == job.id and r.restart == restart}
 
 
 def hosts(run_dir: Path, ranks: int) -> List[str]:
@@ -168,14 +173,21 @@ def test_api_variant_torchrun_signalled_stops_at_a_step_on_every_rank_requeues_a
         "slurm.launcher=torchrun",
         "train.command=python train_preemptible.py --epochs 3 --sleep 4",
     )
-    job.wait_log(0, r"snapshot of epoch 0 saved")
+    # The signal must reach the ranks while they still train: sent once every rank of this start has installed
+    # its handler (preemption.install()'s record; before it the script's default action would kill the rank),
+    # the whole run's training lies between it and the ranks' last should_stop(). Sent after epoch 0's
+    # snapshot, only the last two epochs did (8 s): a delivery slower than that (CI under load) let every rank
+    # finish first, exit after the signal, be requeued as told to stop, and resume at epoch 3 with nothing
+    # left to do: no rank stopped at a step.
+    wait_for(lambda: handler_ranks(job, restart=0) == set(range(4)), 180, "every rank's stop handler", job.why)
     job.signal_batch_shell()
     job.wait_log(0, r"resuming from snapshot", timeout_s=240)
     assert job.wait_ended() == "COMPLETED", job.why()
     stops = [
         re.findall(r"stopping for preemption after epoch (\d+) batch (\d+)", rank_log(job.run_dir, r)) for r in range(4)
     ]
-    assert all(len(s) == 1 for s in stops) and len({s[0] for s in stops}) == 1, stops  # the same step on every rank
+    same_step = all(len(s) == 1 for s in stops) and len({s[0] for s in stops}) == 1  # the same step on every rank
+    assert same_step, f"{stops}\n{logs(job.run_dir)}"
     epoch, batch = stops[0][0]
     for rank in range(4):
         text = rank_log(job.run_dir, rank)

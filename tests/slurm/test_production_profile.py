@@ -22,6 +22,7 @@ do not share; ``SlurmdTimeout=10`` for the lost node):
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import sys
@@ -33,12 +34,22 @@ from typing import Any, Dict, Iterator, List, Tuple
 
 import pytest
 from lib import wait_for
-from lib.slurm_jobs import REPO, DigitsJob, cli, committed_steps, logs, record_timing, submit_digits, train_steps
+from lib.slurm_jobs import (
+    DIGITS_JOB,
+    REPO,
+    DigitsJob,
+    cli,
+    committed_steps,
+    logs,
+    record_timing,
+    submit_digits,
+    train_steps,
+)
 
 from slurm_ddp.rundir import read_preempted
 from slurm_ddp.sandbox import SlurmSandbox
 from slurm_ddp.sandbox.cgroups import cgroup_v1_problems
-from slurm_ddp.sandbox.users import SandboxUser, ensure_user, reachable_prefix
+from slurm_ddp.sandbox.users import SandboxUser, ensure_user, reachable_path, reachable_prefix
 from slurm_ddp.testing import missing_prerequisite, running_sandbox
 
 pytestmark = [pytest.mark.slurm, pytest.mark.xdist_group("production_profile")]  # one sandbox for the module
@@ -51,20 +62,32 @@ MESSAGE_TIMEOUT_S = 2
 
 @dataclass(frozen=True)
 class JobUser:
-    """The unprivileged account the module's jobs are submitted as, and the interpreter it runs."""
+    """The unprivileged account the module's jobs are submitted as, the interpreter it runs and where its jobs
+    see the checkout (``REPO`` itself, or a read-only bind of it: ``users.reachable_path``)."""
 
     user: SandboxUser
     python: str
     sandbox: SlurmSandbox
+    checkout: Path
+
+    def seen(self, path: str | Path) -> Path:
+        """``path`` as the user's jobs see it: below :attr:`checkout` when it lies in the checkout."""
+        p = Path(path).resolve()
+        return self.checkout / p.relative_to(REPO) if p.is_relative_to(REPO) else Path(path)
 
     def submit_kw(self) -> Dict[str, Any]:
-        """``submit_digits``/``cli`` keywords: this interpreter, run as the user in its home, with its login
-        variables and the sandbox's Slurm client settings."""
-        return {"python": self.python, **self.run_kw()}
+        """``submit_digits`` keywords: this interpreter and the digits example where the jobs see it, run as
+        the user (:meth:`run_kw`)."""
+        return {"python": self.python, "job": self.seen(DIGITS_JOB), **self.run_kw()}
 
     def run_kw(self) -> Dict[str, Any]:
-        """``SlurmSandbox.run`` keywords that run a command as the user."""
-        return {**self.user.popen_kwargs(), "env": self.user.env(self.sandbox.client_env())}
+        """``SlurmSandbox.run``/``cli`` keywords that run a command as the user in its home, with its login
+        variables, the sandbox's Slurm client settings and ``PYTHONPATH``'s entries in the checkout where the
+        jobs see them (:meth:`seen`; sbatch exports it to the job, whose /tmp is its own)."""
+        env = self.user.env(self.sandbox.client_env())
+        if env.get("PYTHONPATH"):
+            env["PYTHONPATH"] = os.pathsep.join(str(self.seen(e)) for e in env["PYTHONPATH"].split(os.pathsep))
+        return {**self.user.popen_kwargs(), "env": env}
 
     def run_dir(self, request: pytest.FixtureRequest) -> Path:
         """A run directory for the test, below the user's home (``slurm-ddp submit`` makes it, as them)."""
@@ -84,32 +107,24 @@ def production() -> Iterator[Production]:
     """A 2-node production-profile sandbox (2 CPUs, 2 emulated GPUs and 2000 MB a node) rooted under
     /var/tmp: its jobs have a private /tmp, so nothing they read (slurm.conf, run directories) may be there.
     Its job user: ``users.JOB_USER`` (useradd'ed once per machine) with a home beside the sandbox, and this
-    interpreter's environment where they can run it (mounted read-only there, before the nodes start, when it
-    lies below a directory they cannot search, as /root)."""
+    interpreter's environment and the checkout where their jobs can reach them (each mounted read-only there,
+    before the nodes start, when it lies below a directory they cannot search, as /root, or below /tmp, as a
+    clone in /tmp does: ``users.reachable_path``)."""
     problems = cgroup_v1_problems()
     if problems:
         missing_prerequisite("; ".join(problems))
-    for what, where in (("the checkout", REPO), ("the Python environment", Path(sys.prefix))):
-        if Path("/tmp") in where.resolve().parents:  # the jobs' /tmp is their own (job_container/tmpfs)
-            missing_prerequisite(
-                f"{what} {where} is under /tmp, which job_container/tmpfs replaces with a private, empty /tmp "
-                "in every job of the production profile: put it elsewhere (e.g. /var/tmp) to run this module"
-            )
     root = Path(tempfile.mkdtemp(prefix="slurm-ddp-prod-", dir="/var/tmp"))
     root.chmod(0o755)  # slurmctld runs as SlurmUser=slurm and reads its config below
     try:
         user = ensure_user(root / "home")
-        blocked = user.unreachable(REPO)
-        if blocked is not None:
-            missing_prerequisite(
-                f"the job user {user.name!r} cannot reach the checkout {REPO} ({blocked}): chmod o+x it"
-            )
-        with reachable_prefix(user, root / "python") as prefix, running_sandbox(
+        with reachable_prefix(user, root / "python") as prefix, reachable_path(
+            user, REPO, root / "checkout"
+        ) as checkout, running_sandbox(
             root / "sandbox", nodes=2, cpus_per_node=2, gpus_per_node=2, profile="production", accounting=True,
             slurmd_timeout_s=SLURMD_TIMEOUT_S, message_timeout_s=MESSAGE_TIMEOUT_S,
         ) as sb:  # fmt: skip
             subtrees = [Path(d) for d in sb._state["cgroups"].values()]
-            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb))
+            yield Production(sb, JobUser(user, str(prefix / "bin" / Path(sys.executable).name), sb, checkout))
         # down() killed what was left in the nodes' cgroups and removed the subtrees
         assert [d for d in subtrees if d.exists()] == [], "the nodes' cgroup subtrees outlived the sandbox"
     finally:
@@ -189,7 +204,8 @@ def test_the_profile_is_in_effect(production_sandbox: SlurmSandbox) -> None:
 
 def submit_own_script(sandbox: SlurmSandbox, run_dir: Path, *sets: str, as_user: JobUser | None = None) -> DigitsJob:
     python = as_user.python if as_user else sys.executable
-    cmd = [python, "-m", "slurm_ddp", "submit", str(OWN_SCRIPT_JOB), "--run-dir", str(run_dir)]
+    job = as_user.seen(OWN_SCRIPT_JOB) if as_user else OWN_SCRIPT_JOB
+    cmd = [python, "-m", "slurm_ddp", "submit", str(job), "--run-dir", str(run_dir)]
     for s in ("slurm.time=00:05:00", *sets):
         cmd += ["--set", s]
     r = sandbox.run(cmd, capture_output=True, text=True, timeout=120, **(as_user.run_kw() if as_user else {}))

@@ -226,6 +226,44 @@ def test_a_commands_status_0_is_its_finished(tmp_path):
     assert not mark_command_finished(tmp_path, exit_code=0, environ={})  # written once
 
 
+def test_a_requeue_signal_after_the_last_step_requeues_unless_the_script_marked_finished(tmp_path, monkeypatch):
+    """The race the real-Slurm API-variant test (torchrun, signalled at the batch shell) lost under load: the
+    requeue signal reached the ranks after their last ``should_stop()``, while they tore down. Their wrappers
+    recorded it, so status 0 (or 1: torchrun exits 1 on a signal it handled) is no finish: the rule requeues,
+    and the requeued start resumes at the end and is done with no rank ever stopped at a step. A script whose
+    rank 0 calls ``preemption.mark_finished()`` once training ended is finished whatever arrives after."""
+    from slurm_ddp import preemption
+    from slurm_ddp.rundir import decide_requeue_here, record_rank_stop
+
+    env = {"SLURM_JOB_ID": "7", "SLURM_RESTART_COUNT": "0"}
+    for rank in range(4):
+        record_rank_stop(tmp_path, job_id="7", restart=0, rank=rank, signal="SIGUSR2", requeue=True)
+
+    def decide(status: int):
+        return decide_requeue_here(
+            tmp_path,
+            exit_code=status,
+            max_requeues=3,
+            got_term=False,
+            can_requeue=True,
+            environ=env,
+            got_signal=True,
+            command=True,
+        )
+
+    for status in (0, 1):
+        assert not mark_command_finished(tmp_path, exit_code=status, environ=env, told_to_stop=True)
+        d = decide(status)
+        assert d.requeue and d.preempted and "before the run finished" in d.reason, d.reason
+    monkeypatch.setenv("SLURM_DDP_RUN_DIR", str(tmp_path))
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    assert preemption.mark_finished(epochs=3)
+    for status in (0, 1):
+        d = decide(status)
+        assert not d.requeue and not d.preempted and "the run finished" in d.reason, d.reason
+    assert decide(0).exit_code == 0
+
+
 def test_preemption_api_in_a_process(tmp_path):
     """install → the signal sets the flag → should_stop (no group: the local flag) → exit_preempted
     writes rank 0's marker and exits 75, without interpreter teardown."""

@@ -166,3 +166,19 @@ def test_a_malformed_clustershell_config_is_one_line_not_an_import_failure(tmp_p
     lines = r.stderr.splitlines()
     assert len(lines) == 1 and "ClusterShell" in lines[0] and "defaults.conf" in lines[0]
     assert _run("slurm_ddp.rendezvous", SLURM_JOB_NODELIST="n[1-2]", MASTER_PORT="29400").stdout == "n1 29400\n"
+
+
+def test_a_task_s_no_restart_ends_the_process_with_the_do_not_restart_status() -> None:
+    """Issue 52: ``slurm_ddp.NoRestart`` (the top-level name a task uses) is a one-line error with status 93,
+    ``constants.NO_RESTART_EXIT_CODE`` (NVIDIA Resiliency Extension's ``--ft-no-restart-exit-code`` default)."""
+    import io
+
+    import slurm_ddp
+    from slurm_ddp.entrypoint import run_main
+
+    def task() -> int:
+        raise slurm_ddp.NoRestart("shard 3 of the training data is missing")
+
+    err = io.StringIO()
+    assert run_main("w", task, stderr=err) == slurm_ddp.NO_RESTART_EXIT_CODE == 93
+    assert err.getvalue() == "w: error: shard 3 of the training data is missing\n"

@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from typing import Any, List, Sequence
 
 import pytest
 
@@ -521,3 +522,97 @@ def test_a_node_taken_for_lost_then_called_back_in_is_not_lost_for_the_batch_sid
     ]
     assert still_lost(records, "5", 0) == ["n3"]
     assert still_lost(records[:1], "5", 0) == ["n2"]
+
+
+def rank0_fault_tolerance(port: int, nodes: Sequence[str], max_restarts: int) -> Any:
+    """Rank 0's real ``FaultTolerance`` of an in-process step on ``nodes`` (no spare, ``min_nodes`` 1), its
+    ``Membership`` serving the step's store on loopback; the trainer only as far as a recovery reads it."""
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.progress import DISABLED
+    from slurm_ddp.worker.fault import FaultTolerance
+    from slurm_ddp.worker.inprocess import Place
+    from slurm_ddp.worker.train import Trainer
+
+    cfg = config_from_dict(
+        {
+            "name": "x",
+            "slurm": {"nodes": len(nodes)},
+            "train": {"task": "m:T"},
+            "recovery": {"in_process": True, "min_nodes": 1, "max_restarts": max_restarts},
+        }
+    )
+    t = Trainer.__new__(Trainer)
+    t.cfg, t.tc, t.step, t.progress = cfg, cfg.train, 5, DISABLED
+    t.denv = DistEnv(0, 0, len(nodes), 0, len(nodes), 1, "127.0.0.1", port, "5", nodes[0], 0)
+    t.stop = type("Stop", (), {"group": None})()
+    ft = t.fault = FaultTolerance(t, Place(nodes[0], 0, False, tuple(nodes), (), 1))
+    ft.membership, ft.plan = member(port, f"{nodes[0]}/0", serve=True), first_plan(nodes, 1)
+    return ft
+
+
+@pytest.mark.parametrize("left", [0, 1, None])
+def test_the_worker_recovers_in_process_only_as_often_as_the_supervisor_left_it(monkeypatch, caplog, left):
+    """Issue 52 item 10, worker side: ``SLURM_DDP_RECOVERIES_LEFT`` (``rundir.recovery.RECOVERIES_LEFT_VAR``, read
+    by ``recoveries_left`` in rank 0's ``FaultTolerance._next_generation``) bounds the step's in-process
+    recoveries below ``recovery.max_restarts`` (2 here). 0 left: the first lost node is not recovered from in the
+    process (``recover_in_process`` is False: the rank's peer-failure path ends the step and the batch side
+    decides); 1 left: one recovery (n2 lost → n1,n3), the second loss (n3) is not; unset (a step started outside
+    the supervisor): the whole ``max_restarts``. The real reader, store, heartbeats and coordinator."""
+    from slurm_ddp.rundir.recovery import RECOVERIES_LEFT_VAR
+
+    if left is None:
+        monkeypatch.delenv(RECOVERIES_LEFT_VAR, raising=False)
+    else:
+        monkeypatch.setenv(RECOVERIES_LEFT_VAR, str(left))
+    port = free_port()
+    ft = rank0_fault_tolerance(port, ["n1", "n2", "n3", "n4"], max_restarts=2)
+    others = {n: member(port, f"{n}/0") for n in ("n2", "n3", "n4")}
+    joined: List[Any] = []
+
+    def follow(plan: Any, t_fail: float, why: str) -> bool:  # joining the new group is not what is tested here
+        joined.append(plan)
+        ft.plan = plan
+        return True
+
+    monkeypatch.setattr(ft, "_follow", follow)
+    caplog.set_level("ERROR", logger="slurm_ddp.worker")
+    try:
+        for lost in ("n2", "n3", "n4"):
+            others.pop(lost).close()  # the node's process is gone: its heartbeat stops
+            assert ft.plan is not None
+            for m in others.values():
+                m.check_in(ft.plan, 5)
+            if not ft.recover_in_process(RuntimeError("Connection closed by peer")):
+                break
+        made = {0: 0, 1: 1, None: 2}[left]
+        assert [p.nodes for p in joined] == [("n1", "n3", "n4"), ("n1", "n4")][:made]
+        given_up = [r.getMessage() for r in caplog.records if "given up" in r.getMessage()]
+        assert given_up == [
+            "in-process recovery given up: recovery.max_restarts reached: the "
+            f"{made} recoveries this job start had left for the step were done"
+        ]
+    finally:
+        for m in others.values():
+            m.close()
+        assert ft.membership is not None
+        ft.membership.close()
+
+
+def test_a_rank_s_no_restart_is_recorded_for_the_batch_side(tmp_path) -> None:
+    """Issue 52: ``FaultTolerance.report_no_restart`` (``Trainer.run``'s answer to ``errors.NoRestart``) leaves the
+    record the batch side's rules read (``rundir.read_no_restart``: this job and restart)."""
+    from pathlib import Path
+
+    from slurm_ddp.env import DistEnv
+    from slurm_ddp.errors import NoRestart
+    from slurm_ddp.rundir import read_no_restart
+    from slurm_ddp.worker.fault import FaultTolerance
+    from slurm_ddp.worker.train import Trainer
+
+    t = Trainer.__new__(Trainer)
+    t.run_dir = Path(tmp_path)
+    t.denv = DistEnv(1, 0, 2, 1, 2, 1, "n1", 29500, "5", "n2", 3)
+    FaultTolerance(t, None).report_no_restart(NoRestart("labels out of range in shard 3"))
+    said = read_no_restart(tmp_path, "5", 3)
+    assert said is not None and said["rank"] == 1 and said["host"] == "n2" and said["by"] == "worker"
+    assert said["reason"] == "labels out of range in shard 3" and read_no_restart(tmp_path, "5", 2) is None

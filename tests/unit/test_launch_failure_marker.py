@@ -156,3 +156,28 @@ def test_a_record_the_rank_left_itself_stays_the_first(run_dir: Path) -> None:
 def test_command_failure(status: int, stopped: bool, expected: Optional[str]) -> None:
     """The rule on ``os.waitpid`` statuses (exit code in the high byte, the killing signal in the low)."""
     assert command_failure(status, stopped) == expected
+
+
+@pytest.mark.parametrize("recovery", [True, False], ids=["in-job-recovery", "none"])
+def test_a_command_that_exits_with_the_do_not_restart_status_is_recorded_for_the_batch_side(
+    run_dir: Path, recovery: bool
+) -> None:
+    """Issue 52: ``sys.exit(93)`` (``constants.NO_RESTART_EXIT_CODE``) in a ``train.command`` script: the wrapper
+    ends with 93 and records it (``rundir.record_no_restart``, ``by: launch``), with or without in-job recovery;
+    the requeue rule reads it (``rundir.read_no_restart`` of this job and restart). Another status records none."""
+    from slurm_ddp.rundir import read_no_restart
+
+    r = launch(run_dir, "import sys; sys.exit(93)", marker_of(run_dir) if recovery else None)
+    assert r.returncode == 93, r.stderr
+    said = read_no_restart(run_dir, "1", 0)
+    assert said is not None and isinstance(said.pop("time"), float)
+    assert said == {
+        "job_id": "1",
+        "restart": 0,
+        "rank": RANK,
+        "host": "node0",
+        "reason": "the command exited with status 93",
+        "by": "launch",
+    }
+    assert launch(run_dir, "import sys; sys.exit(1)", None).returncode == 1
+    assert len(read_jsonl(run_dir / "no-restart.jsonl")) == 1

@@ -393,5 +393,100 @@ def test_no_progress_stop_after_max_no_progress_recoveries_at_the_same_committed
     other = [{"action": "in_process"}, {"action": "restart"}, r("none", 10)]
     assert rec.no_progress_stop([*other, *loop[:2]], 10, 3) is None
     ends = [{"job_id": "7", rec.NO_PROGRESS_KEY: why}, {"job_id": "8"}]
-    assert rec.no_progress_note(ends, "7") == f"ended without recovering again: {why}"
-    assert rec.no_progress_note(ends, "8") is None and rec.no_progress_note([], "7") is None
+    assert rec.stop_note(ends, "7") == f"ended without recovering again: {why}"
+    assert rec.stop_note(ends, "8") is None and rec.stop_note([], "7") is None
+
+
+def test_a_decision_s_cause_is_a_failed_probe_else_a_hang_naming_its_node() -> None:
+    """Issue 52, per-cause caps: what a recovery record's ``cause`` says (the evidence's)."""
+
+    def hang(known: bool) -> rec.Hang:
+        return rec.Hang("7", 0, 9, "step", (1,), ("n2",), ("n1", "n2"), 50.0, known)
+
+    assert hang(True).exclude == "n2" and hang(False).exclude is None
+    assert rec.Evidence(probe_failed=("n2",), hang=hang(True)).cause == rec.NODE_LOST
+    assert rec.Evidence(hang=hang(True)).cause == rec.HANG
+    assert rec.Evidence(hang=hang(False)).cause == ""  # no node to blame
+    assert rec.Evidence(peer_lost=True).cause == ""
+    assert rec.record_cause({"action": "in_process"}) == rec.NODE_LOST  # the worker's, before the key
+    assert rec.record_cause({"action": "restart"}) == "" and rec.record_cause({"cause": "hang"}) == "hang"
+
+
+def test_a_cause_s_cap_counts_that_cause_s_recoveries_of_the_job_over_its_starts() -> None:
+    """Issue 52: one budget per cause across the job's starts (requeues), apart from the other causes, from
+    other jobs of the run directory, and from decisions that were not recoveries (``none``)."""
+    records = [
+        {"job_id": "7", "restart": 0, "action": "restart", "cause": "node_lost"},
+        {"job_id": "7", "restart": 0, "action": "in_process"},  # a lost node (the worker's record)
+        {"job_id": "7", "restart": 1, "action": "requeue", "cause": "hang"},
+        {"job_id": "7", "restart": 1, "action": "none", "cause": "node_lost"},  # not a recovery
+        {"job_id": "8", "restart": 0, "action": "restart", "cause": "node_lost"},  # another job
+    ]
+    assert rec.cause_recoveries(records, "7", rec.NODE_LOST) == 2
+    assert rec.cause_recoveries(records, "7", rec.HANG) == 1
+    caps = {rec.NODE_LOST: 2, rec.HANG: 0}
+    why = rec.cause_cap_stop(records, "7", rec.NODE_LOST, caps)
+    assert why == (
+        "recovery.max_node_losses=2: this job already recovered from 2 lost nodes (over its starts); ending the job "
+        "instead of recovering again"
+    )
+    assert rec.cause_cap_stop(records, "7", rec.NODE_LOST, {rec.NODE_LOST: 3}) is None  # one left
+    assert rec.cause_cap_stop(records, "7", rec.HANG, caps) is None  # 0: no cap
+    assert rec.cause_cap_stop(records, "8", rec.NODE_LOST, caps) is None  # job 8 made one
+    assert "recovery.max_hangs=1" in (rec.cause_cap_stop(records, "7", rec.HANG, {rec.HANG: 1}) or "")
+    assert rec.cause_cap_stop(records, "7", "", caps) is None  # no cause: no cap applies
+
+
+def test_the_step_s_recoveries_left_are_the_start_s_budget_within_the_lost_node_cap() -> None:
+    """``SLURM_DDP_RECOVERIES_LEFT``: every in-process recovery is one from a lost node, so the cap bounds it."""
+    made = [
+        {"job_id": "7", "restart": 0, "action": "in_process"},
+        {"job_id": "7", "action": "requeue", "cause": "hang"},
+    ]
+    assert rec.step_recoveries_left(2, made, "7", {rec.NODE_LOST: 0}) == 2  # no cap
+    assert rec.step_recoveries_left(2, made, "7", {rec.NODE_LOST: 2}) == 1
+    assert rec.step_recoveries_left(2, made, "7", {rec.NODE_LOST: 1}) == 0
+    assert (
+        rec.step_recoveries_left(0, [], "7", {rec.NODE_LOST: 5}) == 0 and rec.step_recoveries_left(-1, [], "7", {}) == 0
+    )
+
+
+def test_a_rank_s_do_not_restart_is_no_in_job_restart() -> None:
+    """Issue 52, NVRx's do-not-restart exit code: a rank that asked is no node's fault, whatever the probes say."""
+    d = decide(no_restart="rank 1 on n2 ended with the do-not-restart status 93 (shard 3 is missing)")
+    assert d.action == "none" and d.bad == ()
+    assert (
+        d.reason
+        == "in-job recovery: not restarting: rank 1 on n2 ended with the do-not-restart status 93 (shard 3 is missing)"
+    )
+    assert decide(no_restart="x", exit_code=0).reason == "in-job recovery: nothing to recover (status 0)"
+
+
+def test_the_no_restart_reason_is_a_rank_s_record_else_the_step_s_status() -> None:
+    from slurm_ddp.constants import NO_RESTART_EXIT_CODE
+    from slurm_ddp.errors import NoRestart
+    from slurm_ddp.rundir.requeue import no_restart_reason
+
+    assert NO_RESTART_EXIT_CODE == NoRestart.exit_code == 93  # NVRx's --ft-no-restart-exit-code default
+    said = {"rank": 2, "host": "n3", "reason": "labels out of range"}
+    assert no_restart_reason(1, said) == "rank 2 on n3 ended with the do-not-restart status 93 (labels out of range)"
+    assert (
+        no_restart_reason(93, None)
+        == "the step ended with the do-not-restart status 93 (constants.NO_RESTART_EXIT_CODE)"
+    )
+    assert no_restart_reason(1, None) == "" and no_restart_reason(75, None) == ""
+
+
+def test_the_end_note_names_a_do_not_restart_and_a_cause_cap() -> None:
+    ends = [
+        {"job_id": "7", "no_restart": "rank 1 on n2 ended with the do-not-restart status 93"},
+        {"job_id": "8", rec.CAUSE_CAP_KEY: "recovery.max_hangs=1: this job already recovered from 1 hang"},
+    ]
+    assert (
+        rec.stop_note(ends, "7")
+        == "ended without a restart or requeue: rank 1 on n2 ended with the do-not-restart status 93"
+    )
+    assert (
+        rec.stop_note(ends, "8")
+        == "ended without recovering again: recovery.max_hangs=1: this job already recovered from 1 hang"
+    )

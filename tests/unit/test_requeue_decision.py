@@ -386,3 +386,59 @@ def test_the_batch_side_requeues_only_once_the_step_is_gone() -> None:
     )
     assert now[0] >= 3
     assert wait_for_steps_to_end("7", lambda a, **k: subprocess.CompletedProcess(a, 1, "", "error"), timeout_s=3)
+
+
+# --------------------------------------------------------------------------- a rank's "do not restart" (issue 52)
+def _decide(**over: object):
+    from slurm_ddp.rundir import decide_requeue
+
+    args = dict(
+        exit_code=93, marker=None, job_id="77", restart_count=0, max_requeues=3, got_term=False, can_requeue=True
+    )
+    args.update(over)
+    return decide_requeue(**args)  # type: ignore[arg-type]
+
+
+WHY = "rank 1 on n2 ended with the do-not-restart status 93 (shard 3 is missing)"
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {},  # a crash: not requeued either way, but named
+        {"marker": Preempted("77", 0, 12, "SIGUSR2"), "exit_code": P},  # a preemption after it: not requeued
+        {"hang": None, "lost_nodes": ("n2",)},  # in-job recovery's "requeue without n2": not requeued
+        {"got_signal": True, "command": True, "exit_code": 143},  # a script killed at the time limit afterwards
+    ],
+)
+def test_a_rank_s_do_not_restart_is_never_requeued_and_ends_with_its_status(over: dict) -> None:
+    d = _decide(no_restart=WHY, **over)
+    assert (d.requeue, d.preempted, d.exit_code, d.no_restart) == (False, False, 93, WHY)
+    assert d.reason == f"{WHY}: a deterministic failure, not a node's; not requeueing"
+    assert _decide(**over).no_restart == ""  # without it: the rule as before
+
+
+def test_a_finished_run_wins_over_a_do_not_restart() -> None:
+    d = _decide(no_restart=WHY, exit_code=0, finished=True)
+    assert d.no_restart == "" and d.exit_code == 0 and "the run finished" in d.reason
+
+
+def test_the_batch_side_reads_this_start_s_do_not_restart_record(tmp_path: Path) -> None:
+    """``decide_requeue_here``: the record of this job and restart (``rundir.record_no_restart``), not an earlier
+    start's; the step's status 93 alone says it too (srun reports its tasks' highest status)."""
+    from slurm_ddp.rundir import decide_requeue_here, record_no_restart
+
+    record_no_restart(tmp_path, job_id="77", restart=0, rank=1, host="n2", reason="shard 3 is missing", by="worker")
+    env = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}
+    marker = Preempted("77", 0, 12, "SIGUSR2")
+    write_preempted(tmp_path, marker)
+    here = decide_requeue_here(tmp_path, exit_code=P, max_requeues=3, got_term=False, can_requeue=True, environ=env)
+    assert (here.requeue, here.exit_code, here.no_restart) == (False, 93, WHY)
+    later = {"SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "1"}
+    write_preempted(tmp_path, Preempted("77", 1, 12, "SIGUSR2"))
+    again = decide_requeue_here(tmp_path, exit_code=P, max_requeues=3, got_term=False, can_requeue=True, environ=later)
+    assert again.requeue and again.no_restart == ""  # the earlier start's record is not this one's
+    by_status = decide_requeue_here(
+        tmp_path, exit_code=93, max_requeues=3, got_term=False, can_requeue=True, environ=later
+    )
+    assert not by_status.requeue and by_status.no_restart.startswith("the step ended with the do-not-restart status 93")

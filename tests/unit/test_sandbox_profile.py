@@ -149,6 +149,7 @@ def test_a_prefix_the_user_cannot_reach_is_mounted_read_only_for_them(tmp_path: 
     prefix = tmp_path / "root" / "venv"
     prefix.mkdir(parents=True)
     monkeypatch.setattr(sys, "prefix", str(prefix))
+    monkeypatch.setattr(users, "PRIVATE_DIRS", ())  # tmp_path is below /tmp: the next test's case
     me = a_user(os.getuid(), tmp_path)
     with users.reachable_prefix(me, tmp_path / "unused") as p:
         assert p == prefix and not (tmp_path / "unused").exists()
@@ -176,3 +177,34 @@ def test_a_prefix_the_user_cannot_reach_is_mounted_read_only_for_them(tmp_path: 
     text = str(e.value)
     assert "\n" not in text and "permission denied" in text and f"chmod o+x {prefix.parent}" in text, text
     assert ran[-1] == ["umount", str(tmp_path / "fail")] and not (tmp_path / "fail").exists()
+
+
+def test_a_directory_below_a_jobs_private_tmp_is_mounted_outside_it(tmp_path: Path, monkeypatch) -> None:
+    """A checkout the user can reach but their jobs cannot (below /tmp, which job_container/tmpfs gives each job
+    a private copy of): mounted read-only at ``dest``; a failed mount says which directory and how to avoid it."""
+    private = tmp_path / "tmp"
+    checkout = private / "clone"
+    checkout.mkdir(parents=True)
+    monkeypatch.setattr(users, "PRIVATE_DIRS", (private,))
+    ran: list = []
+
+    def fake_run(argv, **kw):
+        ran.append(argv)
+        fails = "--bind" in argv and "fail" in str(argv[-1])
+        return subprocess.CompletedProcess(argv, 32 if fails else 0, "", "mount: permission denied" if fails else "")
+
+    monkeypatch.setattr(users.subprocess, "run", fake_run)
+    me, dest = a_user(os.getuid(), tmp_path), tmp_path / "checkout"
+    assert me.unreachable(checkout) is None
+    with users.reachable_path(me, checkout, dest) as p:
+        assert p == dest and dest.is_dir()
+        assert ran == [["mount", "--bind", str(checkout), str(dest)], ["mount", "-o", "remount,bind,ro", str(dest)]]
+    assert ran[2:] == [["umount", str(dest)]] and not dest.exists()
+    with users.reachable_path(me, tmp_path, tmp_path / "unused") as p:  # outside it: itself
+        assert p == tmp_path and not (tmp_path / "unused").exists()
+    ran.clear()
+    with pytest.raises(users.SandboxUnavailable) as e, users.reachable_path(me, checkout, tmp_path / "fail"):
+        pass
+    text = str(e.value)
+    assert "\n" not in text and f"{checkout} is below {private}" in text and f"put it outside {private}" in text, text
+    assert ran == [["mount", "--bind", str(checkout), str(tmp_path / "fail")]] and not (tmp_path / "fail").exists()

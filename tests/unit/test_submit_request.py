@@ -81,3 +81,20 @@ def test_the_api_builds_one_request_from_its_keywords_and_detaches(monkeypatch: 
         SubmitRequest(job, overrides=("a.b=1",), backend="local", run_dir="/r", check_task=False, after=("x",),
                       detach=True)
     ]  # fmt: skip
+
+
+def test_a_single_string_is_one_override_sweep_and_after_not_its_characters(monkeypatch: pytest.MonkeyPatch) -> None:
+    r = SubmitRequest("j.yaml", overrides="train.max_steps=3", sweep="train.lr=0.1,0.2", after="1234")
+    assert (r.overrides, r.sweep, r.after) == (("train.max_steps=3",), ("train.lr=0.1,0.2",), ("1234",))
+    from slurm_ddp import api
+
+    seen = _captured(monkeypatch)
+    monkeypatch.setattr(api.Run, "__init__", lambda self, run_dir, **kw: None)
+    first = api.Run.__new__(api.Run)
+    first.path = Path("/runs/first")
+    api.submit("j.yaml", overrides="a.b=1", sweep="train.lr=0.1,0.2", after="99:afterany", check_task=False)
+    api.submit("j.yaml", overrides="a.b=1", after=first, check_task=False)  # a single Run: one dependency
+    assert [(s.overrides, s.sweep, s.after) for s in seen] == [
+        (("a.b=1",), ("train.lr=0.1,0.2",), ("99:afterany",)),
+        (("a.b=1",), (), ("/runs/first",)),
+    ]

@@ -12,11 +12,13 @@ import os
 import shutil
 import sys
 from pathlib import Path
+from typing import List
 
 import pytest
 from lib import require_module
 
-from slurm_ddp import cli
+from slurm_ddp import cli, rundir
+from slurm_ddp.backends import sbatch as sbatch_backend
 from slurm_ddp.errors import ClusterError
 
 REPO = Path(__file__).resolve().parents[2]
@@ -125,3 +127,71 @@ def test_submitit_dry_run_without_submitit_is_one_line(tmp_path: Path, monkeypat
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["slurm-ddp: error: --backend submitit needs submitit: pip install 'slurm-ddp[submitit]'"], err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.fixture
+def hung_sbatch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``sbatch`` that never answers (a controller that does not reply: it sleeps, its PID appended to the
+    returned file first), ``squeue`` that prints ``tmp_path/squeue.out``; submit waits 0.5 s for sbatch."""
+    require_module("submitit", "the submitit backend")
+    calls = tmp_path / "sbatch-pids"
+    bindir = _bin(tmp_path, srun=True, sbatch_body=f"echo $$ >> {calls}\nexec sleep 600")
+    (bindir / "squeue").write_text(f"#!/bin/bash\ncat {tmp_path / 'squeue.out'} 2>/dev/null\nexit 0\n")
+    (bindir / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(sbatch_backend, "SBATCH_TIMEOUT_S", 0.5)
+    return calls
+
+
+def _killed(calls: Path) -> List[int]:
+    """The PIDs of the sbatch runs, each asserted gone (submit killed and reaped it)."""
+    pids = [int(p) for p in calls.read_text().split()]
+    for pid in pids:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    return pids
+
+
+@pytest.mark.parametrize("yaml_path,what", [(JOB_YAML, "the job"), (SWEEP_YAML, "the job array")], ids=["run", "sweep"])
+def test_a_hung_sbatch_is_a_lost_answer_in_one_line_not_a_hang(hung_sbatch, tmp_path: Path, capsys, yaml_path, what):
+    """sbatch under submitit waits at most ``sbatch.SBATCH_TIMEOUT_S`` (the sbatch backend's limit) for a job and
+    a sweep's array alike: then it is killed and its answer counts as lost: squeue is asked for the job it may have
+    made (none here): one line, nothing recorded, the intent kept for the next submit."""
+    out_dir = tmp_path / "out"
+    rc = cli.main(["submit", str(yaml_path), "--backend", "submitit", "--run-dir", str(out_dir), "--no-check-task"])
+    err = capsys.readouterr().err
+    assert rc == ClusterError.exit_code, err
+    _one_error_line(
+        err, f"sbatch did not answer within 0.5 s: the controller may or may not have made {what}, and squeue shows"
+    )
+    assert "squeue shows no such job; nothing was recorded" in err, err
+    assert len(_killed(hung_sbatch)) == 1
+    assert rundir.read_submit_intent(out_dir) is not None and not rundir.read_jobs(out_dir)
+
+
+def test_the_job_a_hung_sbatch_made_is_found_and_never_submitted_twice(hung_sbatch, tmp_path: Path, capsys) -> None:
+    """The lost-answer protection of the sbatch backend, through submitit: the job squeue shows for the run
+    (user, job name, directory) is the one the hung sbatch made: recorded with a note, rc 0; a later submit
+    into a run directory whose intent names a job Slurm has records it and refuses a second one."""
+    from test_own_job import squeue_line
+
+    user = sbatch_backend.current_user()
+    found, later = tmp_path / "found", tmp_path / "later"
+    lines = [squeue_line(job_id, "PENDING", d / "submitit", user=user) for job_id, d in (("77", found), ("78", later))]
+    argv = ["submit", str(JOB_YAML), "--backend", "submitit", "--no-check-task", "--run-dir"]
+    (tmp_path / "squeue.out").write_text(lines[0])
+    assert cli.main([*argv, str(found)]) == 0
+    err = capsys.readouterr().err
+    assert "sbatch did not answer within 0.5 s; found the job it made: 77 (not submitted twice)" in err, err
+    assert "Traceback" not in err and rundir.read_jobs(found)[-1]["job_id"] == "77"
+    assert rundir.read_jobs(found)[-1]["found_after_lost_answer"] is True and not rundir.read_submit_intent(found)
+
+    (tmp_path / "squeue.out").write_text("")  # the controller does not have it yet: the intent stays
+    assert cli.main([*argv, str(later)]) == ClusterError.exit_code
+    capsys.readouterr()
+    (tmp_path / "squeue.out").write_text(lines[1])  # now it does: the next submit records it, submits nothing
+    rc = cli.main([*argv, str(later)])
+    err = capsys.readouterr().err
+    assert rc == 2, err
+    _one_error_line(err, f"run directory {str(later)!r} already has job 78, made by an earlier submit whose sbatch")
+    assert rundir.read_jobs(later)[-1]["job_id"] == "78" and len(_killed(hung_sbatch)) == 2  # sbatch ran twice

@@ -716,3 +716,144 @@ def test_a_local_script_that_ends_with_0_unstopped_finishes_quietly(tmp_path: Pa
     sup, starter, _, said = make_local(tmp_path, lambda s, c, i: FakeStep(s, c, rc=0, ticks=1, at={}))
     assert sup.run() == 0 and not starter.started  # the next start: nothing to do, said on the terminal
     assert said == [f"the run in {tmp_path} already finished; nothing to do"]
+
+
+# --------------------------------------------------------------------------- issue 52: do-not-restart, per-cause caps
+def test_a_rank_s_do_not_restart_ends_the_job_neither_restarted_nor_requeued(tmp_path: Path) -> None:
+    """NVRx's do-not-restart exit code: rank 1 recorded ``errors.NoRestart`` (``rundir.record_no_restart``) and its
+    node's probe would fail too: no probe, no in-job restart, no requeue; the job ends with 93, the cause in the
+    batch log and the start's end record (``slurm-ddp status`` reads it: ``rundir.recovery.stop_note``)."""
+    from slurm_ddp.rundir import record_no_restart
+    from slurm_ddp.rundir.recovery import stop_note
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        def says() -> None:
+            record_no_restart(
+                tmp_path, job_id="77", restart=0, rank=1, host="n2", reason="shard 3 missing", by="worker"
+            )
+
+        return FakeStep(sup, clock, rc=1, ticks=2, at={1: says})
+
+    cluster = Cluster(["n1", "n2", "n3"], dead=["n2"])
+    sup, starter, cluster, lines = make(tmp_path, steps, the_plan=plan(recovery=RECOVERY), cluster=cluster)
+    assert sup.run() == 93
+    assert len(starter.started) == 1 and cluster.requeued == [] and cluster.probed == []
+    why = "rank 1 on n2 ended with the do-not-restart status 93 (shard 3 missing)"
+    log = text(lines)
+    assert f"in-job recovery: not restarting: {why}" in log
+    assert f"{why}: a deterministic failure, not a node's; not requeueing" in log
+    end = read_ends(tmp_path)[-1]
+    assert end["no_restart"] == why and end["exit_code"] == 1 and end["requeue"] is False
+    assert stop_note(read_ends(tmp_path), "77") == f"ended without a restart or requeue: {why}"
+    assert read_recoveries(tmp_path) == []  # not a recovery decision
+
+
+def test_the_step_s_do_not_restart_status_alone_ends_a_job_without_recovery(tmp_path: Path) -> None:
+    """Without the ``recovery`` section and without a record (the rank could not write it): srun's 93 says it."""
+    sup, starter, cluster, lines = make(tmp_path, lambda sup, clock, i: FakeStep(sup, clock, rc=93, ticks=1, at={}))
+    assert sup.run() == 93
+    assert cluster.requeued == []
+    assert read_ends(tmp_path)[-1]["no_restart"].startswith("the step ended with the do-not-restart status 93")
+
+
+def test_a_lost_node_cap_over_the_job_s_starts_ends_the_job_naming_the_cause(tmp_path: Path) -> None:
+    """recovery.max_node_losses=2: the job's first start recovered from a lost node once (a requeue), this start
+    once (in-job restart, recorded with its cause); the next lost node ends the job instead of a second restart
+    (max_restarts would allow it) or a requeue."""
+    append_jsonl(
+        tmp_path / "recoveries.jsonl", {"job_id": "77", "restart": 0, "action": "requeue", "cause": "node_lost"}
+    )
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=3, in_process=False, grace_s=5, max_node_losses=2)
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        if i == 1:
+            cluster.dead.add("n3")
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2", "n3", "n4"], dead=["n2"])
+    sup, starter, cluster, lines = make(
+        tmp_path,
+        steps,
+        the_plan=plan(recovery=rec),
+        cluster=cluster,
+        restart=1,
+        env={"SLURM_JOB_NODELIST": "n[1-4]", "SLURM_JOB_NUM_NODES": "4"},
+    )
+    assert sup.run() == 1
+    assert len(starter.started) == 2 and cluster.requeued == []
+    records = read_recoveries(tmp_path)
+    assert [(r["action"], r.get("cause")) for r in records] == [
+        ("requeue", "node_lost"),
+        ("restart", "node_lost"),
+        ("none", "node_lost"),
+    ]
+    why = (
+        "recovery.max_node_losses=2: this job already recovered from 2 lost nodes (over its starts); ending the job "
+        "instead of recovering again"
+    )
+    assert f"in-job recovery: {why}" in text(lines)
+    assert read_ends(tmp_path)[-1]["cause_cap"] == why
+
+
+def test_a_hang_cap_overrules_the_hang_rule_s_requeue_and_leaves_lost_nodes_alone(tmp_path: Path) -> None:
+    """recovery.max_hangs=1: one hang recovery already made; this step's hang (rank 1 on n2 stopped) is not
+    requeued. A lost node's earlier recoveries do not count against it."""
+    for cause in ("node_lost", "node_lost", "hang"):
+        append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": "restart", "cause": cause})
+    for rank, host in ((0, "n1"), (1, "n2")):
+        write_hang_report(
+            tmp_path,
+            HangReport(
+                job_id="77",
+                restart=0,
+                rank=rank,
+                world_size=2,
+                host=host,
+                step=9 if rank == 1 else 10,  # rank 1 got least far: the culprit
+                phase="step",
+                idle_s=50.0,
+                limit_s=45.0,
+                cause="self" if rank == 1 else "peer",
+                time=1001.0,
+            ),
+        )
+    rec = RecoveryPlan(
+        nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5, max_hangs=1, max_no_progress=0
+    )
+
+    def steps(sup: Supervisor, clock: FakeClock, i: int) -> FakeStep:
+        return FakeStep(sup, clock, rc=1, ticks=2, at={})
+
+    cluster = Cluster(["n1", "n2"])  # every probe passes: only the hang names n2
+
+    def gather(run_dir: str, **kw: Any) -> Evidence:
+        from slurm_ddp.rundir.recovery import find_step_hang
+
+        return Evidence(hang=find_step_hang(run_dir, "77", 0, 0.0), notes=("probed",))
+
+    sup, starter, cluster, lines = make(
+        tmp_path, steps, the_plan=plan(recovery=rec), cluster=cluster, env={"SLURM_JOB_NODELIST": "n[1-2]"}
+    )
+    sup.edges.gather = gather
+    assert sup.run() == 1
+    log = text(lines)
+    assert cluster.requeued == [] and len(starter.started) == 1, log
+    assert "recovery.max_hangs=1: this job already recovered from 1 hang" in log
+    assert "overruled: not requeueing (recovery.max_hangs=1)" in log, log
+    assert read_recoveries(tmp_path)[-1]["cause"] == "hang"
+
+
+def test_the_step_is_told_the_recoveries_left_within_the_lost_node_cap(tmp_path: Path) -> None:
+    """In-process recoveries are recoveries from a lost node: with max_node_losses=2 and one made by an earlier
+    start, the step may make 1 though max_restarts leaves it 3."""
+    append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "restart": 0, "action": "in_process"})
+    rec = RecoveryPlan(nodes=2, min_nodes=1, max_restarts=3, in_process=True, grace_s=5, max_node_losses=2)
+    sup, starter, cluster, lines = make(
+        tmp_path,
+        lambda sup, clock, i: FakeStep(sup, clock, rc=0, ticks=1, at={}),
+        the_plan=plan(recovery=rec),
+        restart=1,
+    )
+    assert sup.run() == 0
+    assert [env["SLURM_DDP_RECOVERIES_LEFT"] for _, env in starter.started] == ["1"]
+    assert "recovery.max_node_losses=2: 1 recoveries from a lost node left to this job" in text(lines)
