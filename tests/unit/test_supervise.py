@@ -385,20 +385,18 @@ def test_recoveries_that_bring_no_progress_end_the_job_with_the_cause(tmp_path: 
     assert str(read_ends(tmp_path)[-1]["no_progress"]).startswith("recovery.max_no_progress=3")
 
 
-def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -> None:
-    """The loop guard also overrules the hang rule's requeue (a hang is taken for a node's fault)."""
-    for action in ("restart", "requeue", "requeue"):
-        append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": action, "committed_step": None})
+def hang_on_n2(run_dir: Path, culprit_step: int, other_step: int) -> None:
+    """Job 77's hang reports: rank 1 on n2 stopped ("self") at ``culprit_step``, rank 0 on n1 waited on it."""
     for rank, host in ((0, "n1"), (1, "n2")):
         write_hang_report(
-            tmp_path,
+            run_dir,
             HangReport(
                 job_id="77",
                 restart=0,
                 rank=rank,
                 world_size=2,
                 host=host,
-                step=9,
+                step=culprit_step if rank == 1 else other_step,
                 phase="step",
                 idle_s=50.0,
                 limit_s=45.0,
@@ -406,6 +404,13 @@ def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -
                 time=1001.0,
             ),
         )
+
+
+def test_a_hang_that_brings_no_progress_is_not_requeued_either(tmp_path: Path) -> None:
+    """The loop guard also overrules the hang rule's requeue (a hang is taken for a node's fault)."""
+    for action in ("restart", "requeue", "requeue"):
+        append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": action, "committed_step": None})
+    hang_on_n2(tmp_path, culprit_step=9, other_step=9)
     sup, starter, cluster, lines = two_nodes_n2_dead_every_step_fails(tmp_path)
     assert sup.run() == 1
     assert cluster.requeued == [] and len(starter.started) == 1
@@ -800,23 +805,7 @@ def test_a_hang_cap_overrules_the_hang_rule_s_requeue_and_leaves_lost_nodes_alon
     requeued. A lost node's earlier recoveries do not count against it."""
     for cause in ("node_lost", "node_lost", "hang"):
         append_jsonl(tmp_path / "recoveries.jsonl", {"job_id": "77", "action": "restart", "cause": cause})
-    for rank, host in ((0, "n1"), (1, "n2")):
-        write_hang_report(
-            tmp_path,
-            HangReport(
-                job_id="77",
-                restart=0,
-                rank=rank,
-                world_size=2,
-                host=host,
-                step=9 if rank == 1 else 10,  # rank 1 got least far: the culprit
-                phase="step",
-                idle_s=50.0,
-                limit_s=45.0,
-                cause="self" if rank == 1 else "peer",
-                time=1001.0,
-            ),
-        )
+    hang_on_n2(tmp_path, culprit_step=9, other_step=10)  # rank 1 got least far: the culprit
     rec = RecoveryPlan(
         nodes=2, min_nodes=2, max_restarts=2, in_process=False, grace_s=5, max_hangs=1, max_no_progress=0
     )
