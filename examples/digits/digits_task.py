@@ -15,8 +15,8 @@ pixel in each direction (zero-filled), drawn from torch's global RNG — which t
 seeds for each batch from (seed, rank, epoch, batch), so a resumed run draws the same shifts.
 Dropout before the head (``args.dropout``, default 0) draws in the training step, whose random
 streams the worker seeds from (seed, rank, step): the same masks after any resume.
-``args.step_sleep_s`` (default 0): seconds each training step sleeps after its loss, a stand-in for a
-slower model — a run that only waits for an event (the time-limit signal) then leaves the CPU to others.
+``args.step_sleep_s`` (default 0): seconds each training batch sleeps after its loss (with gradient
+accumulation: each micro-batch), a stand-in for a slower model — a run that only waits for an event (the time-limit signal) then leaves the CPU to others.
 
 Nothing here is distributed: the worker does that.
 """
@@ -126,7 +126,7 @@ class DigitsNet(nn.Module):
 
 class DigitsTask(Task):
     """``train.args``: ``width`` (default 16), ``augment`` (default true), ``dropout`` (default 0),
-    ``step_sleep_s`` (default 0: seconds each training step sleeps)."""
+    ``step_sleep_s`` (default 0: seconds each training batch sleeps)."""
 
     def build_model(self) -> nn.Module:
         return DigitsNet(width=int(self.args.get("width", 16)), dropout=float(self.args.get("dropout", 0.0)))
