@@ -556,7 +556,7 @@ def test_the_worker_recovers_in_process_only_as_often_as_the_supervisor_left_it(
     by ``recoveries_left`` in rank 0's ``FaultTolerance._next_generation``) bounds the step's in-process
     recoveries below ``recovery.max_restarts`` (2 here). 0 left: the first lost node is not recovered from in the
     process (``recover_in_process`` is False: the rank's peer-failure path ends the step and the batch side
-    decides); 1 left: one recovery (n2 lost → n1,n3), the second loss (n3) is not; unset (a step started outside
+    decides); 1 left: one recovery (n2 lost → n1,n3,n4), the second loss (n3) is not; unset (a step started outside
     the supervisor): the whole ``max_restarts``. The real reader, store, heartbeats and coordinator."""
     from slurm_ddp.rundir.recovery import RECOVERIES_LEFT_VAR
 
